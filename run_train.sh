@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Launch torchllm training through torchrun.
+#
+#   ./run_train.sh [--section.key=value ...]
+#
+# Environment (all optional):
+#   CONFIG_FILE   TOML config (default: train_configs/debug_model.toml)
+#   NGPU / NPROC  processes per node (default: number of CUDA devices, else 1)
+#   LOG_RANK      ranks whose output is shown, e.g. 0 or 0,1 (default: 0)
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
+#   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+CONFIG_FILE=${CONFIG_FILE:-"./train_configs/debug_model.toml"}
+if [ -z "${NGPU:-}" ]; then
+    if [ -n "${NPROC:-}" ]; then
+        NGPU=$NPROC
+    else
+        NGPU=$(python -c "import torch; print(torch.cuda.device_count() or 1)")
+    fi
+fi
+LOG_RANK=${LOG_RANK:-0}
+NNODES=${NNODES:-1}
+
+launch=(--nproc_per_node="$NGPU" --nnodes="$NNODES" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3)
+if [ -n "${RDZV_ENDPOINT:-}" ]; then
+    launch+=(--rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="${RDZV_ID:-torchllm}")
+elif [ "$NNODES" -gt 1 ]; then
+    launch+=(--node_rank="${NODE_RANK:?set NODE_RANK for multi-node}" \
+             --master_addr="${MASTER_ADDR:?set MASTER_ADDR for multi-node}" \
+             --master_port="${MASTER_PORT:-29500}")
+else
+    launch+=(--standalone)
+fi
+
+exec torchrun "${launch[@]}" -m torchllm.train --job.config_file "$CONFIG_FILE" "$@"

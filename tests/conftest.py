@@ -1,0 +1,40 @@
+"""Shared test helpers: tiny configs that train in milliseconds on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchllm.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def tiny_args(tmp_path, *extra: str) -> list[str]:
+    """CLI overrides for a fast debug run writing under tmp_path."""
+    return [
+        f"--job.dump_folder={tmp_path}",
+        "--job.print_config=false",
+        "--model.flavor=debug",
+        "--training.steps=4",
+        "--training.seq_len=32",
+        "--training.local_batch_size=4",
+        "--data.tokenizer_vocab_size=512",
+        "--lr_scheduler.warmup_steps=2",
+        "--metrics.log_freq=1",
+        *extra,
+    ]
+
+
+def tiny_config(tmp_path, *extra: str):
+    return load_config(tiny_args(tmp_path, *extra))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file in ../shared, or skip the test with the reason when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is not present (../shared is only beside the project's checkout)")
+    return path

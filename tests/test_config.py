@@ -1,0 +1,152 @@
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
+from torchllm.config.docs import render
+from torchllm.config.loader import parse_string
+
+from conftest import REPO
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_without_file():
+    cfg = load_config([])
+    assert cfg == JobConfig()
+
+
+def test_precedence_cli_over_toml_over_default(tmp_path):
+    path = write(tmp_path, "[training]\nsteps = 50\nseq_len = 64\n[optimizer]\nlr = 1e-3\n")
+    cfg = load_config([f"--job.config_file={path}", "--training.steps=7"])
+    assert cfg.training.steps == 7  # CLI wins
+    assert cfg.training.seq_len == 64  # TOML wins over default
+    assert cfg.optimizer.lr == 1e-3
+    assert cfg.training.local_batch_size == JobConfig().training.local_batch_size  # default
+
+
+def test_config_file_can_come_after_overrides(tmp_path):
+    path = write(tmp_path, "[training]\nsteps = 50\n")
+    cfg = load_config(["--training.steps", "9", "--job.config_file", path])
+    assert cfg.training.steps == 9
+
+
+def test_space_separated_values_and_bare_bool_flag():
+    cfg = load_config(["--training.steps", "12", "--job.deterministic", "--training.tf32", "false"])
+    assert cfg.training.steps == 12
+    assert cfg.job.deterministic is True
+    assert cfg.training.tf32 is False
+
+
+@pytest.mark.parametrize(
+    "text, tp, expected",
+    [
+        ("6e-4", float, 6e-4),
+        ("3", float, 3.0),
+        ("1_000", int, 1000),
+        ("TRUE", bool, True),
+        ("off", bool, False),
+        ("a,b,c", list[str], ["a", "b", "c"]),
+        ("1,2", list[int], [1, 2]),
+        ("", list[int], []),
+        ("none", int | None, None),
+        ("5", int | None, 5),
+    ],
+)
+def test_parse_string_types(text, tp, expected):
+    assert parse_string(text, tp) == expected
+
+
+def test_optional_override_clears_value():
+    cfg = load_config(["--model.vocab_size=100", "--model.vocab_size=none"])
+    assert cfg.model.vocab_size is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--training.lr=1"], "unknown key training.lr; did you mean optimizer.lr?"),
+        (["--optimizer.lrr=1"], "did you mean optimizer.lr?"),
+        (["--trainin.steps=1"], "unknown section [trainin]; did you mean [training]?"),
+        (["--training.steps=abc"], "training.steps = 'abc' must be an integer"),
+        (["--optimizer.lr=fast"], "must be a number"),
+        (["--job.deterministic=maybe"], "must be a boolean"),
+        (["--training.mixed_precision=fp16"], "must be one of 'auto' | 'bf16' | 'none'"),
+        (["steps=3"], "unexpected argument 'steps=3'"),
+        (["--training.steps=0"], "training.steps = 0: must be a positive integer"),
+        (["--lr_scheduler.min_lr_ratio=2"], "min_lr_ratio = 2.0: must be in [0, 1]"),
+        (["--job.config_file=/nonexistent/x.toml"], "/nonexistent/x.toml does not exist"),
+    ],
+)
+def test_cli_errors_name_flag_key_and_fix(argv, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(argv)
+    assert message in str(e.value)
+    if argv[0].startswith("--") and "config_file" not in argv[0]:
+        assert f"flag {argv[0]}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[training]\nlr = 1\n", "unknown key training.lr; did you mean optimizer.lr?"),
+        ("[trainig]\nsteps = 1\n", "did you mean [training]?"),
+        ('[training]\nsteps = "ten"\n', "training.steps = 'ten' must be int"),
+        ("[training]\nsteps = true\n", "must be int"),
+        ("[training]\nmax_norm = \"big\"\n", "must be float"),
+        ("steps = 3\n", "top-level key 'steps' must be a [section] table"),
+        ("[training\n", "invalid TOML"),
+    ],
+)
+def test_toml_errors_name_file_and_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config([f"--job.config_file={path}"])
+    assert message in str(e.value)
+    assert path in str(e.value)
+
+
+def test_toml_int_accepted_for_float(tmp_path):
+    path = write(tmp_path, "[optimizer]\nlr = 1\n")
+    assert load_config([f"--job.config_file={path}"]).optimizer.lr == 1.0
+
+
+def test_to_toml_round_trips(tmp_path):
+    cfg = load_config(["--training.steps=3", "--optimizer.lr=6e-4", "--model.vocab_size=77"])
+    path = write(tmp_path, to_toml(cfg))
+    assert load_config([f"--job.config_file={path}"]) == dataclasses.replace(
+        cfg, job=dataclasses.replace(cfg.job, config_file=path)
+    )
+
+
+def test_every_field_has_help_and_appears_in_help_text():
+    text = help_text()
+    for name, section in JobConfig().sections():
+        for f in dataclasses.fields(section):
+            assert f.metadata.get("help"), f"{name}.{f.name} has no help string"
+            assert f"--{name}.{f.name}" in text
+
+
+def test_docs_config_md_is_current():
+    assert (REPO / "docs" / "config.md").read_text() == render(), (
+        "docs/config.md is stale: run python -m torchllm.config.docs > docs/config.md"
+    )
+
+
+def test_train_help_lists_sections():
+    out = subprocess.run(
+        [sys.executable, "-m", "torchllm.train", "--help"], capture_output=True, text=True,
+        cwd=REPO, check=True,
+    ).stdout
+    assert "[optimizer]" in out and "--optimizer.lr" in out
+
+
+def test_every_shipped_config_loads():
+    for path in sorted((REPO / "train_configs").glob("*.toml")):
+        load_config([f"--job.config_file={path}"])

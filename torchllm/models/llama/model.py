@@ -1,0 +1,189 @@
+"""Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU. Model code only, no parallelism.
+
+Modules are built on the meta device and materialized with `to_empty()` + `init_weights()`, so
+a large model never allocates its weights twice. Head counts are inferred from tensor shapes
+in `forward`, so tensor parallelism can shard heads without touching this file.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchllm.models.llama.args import LlamaArgs
+
+
+def rope_frequencies(args: LlamaArgs, device=None) -> torch.Tensor:
+    """Inverse frequencies of RoPE, with Llama 3.1's long-context scaling when enabled."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, device=device).float() / d))
+    if not args.rope_scaling:
+        return inv_freq
+    # Llama 3.1: keep high frequencies, divide low ones by the factor, interpolate in between.
+    low_wavelen = args.rope_original_max_pos / args.rope_low_freq_factor
+    high_wavelen = args.rope_original_max_pos / args.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (args.rope_original_max_pos / wavelen - args.rope_low_freq_factor) / (
+        args.rope_high_freq_factor - args.rope_low_freq_factor
+    )
+    interpolated = (1 - smooth) * inv_freq / args.rope_scaling_factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / args.rope_scaling_factor, inv_freq)
+    middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(middle, interpolated, scaled)
+
+
+def rope_table(args: LlamaArgs, device=None) -> torch.Tensor:
+    """[max_seq_len, head_dim/2, 2] table of (cos, sin) for every position."""
+    inv_freq = rope_frequencies(args, device)
+    positions = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x0, x1) of each head by the position's angle, in float32.
+
+    x: [batch, seq, heads, head_dim]; table: [seq, head_dim/2, 2].
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    rotated = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 (bf16 statistics lose too much precision)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x)
+        return normed * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def _init_linear(linear: nn.Linear, scale: float = 1.0) -> None:
+    """Truncated normal with std 1/sqrt(fan_in) (times `scale`), cut at 3 std."""
+    std = scale / math.sqrt(linear.in_features)
+    nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_heads // args.n_kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        # Grouped-query attention: each KV head serves n_rep query heads.
+        k = k.repeat_interleave(self.n_rep, dim=2)
+        v = v.repeat_interleave(self.n_rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+    def init_weights(self, out_scale: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            _init_linear(linear)
+        _init_linear(self.wo, out_scale)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, out_scale: float) -> None:
+        _init_linear(self.w1)
+        _init_linear(self.w3)
+        _init_linear(self.w2, out_scale)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: LlamaArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        # Residual-branch outputs are scaled down so the residual stream's variance stays O(1).
+        self.out_scale = 1.0 / math.sqrt(2 * args.n_layers)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.out_scale)
+        self.feed_forward.init_weights(self.out_scale)
+
+
+class Transformer(nn.Module):
+    """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
+
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # A dict (not a list) keeps parameter names stable when layers are wrapped or removed.
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # Tied: the output projection reads the embedding table directly, so no parameter is
+        # shared between two modules (sharing breaks under to_empty and per-module sharding).
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
+        self.register_buffer("rope_cache", rope_table(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seqlen = tokens.shape[1]
+        if seqlen > self.args.max_seq_len:
+            raise ValueError(f"sequence length {seqlen} > model max_seq_len {self.args.max_seq_len}")
+        rope = self.rope_cache[:seqlen]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialize every parameter and buffer in place (after `to_empty`)."""
+        device = buffer_device or self.rope_cache.device
+        self.rope_cache = rope_table(self.args, device=device)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        for layer in self.layers.values():
+            layer.init_weights()
+        self.norm.reset_parameters()
+        if self.output is not None:
+            _init_linear(self.output)

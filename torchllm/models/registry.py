@@ -1,0 +1,79 @@
+"""Model registry: a model name maps to its class, flavors and parallelize function.
+
+A new model family is one `register(ModelSpec(...))` call; the trainer, tools and parallelism
+code only ever talk to the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from torchllm.config.job_config import ConfigError
+
+_REGISTRY: dict[str, "ModelSpec"] = {}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model_cls: Callable[[Any], nn.Module]
+    flavors: dict[str, Any]
+    # parallelize_fn(model, parallel_dims, job_config) applies TP/float8/AC/compile/FSDP|DDP in place.
+    parallelize_fn: Callable[..., None]
+
+    def build(self, args) -> nn.Module:
+        return self.model_cls(args)
+
+
+def register(spec: ModelSpec) -> None:
+    _REGISTRY[spec.name] = spec
+
+
+def get(name: str) -> ModelSpec:
+    if name not in _REGISTRY:
+        raise ConfigError(f"model.name = {name!r} is not registered; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = 64, pow2: bool = False) -> int:
+    """Round the vocab up (to a multiple, or a power of two) for faster matmuls.
+
+    The extra rows never appear as targets: the tokenizer cannot produce their ids.
+    """
+    if pow2:
+        return 1 << math.ceil(math.log2(vocab_size))
+    return multiple * math.ceil(vocab_size / multiple)
+
+
+def model_args(job_config, tokenizer_vocab_size: int | None = None):
+    """The flavor's args with the [model] overrides and padding applied."""
+    mcfg = job_config.model
+    spec = get(mcfg.name)
+    if mcfg.flavor not in spec.flavors:
+        raise ConfigError(
+            f"model.flavor = {mcfg.flavor!r} is not a flavor of {mcfg.name}; "
+            f"known: {', '.join(spec.flavors)}"
+        )
+    args = spec.flavors[mcfg.flavor]
+    vocab = mcfg.vocab_size or tokenizer_vocab_size or args.vocab_size
+    if tokenizer_vocab_size is not None and vocab < tokenizer_vocab_size:
+        raise ConfigError(
+            f"model.vocab_size = {vocab} is smaller than the tokenizer's vocab "
+            f"({tokenizer_vocab_size}); unset it or make it >= {tokenizer_vocab_size}"
+        )
+    changes = {
+        "vocab_size": padded_vocab_size(vocab, mcfg.vocab_pad_multiple, mcfg.vocab_pad_pow2),
+        "max_seq_len": mcfg.max_seq_len or job_config.training.seq_len,
+        "rope_theta": mcfg.rope_theta,
+        "rope_scaling": mcfg.rope_scaling,
+        "tie_embeddings": mcfg.tie_embeddings,
+    }
+    known = {f.name for f in dataclasses.fields(args)}
+    return dataclasses.replace(
+        args, **{k: v for k, v in changes.items() if v is not None and k in known}
+    )

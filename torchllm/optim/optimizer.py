@@ -1,0 +1,58 @@
+"""AdamW with weight-decay parameter groups."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) -> list[dict]:
+    """2-D weights are decayed; norms, biases and (unless asked) embedding tables are not.
+
+    Decaying norm gains and biases only pulls them toward zero for no regularization benefit.
+    """
+    embedding_params = {
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)
+    }
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        is_embedding = id(param) in embedding_params
+        if param.ndim >= 2 and (decay_embeddings or not is_embedding):
+            decay.append(param)
+        else:
+            no_decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def fused_supported(device: torch.device) -> bool:
+    """Whether the installed torch has a fused AdamW kernel for this device type."""
+    try:
+        probe = nn.Parameter(torch.zeros(1, device=device))
+        probe.grad = torch.zeros_like(probe)
+        torch.optim.AdamW([probe], fused=True).step()
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def build_optimizer(model: nn.Module, ocfg, device: torch.device) -> torch.optim.Optimizer:
+    fused = {"on": True, "off": False, "auto": None}[ocfg.fused]
+    if fused is None:
+        fused = fused_supported(device)
+    elif fused and not fused_supported(device):
+        raise ValueError(
+            f"optimizer.fused = 'on' but this torch has no fused AdamW for {device.type}; "
+            "use 'auto' or 'off'"
+        )
+    return torch.optim.AdamW(
+        param_groups(model, ocfg.weight_decay, ocfg.decay_embeddings),
+        lr=ocfg.lr,
+        betas=(ocfg.beta1, ocfg.beta2),
+        eps=ocfg.eps,
+        fused=fused,
+    )

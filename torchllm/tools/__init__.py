@@ -1,0 +1,1 @@
+"""Command-line tools that inspect configs and models without training."""
