@@ -141,7 +141,7 @@ def test_run_train_sh_end_to_end(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "step     5/5" in out and "done: 5 steps" in out
+    assert "step     5/5" in out and "done: step 5/5, 5 steps" in out
     assert (tmp_path / "debug_model" / "config.toml").is_file()
     losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines()
               if "| loss " in line]

@@ -11,6 +11,7 @@ import gc
 import math
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from torchllm import models
+from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.log import init_logger, logger
@@ -106,6 +108,7 @@ class Trainer:
         # Model: built on the meta device (no memory), parallelized, then materialized.
         spec = models.get(cfg.model.name)
         self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
+        self.start_time = time.perf_counter()
         with torch.device("meta"):
             self.model = spec.build(self.model_args)
         spec.parallelize_fn(self.model, self.parallel_dims, cfg)
@@ -129,7 +132,21 @@ class Trainer:
             global_batch, tcfg.seq_len, tcfg.local_batch_size, self.dp_degree,
             self.grad_accum_steps,
         )
-        self.step = 0
+        # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
+        # data position, counters and RNG states.
+        self.train_state = TrainState()
+        self.checkpointer = Checkpointer(
+            cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
+            dataloader=None, train_state=self.train_state, dp_rank=self.dp_rank,
+            device=self.device,
+        )
+        if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
+            self.checkpointer.load()
+        self.stop_signal: int | None = None
+
+    @property
+    def step(self) -> int:
+        return self.train_state.step
 
     @staticmethod
     def run_name(cfg: JobConfig) -> str:
@@ -207,36 +224,79 @@ class Trainer:
             )
         logger.info(" | ".join(parts))
 
-    def train(self) -> list[float]:
-        """Run training.steps optimizer steps; returns the loss of every step."""
+    def _on_signal(self, signum, frame) -> None:
+        """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
+        if self.stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.stop_signal = signum
+        logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
+
+    def stop_reason(self, steps_this_launch: int, slowest_step: float) -> str | None:
+        """Why this launch should stop early (signal, step budget, time limit), if it should."""
         tcfg = self.cfg.training
-        losses = []
+        if self.stop_signal is not None:
+            return f"signal {signal.Signals(self.stop_signal).name}"
+        if tcfg.stop_after_steps and steps_this_launch >= tcfg.stop_after_steps:
+            return f"training.stop_after_steps = {tcfg.stop_after_steps} reached"
+        if tcfg.time_limit_minutes:
+            # Leave room for two more slow steps and the final save before the limit.
+            elapsed = time.perf_counter() - self.start_time
+            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:
+                return f"training.time_limit_minutes = {tcfg.time_limit_minutes} nearly reached"
+        return None
+
+    def train(self) -> list[float]:
+        """Run up to training.steps optimizer steps; returns the loss of every step run here."""
+        tcfg = self.cfg.training
+        if self.cfg.checkpoint.create_seed_checkpoint:
+            self.checkpointer.save(0, model_only=True)
+            logger.info("seed checkpoint written; exiting")
+            return []
+        losses: list[float] = []
+        slowest_step = 0.0
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
         start = time.perf_counter()
         try:
             while self.step < tcfg.steps:
-                self.step += 1
+                self.train_state.step += 1
                 if self.step % tcfg.gc_freq == 0:
                     gc.collect(1)
                 reset_peak(self.device)
                 t0 = time.perf_counter()
                 m = self.train_step()
                 step_time = time.perf_counter() - t0
+                slowest_step = max(slowest_step, step_time)
+                self.train_state.tokens_seen += m["tokens"]
                 losses.append(m["loss"])
                 if not math.isfinite(m["loss"]):
                     raise FloatingPointError(f"loss is {m['loss']} at step {self.step}")
                 if self.step % self.cfg.metrics.log_freq == 0 or self.step in (1, tcfg.steps):
                     self.log_line(m, step_time)
+
+                self.checkpointer.poll()
+                last = self.step == tcfg.steps
+                reason = None if last else self.stop_reason(len(losses), slowest_step)
+                if reason or self.checkpointer.should_save(self.step, last=last):
+                    self.checkpointer.save(self.step, last=last)
+                if reason:
+                    logger.warning("stopping at step %d: %s", self.step, reason)
+                    break
         finally:
             gc.enable()
-        elapsed = time.perf_counter() - start
-        tokens = self.step * self.global_batch * tcfg.seq_len
-        logger.info(
-            "done: %d steps in %.1fs, %s tokens (%.0f tok/s); loss %.4f -> %.4f (min %.4f)",
-            self.step, elapsed, f"{tokens:,}", tokens / elapsed, losses[0], losses[-1],
-            min(losses),
-        )
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.checkpointer.close()
+        if losses:
+            elapsed = time.perf_counter() - start
+            tokens = len(losses) * self.global_batch * tcfg.seq_len
+            logger.info(
+                "done: step %d/%d, %d steps in %.1fs, %s tokens (%.0f tok/s); "
+                "loss %.4f -> %.4f (min %.4f)",
+                self.step, tcfg.steps, len(losses), elapsed, f"{tokens:,}", tokens / elapsed,
+                losses[0], losses[-1], min(losses),
+            )
         return losses
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from torchllm.config.sections import (
+    Checkpoint,
     Data,
     Job,
     LRScheduler,
@@ -37,6 +38,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
     def sections(self):
         """(name, section dataclass) pairs in declaration order."""
@@ -52,6 +54,7 @@ class JobConfig:
             "metrics.log_freq": self.metrics.log_freq,
             "training.gc_freq": t.gc_freq,
             "model.vocab_pad_multiple": self.model.vocab_pad_multiple,
+            "checkpoint.interval": self.checkpoint.interval,
         }
         for key, value in positive.items():
             if value < 1:
@@ -68,6 +71,11 @@ class JobConfig:
             raise ConfigError(f"lr_scheduler.min_lr_ratio = {lr.min_lr_ratio}: must be in [0, 1]", "lr_scheduler.min_lr_ratio")
         if not 0.0 < lr.decay_ratio <= 1.0:
             raise ConfigError(f"lr_scheduler.decay_ratio = {lr.decay_ratio}: must be in (0, 1]", "lr_scheduler.decay_ratio")
+        for key, value in (("training.stop_after_steps", t.stop_after_steps),
+                           ("training.time_limit_minutes", t.time_limit_minutes),
+                           ("checkpoint.keep_latest_k", self.checkpoint.keep_latest_k)):
+            if value < 0:
+                raise ConfigError(f"{key} = {value}: must be >= 0 (0 = off)", key)
         if self.optimizer.lr <= 0:
             raise ConfigError(f"optimizer.lr = {self.optimizer.lr}: must be > 0", "optimizer.lr")
         if not 0.0 <= self.data.val_fraction < 1.0:

@@ -61,6 +61,12 @@ class Training:
     )
     tf32: bool = opt(True, "Allow TF32 matmuls/convolutions on CUDA (ignored on CPU)")
     gc_freq: int = opt(50, "Run Python garbage collection every N steps (automatic GC is off)")
+    stop_after_steps: int = opt(
+        0, "Run at most this many steps in this launch, save and exit 0; 0 = no limit"
+    )
+    time_limit_minutes: float = opt(
+        0.0, "Save and exit 0 before this much wall-clock time has passed; 0 = no limit"
+    )
 
 
 @dataclass
@@ -109,3 +115,31 @@ class Data:
 @dataclass
 class Metrics:
     log_freq: int = opt(10, "Log a console line every N steps")
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = opt(False, "Save checkpoints, and resume from the run's latest one at start")
+    folder: str = opt("checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints")
+    interval: int = opt(500, "Save every N steps (and at the last step of the run)")
+    keep_latest_k: int = opt(3, "Keep only the newest K complete checkpoints; 0 keeps all")
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = opt(
+        "disabled", "async: stage to CPU, write in a background thread; pinned_mem: CUDA only"
+    )
+    load_step: int = opt(-1, "Step to resume from; -1 = the latest complete checkpoint")
+    exclude_from_loading: list[str] = opt(
+        [], "States not to restore: model, optimizer, lr_scheduler, dataloader, train_state, rng"
+    )
+    initial_load_path: str = opt(
+        "", "Checkpoint (run, folder or step dir) to start from when the run has none of its own"
+    )
+    initial_load_model_only: bool = opt(True, "Take only the weights from initial_load_path")
+    last_save_model_only: bool = opt(
+        False, "Make the final save weights-only (in export_dtype), e.g. for export"
+    )
+    export_dtype: Literal["float32", "bfloat16", "float16"] = opt(
+        "float32", "dtype of the weights in a weights-only final save"
+    )
+    create_seed_checkpoint: bool = opt(
+        False, "Initialize the model, save it as step-0 (weights only) and exit"
+    )

@@ -1,0 +1,104 @@
+"""Adapters that give DCP one `state_dict()` / `load_state_dict()` per saved object.
+
+Model and optimizer go through `torch.distributed.checkpoint.state_dict`, whose keys are plain
+parameter names however the model is wrapped (DDP, FSDP2, TP): that is what makes a checkpoint
+loadable under another parallelism or world size. Small Python objects (scheduler, data loader
+position, counters, RNG states) are pickled into one bytes value each, so their structure never
+has to match a template at load time.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+
+class ModelState:
+    """The model's parameters (and persistent buffers), optionally cast for export."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None):
+        self.model, self.dtype = model, dtype
+
+    def state_dict(self) -> dict:
+        sd = get_model_state_dict(self.model)
+        if self.dtype is not None:
+            sd = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in sd.items()}
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        set_model_state_dict(self.model, sd, options=StateDictOptions(strict=True))
+
+
+class OptimizerState:
+    """Optimizer state keyed by parameter names (not ids), so it reshards like the model."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, sd: dict) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, sd)
+
+
+class PickledState:
+    """Any object with state_dict()/load_state_dict(), stored as one pickled value."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def state_dict(self) -> dict:
+        return {"pickle": pickle.dumps(self.obj.state_dict())}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.obj.load_state_dict(pickle.loads(sd["pickle"]))
+
+
+class RNGState:
+    """Python, NumPy, torch CPU and CUDA generator states of this process."""
+
+    def state_dict(self) -> dict:
+        state = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TrainState:
+    """Counters that continue across a resume."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    best_val_loss: float = float("inf")
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, sd: dict) -> None:
+        for key, value in sd.items():
+            setattr(self, key, value)
