@@ -173,3 +173,34 @@ def test_sigterm_saves_current_step_and_exits_zero(tmp_path):
     stopped_at = int(out.split("stopping at step ")[1].split(":")[0])
     assert complete_steps(tmp_path / "run" / "checkpoint") == [stopped_at]
     assert Trainer(tiny_config(tmp_path, *CKPT, "--training.steps=100000")).step == stopped_at
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_convert_round_trip_dcp_file_dcp(tmp_path, suffix):
+    from torchllm.checkpoint.convert import main as convert
+
+    t = trainer(tmp_path, "--checkpoint.interval=100")
+    t.train()
+    out = tmp_path / f"weights{suffix}"
+    assert convert(["to-file", str(tmp_path / "run"), str(out)]) == 0
+    seed = tmp_path / "seed" / "step-0"
+    assert convert(["to-dcp", str(out), str(seed)]) == 0
+    back = Trainer(tiny_config(tmp_path / "new", f"--checkpoint.initial_load_path={seed}"))
+    for (name, a), b in zip(t.model.state_dict().items(), back.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert convert(["to-dcp", str(out), str(seed)]) == 2  # never overwrites
+
+
+def test_convert_dtype_and_errors(tmp_path, capsys):
+    from torchllm.checkpoint.convert import load_weights_file, main as convert
+
+    t = trainer(tmp_path, "--checkpoint.interval=100")
+    t.train()
+    out = tmp_path / "w.safetensors"
+    assert convert(["to-file", str(tmp_path / "run"), str(out), "--dtype", "bfloat16"]) == 0
+    w = load_weights_file(out)
+    assert w["tok_embeddings.weight"].dtype == torch.bfloat16
+    assert convert(["to-file", str(tmp_path / "nothing"), str(out)]) == 2
+    assert "no complete checkpoint under" in capsys.readouterr().err
+    assert convert(["to-file", str(tmp_path / "run"), str(tmp_path / "w.bin")]) == 2
+    assert convert(["to-dcp", str(out), str(tmp_path / "notastep")]) == 2

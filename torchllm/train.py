@@ -191,6 +191,7 @@ class Trainer:
             self.model.parameters(), max_norm if max_norm > 0 else float("inf")
         )
         lr = self.optimizer.param_groups[0]["lr"]
+        self.checkpointer.wait_for_staging()  # an async save must copy the weights first
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -84,21 +84,32 @@ class Checkpointer:
         self.states[self.rng_key] = RNGState()
 
         self.pending: tuple[int, Future] | None = None
+        self.staging: Future | None = None
         self.stager = None
         self.async_group = None
         if self.enabled and ccfg.async_mode != "disabled":
             self._setup_async(ccfg.async_mode, device)
 
     def _setup_async(self, mode: str, device: torch.device) -> None:
+        """Stage (copy to host memory) in a background thread, then write in another.
+
+        Weights change only in optimizer.step(), so staging overlaps the next step's forward
+        and backward; the trainer calls wait_for_staging() before stepping the optimizer.
+        """
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
         if mode == "async_with_pinned_mem":
             if device.type != "cuda":
                 raise ConfigError(
                     "checkpoint.async_mode = 'async_with_pinned_mem' stages through pinned host "
                     "memory and needs CUDA; on CPU use 'async'", "checkpoint.async_mode",
                 )
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(True, False, True, True))
+            options = StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                     use_async_staging=True, use_non_blocking_copy=True)
+        else:
+            options = StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                     use_async_staging=True, use_non_blocking_copy=False)
+        self.stager = DefaultStager(options)
         if dist.is_initialized():
             # Background saves talk on their own gloo group, never interleaving with training's.
             self.async_group = dist.new_group(backend="gloo")
@@ -139,13 +150,16 @@ class Checkpointer:
             state, checkpoint_id=str(path), process_group=self.async_group,
             async_stager=self.stager,
         )
-        upload = getattr(response, "upload_completion", response)
-        staged = getattr(response, "staging_completion", None)
-        if staged is not None:
-            staged.result()  # the training step may change weights only after staging
-        self.pending = (step, upload)
-        logger.info("checkpoint %s staged in %.2fs; writing in the background", path,
-                    time.perf_counter() - t0)
+        self.staging = response.staging_completion
+        self.pending = (step, response.upload_completion)
+        logger.info("checkpoint %s: staging and writing in the background (blocked %.2fs)",
+                    path, time.perf_counter() - t0)
+
+    def wait_for_staging(self) -> None:
+        """Block until a background save has copied the state; call before weights change."""
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
 
     def poll(self) -> None:
         """Finish a background save that has completed (cheap; call once per step)."""
@@ -158,6 +172,7 @@ class Checkpointer:
             return
         step, future = self.pending
         self.pending = None
+        self.wait_for_staging()
         future.result()
         self._finish(step)
         logger.info("checkpoint step-%d written", step)

@@ -1,0 +1,120 @@
+"""Convert model weights between a DCP checkpoint and one consolidated file.
+
+    python -m torchllm.checkpoint.convert to-file CHECKPOINT OUT.safetensors|OUT.pt [--dtype bfloat16]
+    python -m torchllm.checkpoint.convert to-dcp  WEIGHTS.safetensors|WEIGHTS.pt OUT_STEP_DIR
+
+CHECKPOINT may be a run folder (its latest complete checkpoint), a checkpoint folder or a
+step-<N> folder. `to-dcp` writes a complete weights-only checkpoint folder, usable as
+`checkpoint.initial_load_path` (a seed checkpoint). Needs no model code: shapes and dtypes come
+from the checkpoint's own metadata, so it works for any registered model family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from torchllm.checkpoint.checkpointer import EXPORT_DTYPES
+from torchllm.checkpoint.layout import mark_complete, resolve_checkpoint, step_of
+
+PREFIX = "model."
+
+
+def load_dcp_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights of a DCP checkpoint as plain CPU tensors, keyed by parameter name."""
+    step_path = resolve_checkpoint(path)
+    metadata = FileSystemReader(str(step_path)).read_metadata()
+    weights = {
+        key[len(PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(PREFIX) and isinstance(meta, TensorStorageMetadata)
+    }
+    if not weights:
+        raise ValueError(f"checkpoint {step_path} holds no model weights")
+    dcp.load({"model": weights}, checkpoint_id=str(step_path), no_dist=True)
+    return weights
+
+
+def save_weights_file(weights: dict[str, torch.Tensor], out: str | Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp))
+    elif out.suffix == ".pt":
+        torch.save(weights, tmp)
+    else:
+        raise ValueError(f"{out}: the output must end in .safetensors or .pt")
+    tmp.replace(out)  # never leave a half-written file under the final name
+
+
+def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    if path.suffix == ".pt":
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
+            raise ValueError(f"{path} is not a flat {{name: tensor}} state dict")
+        return weights
+    raise ValueError(f"{path}: the input must end in .safetensors or .pt")
+
+
+def to_file(checkpoint: str, out: str, dtype: str | None = None) -> None:
+    weights = load_dcp_weights(checkpoint)
+    if dtype is not None:
+        target = EXPORT_DTYPES[dtype]
+        weights = {k: v.to(target) if v.is_floating_point() else v for k, v in weights.items()}
+    save_weights_file(weights, out)
+
+
+def to_dcp(weights_path: str, out_dir: str) -> None:
+    out = Path(out_dir)
+    step = step_of(out)
+    if step is None:
+        raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; choose a new step folder")
+    dcp.save({"model": load_weights_file(weights_path)}, checkpoint_id=str(out), no_dist=True)
+    mark_complete(out, step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchllm.checkpoint.convert",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("to-file", help="DCP checkpoint -> one .safetensors/.pt weights file")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
+                   help="cast floating-point weights (default: keep the saved dtype)")
+    p = sub.add_parser("to-dcp", help="one .safetensors/.pt weights file -> DCP seed checkpoint")
+    p.add_argument("weights")
+    p.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "to-file":
+            to_file(args.checkpoint, args.out, args.dtype)
+        else:
+            to_dcp(args.weights, args.out_dir)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out if args.command == 'to-file' else args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
