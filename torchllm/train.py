@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import os
 import random
 import sys
@@ -23,8 +22,8 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.data import build_data, build_tokenizer
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
-from torchllm.metrics.memory import memory_stats, reset_peak
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.parallel import ParallelDims
 
@@ -129,6 +128,12 @@ class Trainer:
             global_batch, tcfg.seq_len, tcfg.local_batch_size, self.dp_degree,
             self.grad_accum_steps,
         )
+        self.guard = LossGuard(cfg.metrics)
+        self.metrics = MetricsLogger(
+            cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
+            self.flops_per_token, self.peak_flops, self.guard,
+        )
+        self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
         self.step = 0
 
     @staticmethod
@@ -168,44 +173,23 @@ class Trainer:
         micro_batches = [next(self.batches) for _ in range(self.grad_accum_steps)]
         data_time = time.perf_counter() - t0
         loss_sum, n_tokens = self.forward_backward(micro_batches)
+        m = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
+        m.update(self.metrics.before_clip(self.step))
 
         max_norm = self.cfg.training.max_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm > 0 else float("inf")
         )
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        m.update(grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
+                 data_time=data_time)
+        # The guard may drop this update (the LR schedule still advances) or stop the run.
+        m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
+        if not m["skipped"]:
+            with self.metrics.around_update(self.step, m):
+                self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {
-            "loss": (loss_sum / n_tokens).item(),
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "tokens": n_tokens * self.dp_degree,
-            "data_time": data_time,
-        }
-
-    def log_line(self, m: dict[str, float], step_time: float) -> None:
-        tps_device = m["tokens"] / self.dp_degree / step_time
-        parts = [
-            f"step {self.step:>5}/{self.cfg.training.steps}",
-            f"loss {m['loss']:.4f}",
-            f"lr {m['lr']:.2e}",
-            f"grad_norm {m['grad_norm']:.3f}",
-            f"tok/s/device {tps_device:,.0f}",
-            f"step {step_time * 1000:.0f}ms",
-        ]
-        if self.peak_flops:
-            parts.append(f"mfu {100 * tps_device * self.flops_per_token / self.peak_flops:.1f}%")
-        mem = memory_stats(self.device)
-        if "rss_gib" in mem:
-            parts.append(f"rss {mem['rss_gib']:.2f}GiB")
-        else:
-            parts.append(
-                f"mem {mem['max_active_gib']:.1f}GiB ({mem['max_active_pct']:.0f}%) "
-                f"reserved {mem['max_reserved_gib']:.1f}GiB"
-            )
-        logger.info(" | ".join(parts))
+        return m
 
     def train(self) -> list[float]:
         """Run training.steps optimizer steps; returns the loss of every step."""
@@ -215,21 +199,20 @@ class Trainer:
         gc.disable()
         start = time.perf_counter()
         try:
-            while self.step < tcfg.steps:
-                self.step += 1
-                if self.step % tcfg.gc_freq == 0:
-                    gc.collect(1)
-                reset_peak(self.device)
-                t0 = time.perf_counter()
-                m = self.train_step()
-                step_time = time.perf_counter() - t0
-                losses.append(m["loss"])
-                if not math.isfinite(m["loss"]):
-                    raise FloatingPointError(f"loss is {m['loss']} at step {self.step}")
-                if self.step % self.cfg.metrics.log_freq == 0 or self.step in (1, tcfg.steps):
-                    self.log_line(m, step_time)
+            with self.profiler:
+                while self.step < tcfg.steps:
+                    self.step += 1
+                    if self.step % tcfg.gc_freq == 0:
+                        gc.collect(1)
+                    t0 = time.perf_counter()
+                    m = self.train_step()
+                    step_time = time.perf_counter() - t0
+                    losses.append(m["loss"])
+                    self.metrics.log(self.step, m, step_time)
+                    self.profiler.step(self.step)
         finally:
             gc.enable()
+            self.metrics.close()
         elapsed = time.perf_counter() - start
         tokens = self.step * self.global_batch * tcfg.seq_len
         logger.info(
@@ -254,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trainer.train()
+    except TrainingStopped as e:
+        logger.error("training stopped by the guard: %s", e)
+        return 3
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130
