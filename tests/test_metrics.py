@@ -68,7 +68,7 @@ def read_scalars(folder) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_tensorboard_events_match_what_the_trainer_computed(tmp_path, tiny):
-    cfg = tiny(tmp_path, "--metrics.log_freq=2", "--job.run_name=tbrun",
+    cfg = tiny(tmp_path, "--metrics.log_freq=2", "--job.run_name=tbrun", "--training.steps=3",
                       "--model.max_seq_len=32", "--optimizer.lr=1e-3")
     trainer = Trainer(cfg)
     written = {}  # step -> scalars the logger wrote
@@ -85,18 +85,18 @@ def test_tensorboard_events_match_what_the_trainer_computed(tmp_path, tiny):
 
     events = read_scalars(tmp_path / "tb" / "tbrun")
     assert set(events) == CPU_TAGS
-    assert sorted(written) == [1, 2, 4]  # step 1, every log_freq, and the last step
+    assert sorted(written) == [1, 2, 3]  # step 1, every log_freq, and the last step
     for tag, series in events.items():
-        assert [s for s, _ in series] == [1, 2, 4], tag
+        assert [s for s, _ in series] == [1, 2, 3], tag
         for step, value in series:  # event files store float32
             assert value == pytest.approx(written[step][tag], rel=1e-6, abs=1e-12), (tag, step)
 
     # Against independent oracles, not the logger's own arithmetic.
-    for step in (1, 2, 4):
+    for step in (1, 2, 3):
         ev = {tag: dict(series)[step] for tag, series in events.items()}
         assert ev["loss/avg"] == pytest.approx(losses[step - 1], rel=1e-6)
         assert ev["loss/max"] == ev["loss/avg"]  # one rank
-        assert ev["optim/lr"] == pytest.approx(1e-3 * lr_factor(step, 4, 2, "cosine", 0.1))
+        assert ev["optim/lr"] == pytest.approx(1e-3 * lr_factor(step, 3, 2, "cosine", 0.1))
         assert ev["throughput/tokens_per_s_device"] == ev["throughput/tokens_per_s"]
         assert 0 <= ev["time/data_pct"] <= 100 and ev["time/data_s"] <= ev["time/step_s"]
         assert ev["perf/tflops"] == pytest.approx(
@@ -114,10 +114,10 @@ def test_tensorboard_events_match_what_the_trainer_computed(tmp_path, tiny):
         assert ev["memory/rss_gib"] > ev["memory/params_gib"]
         assert ev["guard/nonfinite"] == ev["guard/skipped_steps"] == 0
     # AdamW keeps two fp32 moments per parameter (plus a step count per tensor).
-    assert dict(events["memory/optimizer_gib"])[4] >= 2 * dict(events["memory/params_gib"])[4]
+    assert dict(events["memory/optimizer_gib"])[3] >= 2 * dict(events["memory/params_gib"])[3]
     # The parameters' norms after the last step are those of the trained model.
     emb = trainer.model.tok_embeddings.weight
-    assert dict(events["param_norm/embeddings"])[4] == pytest.approx(emb.norm().item(), rel=1e-5)
+    assert dict(events["param_norm/embeddings"])[3] == pytest.approx(emb.norm().item(), rel=1e-5)
 
 
 def test_group_norms_and_update_ratio_against_sgd():
@@ -270,15 +270,24 @@ def test_bad_monitoring_config_is_a_clear_error(tmp_path, flag, message):
         tiny_config(tmp_path, "--profiling.profile_freq=4", "--profiling.profiler_warmup=1", flag)
 
 
-def test_cuda_memory_metrics_when_a_gpu_is_present(tmp_path, tiny):
+def test_cuda_memory_metrics_and_snapshots_when_a_gpu_is_present(tmp_path, tiny):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    trainer = Trainer(tiny(tmp_path, "--training.device=cuda", "--training.steps=2"))
+    trainer = Trainer(tiny(tmp_path, "--training.device=cuda", "--training.steps=2",
+                           "--profiling.enable_memory_snapshot",
+                           "--profiling.memory_snapshot_freq=2", "--job.run_name=gpu"))
     m = {}
-    trainer.metrics.log = lambda step, mm, t, log=trainer.metrics.log: m.update(log(step, mm, t) or {})
+    log = trainer.metrics.log
+    trainer.metrics.log = lambda step, mm, t: m.update(log(step, mm, t) or {})
     trainer.train()
     assert 0 < m["memory/max_active_gib"] <= m["memory/max_reserved_gib"]
     assert m["memory/ooms"] == 0 and math.isfinite(m["memory/max_active_pct"])
+    trainer.profiler.start()
+    trainer.profiler.on_oom(3)
+    trainer.profiler.stop()
+    folder = tmp_path / "gpu" / "memory_snapshot"
+    for name in ("iteration_2", "oom_step_3"):
+        assert (folder / name / "rank0_memory_snapshot.pickle").stat().st_size > 0
 
 
 def poison_step(monkeypatch, bad_step: int) -> None:
@@ -303,30 +312,30 @@ def adam_steps(trainer) -> int:
 
 def test_guard_warn_applies_the_nan_update(tmp_path, tiny, monkeypatch, log_text):
     poison_step(monkeypatch, 2)
-    trainer = Trainer(tiny(tmp_path, "--metrics.guard_policy=warn"))
+    trainer = Trainer(tiny(tmp_path, "--metrics.guard_policy=warn", "--training.steps=3"))
     losses = trainer.train()
     assert "guard: step 2: non-finite loss nan" in log_text()
-    assert adam_steps(trainer) == 4
+    assert adam_steps(trainer) == 3
     # The NaN update reached the weights, so every later step is non-finite too.
     assert not torch.isfinite(trainer.model.tok_embeddings.weight).all()
     assert math.isfinite(losses[0]) and all(math.isnan(x) for x in losses[1:])
-    assert trainer.guard.counts == {"nonfinite": 3, "spikes": 0, "skipped_steps": 0}
+    assert trainer.guard.counts == {"nonfinite": 2, "spikes": 0, "skipped_steps": 0}
 
 
 def test_guard_skip_step_drops_only_that_update(tmp_path, tiny, monkeypatch, log_text):
     poison_step(monkeypatch, 2)
     cfg = tiny(tmp_path, "--metrics.guard_policy=skip_step", "--metrics.log_freq=2",
-               "--job.run_name=skip")
+               "--job.run_name=skip", "--training.steps=3")
     trainer = Trainer(cfg)
     losses = trainer.train()
     assert "guard: step 2: non-finite loss nan" in log_text() and "update dropped" in log_text()
     assert math.isnan(losses[1]) and all(math.isfinite(x) for i, x in enumerate(losses) if i != 1)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
-    assert adam_steps(trainer) == 3  # steps 1, 3 and 4: the optimizer never saw step 2
-    assert trainer.lr_scheduler.last_epoch == 4  # the schedule advanced through step 2
+    assert adam_steps(trainer) == 2  # steps 1 and 3: the optimizer never saw step 2
+    assert trainer.lr_scheduler.last_epoch == 3  # the schedule advanced through step 2
     assert trainer.guard.counts == {"nonfinite": 1, "spikes": 0, "skipped_steps": 1}
     events = read_scalars(tmp_path / "tb" / "skip")
-    assert dict(events["guard/skipped_steps"]) == {1: 0.0, 2: 1.0, 4: 1.0}
+    assert dict(events["guard/skipped_steps"]) == {1: 0.0, 2: 1.0, 3: 1.0}
     assert 2 not in dict(events["update_ratio/embeddings"])  # no update, no ratio
 
 

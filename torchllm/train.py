@@ -197,21 +197,25 @@ class Trainer:
         losses = []
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
+        self.profiler.start()
         start = time.perf_counter()
         try:
-            with self.profiler:
-                while self.step < tcfg.steps:
-                    self.step += 1
-                    if self.step % tcfg.gc_freq == 0:
-                        gc.collect(1)
-                    t0 = time.perf_counter()
-                    m = self.train_step()
-                    step_time = time.perf_counter() - t0
-                    losses.append(m["loss"])
-                    self.metrics.log(self.step, m, step_time)
-                    self.profiler.step(self.step)
+            while self.step < tcfg.steps:
+                self.step += 1
+                if self.step % tcfg.gc_freq == 0:
+                    gc.collect(1)
+                t0 = time.perf_counter()
+                m = self.train_step()
+                step_time = time.perf_counter() - t0
+                losses.append(m["loss"])
+                self.metrics.log(self.step, m, step_time)
+                self.profiler.step(self.step)
+        except torch.OutOfMemoryError:
+            self.profiler.on_oom(self.step)
+            raise
         finally:
             gc.enable()
+            self.profiler.stop()
             self.metrics.close()
         elapsed = time.perf_counter() - start
         tokens = self.step * self.global_batch * tcfg.seq_len

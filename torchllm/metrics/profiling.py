@@ -1,5 +1,8 @@
 """[profiling]: torch profiler traces and CUDA memory snapshots, around the training loop.
 
+The trainer calls start() before its first step, step(n) after each, on_oom(n) when step n runs
+out of memory, and stop() at the end.
+
 Traces: every `profile_freq` steps the profiler waits, warms up for `profiler_warmup` steps and
 records the last `profiler_active` steps of the window; each rank writes
 `<run>/<traces_folder>/iteration_<step>/rank<r>_trace.json` (open in Perfetto or
@@ -17,7 +20,7 @@ import torch
 
 from torchllm.log import logger
 
-# Allocation events kept in the CUDA allocator's history (a ring buffer; ~100 MB of host RAM).
+# Allocation events kept in the CUDA allocator's history (a ring buffer, as in PyTorch's docs).
 MEMORY_HISTORY_ENTRIES = 100_000
 
 
@@ -31,7 +34,8 @@ class Profiler:
             logger.warning("profiling.enable_memory_snapshot: memory snapshots need CUDA; "
                            "none will be written on %s", device.type)
 
-    def __enter__(self) -> "Profiler":
+    def start(self) -> None:
+        """Call before the first step."""
         cfg = self.cfg
         if cfg.enable_profiling:
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -45,10 +49,9 @@ class Profiler:
                 ),
                 on_trace_ready=self.save_trace,
             )
-            self.torch_profiler.__enter__()
+            self.torch_profiler.start()
         if self.snapshots:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
-        return self
 
     def step(self, step: int) -> None:
         """Call after every training step (`step` is the trainer's, which names the files)."""
@@ -74,11 +77,15 @@ class Profiler:
         logger.info("CUDA memory snapshot written to %s", path)
         return path
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if self.torch_profiler is not None:
-            self.torch_profiler.__exit__(exc_type, exc, tb)
+    def on_oom(self, step: int) -> None:
+        """Call when `step` raised torch.OutOfMemoryError: dumps what filled the memory."""
         if self.snapshots:
-            if isinstance(exc, torch.OutOfMemoryError):
-                self.dump_snapshot(f"oom_step_{self.step_num + 1}")
+            self.dump_snapshot(f"oom_step_{step}")
+
+    def stop(self) -> None:
+        """Call after the last step, also when training ends with an exception."""
+        if self.torch_profiler is not None:
+            self.torch_profiler.stop()
+            self.torch_profiler = None
+        if self.snapshots:
             torch.cuda.memory._record_memory_history(enabled=None)
-        return False
