@@ -34,7 +34,8 @@ def loss_stats(loss_sum: torch.Tensor, n_tokens: int, with_max: bool, group=None
     local = torch.stack([loss_sum.detach().double(),
                          torch.tensor(float(n_tokens), dtype=torch.float64, device=loss_sum.device)])
     total = all_reduce(local, dist.ReduceOp.SUM, group)
-    stats = {"loss": (total[0] / total[1]).item(), "tokens": int(total[1].item())}
+    loss_total, tokens = total.tolist()  # one device-to-host copy
+    stats = {"loss": loss_total / tokens, "tokens": int(tokens)}
     if with_max:
         stats["loss_max"] = all_reduce(local[0] / local[1], dist.ReduceOp.MAX, group).item()
     return stats
