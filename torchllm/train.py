@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import os
 import random
 import signal
@@ -25,8 +24,8 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.data import build_data, build_tokenizer
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
-from torchllm.metrics.memory import memory_stats, reset_peak
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.parallel import ParallelDims
 
@@ -140,6 +139,13 @@ class Trainer:
             dataloader=None, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device,
         )
+        # A guard that stops the run saves first (when checkpointing is on) for inspection.
+        self.guard = LossGuard(cfg.metrics, save_checkpoint=self.checkpointer.save)
+        self.metrics = MetricsLogger(
+            cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
+            self.flops_per_token, self.peak_flops, self.guard,
+        )
+        self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         self.stop_signal: int | None = None
@@ -185,45 +191,24 @@ class Trainer:
         micro_batches = [next(self.batches) for _ in range(self.grad_accum_steps)]
         data_time = time.perf_counter() - t0
         loss_sum, n_tokens = self.forward_backward(micro_batches)
+        m = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
+        m.update(self.metrics.before_clip(self.step))
 
         max_norm = self.cfg.training.max_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm > 0 else float("inf")
         )
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.checkpointer.wait_for_staging()  # an async save must copy the weights first
-        self.optimizer.step()
+        m.update(grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
+                 data_time=data_time)
+        # The guard may drop this update (the LR schedule still advances) or stop the run.
+        m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
+        if not m["skipped"]:
+            self.checkpointer.wait_for_staging()  # an async save must copy the weights first
+            with self.metrics.around_update(self.step, m):
+                self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {
-            "loss": (loss_sum / n_tokens).item(),
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "tokens": n_tokens * self.dp_degree,
-            "data_time": data_time,
-        }
-
-    def log_line(self, m: dict[str, float], step_time: float) -> None:
-        tps_device = m["tokens"] / self.dp_degree / step_time
-        parts = [
-            f"step {self.step:>5}/{self.cfg.training.steps}",
-            f"loss {m['loss']:.4f}",
-            f"lr {m['lr']:.2e}",
-            f"grad_norm {m['grad_norm']:.3f}",
-            f"tok/s/device {tps_device:,.0f}",
-            f"step {step_time * 1000:.0f}ms",
-        ]
-        if self.peak_flops:
-            parts.append(f"mfu {100 * tps_device * self.flops_per_token / self.peak_flops:.1f}%")
-        mem = memory_stats(self.device)
-        if "rss_gib" in mem:
-            parts.append(f"rss {mem['rss_gib']:.2f}GiB")
-        else:
-            parts.append(
-                f"mem {mem['max_active_gib']:.1f}GiB ({mem['max_active_pct']:.0f}%) "
-                f"reserved {mem['max_reserved_gib']:.1f}GiB"
-            )
-        logger.info(" | ".join(parts))
+        return m
 
     def _on_signal(self, signum, frame) -> None:
         """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
@@ -258,23 +243,21 @@ class Trainer:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
+        self.profiler.start()
         start = time.perf_counter()
         try:
             while self.step < tcfg.steps:
                 self.train_state.step += 1
                 if self.step % tcfg.gc_freq == 0:
                     gc.collect(1)
-                reset_peak(self.device)
                 t0 = time.perf_counter()
                 m = self.train_step()
                 step_time = time.perf_counter() - t0
                 slowest_step = max(slowest_step, step_time)
                 self.train_state.tokens_seen += m["tokens"]
                 losses.append(m["loss"])
-                if not math.isfinite(m["loss"]):
-                    raise FloatingPointError(f"loss is {m['loss']} at step {self.step}")
-                if self.step % self.cfg.metrics.log_freq == 0 or self.step in (1, tcfg.steps):
-                    self.log_line(m, step_time)
+                self.metrics.log(self.step, m, step_time)
+                self.profiler.step(self.step)
 
                 self.checkpointer.poll()
                 last = self.step == tcfg.steps
@@ -284,10 +267,15 @@ class Trainer:
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break
+        except torch.OutOfMemoryError:
+            self.profiler.on_oom(self.step)
+            raise
         finally:
             gc.enable()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            self.profiler.stop()
+            self.metrics.close()
             self.checkpointer.close()
         if losses:
             elapsed = time.perf_counter() - start
@@ -315,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trainer.train()
+    except TrainingStopped as e:
+        logger.error("training stopped by the guard: %s", e)
+        return 3
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130

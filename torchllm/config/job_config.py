@@ -13,6 +13,7 @@ from torchllm.config.sections import (
     Model,
     Optimizer,
     Parallelism,
+    Profiling,
     Training,
 )
 
@@ -38,6 +39,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
     def sections(self):
@@ -80,3 +82,28 @@ class JobConfig:
             raise ConfigError(f"optimizer.lr = {self.optimizer.lr}: must be > 0", "optimizer.lr")
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.data.val_fraction}: must be in [0, 1)", "data.val_fraction")
+        self._validate_monitoring()
+
+    def _validate_monitoring(self) -> None:
+        """[metrics] guard settings and [profiling] windows."""
+        m, p = self.metrics, self.profiling
+        checks = [
+            ("metrics.loss_spike_factor", m.loss_spike_factor,
+             m.loss_spike_factor == 0 or m.loss_spike_factor > 1, "must be 0 (off) or > 1"),
+            ("metrics.loss_spike_window", m.loss_spike_window, m.loss_spike_window >= 1,
+             "must be >= 1"),
+            ("metrics.max_consecutive_skips", m.max_consecutive_skips,
+             m.max_consecutive_skips >= 0, "must be >= 0"),
+            ("profiling.profile_freq", p.profile_freq, p.profile_freq >= 1, "must be >= 1"),
+            ("profiling.profiler_warmup", p.profiler_warmup, p.profiler_warmup >= 0,
+             "must be >= 0"),
+            ("profiling.profiler_active", p.profiler_active,
+             1 <= p.profiler_active <= p.profile_freq - p.profiler_warmup,
+             f"must be >= 1 and fit in profile_freq - profiler_warmup "
+             f"({p.profile_freq} - {p.profiler_warmup})"),
+            ("profiling.memory_snapshot_freq", p.memory_snapshot_freq,
+             p.memory_snapshot_freq >= 0, "must be >= 0 (0 = only on OOM)"),
+        ]
+        for key, value, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"{key} = {value}: {allowed}", key)

@@ -114,7 +114,37 @@ class Data:
 
 @dataclass
 class Metrics:
-    log_freq: int = opt(10, "Log a console line every N steps")
+    log_freq: int = opt(10, "Log metrics (console line, TensorBoard, W&B) every N steps")
+    enable_tensorboard: bool = opt(True, "Write TensorBoard event files to dump_folder/tb_folder/<run>")
+    tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder (one subfolder per run)")
+    rank_0_only: bool = opt(True, "Only rank 0 writes TensorBoard/W&B; false = one folder per rank")
+    enable_wandb: bool = opt(False, "Also log to Weights & Biases (needs the wandb package)")
+    wandb_project: str = opt("torchllm", "W&B project name")
+    progress_bar: bool = opt(True, "Live progress bar with ETA when the console is a terminal")
+    guard_policy: Literal["warn", "skip_step", "stop"] = opt(
+        "skip_step", "On a non-finite loss/grad norm or a loss spike: warn, drop the update, or stop"
+    )
+    loss_spike_factor: float = opt(
+        3.0, "A loss above this multiple of its running mean is a spike; 0 disables the check"
+    )
+    loss_spike_window: int = opt(50, "Steps in the loss running mean (spikes checked once full)")
+    max_consecutive_skips: int = opt(
+        10, "skip_step: stop after this many skipped steps in a row; 0 = never"
+    )
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = opt(False, "Record torch profiler traces, one file per rank")
+    profile_freq: int = opt(100, "Trace the last `active` steps of every window of N steps")
+    profiler_warmup: int = opt(3, "Profiler warm-up steps before each traced window (not saved)")
+    profiler_active: int = opt(1, "Steps recorded in each trace")
+    traces_folder: str = opt("profile_traces", "Trace folder under the run folder")
+    enable_memory_snapshot: bool = opt(
+        False, "CUDA only: record allocator history; dump snapshots on OOM and every snapshot_freq"
+    )
+    memory_snapshot_freq: int = opt(0, "Dump a memory snapshot every N steps; 0 = only on OOM")
+    memory_snapshot_folder: str = opt("memory_snapshot", "Snapshot folder under the run folder")
 
 
 @dataclass

@@ -107,3 +107,12 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device))
     return cpu_peak_flops()
+
+
+def mfu_stats(tokens_per_s_device: float, flops_per_token: int, peak: float | None) -> dict:
+    """Achieved model TFLOPS per device, and MFU (%) when the peak is known."""
+    achieved = tokens_per_s_device * flops_per_token
+    stats = {"tflops": achieved / 1e12}
+    if peak:
+        stats["mfu_pct"] = 100 * achieved / peak
+    return stats

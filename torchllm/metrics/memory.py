@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 
 import torch
+from torch import nn
 
 GiB = 1024**3
 
@@ -17,6 +18,30 @@ def rss_bytes() -> int:
         return pages * resource.getpagesize()
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds for `t` (a sharded DTensor's local shard, not the global size)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state on this rank.
+
+    The three that scale with model size (16 bytes/param for fp32 AdamW): on CPU they are most of
+    the RSS, and comparing them with it shows what activations and the allocator add.
+    Gradients count only while they exist (read it between backward and zero_grad).
+    """
+    params = list(model.parameters())
+    state = [
+        v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+    ]
+    return {
+        "params": sum(_local_bytes(p) for p in params),
+        "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(_local_bytes(t) for t in state),
+    }
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -1,0 +1,85 @@
+"""Guards against a diverging run: non-finite loss or gradient norm, and loss spikes.
+
+Policies (`metrics.guard_policy`):
+  warn       log the event with its step and apply the update anyway;
+  skip_step  drop the update: the optimizer does not step (its moments and step count are
+             untouched) while the LR schedule still advances, so the schedule stays a function
+             of the step number, as after a resume; after `max_consecutive_skips` skipped steps
+             in a row the run stops, since the problem is not transient;
+  stop       save a checkpoint (when the trainer gave a hook) and raise TrainingStopped, which
+             the trainer turns into a non-zero exit with the reason.
+
+The loss given to `check` must be the same on every rank (the dp-reduced loss): then every rank
+takes the same decision and replicas never diverge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Callable, NoReturn
+
+from torchllm.log import logger
+
+
+class TrainingStopped(RuntimeError):
+    """Raised by the `stop` policy; the message is the reason."""
+
+
+class LossGuard:
+    def __init__(self, mcfg, save_checkpoint: Callable[[int], None] | None = None):
+        """`save_checkpoint(step)` is called before stopping; `step` is the step whose update
+        was not applied (model and optimizer hold the state after step - 1)."""
+        self.policy = mcfg.guard_policy
+        self.spike_factor = mcfg.loss_spike_factor
+        self.max_consecutive_skips = mcfg.max_consecutive_skips
+        self.save_checkpoint = save_checkpoint
+        self.recent = deque(maxlen=mcfg.loss_spike_window)  # losses of applied updates
+        self.counts = {"nonfinite": 0, "spikes": 0, "skipped_steps": 0}
+        self.consecutive_skips = 0
+
+    def problem(self, loss: float, grad_norm: float) -> tuple[str, str] | None:
+        """(kind, description) of what is wrong with this step, or None."""
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            return "nonfinite", f"non-finite loss {loss} or gradient norm {grad_norm}"
+        if self.spike_factor and len(self.recent) == self.recent.maxlen:
+            mean = sum(self.recent) / len(self.recent)
+            if loss > self.spike_factor * mean:
+                return "spikes", (
+                    f"loss spike {loss:.4f} > {self.spike_factor:g} x running mean {mean:.4f} "
+                    f"(last {len(self.recent)} steps)"
+                )
+        return None
+
+    def check(self, step: int, loss: float, grad_norm: float) -> bool:
+        """Whether to apply this step's update; logs events, raises TrainingStopped on `stop`."""
+        found = self.problem(loss, grad_norm)
+        if found is None:
+            self.consecutive_skips = 0
+            self.recent.append(loss)
+            return True
+        kind, what = found
+        self.counts[kind] += 1
+        if self.policy == "warn":
+            logger.warning("guard: step %d: %s; update applied (guard_policy = warn)", step, what)
+            if math.isfinite(loss):
+                self.recent.append(loss)
+            return True
+        if self.policy == "skip_step":
+            self.counts["skipped_steps"] += 1
+            self.consecutive_skips += 1
+            limit = self.max_consecutive_skips
+            if limit and self.consecutive_skips >= limit:
+                self.stop(step, f"{what}; {self.consecutive_skips} steps in a row skipped "
+                                f"(metrics.max_consecutive_skips = {limit})")
+            logger.warning("guard: step %d: %s; update dropped (guard_policy = skip_step)",
+                           step, what)
+            return False
+        self.stop(step, what)
+
+    def stop(self, step: int, what: str) -> NoReturn:
+        reason = f"step {step}: {what}"
+        logger.error("guard: %s; stopping", reason)
+        if self.save_checkpoint is not None:
+            self.save_checkpoint(step)
+        raise TrainingStopped(reason)

@@ -1,0 +1,136 @@
+"""MetricsLogger: what the trainer reports every `metrics.log_freq` steps, and where it goes.
+
+The trainer calls, within a step:  loss_stats → before_clip → around_update(optimizer.step),
+then `log(step, metrics, step_time)` after it. Work beyond the loss reduction (per-group norms,
+update ratios, state sizes, the max over ranks) happens on logging steps only, and on every rank
+alike, since some of it is collective. Tags, units and formulas: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torchllm.log import logger
+from torchllm.metrics.flops import mfu_stats
+from torchllm.metrics.memory import GiB, memory_stats, reset_peak, training_state_bytes
+from torchllm.metrics.norms import grad_norms, track_update, watched_groups
+from torchllm.metrics.progress import Progress, format_duration
+from torchllm.metrics.reduce import loss_stats, rank
+from torchllm.metrics.writers import build_writers
+
+
+class MetricsLogger:
+    def __init__(self, cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 device: torch.device, run_name: str, run_dir: Path, flops_per_token: int,
+                 peak_flops: float | None, guard, group=None):
+        """`group`: the data-parallel process group (None = the default group, if any)."""
+        self.log_freq, self.total_steps = cfg.metrics.log_freq, cfg.training.steps
+        self.model, self.optimizer, self.device, self.group = model, optimizer, device, group
+        self.flops_per_token, self.peak_flops, self.guard = flops_per_token, peak_flops, guard
+        self.groups = watched_groups(model)
+        self.writers = build_writers(cfg, run_name, run_dir, rank())
+        self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar)
+        self.interval = self._empty_interval()
+
+    @staticmethod
+    def _empty_interval() -> dict[str, float]:
+        return {"steps": 0, "time": 0.0, "data_time": 0.0, "tokens": 0}
+
+    def is_log_step(self, step: int) -> bool:
+        return step % self.log_freq == 0 or step in (1, self.total_steps)
+
+    def loss_stats(self, step: int, loss_sum: torch.Tensor, n_tokens: int) -> dict:
+        """The dp-reduced loss and token count (+ the max over ranks on logging steps)."""
+        return loss_stats(loss_sum, n_tokens, self.is_log_step(step), self.group)
+
+    def before_clip(self, step: int) -> dict[str, float]:
+        """On logging steps: raw per-group gradient norms and the training state's size."""
+        if not self.is_log_step(step):
+            return {}
+        out = grad_norms(self.groups)
+        for name, n in training_state_bytes(self.model, self.optimizer).items():
+            out[f"memory/{name}_gib"] = n / GiB
+        return out
+
+    def around_update(self, step: int, out: dict):
+        """Wrap optimizer.step(): on logging steps adds param norms and update ratios to `out`."""
+        if not self.is_log_step(step):
+            return contextlib.nullcontext()
+        return track_update(self.groups, out)
+
+    def scalars(self, m: dict) -> dict[str, float]:
+        """Every tag written for a logging step (interval averages over the steps since the
+        last log for times and throughput; values of this step for everything else)."""
+        iv = self.interval
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        tokens_per_s = iv["tokens"] / iv["time"]
+        out = {"loss/avg": m["loss"]}
+        if "loss_max" in m:
+            out["loss/max"] = m["loss_max"]
+        out["optim/lr"] = m["lr"]
+        out["grad_norm/total"] = m["grad_norm"]
+        out.update({k: v for k, v in m.items() if "/" in k})
+        out.update({
+            "throughput/tokens_per_s": tokens_per_s,
+            "throughput/tokens_per_s_device": tokens_per_s / world,
+            "time/step_s": iv["time"] / iv["steps"],
+            "time/data_s": iv["data_time"] / iv["steps"],
+            "time/data_pct": 100 * iv["data_time"] / iv["time"],
+        })
+        out.update({f"perf/{k}": v for k, v in
+                    mfu_stats(tokens_per_s / world, self.flops_per_token, self.peak_flops).items()})
+        out.update({f"memory/{k}": v for k, v in memory_stats(self.device).items()})
+        out.update({f"guard/{k}": v for k, v in self.guard.counts.items()})
+        return {k: float(v) for k, v in out.items()}
+
+    def console_line(self, step: int, s: dict[str, float], skipped: bool) -> str:
+        parts = [
+            f"step {step:>5}/{self.total_steps}",
+            f"loss {s['loss/avg']:.4f}",
+            f"lr {s['optim/lr']:.2e}",
+            f"grad_norm {s['grad_norm/total']:.3f}",
+            f"tok/s/device {s['throughput/tokens_per_s_device']:,.0f}",
+            f"step {1000 * s['time/step_s']:.0f}ms (data {s['time/data_pct']:.0f}%)",
+        ]
+        if "perf/mfu_pct" in s:
+            parts.append(f"mfu {s['perf/mfu_pct']:.1f}%")
+        if "memory/rss_gib" in s:
+            parts.append(f"rss {s['memory/rss_gib']:.2f}GiB")
+        else:
+            parts.append(f"mem {s['memory/max_active_gib']:.1f}GiB "
+                         f"({s['memory/max_active_pct']:.0f}%) "
+                         f"reserved {s['memory/max_reserved_gib']:.1f}GiB")
+        eta = self.progress.eta_s()
+        if eta is not None and step < self.total_steps:
+            parts.append(f"eta {format_duration(eta)}")
+        if skipped:
+            parts.append("update skipped")
+        return " | ".join(parts)
+
+    def log(self, step: int, m: dict, step_time: float) -> dict[str, float] | None:
+        """Account for one finished step; on logging steps write every scalar and return them."""
+        iv = self.interval
+        iv["steps"] += 1
+        iv["time"] += step_time
+        iv["data_time"] += m["data_time"]
+        iv["tokens"] += m["tokens"]
+        self.progress.update(step)
+        if not self.is_log_step(step):
+            return None
+        scalars = self.scalars(m)
+        self.progress.clear()
+        logger.info(self.console_line(step, scalars, m.get("skipped", False)))
+        for writer in self.writers:
+            writer.write(step, scalars)
+        self.interval = self._empty_interval()
+        reset_peak(self.device)  # the next line's peaks are those of its own interval
+        return scalars
+
+    def close(self) -> None:
+        self.progress.close()
+        for writer in self.writers:
+            writer.close()

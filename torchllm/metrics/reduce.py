@@ -1,0 +1,41 @@
+"""Reductions of per-rank scalars over the data-parallel ranks, with or without a process group.
+
+Every function works unchanged in a single process (no process group initialized): the
+reduction is then the identity. `group=None` means the default (world) group; pass the
+data-parallel group when other parallelisms share the world.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def all_reduce(values: torch.Tensor, op: dist.ReduceOp, group=None) -> torch.Tensor:
+    """`values` reduced over the group's ranks (a new tensor; the input is left untouched)."""
+    out = values.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def loss_stats(loss_sum: torch.Tensor, n_tokens: int, with_max: bool, group=None) -> dict:
+    """The step's loss over all dp ranks: mean per token, and (if asked) the worst rank's mean.
+
+    The mean is sum(losses) / sum(tokens), which equals the average of the ranks' means when
+    every rank has the same token count and stays exact when padding makes them differ. One
+    all-reduce per step; the max costs a second one, so it is only taken on logging steps.
+    """
+    # float64: token counts of large global batches are not exact in float32 past 2^24.
+    local = torch.stack([loss_sum.detach().double(),
+                         torch.tensor(float(n_tokens), dtype=torch.float64, device=loss_sum.device)])
+    total = all_reduce(local, dist.ReduceOp.SUM, group)
+    loss_total, tokens = total.tolist()  # one device-to-host copy
+    stats = {"loss": loss_total / tokens, "tokens": int(tokens)}
+    if with_max:
+        stats["loss_max"] = all_reduce(local[0] / local[1], dist.ReduceOp.MAX, group).item()
+    return stats
