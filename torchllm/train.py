@@ -21,6 +21,7 @@ import torch
 from torchllm import models
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.eval.in_training import Evaluator, held_out_batches
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
@@ -130,6 +131,13 @@ class Trainer:
             self.grad_accum_steps,
         )
         self.step = 0
+        # Validation, samples and HellaSwag on their own schedules; the best validation loss is
+        # part of the train state (the checkpointer saves it).
+        val_batches = held_out_batches(cfg, self.tokenizer, self.val_windows, self.dp_rank,
+                                       self.dp_degree)
+        self.evaluator = Evaluator(cfg, self.model, self.tokenizer, self.device, val_batches,
+                                   self.autocast)
+        self.best_val_loss = math.inf
 
     @staticmethod
     def run_name(cfg: JobConfig) -> str:
@@ -228,6 +236,8 @@ class Trainer:
                     raise FloatingPointError(f"loss is {m['loss']} at step {self.step}")
                 if self.step % self.cfg.metrics.log_freq == 0 or self.step in (1, tcfg.steps):
                     self.log_line(m, step_time)
+                report = self.evaluator.after_step(self.step, tcfg.steps)
+                self.best_val_loss = min(self.best_val_loss, report.scalars.get("val/loss", math.inf))
         finally:
             gc.enable()
         elapsed = time.perf_counter() - start

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 from torchllm.config.sections import (
     Data,
+    Eval,
     Job,
     LRScheduler,
     Metrics,
@@ -13,6 +14,7 @@ from torchllm.config.sections import (
     Optimizer,
     Parallelism,
     Training,
+    Validation,
 )
 
 
@@ -37,6 +39,8 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
+    eval: Eval = field(default_factory=Eval)
 
     def sections(self):
         """(name, section dataclass) pairs in declaration order."""
@@ -52,6 +56,10 @@ class JobConfig:
             "metrics.log_freq": self.metrics.log_freq,
             "training.gc_freq": t.gc_freq,
             "model.vocab_pad_multiple": self.model.vocab_pad_multiple,
+            "validation.freq": self.validation.freq,
+            "validation.steps": self.validation.steps,
+            "eval.max_new_tokens": self.eval.max_new_tokens,
+            "eval.hellaswag_batch_size": self.eval.hellaswag_batch_size,
         }
         for key, value in positive.items():
             if value < 1:
@@ -70,5 +78,18 @@ class JobConfig:
             raise ConfigError(f"lr_scheduler.decay_ratio = {lr.decay_ratio}: must be in (0, 1]", "lr_scheduler.decay_ratio")
         if self.optimizer.lr <= 0:
             raise ConfigError(f"optimizer.lr = {self.optimizer.lr}: must be > 0", "optimizer.lr")
+        e = self.eval
+        for key, value in (("eval.sample_freq", e.sample_freq),
+                           ("eval.hellaswag_freq", e.hellaswag_freq), ("eval.top_k", e.top_k),
+                           ("eval.temperature", e.temperature)):
+            if value < 0:
+                raise ConfigError(f"{key} = {value}: must be >= 0", key)
+        if not 0.0 < e.top_p <= 1.0:
+            raise ConfigError(f"eval.top_p = {e.top_p}: must be in (0, 1]", "eval.top_p")
+        if e.hellaswag_limit == 0 or e.hellaswag_limit < -1:
+            raise ConfigError(
+                f"eval.hellaswag_limit = {e.hellaswag_limit}: must be >= 1, or -1 for all",
+                "eval.hellaswag_limit",
+            )
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.data.val_fraction}: must be in [0, 1)", "data.val_fraction")
