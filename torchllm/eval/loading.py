@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -71,7 +72,9 @@ def load_for_inference(
     model.to_empty(device=device)
     model.init_weights(buffer_device=torch.device(device))  # buffers (RoPE) are not saved
     state = model.state_dict()
-    dcp.load({"model": state}, checkpoint_id=step_dir)
+    with warnings.catch_warnings():  # one process without a group is the intended use here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=step_dir)
     model.load_state_dict(state)
     model.eval()
     return model, cfg, tokenizer
