@@ -108,3 +108,12 @@ def test_cli_greedy_prints_text_and_ids(tmp_path, capsys):
                         eos_id=tokenizer.eos_id)[0]
     assert [int(t) for t in lines[1].split()[1:]] == expected
     assert main(["--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
+
+
+def test_training_forward_still_compiles_as_one_graph(model):
+    """The optional cache must not add graph breaks to the training forward."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(compiled(tokens), model(tokens))
+    torch._dynamo.reset()
