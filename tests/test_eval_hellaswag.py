@@ -120,7 +120,8 @@ def test_render_truncates_the_context_from_the_left(tokenizer):
 
 def test_bad_files_name_the_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(TINY_EXAMPLES[0]) + "\n" + json.dumps({"ctx": "x", "label": 0}) + "\n")
+    rows = [TINY_EXAMPLES[0], {"ctx": "x", "label": 0}]
+    bad.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(ValueError, match=r"bad.jsonl:2: missing endings"):
         hellaswag.load_examples(str(bad))
     bad.write_text(json.dumps({**TINY_EXAMPLES[0], "label": 7}) + "\n")

@@ -35,7 +35,8 @@ def test_validate_is_the_token_weighted_mean_in_eval_mode_without_grad():
                 "targets": torch.randint(0, 64, (2, 16), generator=g)} for _ in range(3)]
     batches[1]["targets"][0, :10] = IGNORE_INDEX  # padding counts for nothing
     modes = []
-    model.register_forward_pre_hook(lambda m, _: modes.append((m.training, torch.is_grad_enabled())))
+    model.register_forward_pre_hook(
+        lambda m, _: modes.append((m.training, torch.is_grad_enabled())))
 
     m = validate(model, batches, steps=2, device=torch.device("cpu"))
     assert modes == [(False, False)] * 2  # only `steps` batches, eval mode, no autograd
@@ -77,7 +78,8 @@ def test_trainer_runs_every_hook_and_keeps_the_best_validation_loss(tmp_path):
     assert trainer.best_val_loss == math.inf
     reports = {}
     after_step = trainer.evaluator.after_step
-    trainer.evaluator.after_step = lambda step, last: reports.setdefault(step, after_step(step, last))
+    trainer.evaluator.after_step = lambda step, last: reports.setdefault(
+        step, after_step(step, last))
     trainer.train()
     assert sorted(s for s, r in reports.items() if "val/loss" in r.scalars) == [2, 4]
     assert [s for s, r in reports.items() if r.texts] == [3]
@@ -100,7 +102,8 @@ def test_bad_evaluation_config_fails_at_start(tmp_path, flags, key):
 
 
 def test_eval_keys_are_validated(tmp_path):
-    for flag, key in (("--eval.top_p=0", "eval.top_p"), ("--eval.temperature=-1", "eval.temperature"),
+    for flag, key in (("--eval.top_p=0", "eval.top_p"),
+                      ("--eval.temperature=-1", "eval.temperature"),
                       ("--validation.freq=0", "validation.freq"),
                       ("--eval.hellaswag_limit=0", "eval.hellaswag_limit")):
         with pytest.raises(ConfigError, match=key):

@@ -13,24 +13,23 @@ import argparse
 import sys
 
 from torchllm.eval.generation import generate
-from torchllm.eval.loading import inference_device, load_for_inference
+from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.log import init_logger, logger
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchllm.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True,
-                        help="run folder (latest complete step), its checkpoint folder, or a step folder")
-    parser.add_argument("--prompt", action="append", required=True,
-                        help="text to complete; repeat for a batch of prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None, help="0 = no limit")
-    parser.add_argument("--top-p", type=float, default=None, help="1 = no limit")
-    parser.add_argument("--seed", type=int, default=None, help="default: the run's job.seed")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
-    parser.add_argument("--print-ids", action="store_true", help="also print the generated token ids")
+    add = parser.add_argument
+    add("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    add("--prompt", action="append", required=True, help="text to complete; repeat for a batch")
+    add("--max-new-tokens", type=int)
+    add("--temperature", type=float, help="0 = greedy")
+    add("--top-k", type=int, help="0 = no limit")
+    add("--top-p", type=float, help="1 = no limit")
+    add("--seed", type=int, help="default: the run's job.seed")
+    add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    add("--print-ids", action="store_true", help="also print the generated token ids")
     args = parser.parse_args(argv)
 
     init_logger()

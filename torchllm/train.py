@@ -237,7 +237,8 @@ class Trainer:
                 if self.step % self.cfg.metrics.log_freq == 0 or self.step in (1, tcfg.steps):
                     self.log_line(m, step_time)
                 report = self.evaluator.after_step(self.step, tcfg.steps)
-                self.best_val_loss = min(self.best_val_loss, report.scalars.get("val/loss", math.inf))
+                val_loss = report.scalars.get("val/loss", math.inf)
+                self.best_val_loss = min(self.best_val_loss, val_loss)
         finally:
             gc.enable()
         elapsed = time.perf_counter() - start

@@ -115,7 +115,7 @@ class Metrics:
 class Validation:
     enable: bool = opt(False, "Compute the validation loss during training")
     freq: int = opt(250, "Validate every N steps (and after the last step)")
-    steps: int = opt(10, "Batches per validation, the same ones each time (fewer if the split is short)")
+    steps: int = opt(10, "Batches per validation, the same ones every time (fewer if too few)")
     dataset: str = opt("", "Dataset whose held-out split is used; empty = data.dataset")
 
 

@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchllm.data.tokenizer import Tokenizer
+from torchllm.eval.loading import (
+    CHECKPOINT_HELP,
+    inference_device,
+    init_distributed,
+    load_for_inference,
+)
 from torchllm.eval.reduce import gather_objects, rank_and_world, sum_over_ranks
+from torchllm.log import init_logger, logger
 
 RANDOM_BASELINE = 0.25  # 4 endings
 REQUIRED_KEYS = ("ctx", "endings", "label")
@@ -173,7 +180,8 @@ def evaluate(
     try:
         for b in range(n_batches):
             idx = mine[b * batch_size : (b + 1) * batch_size]
-            rows = [r for i in (idx or [0]) for r in render_example(tokenizer, examples[i], max_len)]
+            batch = [examples[i] for i in idx] or examples[:1]  # a rank out of work: a dummy
+            rows = [row for ex in batch for row in render_example(tokenizer, ex, max_len)]
             sums, means = score_rows(model, rows, device, autocast)
             for j, i in enumerate(idx):
                 s, m = sums[4 * j : 4 * j + 4].tolist(), means[4 * j : 4 * j + 4].tolist()
@@ -202,22 +210,16 @@ def evaluate(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchllm.eval.hellaswag",
-        description="HellaSwag accuracy of a checkpoint (a random model scores ~25%%).",
+        description="HellaSwag accuracy of a checkpoint (a random model scores ~25%).",
     )
-    parser.add_argument("--checkpoint", required=True,
-                        help="run folder (latest complete step), its checkpoint folder, or a step folder")
-    parser.add_argument("--data", default=None,
-                        help="official-format .jsonl or Hub dataset; default: the run's eval.hellaswag_data")
-    parser.add_argument("--limit", type=int, default=-1, help="score the first N examples (-1 = all)")
-    parser.add_argument("--json", default=None, help="write acc, acc_norm, n and per-example predictions here")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="examples per forward pass; default: the run's eval.hellaswag_batch_size")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    add = parser.add_argument
+    add("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    add("--data", help="official-format .jsonl or Hub dataset (default: eval.hellaswag_data)")
+    add("--limit", type=int, default=-1, help="score the first N examples (-1 = all)")
+    add("--json", help="write acc, acc_norm, n and the per-example predictions to this file")
+    add("--batch-size", type=int, help="examples per forward (default: eval.hellaswag_batch_size)")
+    add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
     args = parser.parse_args(argv)
-
-    from torchllm.eval.loading import init_distributed, inference_device, load_for_inference
-    from torchllm.log import init_logger, logger
-
     init_logger()
     try:
         device = inference_device(args.device)

@@ -26,6 +26,7 @@ from torchllm.data import Tokenizer, build_tokenizer
 
 STEP_DIR = re.compile(r"step-(\d+)")
 COMPLETE = "COMPLETE"
+CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 
 
 def _latest_complete(folder: Path) -> Path | None:
