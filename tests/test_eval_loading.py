@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import pytest
@@ -27,7 +28,7 @@ def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
         model = models.get("llama3").build(models.model_args(cfg, tokenizer.vocab_size))
     model.to_empty(device="cpu")
     states = {}
-    for step in (*complete_steps, *incomplete_steps):
+    for step in complete_steps:
         torch.manual_seed(step)
         model.init_weights()
         states[step] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -35,8 +36,10 @@ def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({"model": model.state_dict()}, checkpoint_id=step_dir)
-        if step in complete_steps:
-            (step_dir / "COMPLETE").write_text("")
+        (step_dir / "COMPLETE").write_text("")
+    for step in incomplete_steps:  # a save that never finished: data, but no marker
+        shutil.copytree(step_dir, run_dir / "checkpoint" / f"step-{step}",
+                        ignore=shutil.ignore_patterns("COMPLETE"))
     return run_dir, states
 
 

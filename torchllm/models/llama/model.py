@@ -44,7 +44,7 @@ def rope_table(args: LlamaArgs, device=None) -> torch.Tensor:
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, per layer, for incremental decoding.
+    """Keys and values of the tokens seen so far, per attention module, for incremental decoding.
 
     Buffers are allocated at a layer's first call from its key/value shapes, so the head count
     (sharded under tensor parallelism) is never assumed. `pos` is the number of cached tokens;
@@ -54,19 +54,19 @@ class KVCache:
     def __init__(self, max_len: int):
         self.max_len = max_len
         self.pos = 0
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(
-        self, layer_id: int, k: torch.Tensor, v: torch.Tensor
+        self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [batch, seq, kv_heads, head_dim] at `pos`; return all keys/values so far."""
         end = self.pos + k.shape[1]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} tokens; {end} requested")
-        if layer_id not in self.layers:
+        if layer not in self.layers:
             shape = (k.shape[0], self.max_len, *k.shape[2:])
-            self.layers[layer_id] = (k.new_zeros(shape), v.new_zeros(shape))
-        cache_k, cache_v = self.layers[layer_id]
+            self.layers[layer] = (k.new_zeros(shape), v.new_zeros(shape))
+        cache_k, cache_v = self.layers[layer]
         cache_k[:, self.pos : end] = k
         cache_v[:, self.pos : end] = v
         return cache_k[:, :end], cache_v[:, :end]
@@ -117,7 +117,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, cache: KVCache | None = None, layer_id: int = 0
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
@@ -128,7 +128,7 @@ class Attention(nn.Module):
         if cache is not None:
             # Decoding: attend to every cached key plus the new ones, causally among the new.
             start = cache.pos
-            k, v = cache.update(layer_id, k, v)
+            k, v = cache.update(self, k, v)
             if seqlen > 1:
                 query_pos = torch.arange(start, start + seqlen, device=x.device)
                 mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
@@ -178,9 +178,11 @@ class TransformerBlock(nn.Module):
         self.out_scale = 1.0 / math.sqrt(2 * args.n_layers)
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, cache: KVCache | None = None
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, cache, self.layer_id)
+        # The cache is a keyword argument: positional inputs stay (x, rope), as hooks that
+        # re-lay-out module inputs (tensor parallelism) expect.
+        h = x + self.attention(self.attention_norm(x), rope, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -219,7 +221,7 @@ class Transformer(nn.Module):
         rope = self.rope_cache[start : start + seqlen]
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
-            h = layer(h, rope, cache)
+            h = layer(h, rope, cache=cache)
         if cache is not None:
             cache.pos += seqlen
         h = self.norm(h)
