@@ -12,6 +12,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+@pytest.fixture(autouse=True)
+def _torchllm_logger_propagates():
+    """main() installs a console handler and stops propagation; undo it so caplog sees logs."""
+    yield
+    from torchllm.log import logger
+
+    logger.handlers.clear()
+    logger.propagate = True
+
+
 def tiny_args(tmp_path, *extra: str) -> list[str]:
     """CLI overrides for a fast debug run writing under tmp_path."""
     return [

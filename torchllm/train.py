@@ -22,6 +22,7 @@ from torchllm import models
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.eval.in_training import Evaluator, held_out_batches
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
@@ -146,6 +147,11 @@ class Trainer:
             self.flops_per_token, self.peak_flops, self.guard,
         )
         self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
+        # Validation, samples and HellaSwag on their own schedules.
+        val_batches = held_out_batches(cfg, self.tokenizer, self.val_windows, self.dp_rank,
+                                       self.dp_degree)
+        self.evaluator = Evaluator(cfg, self.model, self.tokenizer, self.device, val_batches,
+                                   self.autocast)
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         self.stop_signal: int | None = None
@@ -258,6 +264,11 @@ class Trainer:
                 losses.append(m["loss"])
                 self.metrics.log(self.step, m, step_time)
                 self.profiler.step(self.step)
+                report = self.evaluator.after_step(self.step, tcfg.steps)
+                self.metrics.log_eval(self.step, report.scalars, report.texts)
+                if "val/loss" in report.scalars:
+                    self.train_state.best_val_loss = min(self.train_state.best_val_loss,
+                                                         report.scalars["val/loss"])
 
                 self.checkpointer.poll()
                 last = self.step == tcfg.steps

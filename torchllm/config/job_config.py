@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from torchllm.config.sections import (
     Checkpoint,
     Data,
+    Eval,
     Job,
     LRScheduler,
     Metrics,
@@ -15,6 +16,7 @@ from torchllm.config.sections import (
     Parallelism,
     Profiling,
     Training,
+    Validation,
 )
 
 
@@ -41,6 +43,8 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    validation: Validation = field(default_factory=Validation)
+    eval: Eval = field(default_factory=Eval)
 
     def sections(self):
         """(name, section dataclass) pairs in declaration order."""
@@ -57,6 +61,10 @@ class JobConfig:
             "training.gc_freq": t.gc_freq,
             "model.vocab_pad_multiple": self.model.vocab_pad_multiple,
             "checkpoint.interval": self.checkpoint.interval,
+            "validation.freq": self.validation.freq,
+            "validation.steps": self.validation.steps,
+            "eval.max_new_tokens": self.eval.max_new_tokens,
+            "eval.hellaswag_batch_size": self.eval.hellaswag_batch_size,
         }
         for key, value in positive.items():
             if value < 1:
@@ -80,6 +88,19 @@ class JobConfig:
                 raise ConfigError(f"{key} = {value}: must be >= 0 (0 = off)", key)
         if self.optimizer.lr <= 0:
             raise ConfigError(f"optimizer.lr = {self.optimizer.lr}: must be > 0", "optimizer.lr")
+        e = self.eval
+        for key, value in (("eval.sample_freq", e.sample_freq),
+                           ("eval.hellaswag_freq", e.hellaswag_freq), ("eval.top_k", e.top_k),
+                           ("eval.temperature", e.temperature)):
+            if value < 0:
+                raise ConfigError(f"{key} = {value}: must be >= 0", key)
+        if not 0.0 < e.top_p <= 1.0:
+            raise ConfigError(f"eval.top_p = {e.top_p}: must be in (0, 1]", "eval.top_p")
+        if e.hellaswag_limit == 0 or e.hellaswag_limit < -1:
+            raise ConfigError(
+                f"eval.hellaswag_limit = {e.hellaswag_limit}: must be >= 1, or -1 for all",
+                "eval.hellaswag_limit",
+            )
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.data.val_fraction}: must be in [0, 1)", "data.val_fraction")
         self._validate_monitoring()

@@ -173,3 +173,27 @@ class Checkpoint:
     create_seed_checkpoint: bool = opt(
         False, "Initialize the model, save it as step-0 (weights only) and exit"
     )
+
+
+@dataclass
+class Validation:
+    enable: bool = opt(False, "Compute the validation loss during training")
+    freq: int = opt(250, "Validate every N steps (and after the last step)")
+    steps: int = opt(10, "Batches per validation, the same ones every time (fewer if too few)")
+    dataset: str = opt("", "Dataset whose held-out split is used; empty = data.dataset")
+
+
+@dataclass
+class Eval:
+    sample_freq: int = opt(0, "Complete eval.prompts every N steps during training; 0 = off")
+    prompts: list[str] = opt(["The meaning of life is"], "Prompts completed during training")
+    max_new_tokens: int = opt(32, "Tokens generated per prompt")
+    temperature: float = opt(0.8, "Sampling temperature; 0 = greedy (argmax)")
+    top_k: int = opt(50, "Sample among the k most likely tokens; 0 = no limit")
+    top_p: float = opt(1.0, "Sample from the smallest set of tokens with this total probability")
+    hellaswag_freq: int = opt(0, "Run HellaSwag every N steps during training; 0 = off")
+    hellaswag_data: str = opt(
+        "Rowan/hellaswag", "HellaSwag source: an official-format .jsonl file, or a Hub dataset name"
+    )
+    hellaswag_limit: int = opt(500, "Examples scored during training (the first N); -1 = all")
+    hellaswag_batch_size: int = opt(4, "Examples per forward pass (each is 4 rows)")

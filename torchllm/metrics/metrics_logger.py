@@ -130,6 +130,14 @@ class MetricsLogger:
         reset_peak(self.device)  # the next line's peaks are those of its own interval
         return scalars
 
+    def log_eval(self, step: int, scalars: dict[str, float], texts: dict[str, str]) -> None:
+        """Evaluation results (validation, HellaSwag scalars; generated samples as text)."""
+        for writer in self.writers:
+            if scalars:
+                writer.write(step, scalars)
+            if texts:
+                writer.write_text(step, texts)
+
     def close(self) -> None:
         self.progress.close()
         for writer in self.writers:

@@ -27,6 +27,11 @@ class TensorBoardWriter:
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
+    def write_text(self, step: int, texts: dict[str, str]) -> None:
+        for tag, text in texts.items():
+            self.writer.add_text(tag, text, step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -45,6 +50,10 @@ class WandbWriter:
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)
+
+    def write_text(self, step: int, texts: dict[str, str]) -> None:
+        self.run.log({tag: self.wandb.Html(f"<pre>{text}</pre>") for tag, text in texts.items()},
+                     step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -43,6 +43,35 @@ def rope_table(args: LlamaArgs, device=None) -> torch.Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
+class KVCache:
+    """Keys and values of the tokens seen so far, per attention module, for incremental decoding.
+
+    Buffers are allocated at a layer's first call from its key/value shapes, so the head count
+    (sharded under tensor parallelism) is never assumed. `pos` is the number of cached tokens;
+    the model advances it after each forward.
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.pos = 0
+        self.layers: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(
+        self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [batch, seq, kv_heads, head_dim] at `pos`; return all keys/values so far."""
+        end = self.pos + k.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; {end} requested")
+        if layer not in self.layers:
+            shape = (k.shape[0], self.max_len, *k.shape[2:])
+            self.layers[layer] = (k.new_zeros(shape), v.new_zeros(shape))
+        cache_k, cache_v = self.layers[layer]
+        cache_k[:, self.pos : end] = k
+        cache_v[:, self.pos : end] = v
+        return cache_k[:, :end], cache_v[:, :end]
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate consecutive pairs (x0, x1) of each head by the position's angle, in float32.
 
@@ -87,17 +116,30 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
+        mask = None
+        if cache is not None:
+            # Decoding: attend to every cached key plus the new ones, causally among the new.
+            start = cache.pos
+            k, v = cache.update(self, k, v)
+            if seqlen > 1:
+                query_pos = torch.arange(start, start + seqlen, device=x.device)
+                mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
         # Grouped-query attention: each KV head serves n_rep query heads.
         k = k.repeat_interleave(self.n_rep, dim=2)
         v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_scale: float) -> None:
@@ -135,8 +177,12 @@ class TransformerBlock(nn.Module):
         # Residual-branch outputs are scaled down so the residual stream's variance stays O(1).
         self.out_scale = 1.0 / math.sqrt(2 * args.n_layers)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        # The cache is a keyword argument: positional inputs stay (x, rope), as hooks that
+        # re-lay-out module inputs (tensor parallelism) expect.
+        h = x + self.attention(self.attention_norm(x), rope, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -163,14 +209,21 @@ class Transformer(nn.Module):
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
         self.register_buffer("rope_cache", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
+        positions start at `cache.pos`), and the cache is advanced past them."""
+        start = 0 if cache is None else cache.pos
         seqlen = tokens.shape[1]
-        if seqlen > self.args.max_seq_len:
-            raise ValueError(f"sequence length {seqlen} > model max_seq_len {self.args.max_seq_len}")
-        rope = self.rope_cache[:seqlen]
+        if start + seqlen > self.args.max_seq_len:
+            raise ValueError(
+                f"sequence length {start + seqlen} > model max_seq_len {self.args.max_seq_len}"
+            )
+        rope = self.rope_cache[start : start + seqlen]
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, rope, cache=cache)
+        if cache is not None:
+            cache.pos += seqlen
         h = self.norm(h)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)

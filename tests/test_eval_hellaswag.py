@@ -1,0 +1,169 @@
+"""HellaSwag: batched scoring against a brute-force reference, loading, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchllm.data.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from torchllm.data.embedded import embedded_documents
+from torchllm.eval import hellaswag
+from torchllm.models.llama.args import LlamaArgs
+from torchllm.models.llama.model import Transformer
+
+from conftest import shared_path
+
+TINY_EXAMPLES = [
+    {"ind": 0, "activity_label": "Cooking", "ctx": "A man cracks two eggs into a bowl. He",
+     "endings": ["whisks them with a fork.", "throws the bowl at the moon.",
+                 "paints the eggs blue and green.", "reads a newspaper upside down."], "label": 0},
+    {"ind": 1, "activity_label": "Running", "ctx": "The runner ties her shoes and",
+     "endings": ["starts to jog down the road.", "eats them.", "swims.", "sings to a cat."],
+     "label": 0},
+    {"ind": 2, "activity_label": "Python", "ctx": "The function returns a value that",
+     "endings": ["is printed.", "the caller can use in an expression later on.", "x", "is."],
+     "label": 1},
+    {"ind": 3, "activity_label": "Weather", "ctx": "It starts to rain, so they",
+     "endings": ["open their umbrellas.", "light a fire in the lake.", "fly.", "go."],
+     "label": 0},
+    {"ind": 4, "activity_label": "Music", "ctx": "She sits at the piano and",
+     "endings": ["plays a quiet song.", "eats the keys one by one while the audience cheers.",
+                 "becomes a piano.", "a"], "label": 0},
+]
+
+
+def write_tiny_jsonl(path, examples=TINY_EXAMPLES):
+    path.write_text("".join(json.dumps(ex) + "\n" for ex in examples))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hs_tok") / "sp512.model"
+    return SentencePieceTokenizer(train_sentencepiece(embedded_documents(), 512, out))
+
+
+def tiny_model(max_seq_len=160, seed=0):
+    args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
+                     max_seq_len=max_seq_len)
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    model.init_weights()
+    with torch.no_grad():  # a larger output scale spreads the scores (fewer near-ties)
+        model.output.weight.mul_(8)
+    return model.eval()
+
+
+def brute_force(model, tokenizer, example):
+    """Independent reference: each ending in its own unpadded forward pass, float64 log-probs."""
+    ctx = tokenizer.encode(example["ctx"], bos=True)
+    sums, means = [], []
+    for ending in example["endings"]:
+        end = tokenizer.encode(" " + ending)
+        tokens = torch.tensor([ctx + end])
+        with torch.no_grad():
+            logp = F.log_softmax(model(tokens)[0].double(), dim=-1)
+        nll = [-logp[len(ctx) + j - 1, t].item() for j, t in enumerate(end)]
+        sums.append(sum(nll))
+        means.append(sum(nll) / len(nll))
+    argmin = lambda xs: sorted(range(4), key=lambda i: (xs[i], i))[0]  # noqa: E731
+    return argmin(sums), argmin(means), sums, means
+
+
+def check_against_reference(model, tokenizer, examples, batch_size):
+    result = hellaswag.evaluate(model, tokenizer, examples, torch.device("cpu"), batch_size)
+    assert result.n == len(examples) and len(result.predictions) == len(examples)
+    correct = correct_norm = 0
+    for i, (ex, p) in enumerate(zip(examples, result.predictions)):
+        pred, pred_norm, sums, means = brute_force(model, tokenizer, ex)
+        assert (p["index"], p["label"]) == (i, ex["label"])
+        assert (p["pred"], p["pred_norm"]) == (pred, pred_norm), f"example {i}"
+        assert p["sum_loss"] == pytest.approx(sums, rel=1e-4)
+        assert p["mean_loss"] == pytest.approx(means, rel=1e-4)
+        correct += pred == ex["label"]
+        correct_norm += pred_norm == ex["label"]
+    assert result.acc == correct / len(examples)
+    assert result.acc_norm == correct_norm / len(examples)
+    return result
+
+
+def test_scoring_matches_brute_force_on_a_tiny_file(tmp_path, tokenizer):
+    examples = hellaswag.load_examples(str(write_tiny_jsonl(tmp_path / "tiny.jsonl")))
+    result = check_against_reference(tiny_model(), tokenizer, examples, batch_size=2)
+    # Sum and mean disagree somewhere here (short vs long endings), so both paths are exercised.
+    assert any(p["pred"] != p["pred_norm"] for p in result.predictions)
+
+
+def test_scoring_matches_brute_force_on_real_hellaswag(tokenizer):
+    path = shared_path("data", "hellaswag_val.jsonl")
+    everything = hellaswag.load_examples(str(path))
+    assert len(everything) == 10042  # the whole official validation split reads cleanly
+    examples = everything[:12]
+    assert examples[0]["ind"] == 24 and examples == hellaswag.load_examples(str(path), limit=12)
+    check_against_reference(tiny_model(max_seq_len=384, seed=1), tokenizer, examples, batch_size=3)
+
+
+def test_render_truncates_the_context_from_the_left(tokenizer):
+    ex = TINY_EXAMPLES[4]
+    rows = hellaswag.render_example(tokenizer, ex, max_len=12)
+    full_ctx = tokenizer.encode(ex["ctx"], bos=True)
+    for (ctx, end), ending in zip(rows, ex["endings"]):
+        assert len(ctx) + len(end) <= 12
+        assert end == tokenizer.encode(" " + ending)[:11]
+        assert ctx == full_ctx[len(full_ctx) - len(ctx):]  # the newest context tokens stay
+    sums, means = hellaswag.score_rows(tiny_model(max_seq_len=12), rows, torch.device("cpu"))
+    assert torch.isfinite(sums).all() and (means <= sums + 1e-6).all()
+
+
+def test_bad_files_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    rows = [TINY_EXAMPLES[0], {"ctx": "x", "label": 0}]
+    bad.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: missing endings"):
+        hellaswag.load_examples(str(bad))
+    bad.write_text(json.dumps({**TINY_EXAMPLES[0], "label": 7}) + "\n")
+    with pytest.raises(ValueError, match="'label' = 7 is not in 0-3"):
+        hellaswag.load_examples(str(bad))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        hellaswag.load_examples(str(tmp_path / "missing.jsonl"))
+    assert len(hellaswag.load_examples(str(write_tiny_jsonl(tmp_path / "t.jsonl")), limit=2)) == 2
+
+
+def test_hub_code_path_reads_a_local_dataset_folder(tmp_path, monkeypatch):
+    """The Hub branch goes through `datasets`; a local folder exercises it offline. The Hub copy
+    stores labels as strings, as here."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    folder = tmp_path / "hellaswag"
+    folder.mkdir()
+    write_tiny_jsonl(folder / "validation.jsonl",
+                     [{**ex, "label": str(ex["label"])} for ex in TINY_EXAMPLES])
+    hub = hellaswag.load_examples(str(folder), limit=4)
+    local = hellaswag.load_examples(str(write_tiny_jsonl(tmp_path / "t.jsonl")), limit=4)
+    assert [(e["ctx"], e["endings"], e["label"]) for e in hub] == [
+        (e["ctx"], e["endings"], e["label"]) for e in local]
+
+
+def test_cli_prints_table_and_writes_json(tmp_path, capsys):
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    data = write_tiny_jsonl(tmp_path / "tiny.jsonl")
+    out = tmp_path / "result" / "hs.json"
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(data), "--limit", "4",
+                           "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "acc_norm" in printed and "random model scores ~0.25" in printed
+    result = json.loads(out.read_text())
+    assert result["n"] == 4 and len(result["predictions"]) == 4
+    preds = result["predictions"]
+    assert result["acc"] == sum(p["pred"] == p["label"] for p in preds) / 4
+    assert result["acc_norm"] == sum(p["pred_norm"] == p["label"] for p in preds) / 4
+    assert [p["ind"] for p in preds] == [0, 1, 2, 3]
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(tmp_path / "no.jsonl")]) == 2

@@ -1,0 +1,77 @@
+"""Checkpoint resolution and loading for inference, on checkpoints written here with dcp.save."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from torchllm import models
+from torchllm.config import to_toml
+from torchllm.data import build_tokenizer
+from torchllm.eval.loading import load_for_inference, resolve_checkpoint
+
+from conftest import tiny_config
+
+
+def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
+    """A run folder as the trainer and checkpointer lay it out; returns (run_dir, {step: state})."""
+    cfg = tiny_config(tmp_path, "--job.run_name=run", "--model.max_seq_len=128")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    tokenizer = build_tokenizer(cfg, run_dir / "data")
+    with torch.device("meta"):
+        model = models.get("llama3").build(models.model_args(cfg, tokenizer.vocab_size))
+    model.to_empty(device="cpu")
+    states = {}
+    for step in complete_steps:
+        torch.manual_seed(step)
+        model.init_weights()
+        states[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        step_dir = run_dir / "checkpoint" / f"step-{step}"
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save({"model": model.state_dict()}, checkpoint_id=step_dir)
+        (step_dir / "COMPLETE").write_text("")
+    for step in incomplete_steps:  # a save that never finished: data, but no marker
+        shutil.copytree(step_dir, run_dir / "checkpoint" / f"step-{step}",
+                        ignore=shutil.ignore_patterns("COMPLETE"))
+    return run_dir, states
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("eval_loading"))
+
+
+def test_resolve_checkpoint_forms(run, tmp_path):
+    run_dir, _ = run
+    ckpt = run_dir / "checkpoint"
+    assert resolve_checkpoint(run_dir) == ckpt / "step-2"  # latest complete; step-3 is partial
+    assert resolve_checkpoint(ckpt) == ckpt / "step-2"
+    assert resolve_checkpoint(ckpt / "step-1") == ckpt / "step-1"
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        resolve_checkpoint(ckpt / "step-3")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint under"):
+        resolve_checkpoint(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        resolve_checkpoint(tmp_path / "missing")
+
+
+def test_load_for_inference_restores_the_saved_weights(run):
+    run_dir, states = run
+    for path, step in ((run_dir, 2), (run_dir / "checkpoint" / "step-1", 1)):
+        model, cfg, tokenizer = load_for_inference(path, "cpu")
+        assert not model.training
+        assert cfg.model.max_seq_len == 128 and tokenizer.vocab_size == 512
+        loaded = model.state_dict()
+        assert loaded.keys() == states[step].keys()
+        for name, value in states[step].items():
+            torch.testing.assert_close(loaded[name], value, rtol=0, atol=0, msg=name)
+        # RoPE is a buffer that is not saved; it must be rebuilt, not left uninitialized.
+        assert torch.isfinite(model.rope_cache).all()

@@ -1,0 +1,119 @@
+"""Generation: the KV cache against full recomputation, sampling filters, EOS, batching, CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchllm.eval.generation import filter_logits, generate
+from torchllm.eval.loading import load_for_inference
+from torchllm.generate import main
+from torchllm.models.llama.args import LlamaArgs
+from torchllm.models.llama.model import KVCache, Transformer
+
+TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
+PROMPTS = [[1, 5, 9, 14, 3, 7], [1, 20], [1, 8, 8, 31, 2, 60, 11, 4, 19]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    with torch.device("meta"):
+        m = Transformer(TINY)
+    m.to_empty(device="cpu")
+    torch.manual_seed(0)
+    m.init_weights()
+    return m.eval()
+
+
+def test_kv_cache_logits_equal_the_full_forward(model):
+    tokens = torch.randint(0, TINY.vocab_size, (2, 14), generator=torch.Generator().manual_seed(1))
+    full = model(tokens)
+    cache = KVCache(max_len=20)
+    # Prefill, single tokens, then a multi-token chunk (which needs the offset causal mask).
+    pieces = [model(tokens[:, :5], cache)]
+    pieces += [model(tokens[:, i : i + 1], cache) for i in range(5, 9)]
+    pieces.append(model(tokens[:, 9:14], cache))
+    assert cache.pos == 14
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_tokens_identical_with_and_without_kv_cache(model):
+    cached = generate(model, PROMPTS, max_new_tokens=15, temperature=0, use_cache=True)
+    uncached = generate(model, PROMPTS, max_new_tokens=15, temperature=0, use_cache=False)
+    assert cached == uncached
+    assert [len(ids) for ids in cached] == [15, 15, 15]
+    # Batching does not change a row: each prompt alone gives the same tokens.
+    for prompt, ids in zip(PROMPTS, cached):
+        assert generate(model, [prompt], max_new_tokens=15, temperature=0) == [ids]
+    # The cached path must not disturb training mode.
+    model.train()
+    generate(model, PROMPTS[:1], max_new_tokens=2)
+    assert model.training
+    model.eval()
+
+
+def test_filters_against_hand_computed_sets():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    logits = probs.log()
+    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_k=2)) == [1, 3]
+    assert kept(filter_logits(logits, top_p=0.5)) == [1]  # 0.5 alone reaches 0.5
+    assert kept(filter_logits(logits, top_p=0.7)) == [1, 3]  # 0.5 + 0.3
+    assert kept(filter_logits(logits, top_p=0.81)) == [1, 2, 3]
+    assert kept(filter_logits(logits, top_p=0.01)) == [1]  # the top token always stays
+    assert kept(filter_logits(logits, top_k=3, top_p=0.7)) == [1, 3]
+    assert kept(filter_logits(logits)) == [0, 1, 2, 3]
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(model):
+    kwargs = dict(max_new_tokens=12, temperature=1.5)
+    a = generate(model, PROMPTS, seed=3, **kwargs)
+    assert a == generate(model, PROMPTS, seed=3, **kwargs)
+    assert a != generate(model, PROMPTS, seed=4, **kwargs)
+    assert generate(model, PROMPTS, seed=5, top_k=1, **kwargs) == generate(
+        model, PROMPTS, max_new_tokens=12, temperature=0
+    )
+    sampled = generate(model, PROMPTS, seed=3, top_k=5, **kwargs)
+    assert all(0 <= t < TINY.vocab_size for ids in sampled for t in ids)
+
+
+def test_eos_stops_a_row_and_max_seq_len_caps(model):
+    free = generate(model, PROMPTS, max_new_tokens=15, temperature=0)
+    eos = free[0][3]
+    stopped = generate(model, PROMPTS, max_new_tokens=15, temperature=0, eos_id=eos)
+    for full, cut in zip(free, stopped):
+        expected = full[: full.index(eos) + 1] if eos in full else full
+        assert cut == expected
+    assert len(stopped[0]) <= 4 < len(free[0])
+    # 36 prompt tokens leave room for 4 more in a 40-token model.
+    long_prompt = [1] + [7] * 35
+    assert len(generate(model, [long_prompt], max_new_tokens=10)[0]) == 4
+    with pytest.raises(ValueError, match="max_seq_len"):
+        generate(model, [[1] * 40], max_new_tokens=1)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, PROMPTS, max_new_tokens=1, top_p=0)
+
+
+def test_cli_greedy_prints_text_and_ids(tmp_path, capsys):
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    prompt = "The meaning of life is"
+    assert main(["--checkpoint", str(run_dir), "--prompt", prompt, "--prompt", "Python",
+                 "--temperature", "0", "--max-new-tokens", "6", "--print-ids"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[0].startswith(prompt) and lines[1].startswith("ids: ")
+    model, _, tokenizer = load_for_inference(run_dir, "cpu")
+    expected = generate(model, [tokenizer.encode(prompt, bos=True)], 6, temperature=0,
+                        eos_id=tokenizer.eos_id)[0]
+    assert [int(t) for t in lines[1].split()[1:]] == expected
+    assert main(["--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
+
+
+def test_training_forward_still_compiles_as_one_graph(model):
+    """The optional cache must not add graph breaks to the training forward."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(compiled(tokens), model(tokens))
+    torch._dynamo.reset()

@@ -1,0 +1,1 @@
+"""Evaluation: validation loss, text generation, HellaSwag, and loading checkpoints for them."""

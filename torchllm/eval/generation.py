@@ -1,0 +1,122 @@
+"""Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed, EOS stop, batches.
+
+Prompts of different lengths share one batch without padding, as in Meta's reference Llama
+generator: every row starts at position 0, the model runs from the shortest prompt's end, and
+while a row is still inside its own prompt its next token is the prompt's, not a sample. So a
+row's output does not depend on the other rows of its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchllm.models.llama.model import KVCache
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k and outside the top-p nucleus.
+
+    The nucleus is the smallest set of most likely tokens whose probabilities sum to >= top_p
+    (the most likely token is always kept). top_k = 0 and top_p = 1 disable each filter.
+    """
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next token ids [batch] from last-position logits [batch, vocab]; temperature 0 = argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    stop_early: bool = True,
+) -> list[list[int]]:
+    """The generated ids of each prompt (prompt excluded), cut after EOS when eos_id is given.
+
+    Each row gets up to `max_new_tokens`, fewer when prompt + generation would exceed the
+    model's max_seq_len. Without the cache every step reruns the whole sequence (the reference
+    the cache is tested against). `stop_early = False` runs every step even after all rows hit
+    EOS, so all ranks of a sharded model run the same number of forward passes.
+    """
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or max_new_tokens < 0:
+        raise ValueError(f"temperature = {temperature}, top_k = {top_k}, top_p = {top_p}, "
+                         f"max_new_tokens = {max_new_tokens}: need temperature >= 0, top_k >= 0, "
+                         "0 < top_p <= 1, max_new_tokens >= 0")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (encode with bos=True)")
+    max_seq_len = model.args.max_seq_len
+    lengths = [len(p) for p in prompts]
+    if max(lengths) >= max_seq_len:
+        raise ValueError(f"a prompt has {max(lengths)} tokens; the model's max_seq_len is "
+                         f"{max_seq_len}, which leaves no room to generate")
+    device = next(model.parameters()).device
+    total = min(max_seq_len, max(lengths) + max_new_tokens)
+    tokens = torch.zeros(len(prompts), total, dtype=torch.long, device=device)
+    in_prompt = torch.zeros_like(tokens, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        tokens[row, : len(p)] = torch.tensor(p, device=device)
+        in_prompt[row, : len(p)] = True
+    limit = torch.tensor([min(total, n + max_new_tokens) for n in lengths], device=device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cache = KVCache(total) if use_cache else None
+
+    was_training = model.training
+    model.eval()
+    try:
+        prev = 0
+        for cur in range(min(lengths), total):
+            if cache is not None:
+                logits = model(tokens[:, prev:cur], cache)
+            else:
+                logits = model(tokens[:, :cur])
+            nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+            nxt = torch.where(in_prompt[:, cur], tokens[:, cur], nxt)
+            generating = ~in_prompt[:, cur] & ~done & (cur < limit)
+            tokens[:, cur] = torch.where(generating | in_prompt[:, cur], nxt, tokens[:, cur])
+            if eos_id is not None:
+                done |= generating & (nxt == eos_id)
+            done |= cur + 1 >= limit
+            prev = cur
+            if stop_early and bool(done.all()):
+                break
+    finally:
+        model.train(was_training)
+
+    out = []
+    for row, n in enumerate(lengths):
+        ids = tokens[row, n : int(limit[row])].tolist()
+        if eos_id is not None and eos_id in ids:
+            ids = ids[: ids.index(eos_id) + 1]
+        out.append(ids)
+    return out

@@ -1,0 +1,121 @@
+"""Evaluation during training: validation loss, text samples and HellaSwag on their schedules."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Iterable
+
+import torch
+from torch import nn
+
+from torchllm.config import ConfigError, JobConfig
+from torchllm.data import Tokenizer, build_data
+from torchllm.data.loader import PackedWindows
+from torchllm.eval import hellaswag
+from torchllm.eval.generation import generate
+from torchllm.eval.validation import HeldOutBatches, validate
+from torchllm.log import logger
+
+
+def held_out_batches(
+    cfg: JobConfig, tokenizer: Tokenizer, val_windows: PackedWindows, dp_rank: int, dp_degree: int
+) -> HeldOutBatches:
+    """Validation batches from the foundation's held-out windows (of validation.dataset if set)."""
+    name = cfg.validation.dataset
+    if cfg.validation.enable and name and name != cfg.data.dataset:
+        other = copy.deepcopy(cfg)
+        other.data.dataset = name
+        try:
+            _, val_windows = build_data(other, tokenizer, dp_rank, dp_degree)
+        except ConfigError as e:
+            raise ConfigError(f"validation.dataset = {name!r}: {e}", "validation.dataset") from None
+    return HeldOutBatches(val_windows, cfg.training.local_batch_size, dp_rank, dp_degree)
+
+
+@dataclass
+class EvalReport:
+    """What one step's evaluation produced: TensorBoard scalars and text, by tag."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+
+class Evaluator:
+    """Runs each enabled evaluation when its frequency divides the step (and validation also
+    after the last step). Every rank must call `after_step`: the work is split over `group`."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        device: torch.device,
+        val_batches: Iterable[dict[str, torch.Tensor]],
+        autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+        group=None,
+    ):
+        self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
+        self.val_batches, self.autocast, self.group = val_batches, autocast, group
+        if cfg.validation.enable and next(iter(val_batches), None) is None:
+            raise ConfigError(
+                "validation.enable = true but the validation split has no full batch; raise "
+                "data.val_fraction or lower training.seq_len / local_batch_size",
+                "validation.enable",
+            )
+        self.hellaswag_examples = None
+        if cfg.eval.hellaswag_freq:
+            # Loaded once at start, so a bad path fails now rather than hours into the run.
+            try:
+                self.hellaswag_examples = hellaswag.load_examples(
+                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit
+                )
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"eval.hellaswag_data: {e}", "eval.hellaswag_data") from None
+
+    def after_step(self, step: int, last_step: int) -> EvalReport:
+        report = EvalReport()
+        vcfg, ecfg = self.cfg.validation, self.cfg.eval
+        if vcfg.enable and (step % vcfg.freq == 0 or step == last_step):
+            report.scalars.update(self.validation(step))
+        if ecfg.sample_freq and step % ecfg.sample_freq == 0:
+            report.texts.update(self.samples(step))
+        if ecfg.hellaswag_freq and step % ecfg.hellaswag_freq == 0:
+            report.scalars.update(self.hellaswag(step))
+        return report
+
+    def validation(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        m = validate(self.model, self.val_batches, self.cfg.validation.steps, self.device,
+                     self.group, self.autocast)
+        logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
+                    m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
+                    time.perf_counter() - t0)
+        return m
+
+    def samples(self, step: int) -> dict[str, str]:
+        """Complete eval.prompts; the same seed every time, so samples compare across steps."""
+        e = self.cfg.eval
+        prompts = [self.tokenizer.encode(p, bos=True) for p in e.prompts]
+        with self.autocast():
+            # A fixed number of forward passes (no early stop): sharded ranks stay in step.
+            outputs = generate(self.model, prompts, e.max_new_tokens, e.temperature, e.top_k,
+                               e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
+                               stop_early=False)
+        texts = {}
+        for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
+            texts[f"samples/{i}"] = self.tokenizer.decode(prompt + ids)
+            logger.info("sample step %d [%d]: %r", step, i, texts[f"samples/{i}"])
+        return texts
+
+    def hellaswag(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        result = hellaswag.evaluate(self.model, self.tokenizer, self.hellaswag_examples,
+                                    self.device, self.cfg.eval.hellaswag_batch_size, self.group,
+                                    self.autocast)
+        logger.info("hellaswag step %d: acc %.4f | acc_norm %.4f | %d examples | %.1fs "
+                    "(random ~%.2f)", step, result.acc, result.acc_norm, result.n,
+                    time.perf_counter() - t0, hellaswag.RANDOM_BASELINE)
+        return result.scalars()

@@ -1,0 +1,102 @@
+"""Load a trained model for inference from a run folder and its DCP checkpoints.
+
+Layout (written by the trainer and the checkpointer):
+    <run_dir>/config.toml                     the effective config of the run
+    <run_dir>/data/                           the tokenizer cache
+    <run_dir>/checkpoint/step-<N>/            a torch.distributed.checkpoint directory whose
+                                              state dict maps "model" to the model's state_dict()
+    <run_dir>/checkpoint/step-<N>/COMPLETE    written once every rank finished saving
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from torchllm import models
+from torchllm.config import JobConfig, load_config
+from torchllm.data import Tokenizer, build_tokenizer
+
+STEP_DIR = re.compile(r"step-(\d+)")
+COMPLETE = "COMPLETE"
+CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
+
+
+def _latest_complete(folder: Path) -> Path | None:
+    steps = [
+        (int(m.group(1)), p) for p in folder.iterdir()
+        if p.is_dir() and (m := STEP_DIR.fullmatch(p.name)) and (p / COMPLETE).is_file()
+    ]
+    return max(steps)[1] if steps else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The step folder to load: `path` itself, or the latest complete step of a checkpoint folder
+    or of a run folder (`<run>/checkpoint`). Step folders without COMPLETE are ignored."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
+    if STEP_DIR.fullmatch(path.name):
+        if not (path / COMPLETE).is_file():
+            raise FileNotFoundError(f"checkpoint {path} is incomplete (no {COMPLETE} marker)")
+        return path
+    for folder in (path, path / "checkpoint"):
+        if folder.is_dir() and (step := _latest_complete(folder)) is not None:
+            return step
+    raise FileNotFoundError(
+        f"no complete checkpoint under {path}; expected a run folder, its checkpoint/ folder, "
+        "or a step-<N> folder holding a COMPLETE marker"
+    )
+
+
+def load_for_inference(
+    path: str | Path, device: torch.device | str
+) -> tuple[nn.Module, JobConfig, Tokenizer]:
+    """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint."""
+    step_dir = resolve_checkpoint(path)
+    run_dir = step_dir.parent.parent
+    config_path = run_dir / "config.toml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} is missing; it holds the run's model config")
+    cfg = load_config(["--job.config_file", str(config_path)])
+    tokenizer = build_tokenizer(cfg, run_dir / "data")
+    spec = models.get(cfg.model.name)
+    with torch.device("meta"):
+        model = spec.build(models.model_args(cfg, tokenizer.vocab_size))
+    model.to_empty(device=device)
+    model.init_weights(buffer_device=torch.device(device))  # buffers (RoPE) are not saved
+    state = model.state_dict()
+    with warnings.catch_warnings():  # one process without a group is the intended use here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=step_dir)
+    model.load_state_dict(state)
+    model.eval()
+    return model, cfg, tokenizer
+
+
+def inference_device(name: str) -> torch.device:
+    """'auto' = CUDA when present (this rank's GPU under torchrun), else CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA device is visible; use --device cpu")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    if name != "cpu":
+        raise ValueError(f"--device {name!r}: use auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join the process group when launched by torchrun with more than one process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -1,0 +1,31 @@
+"""Reductions over data-parallel ranks that also work in a single process without a group."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def rank_and_world(group=None) -> tuple[int, int]:
+    """(rank, world size) within `group`; (0, 1) when torch.distributed is not initialized."""
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def sum_over_ranks(values: torch.Tensor, group=None) -> torch.Tensor:
+    """Element-wise sum of `values` over the ranks of `group` (a no-op in one process)."""
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    return values
+
+
+def gather_objects(obj, group=None) -> list:
+    """Every rank's `obj`, in rank order (a one-element list in one process)."""
+    _, world = rank_and_world(group)
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out

@@ -1,0 +1,74 @@
+"""Validation loss: a fixed number of held-out batches, no gradients, averaged over dp ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, ContextManager, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from torchllm.data.loader import PackedWindows
+from torchllm.eval.reduce import sum_over_ranks
+from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+
+
+@torch.no_grad()
+def validate(
+    model: nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    steps: int,
+    device: torch.device,
+    group=None,
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> dict[str, float]:
+    """Mean token loss over the first `steps` batches of `batches`, over all ranks of `group`.
+
+    `batches` yields dicts with "inputs" and "targets" ("positions" is ignored: the model does
+    not take it yet); iterating it again must start over, so every validation sees the same
+    data. Every rank must yield the same number of batches (sharded models run collectives in
+    forward). The model is put in eval mode and returned to its previous mode.
+    Returns TensorBoard-ready scalars: val/loss (token-weighted mean), val/perplexity, val/tokens.
+    """
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, token count)
+    try:
+        for _, batch in zip(range(steps), batches):
+            inputs = batch["inputs"].to(device, non_blocking=True)
+            targets = batch["targets"].to(device, non_blocking=True)
+            with autocast():
+                logits = model(inputs)
+            totals[0] += cross_entropy_sum(logits, targets).double()
+            totals[1] += (targets != IGNORE_INDEX).sum()
+    finally:
+        model.train(was_training)
+    loss_sum, tokens = sum_over_ranks(totals, group).tolist()
+    if tokens == 0:
+        raise ValueError("validation saw no target tokens; the validation split is empty")
+    loss = loss_sum / tokens
+    return {"val/loss": loss, "val/perplexity": math.exp(min(loss, 50.0)), "val/tokens": tokens}
+
+
+class HeldOutBatches:
+    """Re-iterable dict batches over held-out windows: a fixed order, a disjoint part per rank.
+
+    Every rank yields the same number of full batches (the remainder is dropped), so sharded
+    models stay in step. Bridges the foundation's `PackedWindows` to `validate`.
+    """
+
+    def __init__(self, windows: PackedWindows, batch_size: int, dp_rank: int, dp_degree: int):
+        self.windows, self.batch_size = windows, batch_size
+        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+        self.n_batches = len(windows) // dp_degree // batch_size
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        mine = range(self.dp_rank, len(self.windows), self.dp_degree)
+        for b in range(self.n_batches):
+            items = [self.windows[i] for i in mine[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield {"inputs": torch.stack([x for x, _ in items]),
+                   "targets": torch.stack([y for _, y in items])}
