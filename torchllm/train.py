@@ -99,9 +99,10 @@ class Trainer:
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
         self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
-        self.batches, self.val_windows = build_data(
+        self.train_loader, self.val_loader = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
+        self.batches = iter(self.train_loader)
 
         # Model: built on the meta device (no memory), parallelized, then materialized.
         spec = models.get(cfg.model.name)
@@ -146,12 +147,12 @@ class Trainer:
         """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens)."""
         # Normalize by the token count of the whole global batch, so that the step's loss is
         # the mean over all its tokens however it is split into micro-batches.
-        n_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+        n_tokens = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro_batches)
         global_tokens = n_tokens * self.dp_degree
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, targets in micro_batches:
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+        for batch in micro_batches:
+            inputs = batch["inputs"].to(self.device, non_blocking=True)
+            targets = batch["targets"].to(self.device, non_blocking=True)
             with self.autocast():
                 logits = self.model(inputs)
             loss = cross_entropy_sum(logits, targets)  # float32, outside autocast
