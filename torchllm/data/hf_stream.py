@@ -55,10 +55,11 @@ class HFStreamBatches(torch.utils.data.IterableDataset):
                     p = torch.tensor(batch_p).view(self.batch_size, self.window)
                     yield {"inputs": t[:, :-1], "targets": t[:, 1:], "positions": p[:, :-1]}
             if rows == 0 and not resumed:
+                if torch.utils.data.get_worker_info() is not None:
+                    return  # more loader workers than files: datasets warned; the others go on
                 raise RuntimeError(
                     f"data.dataset {self.source.location}: no documents for data-parallel rank "
-                    f"{self.dp_rank} of {self.dp_degree} (in this loader worker); the dataset "
-                    "needs more files or rows, or use fewer data.num_workers"
+                    f"{self.dp_rank} of {self.dp_degree}; the dataset needs more files or rows"
                 )
             epoch, resumed = epoch + 1, False
             ds, column = self._stream(epoch)

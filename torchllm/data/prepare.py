@@ -4,10 +4,10 @@
         [--shard-tokens 100_000_000] [--val-tokens N] [--workers 2]
 
 Documents are read in order, tokenized with BOS/EOS in worker processes (order preserved) and
-appended to a stream. The first --val-tokens tokens (default: one shard's worth, rounded up to a
-whole document) form the validation split; the rest is the training split, cut into shards of
-exactly --shard-tokens tokens (the last may be shorter). See torchllm/data/shards.py for the
-format.
+appended to a stream. The first --val-tokens tokens (default: one shard's worth) form the
+validation split; the rest is the training split (a document cut by the split starts it with
+its tail), cut into shards of exactly --shard-tokens tokens (the last may be shorter).
+See torchllm/data/shards.py for the format.
 """
 
 from __future__ import annotations
@@ -91,8 +91,13 @@ def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int, val_t
     with mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer_spec,)) as pool:
         for encoded in pool.imap(_encode, tasks):
             for ids in encoded:
-                (val if val.total < val_tokens else train).add(ids)
                 bar.update(len(ids))
+                if val.total < val_tokens:  # a document may straddle the split
+                    head = val_tokens - val.total
+                    val.add(ids[:head])
+                    ids = ids[head:]
+                if ids:
+                    train.add(ids)
     bar.close()
     splits = {"val": val.finish(), "train": train.finish()}
     if splits["train"]["tokens"] == 0:

@@ -108,12 +108,10 @@ def open_stream(source: Source, text_column: str):
         where = source.location
     if builder_is_text(source):
         text_column = "text"
-    columns = ds.column_names
-    if columns is None:  # unknown until read: peek at one row
-        first = next(iter(ds), None)
-        if first is None:
-            raise ConfigError(f"data.dataset {where}: the dataset is empty", "data.dataset")
-        columns = list(first)
+    first = next(iter(ds), None)  # read one row: an empty dataset must fail here, not in a worker
+    if first is None:
+        raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
+    columns = list(first)
     if text_column not in columns:
         raise ConfigError(
             f"data.text_column = {text_column!r} is not a column of {where}; columns: {columns}",

@@ -218,25 +218,30 @@ def train_sentencepiece(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def lines():
+    def paragraphs():
+        # Paragraphs, not lines: newlines stay inside the training text and get their own pieces.
         seen = 0
         for text in texts:
-            for line in text.splitlines():
-                if line.strip():
-                    seen += len(line)
-                    yield line
+            for para in text.split("\n\n"):
+                if para.strip():
+                    seen += len(para)
+                    yield para
             if max_chars is not None and seen >= max_chars:
                 return
 
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=lines(),
+            sentence_iterator=paragraphs(),
             model_writer=proto,
             vocab_size=vocab_size,
             model_type="bpe",
             byte_fallback=True,
             character_coverage=1.0,
+            # Lossless: decode(encode(text)) == text, newlines and runs of spaces included.
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            max_sentence_length=1 << 16,
             num_threads=num_threads,
             unk_id=0,
             bos_id=1,
