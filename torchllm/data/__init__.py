@@ -17,7 +17,7 @@ import torch
 
 from torchllm.config.job_config import ConfigError
 from torchllm.data import shards
-from torchllm.data.hf_stream import HFStreamBatches
+from torchllm.data.hf_stream import HFStreamBatches, text_digest
 from torchllm.data.loader import TrainLoader
 from torchllm.data.sources import documents, open_stream, resolve
 from torchllm.data.token_stream import TokenStream, pack_documents
@@ -94,13 +94,13 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     source = resolve(dcfg)
     seq_len, batch = tcfg.seq_len, tcfg.local_batch_size
     if source.kind == "hf":
-        val_docs = [tokenizer.encode(t, bos=True, eos=True)
-                    for t, _ in zip(documents(dcfg), range(dcfg.val_documents))]
-        tokens, starts = pack_documents(val_docs)
+        # The first val_documents documents are the validation split; training skips them.
+        val_texts = [t for t, _ in zip(documents(dcfg), range(dcfg.val_documents))]
+        tokens, starts = pack_documents(tokenizer.encode(t, bos=True, eos=True) for t in val_texts)
         val = TokenStream([tokens], starts)
         _, column = open_stream(source, dcfg.text_column)
         train = HFStreamBatches(source, column, tokenizer, seq_len, batch, dp_rank, dp_degree,
-                                skip_documents=dcfg.val_documents)
+                                held_out=frozenset(text_digest(t) for t in val_texts))
     else:
         if source.kind == "shards":
             _check_shard_vocab(source.location, tokenizer)

@@ -6,9 +6,15 @@ split that part again by files. Unlike the window sources, the union of the rank
 NOT the batch a single rank would see: which rows a rank reads depends on the dp degree.
 The state is the stream's own `state_dict()` plus the not yet batched tokens, so resuming
 continues exactly where the last yielded batch ended.
+
+Validation documents are held out by content (a set of text digests), not by position: a
+skip count would be divided among files once the stream is split by rank and worker.
 """
 
 from __future__ import annotations
+
+import copy
+import hashlib
 
 import torch
 
@@ -17,17 +23,17 @@ from torchllm.data.sources import Source, open_stream
 
 class HFStreamBatches(torch.utils.data.IterableDataset):
     def __init__(self, source: Source, text_column: str, tokenizer, seq_len: int,
-                 batch_size: int, dp_rank: int, dp_degree: int, skip_documents: int):
+                 batch_size: int, dp_rank: int, dp_degree: int, held_out: frozenset[bytes]):
         self.source, self.text_column, self.tokenizer = source, text_column, tokenizer
         self.window, self.batch_size = seq_len + 1, batch_size
-        self.dp_rank, self.dp_degree, self.skip_documents = dp_rank, dp_degree, skip_documents
+        self.dp_rank, self.dp_degree, self.held_out = dp_rank, dp_degree, held_out
         self.state = {"epoch": 0, "stream": None, "tokens": [], "positions": []}
 
     def _stream(self, epoch: int):
         from datasets.distributed import split_dataset_by_node
 
         ds, column = open_stream(self.source, self.text_column)
-        ds = split_dataset_by_node(ds.skip(self.skip_documents), self.dp_rank, self.dp_degree)
+        ds = split_dataset_by_node(ds, self.dp_rank, self.dp_degree)
         ds.set_epoch(epoch)
         return ds, column
 
@@ -43,13 +49,16 @@ class HFStreamBatches(torch.utils.data.IterableDataset):
             rows = 0
             for row in ds:
                 rows += 1
+                if self.held_out and text_digest(row[column]) in self.held_out:
+                    continue
                 ids = self.tokenizer.encode(row[column], bos=True, eos=True)
                 tokens.extend(ids)
                 positions.extend(range(len(ids)))
                 while len(tokens) >= need:
                     batch_t, batch_p = tokens[:need], positions[:need]
                     tokens, positions = tokens[need:], positions[need:]
-                    self.state = {"epoch": epoch, "stream": ds.state_dict(),
+                    # datasets returns its live state object: copy it, or it moves on.
+                    self.state = {"epoch": epoch, "stream": copy.deepcopy(ds.state_dict()),
                                   "tokens": tokens, "positions": positions}
                     t = torch.tensor(batch_t).view(self.batch_size, self.window)
                     p = torch.tensor(batch_p).view(self.batch_size, self.window)
@@ -65,7 +74,12 @@ class HFStreamBatches(torch.utils.data.IterableDataset):
             ds, column = self._stream(epoch)
 
     def state_dict(self) -> dict:
-        return self.state
+        return copy.deepcopy(self.state)
 
     def load_state_dict(self, state: dict) -> None:
         self.state = state
+
+
+def text_digest(text: str) -> bytes:
+    """A stable (process-independent) fingerprint of a document's text."""
+    return hashlib.blake2b(text.encode(), digest_size=12).digest()

@@ -92,22 +92,24 @@ def open_stream(source: Source, text_column: str):
     if source.kind == "local":
         files = local_files(source.location)
         builder = LOCAL_BUILDERS[Path(files[0]).suffix]
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
-        ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=True,
-                                   **kwargs)
-        where = f"local:{source.location}"
+        if builder == "text":  # one document per .txt file, in a column named "text"
+            kwargs, text_column = {"sample_by": "document"}, "text"
+        else:
+            kwargs = {}
+        where, path = f"local:{source.location}", builder
+        kwargs.update(data_files=files, split="train")
     else:
-        try:
-            ds = datasets.load_dataset(source.location, name=source.subset, split=source.split,
-                                       streaming=True)
-        except Exception as e:  # offline, unknown name, bad subset: datasets raises many types
-            raise ConfigError(
-                f"data.dataset: cannot open Hugging Face dataset {source.location!r} "
-                f"(subset {source.subset!r}, split {source.split!r}): {e}", "data.dataset"
-            ) from None
-        where = source.location
-    if builder_is_text(source):
-        text_column = "text"
+        where, path = source.location, source.location
+        kwargs = {"name": source.subset, "split": source.split}
+    try:
+        ds = datasets.load_dataset(path, streaming=True, **kwargs)
+    except StopIteration:  # datasets' json reader on files without a single row
+        raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
+    except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
+        raise ConfigError(
+            f"data.dataset: cannot open {where!r} (subset {source.subset!r}, split "
+            f"{source.split!r}): {type(e).__name__}: {e}", "data.dataset"
+        ) from None
     first = next(iter(ds), None)  # read one row: an empty dataset must fail here, not in a worker
     if first is None:
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
@@ -118,10 +120,6 @@ def open_stream(source: Source, text_column: str):
             "data.text_column",
         )
     return ds, text_column
-
-
-def builder_is_text(source: Source) -> bool:
-    return source.kind == "local" and Path(local_files(source.location)[0]).suffix == ".txt"
 
 
 def documents(dcfg) -> Iterator[str]:
