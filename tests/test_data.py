@@ -317,3 +317,48 @@ def test_shard_header_and_vocab_are_checked(tmp_path, jsonl):
     shard.write_bytes(b"TLLMSHRD" + bytes(raw[8:HEADER_BYTES]) + bytes(raw[HEADER_BYTES:-2]))
     with pytest.raises(ConfigError, match="train_000001.bin has a corrupt header.*bytes on disk"):
         build_data(cfg, tok, 0, 1)
+
+
+RANK_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from torchllm.config import load_config
+from torchllm.data import build_data, build_tokenizer
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), sys.argv[1]
+cfg = load_config(sys.argv[2:])
+tok = build_tokenizer(cfg, out + "/data")  # auto: rank 0 trains, rank 1 waits at the barrier
+loader, _ = build_data(cfg, tok, rank, dist.get_world_size())
+it = iter(loader)
+first = [next(it) for _ in range(3)]
+state = loader.state_dict()
+after = [next(it) for _ in range(3)]
+torch.save({"first": first, "after": after, "state": state}, f"{out}/rank{rank}.pt")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_share_one_tokenizer_split_the_data_and_resume(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    args = [f"--job.dump_folder={tmp_path}", "--data.tokenizer_vocab_size=512",
+            "--training.seq_len=32", "--data.num_workers=2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), str(tmp_path), *args, "--training.local_batch_size=2"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["tokenizer_embedded_sp512.model"]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    cfg = tiny_config(tmp_path, *args, "--data.num_workers=0", "--training.local_batch_size=4")
+    tok = build_tokenizer(cfg, tmp_path / "data")  # the cached file
+    single = take(build_data(cfg, tok, 0, 1)[0], 6)
+    joined = [{k: torch.cat([r[part][i][k] for r in ranks]) for k in single[0]}
+              for part in ("first", "after") for i in range(3)]
+    assert_batches_equal(joined, single)
+    for r, saved in enumerate(ranks):  # each rank's saved state resumes in a new process
+        cfg2 = tiny_config(tmp_path, *args, "--training.local_batch_size=2")
+        loader, _ = build_data(cfg2, tok, r, 2)
+        loader.load_state_dict(saved["state"])
+        assert_batches_equal(take(loader, 3), saved["after"])
