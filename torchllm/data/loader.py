@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchllm.config.job_config import ConfigError
@@ -17,14 +19,16 @@ class TrainLoader(StatefulDataLoader):
 
     def __init__(self, dataset, dp_rank: int, dp_degree: int, num_workers: int,
                  prefetch_factor: int, pin_memory: bool):
-        super().__init__(
-            dataset,
-            batch_size=None,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor if num_workers else None,
-            pin_memory=pin_memory,
-            persistent_workers=False,
-        )
+        with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch API here
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            super().__init__(
+                dataset,
+                batch_size=None,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor if num_workers else None,
+                pin_memory=pin_memory,
+                persistent_workers=False,
+            )
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
 
     def state_dict(self) -> dict:
