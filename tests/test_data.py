@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +13,6 @@ from torchllm.config import ConfigError
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.shards import HEADER_BYTES, open_split, token_dtype
-from torchllm.data.sources import documents
-from torchllm.data.windows import WindowBatches
 
 from conftest import REPO, shared_path, tiny_config
 
