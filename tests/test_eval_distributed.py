@@ -7,10 +7,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import pytest
 
-from torchllm.data.loader import PackedWindows
+import numpy as np
+
+from torchllm.data.token_stream import TokenStream
+from torchllm.data.windows import ValWindows
 from torchllm.data.tokenizer import SentencePieceTokenizer
 from torchllm.eval import hellaswag
-from torchllm.eval.validation import HeldOutBatches, validate
+from torchllm.eval.validation import validate
 
 from conftest import SHARED
 from test_eval_hellaswag import tiny_model, tokenizer, write_tiny_jsonl  # noqa: F401 (fixture)
@@ -19,9 +22,11 @@ CPU = torch.device("cpu")
 VAL_STEPS, VAL_BATCH = 3, 2
 
 
-def val_windows() -> PackedWindows:
-    tokens = torch.randint(0, 512, (17 * 14,), generator=torch.Generator().manual_seed(0))
-    return PackedWindows(tokens, seq_len=16)  # 14 windows: 7 per rank, 3 full batches each
+def val_loader(rank: int, world: int) -> torch.utils.data.DataLoader:
+    """The data pipeline's validation loader over 14 windows: 7 per rank, 3 full batches each."""
+    tokens = np.random.default_rng(0).integers(0, 512, 17 * 14)
+    windows = ValWindows(TokenStream([tokens], np.array([0])), 16, rank, world)
+    return torch.utils.data.DataLoader(windows, batch_size=VAL_BATCH, drop_last=True)
 
 
 def _worker(rank: int, world: int, tmp: str, tokenizer_path: str, examples: list[dict]) -> None:
@@ -31,7 +36,7 @@ def _worker(rank: int, world: int, tmp: str, tokenizer_path: str, examples: list
     try:
         model, tokenizer = tiny_model(max_seq_len=384), SentencePieceTokenizer(tokenizer_path)
         result = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)
-        val = validate(model, HeldOutBatches(val_windows(), VAL_BATCH, rank, world), VAL_STEPS, CPU)
+        val = validate(model, val_loader(rank, world), VAL_STEPS, CPU)
         torch.save({"hellaswag": vars(result), "val": val}, f"{tmp}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -50,7 +55,7 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
     model = tiny_model(max_seq_len=384)
     single = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)
     # Validation oracle: one process over the union of the batches the two ranks saw.
-    union = [b for r in range(2) for b in list(HeldOutBatches(val_windows(), VAL_BATCH, r, 2))]
+    union = [b for r in range(2) for b in val_loader(r, 2)]
     single_val = validate(model, union, len(union), CPU)
     assert len(union) == 2 * VAL_STEPS
 

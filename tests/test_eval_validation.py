@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from torchllm.config import ConfigError
-from torchllm.data.loader import PackedWindows
-from torchllm.eval.validation import HeldOutBatches, validate
+from torchllm.eval.validation import validate
 from torchllm.loss import IGNORE_INDEX
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
@@ -54,17 +53,6 @@ def test_validate_is_the_token_weighted_mean_in_eval_mode_without_grad():
     assert m["val/tokens"] == len(nll) == 54
     assert m["val/loss"] == pytest.approx(sum(nll) / len(nll), rel=1e-5)
     assert m["val/perplexity"] == pytest.approx(math.exp(m["val/loss"]))
-
-
-def test_held_out_batches_are_fixed_disjoint_and_equal_per_rank():
-    windows = PackedWindows(torch.arange(9 * 7), seq_len=8)  # 7 windows of 9 tokens
-    ranks = [HeldOutBatches(windows, batch_size=2, dp_rank=r, dp_degree=2) for r in range(2)]
-    assert [len(r) for r in ranks] == [1, 1]  # 3 windows per rank -> one full batch each
-    firsts = [[int(x[0]) for b in r for x in b["inputs"]] for r in ranks]
-    assert firsts == [[0, 18], [9, 27]]  # every other window, disjoint
-    assert [b["inputs"].tolist() for b in ranks[0]] == [b["inputs"].tolist() for b in ranks[0]]
-    b = next(iter(ranks[1]))
-    assert torch.equal(b["targets"][:, :-1], b["inputs"][:, 1:])
 
 
 def test_trainer_runs_every_hook_and_keeps_the_best_validation_loss(tmp_path):

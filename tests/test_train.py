@@ -95,7 +95,8 @@ def test_matches_plain_pytorch_reference_loop(tmp_path):
         lr=cfg.optimizer.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     ref_losses = []
-    for x, y in batches:
+    for batch in batches:
+        x, y = batch["inputs"], batch["targets"]
         loss = torch.nn.functional.cross_entropy(ref(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
@@ -109,11 +110,11 @@ def test_matches_plain_pytorch_reference_loop(tmp_path):
 def test_loss_is_float32_under_bf16_autocast(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "--training.mixed_precision=bf16",
                                   "--training.seq_len=16", "--training.local_batch_size=2"))
-    x, y = next(trainer.batches)
+    batch = next(trainer.batches)
     with trainer.autocast():
-        logits = trainer.model(x)
+        logits = trainer.model(batch["inputs"])
     assert logits.dtype == torch.bfloat16  # the matmuls ran in bf16 ...
-    loss_sum, _ = trainer.forward_backward([(x, y)])
+    loss_sum, _ = trainer.forward_backward([batch])
     assert loss_sum.dtype == torch.float32  # ... the loss did not
     assert math.isfinite(loss_sum.item())
 

@@ -22,7 +22,7 @@ from torchllm import models
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
-from torchllm.eval.in_training import Evaluator, held_out_batches
+from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
@@ -101,7 +101,7 @@ class Trainer:
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
         self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
-        self.batches, self.val_windows = build_data(
+        self.train_loader, self.val_loader = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
 
@@ -137,7 +137,7 @@ class Trainer:
         self.train_state = TrainState()
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
-            dataloader=None, train_state=self.train_state, dp_rank=self.dp_rank,
+            dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device,
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
@@ -148,12 +148,14 @@ class Trainer:
         )
         self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
         # Validation, samples and HellaSwag on their own schedules.
-        val_batches = held_out_batches(cfg, self.tokenizer, self.val_windows, self.dp_rank,
-                                       self.dp_degree)
+        val_batches = validation_loader(cfg, self.tokenizer, self.val_loader, self.dp_rank,
+                                        self.dp_degree)
         self.evaluator = Evaluator(cfg, self.model, self.tokenizer, self.device, val_batches,
                                    self.autocast)
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
+        # Created after loading: the iterator starts where the restored loader state points.
+        self.batches = iter(self.train_loader)
         self.stop_signal: int | None = None
 
     @property
@@ -175,12 +177,12 @@ class Trainer:
         """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens)."""
         # Normalize by the token count of the whole global batch, so that the step's loss is
         # the mean over all its tokens however it is split into micro-batches.
-        n_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+        n_tokens = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro_batches)
         global_tokens = n_tokens * self.dp_degree
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, targets in micro_batches:
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+        for batch in micro_batches:
+            inputs = batch["inputs"].to(self.device, non_blocking=True)
+            targets = batch["targets"].to(self.device, non_blocking=True)
             with self.autocast():
                 logits = self.model(inputs)
             loss = cross_entropy_sum(logits, targets)  # float32, outside autocast

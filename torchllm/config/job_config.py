@@ -103,6 +103,12 @@ class JobConfig:
             )
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.data.val_fraction}: must be in [0, 1)", "data.val_fraction")
+        for key in ("val_documents", "num_workers"):
+            if getattr(self.data, key) < 0:
+                raise ConfigError(f"data.{key} = {getattr(self.data, key)}: must be >= 0", f"data.{key}")
+        for key in ("prefetch_factor", "tokenizer_vocab_size", "tokenizer_train_chars"):
+            if getattr(self.data, key) < 1:
+                raise ConfigError(f"data.{key} = {getattr(self.data, key)}: must be >= 1", f"data.{key}")
         self._validate_monitoring()
 
     def _validate_monitoring(self) -> None:

@@ -104,12 +104,34 @@ class Parallelism:
 
 @dataclass
 class Data:
-    dataset: str = opt("embedded", "Dataset: embedded (CPython's bundled docs, no download)")
+    dataset: str = opt(
+        "embedded",
+        "embedded (CPython's docs, no download) | fineweb_edu | fineweb_edu_100b | hf:NAME | "
+        "local:PATH (.txt/.jsonl/.parquet file, glob or folder) | shards:DIR (from prepare)",
+    )
     tokenizer: str = opt(
-        "auto", "Tokenizer file or name; auto = train a SentencePiece model on the corpus"
+        "auto",
+        "SentencePiece/tiktoken .model, .tiktoken, tokenizer.json, Hub name; auto = train a "
+        "SentencePiece model on the corpus (shards: the one in index.json)",
     )
     tokenizer_vocab_size: int = opt(4096, "Vocab size when auto-training a tokenizer")
-    val_fraction: float = opt(0.05, "Fraction of the corpus held out for validation")
+    tokenizer_train_chars: int = opt(
+        50_000_000, "Characters of the corpus read when auto-training a tokenizer"
+    )
+    text_column: str = opt("text", "Column holding the text in .jsonl/.parquet/Hub rows")
+    hf_subset: str = opt("", "Hugging Face dataset subset (config name); empty = the registry's")
+    hf_split: str = opt("", "Hugging Face dataset split; empty = the registry's, else 'train'")
+    val_fraction: float = opt(
+        0.05, "embedded/local: fraction of the tokens (the end of the corpus) held out"
+    )
+    val_documents: int = opt(
+        1000, "Hugging Face streams: the first N documents are held out for validation"
+    )
+    shuffle_windows: bool = opt(
+        True, "Shuffle windows within each shard (in-memory corpora: all windows) every epoch"
+    )
+    num_workers: int = opt(0, "Loader worker processes per rank (0 = load in the trainer)")
+    prefetch_factor: int = opt(2, "Batches each loader worker prepares ahead")
 
 
 @dataclass

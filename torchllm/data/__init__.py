@@ -1,44 +1,123 @@
-"""Tokenizers and data loaders, built from the [data] config section."""
+"""Tokenizers and data loaders, built from the [data] config section.
+
+    tokenizer = build_tokenizer(job_config, run_dir / "data")
+    train_loader, val_loader = build_data(job_config, tokenizer, dp_rank, dp_degree)
+
+Batches are dicts of LongTensor[B, seq_len]: inputs, targets (inputs shifted by one) and
+positions (each token's index within its document). See docs/data.md.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.embedded import embedded_documents
-from torchllm.data.loader import PackedWindows, train_batches
-from torchllm.data.tokenizer import SentencePieceTokenizer, Tokenizer, train_sentencepiece
+from torchllm.data import shards
+from torchllm.data.hf_stream import HFStreamBatches, text_digest
+from torchllm.data.loader import TrainLoader
+from torchllm.data.sources import documents, open_stream, resolve
+from torchllm.data.token_stream import TokenStream, pack_documents
+from torchllm.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from torchllm.data.windows import ValWindows, WindowBatches
 
 
-def _documents(dataset: str) -> list[str]:
-    if dataset == "embedded":
-        return embedded_documents()
-    raise ConfigError(f"data.dataset = {dataset!r} is not known; available: 'embedded'")
+def _is_rank0() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def auto_tokenizer_path(dcfg, data_dir: Path) -> Path:
+    """Where the auto-trained tokenizer of this dataset and vocab size is cached."""
+    name = dcfg.dataset
+    if not re.fullmatch(r"[\w.-]+", name):
+        slug = re.sub(r"[^\w.-]+", "_", name)[-40:].strip("_")
+        name = f"{slug}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return Path(data_dir) / f"tokenizer_{name}_sp{dcfg.tokenizer_vocab_size}.model"
 
 
 def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
-    """Load data.tokenizer, or for 'auto' train a SentencePiece model once and cache it."""
+    """Load data.tokenizer; for 'auto', train a SentencePiece model once and cache it.
+
+    In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
+    """
     dcfg = job_config.data
+    source = resolve(dcfg)
     if dcfg.tokenizer != "auto":
-        return SentencePieceTokenizer(dcfg.tokenizer)
-    path = Path(data_dir) / f"tokenizer_{dcfg.dataset}_sp{dcfg.tokenizer_vocab_size}.model"
-    if not path.is_file():
-        train_sentencepiece(_documents(dcfg.dataset), dcfg.tokenizer_vocab_size, path)
-    return SentencePieceTokenizer(path)
+        return load_tokenizer(dcfg.tokenizer)
+    if source.kind == "shards":
+        return load_tokenizer(shards.read_index(source.location)["tokenizer"])
+    path = auto_tokenizer_path(dcfg, data_dir)
+    if _is_rank0() and not path.is_file():
+        train_sentencepiece(documents(dcfg), dcfg.tokenizer_vocab_size, path,
+                            max_chars=dcfg.tokenizer_train_chars)
+    _barrier()
+    return load_tokenizer(path)
+
+
+def tokenize_corpus(dcfg, tokenizer: Tokenizer) -> TokenStream:
+    """Every document of an embedded/local corpus, encoded with BOS/EOS and packed in memory."""
+    tokens, starts = pack_documents(
+        tokenizer.encode(text, bos=True, eos=True) for text in documents(dcfg)
+    )
+    if len(tokens) == 0:
+        raise ConfigError(f"data.dataset = {dcfg.dataset!r} has no text", "data.dataset")
+    return TokenStream([tokens], starts)
+
+
+def _check_shard_vocab(location: str, tokenizer: Tokenizer) -> None:
+    index = shards.read_index(location)
+    if index["vocab_size"] != tokenizer.vocab_size:
+        raise ConfigError(
+            f"{Path(location) / shards.INDEX}: shards were tokenized with a {index['vocab_size']}-"
+            f"token vocab ({index['tokenizer']}), but data.tokenizer has {tokenizer.vocab_size}; "
+            "use the shards' tokenizer (data.tokenizer = 'auto' does)", "data.tokenizer"
+        )
 
 
 def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
-    """(endless train batch iterator, validation windows) for this data-parallel rank."""
+    """(train_loader, val_loader) for this data-parallel rank.
+
+    train_loader never runs out and resumes exactly from `state_dict()`; val_loader is finite
+    and starts over, in the same order, each time it is iterated.
+    """
     dcfg, tcfg = job_config.data, job_config.training
-    ids = [t for doc in _documents(dcfg.dataset) for t in tokenizer.encode(doc, bos=True, eos=True)]
-    tokens = torch.tensor(ids, dtype=torch.long)
-    n_val = int(len(tokens) * dcfg.val_fraction)
-    train = PackedWindows(tokens[: len(tokens) - n_val], tcfg.seq_len)
-    val = PackedWindows(tokens[len(tokens) - n_val :], tcfg.seq_len)
-    batches = train_batches(train, tcfg.local_batch_size, job_config.job.seed, dp_rank, dp_degree)
-    return batches, val
+    source = resolve(dcfg)
+    seq_len, batch = tcfg.seq_len, tcfg.local_batch_size
+    if source.kind == "hf":
+        # The first val_documents documents are the validation split; training skips them.
+        val_texts = [t for t, _ in zip(documents(dcfg), range(dcfg.val_documents))]
+        tokens, starts = pack_documents(tokenizer.encode(t, bos=True, eos=True) for t in val_texts)
+        val = TokenStream([tokens], starts)
+        _, column = open_stream(source, dcfg.text_column)
+        train = HFStreamBatches(source, column, tokenizer, seq_len, batch, dp_rank, dp_degree,
+                                held_out=frozenset(text_digest(t) for t in val_texts))
+    else:
+        if source.kind == "shards":
+            _check_shard_vocab(source.location, tokenizer)
+            stream, val = (shards.open_split(source.location, s) for s in ("train", "val"))
+        else:
+            stream = tokenize_corpus(dcfg, tokenizer)
+            stream, val = stream.split(len(stream) - int(len(stream) * dcfg.val_fraction))
+        train = WindowBatches(stream, seq_len, batch, dp_rank, dp_degree, job_config.job.seed,
+                              dcfg.shuffle_windows, dcfg.dataset)
+    pin = tcfg.device != "cpu" and torch.cuda.is_available()
+    train_loader = TrainLoader(train, dp_rank, dp_degree, dcfg.num_workers, dcfg.prefetch_factor,
+                               pin)
+    val_loader = torch.utils.data.DataLoader(
+        ValWindows(val, seq_len, dp_rank, dp_degree), batch_size=batch, shuffle=False,
+        pin_memory=pin,
+    )
+    return train_loader, val_loader
 
 
-__all__ = ["Tokenizer", "build_data", "build_tokenizer"]
+__all__ = ["Tokenizer", "build_data", "build_tokenizer", "load_tokenizer"]

@@ -1,45 +1,48 @@
-"""Packed next-token windows over an in-memory token stream (the embedded corpus).
-
-Documents are encoded with BOS/EOS and concatenated; the stream is cut into non-overlapping
-windows of seq_len + 1 tokens (inputs = window[:-1], targets = window[1:]). The training order
-is a seeded permutation per epoch, and each data-parallel rank takes every dp_degree-th window.
-"""
+"""The training loader: a StatefulDataLoader over an endless batch dataset, tied to its dp layout."""
 
 from __future__ import annotations
 
-from typing import Iterator
+import warnings
 
-import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-
-class PackedWindows(torch.utils.data.Dataset):
-    def __init__(self, tokens: torch.Tensor, seq_len: int):
-        self.tokens, self.window = tokens, seq_len + 1
-        self.n = len(tokens) // self.window
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self.tokens[i * self.window : (i + 1) * self.window]
-        return w[:-1], w[1:]
+from torchllm.config.job_config import ConfigError
 
 
-def train_batches(
-    windows: PackedWindows, batch_size: int, seed: int, dp_rank: int, dp_degree: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (inputs, targets) batches; a new seeded permutation every epoch."""
-    per_rank = len(windows) // dp_degree
-    if per_rank < batch_size:
-        raise ValueError(
-            f"the training split has {len(windows)} windows, fewer than local_batch_size="
-            f"{batch_size} per rank; lower training.seq_len or the batch size"
-        )
-    epoch = 0
-    while True:
-        order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed + epoch))
-        mine = order[dp_rank::dp_degree][:per_rank]
-        for start in range(0, per_rank - batch_size + 1, batch_size):
-            items = [windows[int(i)] for i in mine[start : start + batch_size]]
-            yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
-        epoch += 1
+class TrainLoader(StatefulDataLoader):
+    """Yields ready batches (the dataset batches itself); never runs out.
+
+    `state_dict()` adds the data-parallel rank and degree to torchdata's state: the batches a
+    rank reads depend on the degree, so resuming under another degree is refused rather than
+    silently reading a different data order.
+    """
+
+    def __init__(self, dataset, dp_rank: int, dp_degree: int, num_workers: int,
+                 prefetch_factor: int, pin_memory: bool):
+        with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch API here
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            super().__init__(
+                dataset,
+                batch_size=None,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor if num_workers else None,
+                pin_memory=pin_memory,
+                persistent_workers=False,
+            )
+        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+
+    def state_dict(self) -> dict:
+        return {"dp_rank": self.dp_rank, "dp_degree": self.dp_degree,
+                "num_workers": self.num_workers, "loader": super().state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore; the next `iter(loader)` continues right after the last saved batch."""
+        saved = (state.get("dp_degree"), state.get("dp_rank"), state.get("num_workers"))
+        if saved != (self.dp_degree, self.dp_rank, self.num_workers):
+            raise ConfigError(
+                f"the data loader state was saved with data-parallel degree {saved[0]}, rank "
+                f"{saved[1]}, data.num_workers {saved[2]}; this run has degree {self.dp_degree}, "
+                f"rank {self.dp_rank}, num_workers {self.num_workers}. Resume with the same "
+                "parallelism and data.num_workers (or start the data order afresh)"
+            )
+        super().load_state_dict(state["loader"])

@@ -1,8 +1,19 @@
-"""Tokenizers behind one small interface: encode / decode / vocab_size / bos_id / eos_id."""
+"""Tokenizers behind one small interface: encode / decode / vocab_size / bos_id / eos_id.
+
+Three on-disk formats are understood, so a run can use the tokenizer its model was trained with:
+SentencePiece `.model` files (Llama 2 style), tiktoken BPE rank files (GPT-2's `r50k_base` and
+Llama 3's `tokenizer.model`) and Hugging Face `tokenizer.json` files (or a Hub name when online).
+
+    python -m torchllm.data.tokenizer train --input a.txt b.jsonl --vocab-size 8000 --out DIR
+"""
 
 from __future__ import annotations
 
+import argparse
+import base64
 import io
+import json
+import sys
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -44,31 +55,236 @@ class SentencePieceTokenizer:
         return self.sp.decode(list(ids))
 
 
+# Pre-tokenization regexes, as published with each tokenizer.
+GPT2_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_RANKS = 128_000
+GPT2_RANKS = 50_256
+
+
+def llama3_special_tokens() -> list[str]:
+    """Llama 3's 256 special tokens, in id order from 128000."""
+    named = [
+        "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
+        "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
+        "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+    ]
+    return named + [f"<|reserved_special_token_{i}|>" for i in range(3, 256 - len(named) + 3)]
+
+
+class TiktokenTokenizer:
+    """A tiktoken BPE rank file: GPT-2 (50,256 ranks) or Llama 3 (128,000 ranks).
+
+    The number of ranks tells which one it is, and so which regex and special tokens apply.
+    GPT-2 has a single `<|endoftext|>` that serves as both BOS and EOS.
+    """
+
+    def __init__(self, path: str | Path):
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+
+        path = Path(path)
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as e:  # tiktoken raises bare ValueErrors/binascii errors on bad lines
+            raise ConfigError(f"tokenizer file {path} is not a tiktoken BPE rank file: {e}") from None
+        if len(ranks) == LLAMA3_RANKS:
+            pattern, names = LLAMA3_PATTERN, llama3_special_tokens()
+            bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        elif len(ranks) == GPT2_RANKS:
+            pattern, names, bos, eos = GPT2_PATTERN, ["<|endoftext|>"], "<|endoftext|>", "<|endoftext|>"
+        else:
+            raise ConfigError(
+                f"tokenizer file {path} has {len(ranks)} BPE ranks; known tiktoken tokenizers "
+                f"have {LLAMA3_RANKS} (Llama 3) or {GPT2_RANKS} (GPT-2)"
+            )
+        specials = {name: len(ranks) + i for i, name in enumerate(names)}
+        self.enc = tiktoken.Encoding(
+            name=path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+        )
+        self.path = path
+        self.vocab_size = self.enc.n_vocab
+        self.bos_id, self.eos_id = specials[bos], specials[eos]
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        # Special-token text inside documents is encoded as ordinary text, never as a control id.
+        ids = self.enc.encode_ordinary(text)
+        return [self.bos_id] * bos + ids + [self.eos_id] * eos
+
+    def decode(self, ids: list[int]) -> str:
+        return self.enc.decode(list(ids))
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer: a tokenizer.json file, its folder, or a Hub name.
+
+    BOS/EOS come from a tokenizer_config.json beside the file when present, else from the
+    usual special-token names.
+    """
+
+    BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>")
+    EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>")
+
+    def __init__(self, spec: str | Path):
+        from tokenizers import Tokenizer as _Tok
+
+        path = Path(spec)
+        config = {}
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if path.suffix == ".json":
+            if not path.is_file():
+                raise ConfigError(f"tokenizer file {path} does not exist")
+            try:
+                self.tok = _Tok.from_file(str(path))
+            except Exception as e:  # the Rust side raises a generic Exception
+                raise ConfigError(f"tokenizer file {path} is not a tokenizer.json: {e}") from None
+            cfg_file = path.with_name("tokenizer_config.json")
+            if cfg_file.is_file():
+                config = json.loads(cfg_file.read_text())
+        else:
+            try:
+                self.tok = _Tok.from_pretrained(str(spec))
+            except Exception as e:
+                raise ConfigError(
+                    f"data.tokenizer = {str(spec)!r}: not a file, and loading it from the Hugging "
+                    f"Face Hub failed ({e}); give a .model, .tiktoken or tokenizer.json path"
+                ) from None
+        self.path = path
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id = self._special(config.get("bos_token"), self.BOS_NAMES, "BOS")
+        self.eos_id = self._special(config.get("eos_token"), self.EOS_NAMES, "EOS")
+
+    def _special(self, configured, names, what: str) -> int:
+        if isinstance(configured, dict):
+            configured = configured.get("content")
+        for name in ([configured] if configured else []) + list(names):
+            tid = self.tok.token_to_id(name)
+            if tid is not None:
+                return tid
+        raise ConfigError(f"tokenizer {self.path} has no {what} token (looked for {', '.join(names)})")
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id] * bos + ids + [self.eos_id] * eos
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def _looks_like_tiktoken(path: Path) -> bool:
+    """tiktoken files are text lines 'base64token rank'; SentencePiece files are protobuf."""
+    with open(path, "rb") as f:
+        first = f.readline(200).split()
+    if len(first) != 2 or not first[1].isdigit():
+        return False
+    try:
+        base64.b64decode(first[0], validate=True)
+    except ValueError:
+        return False
+    return True
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """A tokenizer from a file path (format detected from its content) or a Hub name."""
+    path = Path(spec)
+    if path.is_dir() or path.suffix == ".json":
+        return HFTokenizer(path)
+    if path.is_file():
+        if _looks_like_tiktoken(path):
+            return TiktokenTokenizer(path)
+        return SentencePieceTokenizer(path)
+    if path.suffix in (".model", ".tiktoken") or str(spec).startswith((".", "/")):
+        raise ConfigError(f"data.tokenizer: file {path} does not exist")
+    return HFTokenizer(str(spec))
+
+
 def train_sentencepiece(
-    texts: Iterable[str], vocab_size: int, out: str | Path, num_threads: int = 2
+    texts: Iterable[str], vocab_size: int, out: str | Path, num_threads: int = 2,
+    max_chars: int | None = None, progress: bool = False,
 ) -> Path:
-    """Train a byte-fallback BPE SentencePiece model on `texts` and write it to `out` atomically."""
+    """Train a byte-fallback BPE SentencePiece model on `texts` and write it to `out` atomically.
+
+    `max_chars` caps the training text (a few tens of MB is plenty for a BPE vocabulary).
+    """
     import sentencepiece as spm
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines = (line for text in texts for line in text.splitlines() if line.strip())
+
+    def paragraphs():
+        # Paragraphs, not lines: newlines stay inside the training text and get their own pieces.
+        seen = 0
+        for text in texts:
+            for para in text.split("\n\n"):
+                if para.strip():
+                    seen += len(para)
+                    yield para
+            if max_chars is not None and seen >= max_chars:
+                return
+
     proto = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines,
-        model_writer=proto,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=num_threads,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        minloglevel=2,
-    )
-    tmp = out.with_suffix(out.suffix + ".tmp")
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=paragraphs(),
+            model_writer=proto,
+            vocab_size=vocab_size,
+            model_type="bpe",
+            byte_fallback=True,
+            character_coverage=1.0,
+            # Lossless: decode(encode(text)) == text, newlines and runs of spaces included.
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            max_sentence_length=1 << 16,
+            num_threads=num_threads,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            minloglevel=0 if progress else 2,
+        )
+    except RuntimeError as e:
+        raise ConfigError(f"training a SentencePiece tokenizer for {out} failed: {e}") from None
+    tmp = out.with_suffix(out.suffix + f".tmp{id(proto)}")
     tmp.write_bytes(proto.getvalue())
     tmp.replace(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torchllm.config.sections import Data
+    from torchllm.data.sources import documents
+
+    parser = argparse.ArgumentParser(prog="python -m torchllm.data.tokenizer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a SentencePiece BPE model on text files")
+    train.add_argument("--input", nargs="+", required=True,
+                       help=".txt/.jsonl/.parquet files, globs or folders")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--out", required=True, help="folder to write tokenizer.model into")
+    train.add_argument("--text-column", default="text", help="column of .jsonl/.parquet rows")
+    train.add_argument("--max-chars", type=int, default=200_000_000,
+                       help="stop reading text after this many characters")
+    train.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    try:
+        texts = (t for spec in args.input
+                 for t in documents(Data(dataset=f"local:{spec}", text_column=args.text_column)))
+        out = train_sentencepiece(texts, args.vocab_size, Path(args.out) / "tokenizer.model",
+                                  args.threads, args.max_chars, progress=True)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tok = SentencePieceTokenizer(out)
+    print(f"wrote {out} ({tok.vocab_size} pieces)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

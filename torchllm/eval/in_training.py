@@ -13,26 +13,24 @@ from torch import nn
 
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data
-from torchllm.data.loader import PackedWindows
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import generate
-from torchllm.eval.validation import HeldOutBatches, validate
+from torchllm.eval.validation import validate
 from torchllm.log import logger
 
 
-def held_out_batches(
-    cfg: JobConfig, tokenizer: Tokenizer, val_windows: PackedWindows, dp_rank: int, dp_degree: int
-) -> HeldOutBatches:
-    """Validation batches from the foundation's held-out windows (of validation.dataset if set)."""
+def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable, dp_rank: int,
+                      dp_degree: int) -> Iterable:
+    """The training data's validation loader, or that of validation.dataset when it differs."""
     name = cfg.validation.dataset
-    if cfg.validation.enable and name and name != cfg.data.dataset:
-        other = copy.deepcopy(cfg)
-        other.data.dataset = name
-        try:
-            _, val_windows = build_data(other, tokenizer, dp_rank, dp_degree)
-        except ConfigError as e:
-            raise ConfigError(f"validation.dataset = {name!r}: {e}", "validation.dataset") from None
-    return HeldOutBatches(val_windows, cfg.training.local_batch_size, dp_rank, dp_degree)
+    if not (cfg.validation.enable and name and name != cfg.data.dataset):
+        return val_loader
+    other = copy.deepcopy(cfg)
+    other.data.dataset = name
+    try:
+        return build_data(other, tokenizer, dp_rank, dp_degree)[1]
+    except ConfigError as e:
+        raise ConfigError(f"validation.dataset = {name!r}: {e}", "validation.dataset") from None
 
 
 @dataclass

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, ContextManager, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
-from torchllm.data.loader import PackedWindows
 from torchllm.eval.reduce import sum_over_ranks
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
 
@@ -49,26 +48,3 @@ def validate(
         raise ValueError("validation saw no target tokens; the validation split is empty")
     loss = loss_sum / tokens
     return {"val/loss": loss, "val/perplexity": math.exp(min(loss, 50.0)), "val/tokens": tokens}
-
-
-class HeldOutBatches:
-    """Re-iterable dict batches over held-out windows: a fixed order, a disjoint part per rank.
-
-    Every rank yields the same number of full batches (the remainder is dropped), so sharded
-    models stay in step. Bridges the foundation's `PackedWindows` to `validate`.
-    """
-
-    def __init__(self, windows: PackedWindows, batch_size: int, dp_rank: int, dp_degree: int):
-        self.windows, self.batch_size = windows, batch_size
-        self.dp_rank, self.dp_degree = dp_rank, dp_degree
-        self.n_batches = len(windows) // dp_degree // batch_size
-
-    def __len__(self) -> int:
-        return self.n_batches
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        mine = range(self.dp_rank, len(self.windows), self.dp_degree)
-        for b in range(self.n_batches):
-            items = [self.windows[i] for i in mine[b * self.batch_size : (b + 1) * self.batch_size]]
-            yield {"inputs": torch.stack([x for x, _ in items]),
-                   "targets": torch.stack([y for _, y in items])}

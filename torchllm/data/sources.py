@@ -1,0 +1,140 @@
+"""Where documents come from: the named-dataset registry, local files and Hugging Face streams.
+
+`data.dataset` is one of
+    embedded            CPython's bundled docs (no download; the default)
+    <registry name>     an entry of HF_DATASETS below, streamed from the Hugging Face Hub
+    hf:<name or path>   any Hugging Face dataset, streamed (data.hf_subset / hf_split)
+    local:<path>        .txt / .jsonl / .parquet files: a file, a glob or a folder
+    shards:<dir>        pre-tokenized shards written by `python -m torchllm.data.prepare`
+A new Hub dataset is one line in HF_DATASETS.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from torchllm.config.job_config import ConfigError
+from torchllm.data.embedded import embedded_documents
+
+
+@dataclass(frozen=True)
+class HFDataset:
+    path: str
+    subset: str | None = None
+    split: str = "train"
+
+
+HF_DATASETS = {
+    "fineweb_edu": HFDataset("HuggingFaceFW/fineweb-edu", "sample-10BT"),
+    "fineweb_edu_100b": HFDataset("karpathy/fineweb-edu-100b-shuffle"),
+}
+
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved data.dataset: kind is embedded | local | shards | hf."""
+
+    kind: str
+    location: str = ""
+    subset: str | None = None
+    split: str = "train"
+
+
+def resolve(dcfg) -> Source:
+    spec = dcfg.dataset
+    if spec == "embedded":
+        return Source("embedded")
+    if spec in HF_DATASETS:
+        entry = HF_DATASETS[spec]
+        return Source("hf", entry.path, dcfg.hf_subset or entry.subset, dcfg.hf_split or entry.split)
+    kind, sep, location = spec.partition(":")
+    if sep and kind in ("local", "shards", "hf") and location:
+        return Source(kind, location, dcfg.hf_subset or None, dcfg.hf_split or "train")
+    raise ConfigError(
+        f"data.dataset = {spec!r} is not known; use 'embedded', one of {sorted(HF_DATASETS)}, "
+        "'hf:NAME', 'local:PATH' or 'shards:DIR'",
+        "data.dataset",
+    )
+
+
+def local_files(location: str) -> list[str]:
+    """The data files a local: spec names (a file, a glob or a folder), sorted."""
+    path = Path(location)
+    if path.is_dir():
+        files = sorted(str(p) for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
+    else:
+        files = sorted(glob.glob(location)) if glob.has_magic(location) else [location]
+    if not files or not all(Path(f).is_file() for f in files):
+        raise ConfigError(f"data.dataset = 'local:{location}': no such file or no "
+                          f"{'/'.join(LOCAL_BUILDERS)} files there", "data.dataset")
+    suffixes = {Path(f).suffix for f in files}
+    if len(suffixes) != 1 or not suffixes <= set(LOCAL_BUILDERS):
+        raise ConfigError(
+            f"data.dataset = 'local:{location}': files must all have one of the suffixes "
+            f"{', '.join(LOCAL_BUILDERS)}; found {', '.join(sorted(suffixes))}", "data.dataset"
+        )
+    return files
+
+
+def open_stream(source: Source, text_column: str):
+    """A streaming `datasets.IterableDataset` for a local or hf source, column checked.
+
+    Local files go through the same streaming reader as the Hub, so no Arrow cache is written and
+    HF_DATASETS_OFFLINE=1 works.
+    """
+    import datasets
+
+    if source.kind == "local":
+        files = local_files(source.location)
+        builder = LOCAL_BUILDERS[Path(files[0]).suffix]
+        if builder == "text":  # one document per .txt file, in a column named "text"
+            kwargs, text_column = {"sample_by": "document"}, "text"
+        else:
+            kwargs = {}
+        where, path = f"local:{source.location}", builder
+        kwargs.update(data_files=files, split="train")
+    else:
+        where, path = source.location, source.location
+        kwargs = {"name": source.subset, "split": source.split}
+    try:
+        ds = datasets.load_dataset(path, streaming=True, **kwargs)
+    except StopIteration:  # datasets' json reader on files without a single row
+        raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
+    except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
+        raise ConfigError(
+            f"data.dataset: cannot open {where!r} (subset {source.subset!r}, split "
+            f"{source.split!r}): {type(e).__name__}: {e}", "data.dataset"
+        ) from None
+    first = next(iter(ds), None)  # read one row: an empty dataset must fail here, not in a worker
+    if first is None:
+        raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
+    columns = list(first)
+    if text_column not in columns:
+        raise ConfigError(
+            f"data.text_column = {text_column!r} is not a column of {where}; columns: {columns}",
+            "data.text_column",
+        )
+    return ds, text_column
+
+
+def documents(dcfg) -> Iterator[str]:
+    """Every document's text, in the dataset's order (embedded, local or hf sources)."""
+    source = resolve(dcfg)
+    if source.kind == "embedded":
+        yield from embedded_documents()
+        return
+    if source.kind == "shards":
+        raise ConfigError("data.dataset: shards: datasets are already tokenized; they have no "
+                          "text to read (use their tokenizer, recorded in index.json)")
+    ds, column = open_stream(source, dcfg.text_column)
+    empty = True
+    for row in ds:
+        empty = False
+        yield row[column]
+    if empty:
+        raise ConfigError(f"data.dataset = {dcfg.dataset!r}: the dataset is empty", "data.dataset")
