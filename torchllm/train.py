@@ -22,11 +22,21 @@ from torchllm import models
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.log import init_logger, logger
-from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.metrics.memory import memory_stats, reset_peak
 from torchllm.optim import build_lr_scheduler, build_optimizer
-from torchllm.parallel import ParallelDims
+from torchllm.parallel import (
+    build_loss_fn,
+    build_parallel_dims,
+    clip_grad_norm_,
+    destroy_distributed,
+    dp_sum,
+    gradient_sync,
+    init_model_weights,
+    rank_zero_first,
+    register_float8_scale_precompute,
+)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,9 +76,12 @@ class Trainer:
         tcfg = cfg.training
         self.device = resolve_device(tcfg.device)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.parallel_dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        # Validate the layout before any process-group work, then build the mesh (world > 1).
+        self.parallel_dims = build_parallel_dims(cfg, world_size, self.device.type,
+                                                 models.model_args(cfg))
+        self.parallel_dims.build_mesh(self.device)
         self.dp_degree = self.parallel_dims.dp_degree
-        self.dp_rank = 0
+        self.dp_rank = self.parallel_dims.dp_rank
 
         # Global batch = local batch x dp degree x accumulation steps.
         per_pass = tcfg.local_batch_size * self.dp_degree
@@ -98,7 +111,8 @@ class Trainer:
         self.bf16 = use_bf16(tcfg.mixed_precision, self.device)
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
-        self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
+        with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
+            self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
         self.batches, self.val_windows = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
@@ -109,13 +123,16 @@ class Trainer:
         with torch.device("meta"):
             self.model = spec.build(self.model_args)
         spec.parallelize_fn(self.model, self.parallel_dims, cfg)
-        self.model.to_empty(device=self.device)
-        torch.manual_seed(cfg.job.seed)
-        self.model.init_weights(buffer_device=self.device)
+        # Sharded or not, the initial weights equal a single CPU process's with this seed.
+        init_model_weights(self.model, lambda: spec.build(self.model_args), self.device,
+                           cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
         self.model.train()
+        self.loss_fn = build_loss_fn(cfg.compile)
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, tcfg.steps)
+        register_float8_scale_precompute(self.optimizer, self.model, cfg.float8,
+                                         self.parallel_dims.fsdp_enabled)
 
         counts = parameter_counts(self.model)
         self.flops_per_token = flops_per_token(self.model, tcfg.seq_len)
@@ -125,7 +142,7 @@ class Trainer:
             "%s | global batch %d seqs x %d tokens = %d local x %d dp x %d accumulation",
             cfg.model.name, cfg.model.flavor, f"{counts['params']:,}",
             f"{counts['non_embedding_params']:,}", self.model_args.vocab_size,
-            self.tokenizer.vocab_size, self.device, "bf16 autocast" if self.bf16 else "fp32",
+            self.tokenizer.vocab_size, self.device, self.precision_name(),
             global_batch, tcfg.seq_len, tcfg.local_batch_size, self.dp_degree,
             self.grad_accum_steps,
         )
@@ -137,8 +154,15 @@ class Trainer:
             return cfg.job.run_name
         return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
 
-    def autocast(self):
+    def precision_name(self) -> str:
         if not self.bf16:
+            return "fp32"
+        return "bf16 FSDP2 params" if self.parallel_dims.fsdp_enabled else "bf16 autocast"
+
+    def autocast(self):
+        # Under FSDP2, MixedPrecisionPolicy(param_dtype=bf16) already runs the matmuls in bf16
+        # (and keeps fp32 master weights), so autocast would only add casts.
+        if not self.bf16 or self.parallel_dims.fsdp_enabled:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
@@ -147,17 +171,19 @@ class Trainer:
         # Normalize by the token count of the whole global batch, so that the step's loss is
         # the mean over all its tokens however it is split into micro-batches.
         n_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
-        global_tokens = n_tokens * self.dp_degree
+        (global_tokens,) = dp_sum([n_tokens], self.parallel_dims, self.device)
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, targets in micro_batches:
+        for i, (inputs, targets) in enumerate(micro_batches):
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            with self.autocast():
-                logits = self.model(inputs)
-            loss = cross_entropy_sum(logits, targets)  # float32, outside autocast
-            # Data-parallel gradient averaging divides by dp_degree; undo it so the gradient
-            # is exactly that of the global mean.
-            (loss * (self.dp_degree / global_tokens)).backward()
+            # Gradients are reduced across dp ranks on the last micro-step only.
+            with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
+                with self.autocast():
+                    logits = self.model(inputs)
+                loss = self.loss_fn(logits, targets)  # float32, outside autocast
+                # Data-parallel gradient averaging divides by dp_degree; undo it so the
+                # gradient is exactly that of the global mean.
+                (loss * (self.dp_degree / global_tokens)).backward()
             loss_sum += loss.detach()
             del logits, loss
         return loss_sum, n_tokens
@@ -170,29 +196,32 @@ class Trainer:
         loss_sum, n_tokens = self.forward_backward(micro_batches)
 
         max_norm = self.cfg.training.max_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), max_norm if max_norm > 0 else float("inf")
-        )
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # The logged loss is the mean over every token of the global batch, on all dp ranks.
+        global_loss, global_tokens = dp_sum([loss_sum.item(), n_tokens], self.parallel_dims,
+                                            self.device)
         return {
-            "loss": (loss_sum / n_tokens).item(),
+            "loss": global_loss / global_tokens,
             "grad_norm": grad_norm.item(),
             "lr": lr,
-            "tokens": n_tokens * self.dp_degree,
+            "tokens": int(global_tokens),
             "data_time": data_time,
         }
 
     def log_line(self, m: dict[str, float], step_time: float) -> None:
-        tps_device = m["tokens"] / self.dp_degree / step_time
+        tps_global = m["tokens"] / step_time
+        tps_device = tps_global / self.parallel_dims.world_size
         parts = [
             f"step {self.step:>5}/{self.cfg.training.steps}",
             f"loss {m['loss']:.4f}",
             f"lr {m['lr']:.2e}",
             f"grad_norm {m['grad_norm']:.3f}",
             f"tok/s/device {tps_device:,.0f}",
+            f"tok/s {tps_global:,.0f}",
             f"step {step_time * 1000:.0f}ms",
         ]
         if self.peak_flops:
@@ -251,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg)
     except ConfigError as e:
         logger.error("config error: %s", e)
+        destroy_distributed()
         return 2
     try:
         trainer.train()
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130
+    finally:
+        destroy_distributed()
     return 0
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from torchllm.config.sections import (
+    ActivationCheckpoint,
+    Compile,
     Data,
+    Float8,
     Job,
     LRScheduler,
     Metrics,
@@ -35,6 +38,9 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
 
