@@ -42,6 +42,12 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "memory already; set it to false",
             "parallelism.fsdp_cpu_offload",
         )
+    if job_config.parallelism.ddp_comm_hook == "bf16" and device_type != "cuda":
+        raise ConfigError(
+            "parallelism.ddp_comm_hook = 'bf16' needs CUDA + NCCL (torch's bf16 hook has no "
+            "gloo path); use 'fp16' or 'none' on CPU",
+            "parallelism.ddp_comm_hook",
+        )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
     check_components(job_config.compile)
