@@ -23,6 +23,7 @@ class ParallelDims:
     world_size: int
     dp_mode: str = "fsdp"
     mesh: object = field(default=None, repr=False)  # DeviceMesh once build_mesh ran (world > 1)
+    dp_flat_mesh: object = field(default=None, repr=False)  # its flattened "dp" dim
 
     @classmethod
     def from_config(cls, pcfg, world_size: int) -> "ParallelDims":
@@ -147,7 +148,7 @@ class ParallelDims:
             (self.dp_replicate, self.dp_shard, self.tp),
             mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
         )
-        self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
+        self.dp_flat_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
         return self.mesh
 
     @property
@@ -156,7 +157,7 @@ class ParallelDims:
 
     @property
     def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+        return self.dp_flat_mesh.get_local_rank() if self.mesh is not None else 0
 
     def dp_mesh(self):
         """The data-parallel mesh FSDP2 shards over: (replicate, shard) for HSDP, else shard."""

@@ -48,7 +48,7 @@ def dp_sum(values: list[float], parallel_dims: ParallelDims, device: torch.devic
     if parallel_dims.mesh is None or not parallel_dims.dp_enabled:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)  # token counts stay exact
-    dist.all_reduce(t, group=parallel_dims.mesh["dp"].get_group())
+    dist.all_reduce(t, group=parallel_dims.dp_flat_mesh.get_group())
     return t.tolist()
 
 

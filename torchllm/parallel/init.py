@@ -10,6 +10,7 @@ For models too large for that, a seed checkpoint (written once, loaded sharded) 
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -33,8 +34,12 @@ def init_model_weights(
     every rank draws the same numbers from the same seed (and DDP broadcasts rank 0's anyway)."""
     model.to_empty(device="cpu" if cpu_offload else device)
     torch.manual_seed(seed)
-    model.init_weights(buffer_device=device)  # also the non-persistent buffers (RoPE table)
-    if not has_sharded_params(model):
+    sharded = has_sharded_params(model)
+    with warnings.catch_warnings():
+        if sharded:  # CPU DTensors warn that their RNG is not sharding-aware: see above
+            warnings.filterwarnings("ignore", "DTensor random operators")
+        model.init_weights(buffer_device=device)  # also the non-persistent buffers (RoPE)
+    if not sharded:
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
