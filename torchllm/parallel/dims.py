@@ -140,6 +140,7 @@ class ParallelDims:
 
         if not dist.is_initialized():
             if device.type == "cuda":
+                torch.cuda.set_device(device)
                 dist.init_process_group("nccl", device_id=device)
             else:
                 dist.init_process_group("gloo")
