@@ -22,6 +22,7 @@ class ParallelDims:
     tp: int
     world_size: int
     dp_mode: str = "fsdp"
+    device_type: str = "cpu"  # set by build_mesh
     mesh: object = field(default=None, repr=False)  # DeviceMesh once build_mesh ran (world > 1)
     dp_flat_mesh: object = field(default=None, repr=False)  # its flattened "dp" dim
 
@@ -134,6 +135,7 @@ class ParallelDims:
         Dims: dp_replicate x dp_shard x tp (size-1 dims included so names always resolve),
         plus `dp` = dp_replicate x dp_shard flattened, for data loading and loss reduction.
         """
+        self.device_type = device.type
         if self.world_size == 1:
             return None
         from torch.distributed.device_mesh import init_device_mesh
@@ -151,10 +153,6 @@ class ParallelDims:
         )
         self.dp_flat_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
         return self.mesh
-
-    @property
-    def device_type(self) -> str:
-        return self.mesh.device_type if self.mesh is not None else "cpu"
 
     @property
     def dp_rank(self) -> int:

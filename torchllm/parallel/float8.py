@@ -35,15 +35,19 @@ def float8_module_filter(filter_fqns: list[str]):
     return keep
 
 
-def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool) -> list[str]:
-    """Convert the model's eligible Linear layers in place; returns their names."""
-    if not (f8cfg.emulate or float8_supported(device_type)):
+def check_float8_hardware(f8cfg, device_type: str) -> None:
+    if f8cfg.enable and not (f8cfg.emulate or float8_supported(device_type)):
         raise ConfigError(
             f"float8.enable needs a CUDA GPU with compute capability 8.9+ (device here: "
             f"{device_type}); set float8.emulate = true to test the conversion without one, "
             "or float8.enable = false",
             "float8.enable",
         )
+
+
+def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool) -> list[str]:
+    """Convert the model's eligible Linear layers in place; returns their names."""
+    check_float8_hardware(f8cfg, device_type)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if f8cfg.recipe == "tensorwise":

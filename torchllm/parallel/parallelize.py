@@ -11,7 +11,7 @@ from torchllm.parallel.ac import apply_ac, parse_selective_option
 from torchllm.parallel.compile import apply_compile, check_components
 from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
-from torchllm.parallel.float8 import apply_float8
+from torchllm.parallel.float8 import apply_float8, check_float8_hardware
 from torchllm.parallel.tp import apply_tp
 
 
@@ -23,6 +23,7 @@ def bf16_params(mixed_precision: str, device_type: str) -> bool:
 def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
     """Every parallelism check that needs no process group: degrees, model shape, options."""
     dims = ParallelDims.from_config(job_config.parallelism, world_size)
+    dims.device_type = device_type
     dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
     if dims.tp_enabled and job_config.training.seq_len % dims.tp:
         raise ConfigError(
@@ -50,6 +51,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
+    check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
     return dims
 
