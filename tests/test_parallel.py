@@ -155,7 +155,8 @@ def test_float8_needs_capable_hardware_or_emulate():
                      fsdp_enabled=False)
 
 
-def test_float8_swaps_exactly_the_eligible_linears_and_trains_emulated():
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_swaps_exactly_the_eligible_linears_and_trains_emulated(recipe):
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
@@ -163,7 +164,7 @@ def test_float8_swaps_exactly_the_eligible_linears_and_trains_emulated():
     args = LlamaArgs(**{**ARGS.__dict__, "hidden_dim": 72})
     ref = tiny_model(args)
     model = tiny_model(args)
-    cfg = load_config(["--float8.enable", "--float8.emulate"])
+    cfg = load_config(["--float8.enable", "--float8.emulate", f"--float8.recipe={recipe}"])
     converted = apply_float8(model, cfg.float8, "cpu", fsdp_enabled=False)
     expected = {f"layers.{i}.attention.{w}" for i in range(2) for w in ("wq", "wk", "wv", "wo")}
     assert set(converted) == expected
