@@ -86,8 +86,8 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=()) -> dict:
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
     # Also trains and caches the tokenizer every worker run then reads.
-    refs = {"untied": run_reference(tmp), "tied": run_reference(tmp, "--model.tie_embeddings=true")}
-    return tmp, refs
+    return tmp, {"untied": run_reference(tmp),
+                 "tied": run_reference(tmp, "--model.tie_embeddings=true")}
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +132,8 @@ def test_accumulation_reduces_gradients_once(name, two_process):
     # groups). Forcing a sync on every micro-step must add exactly two more sets of them.
     gradient_reductions = counts["one_micro_step"] - 1
     assert gradient_reductions >= 1
-    assert counts["three_micro_steps_always_sync"] == counts["three_micro_steps"] + 2 * gradient_reductions, counts
-
-
+    always = counts["three_micro_steps_always_sync"]
+    assert always == counts["three_micro_steps"] + 2 * gradient_reductions, counts
 
 
 @pytest.mark.slow

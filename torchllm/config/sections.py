@@ -111,7 +111,7 @@ class Parallelism:
         "training.mixed_precision)"
     )
     fsdp_cpu_offload: bool = opt(
-        False, "Keep sharded params, grads and optimizer state in CPU memory (slow, saves GPU memory)"
+        False, "Keep sharded params, grads and optimizer state in CPU memory (slow; CUDA only)"
     )
     ddp_bucket_cap_mb: int = opt(25, "DDP gradient bucket size in MiB")
     ddp_comm_hook: Literal["none", "bf16", "fp16"] = opt(
