@@ -40,6 +40,9 @@ TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
                            "--training.local_batch_size=4"],
     "fsdp_tied": ["--model.tie_embeddings=true", "--training.local_batch_size=4"],
     "tp": ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
+    # The composition order: checkpoint wrapper inside the compiled block inside FSDP2.
+    "fsdp_ac_op_compiled": ["--activation_checkpoint.mode=selective", "--compile.enable",
+                            "--compile.backend=aot_eager", "--training.local_batch_size=4"],
     # float8 all-gather (scales from the all-reduced amax) + precomputed scales after each step
     "fsdp_float8": [*FLOAT8, "--training.local_batch_size=4"],
     "ddp_float8": [*FLOAT8, "--parallelism.dp_mode=ddp", "--training.local_batch_size=4"],
