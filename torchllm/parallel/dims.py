@@ -158,11 +158,11 @@ class ParallelDims:
     def dp_rank(self) -> int:
         return self.dp_flat_mesh.get_local_rank() if self.mesh is not None else 0
 
-    def dp_mesh(self):
-        """The data-parallel mesh FSDP2 shards over: (replicate, shard) for HSDP, else shard."""
-        if self.dp_replicate_enabled and self.dp_shard_enabled:
+    def fsdp_mesh(self):
+        """The mesh FSDP2 shards over: 2-D (replicate, shard) for HSDP, else dp_shard."""
+        if self.dp_replicate_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
-        return self.mesh["dp_shard"] if self.dp_shard_enabled else self.mesh["dp_replicate"]
+        return self.mesh["dp_shard"]
 
 
 def destroy_distributed() -> None:

@@ -89,7 +89,7 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
         bf16 = bf16_params(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
             model,
-            parallel_dims.dp_mesh(),
+            parallel_dims.fsdp_mesh(),
             param_dtype=torch.bfloat16 if bf16 else torch.float32,
             reduce_dtype=torch.bfloat16 if pcfg.fsdp_reduce_dtype == "bf16" else torch.float32,
             reshard_policy=pcfg.fsdp_reshard_after_forward,
