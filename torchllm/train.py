@@ -24,11 +24,22 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.data import build_data, build_tokenizer
 from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.log import init_logger, logger
-from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
-from torchllm.parallel import ParallelDims
+from torchllm.parallel import (
+    build_loss_fn,
+    build_parallel_dims,
+    clip_grad_norm_,
+    destroy_distributed,
+    any_rank,
+    dp_sum,
+    gradient_sync,
+    init_model_weights,
+    rank_zero_first,
+    register_float8_scale_precompute,
+)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,9 +79,12 @@ class Trainer:
         tcfg = cfg.training
         self.device = resolve_device(tcfg.device)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.parallel_dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        # Validate the layout before any process-group work, then build the mesh (world > 1).
+        self.parallel_dims = build_parallel_dims(cfg, world_size, self.device.type,
+                                                 models.model_args(cfg))
+        self.parallel_dims.build_mesh(self.device)
         self.dp_degree = self.parallel_dims.dp_degree
-        self.dp_rank = 0
+        self.dp_rank = self.parallel_dims.dp_rank
 
         # Global batch = local batch x dp degree x accumulation steps.
         per_pass = tcfg.local_batch_size * self.dp_degree
@@ -100,7 +114,8 @@ class Trainer:
         self.bf16 = use_bf16(tcfg.mixed_precision, self.device)
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
-        self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
+        with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
+            self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
         self.train_loader, self.val_loader = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
@@ -112,13 +127,16 @@ class Trainer:
         with torch.device("meta"):
             self.model = spec.build(self.model_args)
         spec.parallelize_fn(self.model, self.parallel_dims, cfg)
-        self.model.to_empty(device=self.device)
-        torch.manual_seed(cfg.job.seed)
-        self.model.init_weights(buffer_device=self.device)
+        # Sharded or not, the initial weights equal a single CPU process's with this seed.
+        init_model_weights(self.model, lambda: spec.build(self.model_args), self.device,
+                           cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
         self.model.train()
+        self.loss_fn = build_loss_fn(cfg.compile)
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, tcfg.steps)
+        register_float8_scale_precompute(self.optimizer, self.model, cfg.float8,
+                                         self.parallel_dims.fsdp_enabled)
 
         counts = parameter_counts(self.model)
         self.flops_per_token = flops_per_token(self.model, tcfg.seq_len)
@@ -128,7 +146,7 @@ class Trainer:
             "%s | global batch %d seqs x %d tokens = %d local x %d dp x %d accumulation",
             cfg.model.name, cfg.model.flavor, f"{counts['params']:,}",
             f"{counts['non_embedding_params']:,}", self.model_args.vocab_size,
-            self.tokenizer.vocab_size, self.device, "bf16 autocast" if self.bf16 else "fp32",
+            self.tokenizer.vocab_size, self.device, self.precision_name(),
             global_batch, tcfg.seq_len, tcfg.local_batch_size, self.dp_degree,
             self.grad_accum_steps,
         )
@@ -144,14 +162,14 @@ class Trainer:
         self.guard = LossGuard(cfg.metrics, save_checkpoint=self.checkpointer.save)
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
-            self.flops_per_token, self.peak_flops, self.guard,
+            self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
         )
         self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
         # Validation, samples and HellaSwag on their own schedules.
         val_batches = validation_loader(cfg, self.tokenizer, self.val_loader, self.dp_rank,
                                         self.dp_degree)
         self.evaluator = Evaluator(cfg, self.model, self.tokenizer, self.device, val_batches,
-                                   self.autocast)
+                                   self.autocast, group=self.parallel_dims.dp_group)
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Created after loading: the iterator starts where the restored loader state points.
@@ -168,8 +186,15 @@ class Trainer:
             return cfg.job.run_name
         return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
 
-    def autocast(self):
+    def precision_name(self) -> str:
         if not self.bf16:
+            return "fp32"
+        return "bf16 FSDP2 params" if self.parallel_dims.fsdp_enabled else "bf16 autocast"
+
+    def autocast(self):
+        # Under FSDP2, MixedPrecisionPolicy(param_dtype=bf16) already runs the matmuls in bf16
+        # (and keeps fp32 master weights), so autocast would only add casts.
+        if not self.bf16 or self.parallel_dims.fsdp_enabled:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
@@ -178,17 +203,19 @@ class Trainer:
         # Normalize by the token count of the whole global batch, so that the step's loss is
         # the mean over all its tokens however it is split into micro-batches.
         n_tokens = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro_batches)
-        global_tokens = n_tokens * self.dp_degree
+        (global_tokens,) = dp_sum([n_tokens], self.parallel_dims, self.device)
         loss_sum = torch.zeros((), device=self.device)
-        for batch in micro_batches:
+        for i, batch in enumerate(micro_batches):
             inputs = batch["inputs"].to(self.device, non_blocking=True)
             targets = batch["targets"].to(self.device, non_blocking=True)
-            with self.autocast():
-                logits = self.model(inputs)
-            loss = cross_entropy_sum(logits, targets)  # float32, outside autocast
-            # Data-parallel gradient averaging divides by dp_degree; undo it so the gradient
-            # is exactly that of the global mean.
-            (loss * (self.dp_degree / global_tokens)).backward()
+            # Gradients are reduced across dp ranks on the last micro-step only.
+            with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
+                with self.autocast():
+                    logits = self.model(inputs)
+                loss = self.loss_fn(logits, targets)  # float32, outside autocast
+                # Data-parallel gradient averaging divides by dp_degree; undo it so the
+                # gradient is exactly that of the global mean.
+                (loss * (self.dp_degree / global_tokens)).backward()
             loss_sum += loss.detach()
             del logits, loss
         return loss_sum, n_tokens
@@ -203,9 +230,7 @@ class Trainer:
         m.update(self.metrics.before_clip(self.step))
 
         max_norm = self.cfg.training.max_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), max_norm if max_norm > 0 else float("inf")
-        )
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
         m.update(grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
         # The guard may drop this update (the LR schedule still advances) or stop the run.
@@ -226,18 +251,25 @@ class Trainer:
         logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
 
     def stop_reason(self, steps_this_launch: int, slowest_step: float) -> str | None:
-        """Why this launch should stop early (signal, step budget, time limit), if it should."""
+        """Why this launch should stop early (signal, step budget, time limit), if it should.
+
+        Ranks see signals and clocks at slightly different moments; they agree (any rank
+        stopping stops all) so that every rank saves the same step and none waits forever.
+        """
         tcfg = self.cfg.training
+        reason = None
         if self.stop_signal is not None:
-            return f"signal {signal.Signals(self.stop_signal).name}"
-        if tcfg.stop_after_steps and steps_this_launch >= tcfg.stop_after_steps:
-            return f"training.stop_after_steps = {tcfg.stop_after_steps} reached"
-        if tcfg.time_limit_minutes:
+            reason = f"signal {signal.Signals(self.stop_signal).name}"
+        elif tcfg.stop_after_steps and steps_this_launch >= tcfg.stop_after_steps:
+            reason = f"training.stop_after_steps = {tcfg.stop_after_steps} reached"
+        elif tcfg.time_limit_minutes:
             # Leave room for two more slow steps and the final save before the limit.
             elapsed = time.perf_counter() - self.start_time
             if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:
-                return f"training.time_limit_minutes = {tcfg.time_limit_minutes} nearly reached"
-        return None
+                reason = f"training.time_limit_minutes = {tcfg.time_limit_minutes} nearly reached"
+        if any_rank(reason is not None, self.device) and reason is None:
+            reason = "another rank is stopping"
+        return reason
 
     def train(self) -> list[float]:
         """Run up to training.steps optimizer steps; returns the loss of every step run here."""
@@ -313,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg)
     except ConfigError as e:
         logger.error("config error: %s", e)
+        destroy_distributed()
         return 2
     try:
         trainer.train()
@@ -322,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130
+    finally:
+        destroy_distributed()
     return 0
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from torchllm.config.sections import (
+    ActivationCheckpoint,
     Checkpoint,
+    Compile,
     Data,
     Eval,
+    Float8,
     Job,
     LRScheduler,
     Metrics,
@@ -39,6 +42,9 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)

@@ -97,9 +97,71 @@ class LRScheduler:
 
 @dataclass
 class Parallelism:
-    data_parallel_replicate_degree: int = opt(1, "Replicas (DDP or the HSDP replicate dim)")
-    data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = what is left of the world")
-    tensor_parallel_degree: int = opt(1, "Tensor-parallel degree")
+    data_parallel_replicate_degree: int = opt(
+        1, "Replicas of the model: DDP, or HSDP's replicate dim when data_parallel_shard_degree > 1"
+    )
+    data_parallel_shard_degree: int = opt(
+        -1, "FSDP2 shard degree; -1 = what is left of the world after replicate x tensor_parallel"
+    )
+    tensor_parallel_degree: int = opt(1, "Tensor-parallel degree (divides heads and KV heads)")
+    dp_mode: Literal["fsdp", "ddp"] = opt(
+        "fsdp", "A data-parallel-only run: shard with FSDP2, or replicate with DDP (no sharding)"
+    )
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
+        "default",
+        "Free gathered params after forward (always: least memory; never: no all-gather in "
+        "backward; default: always, except the last block, which backward needs first)",
+    )
+    fsdp_reduce_dtype: Literal["float32", "bf16"] = opt(
+        "float32", "Gradient reduce-scatter dtype under FSDP2 (param dtype follows "
+        "training.mixed_precision)"
+    )
+    fsdp_cpu_offload: bool = opt(
+        False, "Keep sharded params, grads and optimizer state in CPU memory (slow; CUDA only)"
+    )
+    ddp_bucket_cap_mb: int = opt(25, "DDP gradient bucket size in MiB")
+    ddp_comm_hook: Literal["none", "bf16", "fp16"] = opt(
+        "none", "DDP gradient compression: all-reduce gradients in bf16 or fp16"
+    )
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = opt(
+        "none", "Recompute activations in backward: none, full (every block), selective"
+    )
+    selective_option: str = opt(
+        "op",
+        "selective only: 'op' (save matmul/attention outputs, recompute the rest), an integer N "
+        "(every Nth block in full), 'ffn' or 'attention' (only that submodule of every block)",
+    )
+
+
+@dataclass
+class Compile:
+    enable: bool = opt(False, "torch.compile each transformer block (and the loss)")
+    components: list[str] = opt(["model", "loss"], "What to compile: model, loss")
+    backend: str = opt("inductor", "torch.compile backend (inductor; aot_eager to debug)")
+
+
+@dataclass
+class Float8:
+    enable: bool = opt(False, "Train nn.Linear layers with float8 matmuls (torchao; SM89+ GPUs)")
+    recipe: Literal["tensorwise", "rowwise"] = opt(
+        "tensorwise", "Scaling granularity: tensorwise (fastest) or rowwise (more accurate)"
+    )
+    emulate: bool = opt(
+        False, "Emulate float8 matmuls in high precision (any device; for tests, not speed)"
+    )
+    enable_fsdp_float8_all_gather: bool = opt(
+        True, "tensorwise + FSDP2: all-gather weights in float8 (half the traffic of bf16)"
+    )
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(
+        True, "With float8 all-gather: compute all weight scales in one op after each step"
+    )
+    filter_fqns: list[str] = opt(
+        ["output"], "Linear layers whose name contains any of these stay in high precision"
+    )
 
 
 @dataclass

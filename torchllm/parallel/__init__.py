@@ -1,5 +1,29 @@
 """Parallel dimensions and the functions that apply them to a model."""
 
-from torchllm.parallel.dims import ParallelDims
+from torchllm.parallel.compile import build_loss_fn
+from torchllm.parallel.dims import ParallelDims, destroy_distributed
+from torchllm.parallel.distributed import (
+    any_rank,
+    clip_grad_norm_,
+    dp_sum,
+    gradient_sync,
+    rank_zero_first,
+)
+from torchllm.parallel.float8 import register_float8_scale_precompute
+from torchllm.parallel.init import init_model_weights
+from torchllm.parallel.parallelize import build_parallel_dims, parallelize_llama
 
-__all__ = ["ParallelDims"]
+__all__ = [
+    "ParallelDims",
+    "any_rank",
+    "build_loss_fn",
+    "build_parallel_dims",
+    "clip_grad_norm_",
+    "destroy_distributed",
+    "dp_sum",
+    "gradient_sync",
+    "init_model_weights",
+    "parallelize_llama",
+    "rank_zero_first",
+    "register_float8_scale_precompute",
+]

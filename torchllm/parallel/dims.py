@@ -1,8 +1,16 @@
-"""ParallelDims: which parallel dimensions a run uses, validated against the world size."""
+"""ParallelDims: which parallel dimensions a run uses, validated, and the DeviceMesh they span.
+
+Validation is pure arithmetic on the config and runs before any process-group work, so a bad
+layout fails in milliseconds with a message instead of a hang. `build_mesh` then creates the
+process group (CUDA + NCCL when GPUs exist, CPU + gloo otherwise) and one named mesh.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
 
 from torchllm.config.job_config import ConfigError
 
@@ -13,6 +21,10 @@ class ParallelDims:
     dp_shard: int
     tp: int
     world_size: int
+    dp_mode: str = "fsdp"
+    device_type: str = "cpu"  # set by build_mesh
+    mesh: object = field(default=None, repr=False)  # DeviceMesh once build_mesh ran (world > 1)
+    dp_flat_mesh: object = field(default=None, repr=False)  # its flattened "dp" dim
 
     @classmethod
     def from_config(cls, pcfg, world_size: int) -> "ParallelDims":
@@ -21,35 +33,144 @@ class ParallelDims:
             dp_shard=pcfg.data_parallel_shard_degree,
             tp=pcfg.tensor_parallel_degree,
             world_size=world_size,
+            dp_mode=pcfg.dp_mode,
         )
         dims.validate()
         return dims
 
     def validate(self) -> None:
+        """Resolve dp_shard = -1, check the product and the supported combinations."""
         for name, value in (("data_parallel_replicate_degree", self.dp_replicate),
                             ("tensor_parallel_degree", self.tp)):
             if value < 1:
-                raise ConfigError(f"parallelism.{name} = {value}: must be >= 1")
+                raise ConfigError(f"parallelism.{name} = {value}: must be >= 1",
+                                  f"parallelism.{name}")
         if self.dp_shard == -1:
-            rest = self.world_size // (self.dp_replicate * self.tp)
-            self.dp_shard = max(rest, 1)
+            self.dp_shard = max(self.world_size // (self.dp_replicate * self.tp), 1)
         elif self.dp_shard < 1:
             raise ConfigError(
-                f"parallelism.data_parallel_shard_degree = {self.dp_shard}: must be >= 1 or -1"
+                f"parallelism.data_parallel_shard_degree = {self.dp_shard}: must be >= 1 or -1",
+                "parallelism.data_parallel_shard_degree",
             )
         product = self.dp_replicate * self.dp_shard * self.tp
         if product != self.world_size:
             raise ConfigError(
                 f"parallelism degrees replicate={self.dp_replicate} x shard={self.dp_shard} x "
                 f"tp={self.tp} = {product}, but the world size is {self.world_size}; make the "
-                "product equal the number of processes (NGPU)"
+                "product equal the number of processes (NGPU x NNODES)"
             )
-        if self.world_size > 1:
+        if self.dp_mode == "ddp":
+            if self.dp_replicate > 1 and self.dp_shard > 1:
+                raise ConfigError(
+                    f"parallelism.dp_mode = 'ddp' cannot shard: replicate={self.dp_replicate} x "
+                    f"shard={self.dp_shard} is HSDP; use dp_mode = 'fsdp' for it, or one of the "
+                    "two degrees for plain DDP",
+                    "parallelism.dp_mode",
+                )
+            # DDP replicates over every data-parallel rank: the dp degree lives on dp_replicate.
+            self.dp_replicate, self.dp_shard = self.dp_replicate * self.dp_shard, 1
+        if self.tp > 1 and self.dp_replicate > 1 and self.dp_shard == 1:
             raise ConfigError(
-                f"world size {self.world_size}: multi-process training is not available yet; "
-                "run with NGPU=1"
+                f"DDP (data_parallel_replicate_degree = {self.dp_replicate}) does not compose "
+                "with tensor_parallel_degree > 1; use FSDP2 + TP instead "
+                f"(data_parallel_shard_degree = {self.dp_replicate}, replicate = 1, dp_mode = "
+                "'fsdp'), or HSDP + TP with both dp degrees > 1",
+                "parallelism.tensor_parallel_degree",
             )
 
+    def validate_model(self, n_heads: int, n_kv_heads: int, tie_embeddings: bool) -> None:
+        """TP splits attention by heads: every rank needs whole query and KV heads."""
+        if self.tp == 1:
+            return
+        for name, heads in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if heads % self.tp:
+                raise ConfigError(
+                    f"parallelism.tensor_parallel_degree = {self.tp} does not divide the model's "
+                    f"{name} = {heads}; use a TP degree that divides both n_heads ({n_heads}) and "
+                    f"n_kv_heads ({n_kv_heads})",
+                    "parallelism.tensor_parallel_degree",
+                )
+        if tie_embeddings:
+            raise ConfigError(
+                "tensor parallelism with tied embeddings is not supported (the output projection "
+                "reads the row-sharded embedding table); set model.tie_embeddings = false, or "
+                "use FSDP2 (data_parallel_shard_degree) without TP",
+                "parallelism.tensor_parallel_degree",
+            )
+
+    # -- which dims are on ----------------------------------------------------------------
     @property
     def dp_degree(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp_degree > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """FSDP2 (HSDP when replicate > 1 too) shards the model over dp_shard."""
+        return self.dp_shard_enabled
+
+    @property
+    def ddp_enabled(self) -> bool:
+        return self.dp_replicate_enabled and not self.dp_shard_enabled
+
+    # -- the mesh ---------------------------------------------------------------------------
+    def build_mesh(self, device: torch.device):
+        """Init the process group (once) and the named mesh; a no-op for a single process.
+
+        Dims: dp_replicate x dp_shard x tp (size-1 dims included so names always resolve),
+        plus `dp` = dp_replicate x dp_shard flattened, for data loading and loss reduction.
+        """
+        self.device_type = device.type
+        if self.world_size == 1:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+                dist.init_process_group("nccl", device_id=device)
+            else:
+                dist.init_process_group("gloo")
+        self.mesh = init_device_mesh(
+            device.type,
+            (self.dp_replicate, self.dp_shard, self.tp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+        )
+        self.dp_flat_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
+        return self.mesh
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dp_flat_mesh.get_local_rank() if self.mesh is not None else 0
+
+    @property
+    def dp_group(self):
+        """The data-parallel process group (size 1 under pure TP); None for a single process."""
+        return self.dp_flat_mesh.get_group() if self.mesh is not None else None
+
+    def fsdp_mesh(self):
+        """The mesh FSDP2 shards over: 2-D (replicate, shard) for HSDP, else dp_shard."""
+        if self.dp_replicate_enabled:
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self.mesh["dp_shard"]
+
+
+def destroy_distributed() -> None:
+    """Tear down the default process group, if this process created one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -2,11 +2,108 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
+from torchllm.parallel.ac import apply_ac, parse_selective_option
+from torchllm.parallel.compile import apply_compile, check_components
+from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
+from torchllm.parallel.float8 import apply_float8, check_float8_hardware
+from torchllm.parallel.tp import apply_tp
+
+
+def bf16_params(mixed_precision: str, device_type: str) -> bool:
+    """training.mixed_precision as train.use_bf16 reads it: 'auto' = bf16 on CUDA only."""
+    return mixed_precision == "bf16" or (mixed_precision == "auto" and device_type == "cuda")
+
+
+def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
+    """Every parallelism check that needs no process group: degrees, model shape, options."""
+    dims = ParallelDims.from_config(job_config.parallelism, world_size)
+    dims.device_type = device_type
+    dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
+    if dims.tp_enabled and job_config.training.seq_len % dims.tp:
+        raise ConfigError(
+            f"training.seq_len = {job_config.training.seq_len} is not a multiple of "
+            f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
+            "training.seq_len",
+        )
+    if dims.tp_enabled and job_config.float8.enable:
+        raise ConfigError(
+            "float8.enable with tensor_parallel_degree > 1 is not supported: float8 swaps the "
+            "Linear modules that TP has hooked; use float8 with FSDP2/DDP, or TP without float8",
+            "float8.enable",
+        )
+    if job_config.parallelism.fsdp_cpu_offload and device_type != "cuda":
+        raise ConfigError(
+            "parallelism.fsdp_cpu_offload = true needs CUDA: on CPU the params are in CPU "
+            "memory already; set it to false",
+            "parallelism.fsdp_cpu_offload",
+        )
+    if job_config.parallelism.ddp_comm_hook == "bf16" and device_type != "cuda":
+        raise ConfigError(
+            "parallelism.ddp_comm_hook = 'bf16' needs CUDA + NCCL (torch's bf16 hook has no "
+            "gloo path); use 'fp16' or 'none' on CPU",
+            "parallelism.ddp_comm_hook",
+        )
+    if job_config.activation_checkpoint.mode == "selective":
+        parse_selective_option(job_config.activation_checkpoint.selective_option)
+    check_float8_hardware(job_config.float8, device_type)
+    check_components(job_config.compile)
+    return dims
 
 
 def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
-    """Single device: the model runs as built. (Multi-device apply_* functions come next.)"""
-    del model, parallel_dims, job_config
+    """Apply, in place, on the meta-device model: TP -> float8 -> AC -> compile -> FSDP2 | DDP.
+
+    The order is forced by what each step wraps or replaces:
+    - TP first: it rewrites Linear weights into DTensors and hooks their inputs/outputs, so it
+      needs the plain modules, and every later step must see its sharded shapes.
+    - float8 swaps nn.Linear for Float8Linear; AC and compile must wrap/trace the swapped
+      modules, and FSDP2's float8 all-gather needs the float8 weight wrappers before sharding.
+      (float8 with TP is refused: the swap would drop TP's hooks.)
+    - AC wraps each block (or its submodules) in a checkpoint wrapper, so that compile traces
+      the recomputation policy together with the block.
+    - compile replaces each (wrapped) block by its compiled version.
+    - FSDP2/DDP come last: they hook the outermost modules (the compiled blocks and the
+      root), which keeps their communication outside the compiled graphs, and they shard or
+      replicate the final parameters, whatever the steps before made of them.
+    """
+    pcfg, applied = job_config.parallelism, []
+    if parallel_dims.tp_enabled:
+        apply_tp(model, parallel_dims.mesh["tp"])
+        applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
+    if job_config.float8.enable:
+        names = apply_float8(model, job_config.float8, parallel_dims.device_type,
+                             parallel_dims.fsdp_enabled)
+        applied.append(f"float8 {job_config.float8.recipe} on {len(names)} linears")
+    counts = apply_ac(model, job_config.activation_checkpoint)
+    if counts:
+        applied.append(f"AC {job_config.activation_checkpoint.mode} {counts}")
+    if job_config.compile.enable and "model" in job_config.compile.components:
+        applied.append(f"compiled {apply_compile(model, job_config.compile)} blocks")
+    if parallel_dims.fsdp_enabled:
+        bf16 = bf16_params(job_config.training.mixed_precision, parallel_dims.device_type)
+        apply_fsdp(
+            model,
+            parallel_dims.fsdp_mesh(),
+            param_dtype=torch.bfloat16 if bf16 else torch.float32,
+            reduce_dtype=torch.bfloat16 if pcfg.fsdp_reduce_dtype == "bf16" else torch.float32,
+            reshard_policy=pcfg.fsdp_reshard_after_forward,
+            cpu_offload=pcfg.fsdp_cpu_offload,
+        )
+        kind = "HSDP" if parallel_dims.dp_replicate_enabled else "FSDP2"
+        applied.append(
+            f"{kind} replicate={parallel_dims.dp_replicate} shard={parallel_dims.dp_shard} "
+            f"(reshard {pcfg.fsdp_reshard_after_forward}, params {'bf16' if bf16 else 'fp32'}, "
+            f"reduce {pcfg.fsdp_reduce_dtype})"
+        )
+    elif parallel_dims.ddp_enabled:
+        apply_ddp(model, parallel_dims.mesh["dp_replicate"], pcfg.ddp_bucket_cap_mb,
+                  pcfg.ddp_comm_hook)
+        applied.append(f"DDP {parallel_dims.dp_replicate} (comm hook {pcfg.ddp_comm_hook})")
+    if applied:
+        logger.info("parallelize: %s", " -> ".join(applied))

@@ -1,0 +1,65 @@
+"""Run by torchrun from tests/test_parallel_multiprocess.py: several training variants in one
+process group, so that the cost of starting N Python processes is paid once.
+
+    torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
+
+SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...]}. OUT (rank 0):
+{name: {"loss": [...], "grad_norm": [...]}, "sync_counts": {name: {...}}}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from unittest import mock
+
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from torchllm.config import load_config
+from torchllm.parallel import destroy_distributed, gradient_sync
+from torchllm.train import Trainer
+
+
+def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False) -> int:
+    """All-reduce / reduce-scatter calls issued by one forward_backward over n_micro batches."""
+    batches = [next(trainer.batches) for _ in range(n_micro)]
+    patch = mock.patch("torchllm.train.gradient_sync",
+                       lambda model, enabled: gradient_sync(model, True)) if always_sync else None
+    if patch:
+        patch.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.forward_backward(batches)
+    finally:
+        if patch:
+            patch.stop()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    names = Counter(e.name for e in prof.events())
+    return sum(n for name, n in names.items()
+               if name.startswith("gloo:") and ("reduce" in name))
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(open(spec_path).read())
+    results: dict = {"sync_counts": {}}
+    for name, args in spec["runs"].items():
+        trainer = Trainer(load_config(args))
+        metrics = [trainer.train_step() for _ in range(spec["steps"])]
+        results[name] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
+        if name in spec.get("count_sync", []):
+            results["sync_counts"][name] = {
+                "one_micro_step": reduce_collectives(trainer, 1),
+                "three_micro_steps": reduce_collectives(trainer, 3),
+                "three_micro_steps_always_sync": reduce_collectives(trainer, 3, always_sync=True),
+            }
+        del trainer
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

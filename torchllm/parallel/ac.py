@@ -1,0 +1,91 @@
+"""Activation checkpointing: keep fewer activations, recompute them in backward.
+
+Modes (config `[activation_checkpoint]`):
+  full                      every block keeps only its input; ~1/3 more compute.
+  selective, option "op"    save matmul and attention outputs, recompute the cheap rest
+                            (norms, SiLU, RoPE, elementwise): most of full's saving of the
+                            element-wise activations at a few percent of its cost.
+  selective, option N       every Nth block in full, the others untouched.
+  selective, "ffn"          only the SwiGLU FFN of each block is recomputed: its hidden
+            "attention"     activations are the largest; or only attention.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from torchllm.config.job_config import ConfigError
+
+SUBMODULES = {"ffn": "feed_forward", "attention": "attention"}
+
+
+def _save_list() -> set:
+    """Ops whose outputs 'op' keeps: matmuls and the attention kernels (the costly ones)."""
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention",
+                 "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(aten, name):
+            ops.add(getattr(aten, name).default)
+    return ops
+
+
+def _op_policy_context():
+    save = _save_list()
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in save:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def parse_selective_option(option: str) -> str | int:
+    """'op', 'ffn', 'attention', or a positive integer N; anything else is a ConfigError."""
+    if option in ("op", *SUBMODULES):
+        return option
+    try:
+        every = int(option)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise ConfigError(
+            f"activation_checkpoint.selective_option = {option!r}: use 'op', 'ffn', "
+            "'attention', or a positive integer N (checkpoint every Nth block)",
+            "activation_checkpoint.selective_option",
+        )
+    return every
+
+
+def _wrap(module: nn.Module, op_level: bool = False) -> nn.Module:
+    return checkpoint_wrapper(
+        module, preserve_rng_state=False,
+        **({"context_fn": _op_policy_context} if op_level else {}),
+    )
+
+
+def apply_ac(model: nn.Module, ac_cfg) -> dict[str, int]:
+    """Wrap the model's blocks (or their submodules) in place; returns counts per kind."""
+    counts: dict[str, int] = defaultdict(int)
+    if ac_cfg.mode == "none":
+        return counts
+    option = parse_selective_option(ac_cfg.selective_option) if ac_cfg.mode == "selective" else None
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if ac_cfg.mode == "full" or (isinstance(option, int) and i % option == 0):
+            model.layers[name] = _wrap(block)
+            counts["block"] += 1
+        elif option == "op":
+            model.layers[name] = _wrap(block, op_level=True)
+            counts["block_op"] += 1
+        elif option in SUBMODULES:
+            attr = SUBMODULES[option]
+            setattr(block, attr, _wrap(getattr(block, attr)))
+            counts[attr] += 1
+    return dict(counts)

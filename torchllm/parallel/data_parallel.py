@@ -1,0 +1,68 @@
+"""Data parallelism: FSDP2 (HSDP on a 2-D mesh) or DDP, applied last, over the dp mesh."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+RESHARD_POLICIES = ("default", "always", "never")
+
+
+def reshard_after_forward(policy: str, block_index: int, n_blocks: int) -> bool:
+    """always: free every gathered block after forward (least memory, a second all-gather in
+    backward); never: keep them (no backward all-gather, the memory of an unsharded model);
+    default: always, except the last block, whose params backward needs right away."""
+    if policy == "default":
+        return block_index < n_blocks - 1
+    return policy == "always"
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_policy: str = "default",
+    cpu_offload: bool = False,
+) -> None:
+    """fully_shard each block, the untied embedding, then the root (in place).
+
+    A 2-D dp_mesh (dp_replicate, dp_shard) gives HSDP: shard within a group, all-reduce the
+    gradients across groups. MixedPrecisionPolicy casts the sharded fp32 params to param_dtype
+    when gathering (this replaces autocast) and reduces gradients in reduce_dtype.
+    A tied embedding table stays in the root's group: the output projection reads it after the
+    last block, so it must stay gathered through the whole forward and backward.
+    """
+    kwargs = {
+        "mesh": dp_mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+    }
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    blocks = list(model.layers.values())
+    if model.output is not None:
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_policy != "never",
+                    **kwargs)
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_policy, i,
+                                                                      len(blocks)), **kwargs)
+    # FSDP2 never reshards the root after forward (backward would gather it at once).
+    fully_shard(model, reshard_after_forward=reshard_policy != "never", **kwargs)
+
+
+def apply_ddp(model: nn.Module, dp_mesh, bucket_cap_mb: int = 25, comm_hook: str = "none") -> None:
+    """Composable DDP (the module keeps its class and names) over a 1-D dp mesh, in place.
+
+    The DDP reducer is built at the first forward, when it also broadcasts rank 0's weights;
+    comm_hook bf16/fp16 halves the all-reduce traffic by sending compressed gradients.
+    """
+    from torch.distributed._composable.replicate import replicate
+
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=bucket_cap_mb)
+    if comm_hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = {"bf16": default_hooks.bf16_compress_hook,
+                "fp16": default_hooks.fp16_compress_hook}[comm_hook]
+        model.register_comm_hook(dp_mesh.get_group(), hook)

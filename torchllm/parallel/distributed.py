@@ -1,0 +1,80 @@
+"""What the training loop needs across ranks: gradient-sync control, dp reductions, clipping."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from torchllm.parallel.dims import ParallelDims
+
+
+@contextlib.contextmanager
+def rank_zero_first(parallel_dims: ParallelDims):
+    """Rank 0 runs the body first (e.g. to build a shared cache file), then the others do."""
+    distributed = parallel_dims.mesh is not None
+    if distributed and dist.get_rank() != 0:
+        dist.barrier()
+    yield
+    if distributed and dist.get_rank() == 0:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Skip the gradient all-reduce / reduce-scatter of this micro-step unless `enabled`.
+
+    With accumulation only the last micro-step's backward needs to communicate: DDP keeps
+    accumulating local grads (its `no_sync`) and FSDP2 keeps unsharded grads until then. Wrap
+    forward and backward: DDP reads the flag in its forward pre-hook, FSDP2 in backward.
+    """
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if setter is None or enabled:
+        yield
+        return
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)
+
+
+def dp_sum(values: list[float], parallel_dims: ParallelDims, device: torch.device) -> list[float]:
+    """Sum a few numbers over the data-parallel ranks (one all-reduce for all of them)."""
+    if parallel_dims.mesh is None or not parallel_dims.dp_enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)  # token counts stay exact
+    dist.all_reduce(t, group=parallel_dims.dp_group)
+    return t.tolist()
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on at least one (a MAX all-reduce)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def clip_grad_norm_(
+    parameters, max_norm: float, norm_type: float = 2.0, foreach: bool | None = None
+) -> torch.Tensor:
+    """Clip the total gradient norm; correct when parameters are sharded DTensors.
+
+    The norm of a sharded DTensor gradient is a partial value on each rank; `full_tensor()`
+    reduces it over the mesh so every rank clips by the same, global norm. Plain tensors (DDP,
+    single device) are already whole and go through unchanged.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0 and math.isfinite(max_norm):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=foreach)
+    return total
