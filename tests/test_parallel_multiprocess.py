@@ -169,5 +169,5 @@ def test_run_train_sh_with_two_ranks(reference):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert "FSDP2 replicate=1 shard=2" in out and "done: 3 steps" in out, out[-6000:]
+    assert "FSDP2 replicate=1 shard=2" in out and "done: step 3/3, 3 steps" in out, out[-6000:]
     assert "global batch 4 seqs x 16 tokens = 2 local x 2 dp x 1 accumulation" in out
