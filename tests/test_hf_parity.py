@@ -97,3 +97,33 @@ def test_hf_to_torchllm_logits_match(tmp_path, adapter, model_cls, args):
     assert (ours[..., :VOCAB] - theirs).abs().max().item() < TOL
     # Padded rows are zero: their logits are exactly 0 and never sampled from real targets.
     assert torch.all(model.tok_embeddings.weight[VOCAB:] == 0)
+
+
+def test_gpt2_files_without_the_transformer_prefix_load(tmp_path):
+    """OpenAI's GPT-2 files on the Hub name weights `h.0.attn.c_attn.weight`, `wte.weight`, ..."""
+    from safetensors.torch import load_file, save_file
+
+    args = GPT["tied"]
+    config = transformers.AutoConfig.for_model(**GPT2Adapter.config(args, VOCAB))
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    save_file({k.removeprefix("transformer."): v for k, v in weights.items()},
+              bare / "model.safetensors")
+    (bare / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    a, b = convert_from_hf(tmp_path / "hf", GPT2Adapter, args), convert_from_hf(bare, GPT2Adapter, args)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_missing_weight_is_a_clear_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    args = LLAMA["gqa-tied"]
+    config = transformers.AutoConfig.for_model(**LlamaAdapter.config(args, VOCAB))
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lack 'model.layers.1.mlp.up_proj.weight'"):
+        convert_from_hf(tmp_path, LlamaAdapter, args)

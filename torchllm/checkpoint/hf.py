@@ -191,7 +191,10 @@ def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor
         raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
                           f"{adapter.model_type!r} one; set model.name to match")
     adapter.check(hf_config, args)
-    return adapter.from_hf(read_hf_weights(hf_dir), args)
+    try:
+        return adapter.from_hf(read_hf_weights(hf_dir), args)
+    except KeyError as e:
+        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config implies") from None
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),

@@ -116,7 +116,9 @@ class LlamaAdapter:
             "num_key_value_heads": args.n_kv_heads,
             "head_dim": args.head_dim,
             "hidden_act": "silu",
-            "max_position_embeddings": args.max_seq_len,
+            # Llama-3.1 scaling is defined relative to the original context, so never claim less.
+            "max_position_embeddings": max(args.max_seq_len, args.rope_original_max_pos)
+            if args.rope_scaling else args.max_seq_len,
             "rms_norm_eps": args.norm_eps,
             "rope_theta": args.rope_theta,
             "rope_scaling": rope_scaling,
@@ -132,10 +134,12 @@ class LlamaAdapter:
             ("hidden_size", "dim", args.dim),
             ("num_hidden_layers", "n_layers", args.n_layers),
             ("num_attention_heads", "n_heads", args.n_heads),
-            ("num_key_value_heads", "n_kv_heads", args.n_kv_heads),
+            ("num_key_value_heads", "n_kv_heads", args.n_kv_heads),  # absent/None = MHA
             ("intermediate_size", "ffn hidden dim", args.ffn_hidden_dim),
         ):
-            value = hf.get(key) or hf["num_attention_heads"] if key == "num_key_value_heads" else hf[key]
+            value = hf.get(key)
+            if key == "num_key_value_heads" and value is None:
+                value = hf["num_attention_heads"]
             _expect(key, value, ours, want)
         _expect("head_dim", hf.get("head_dim") or args.head_dim, "head_dim", args.head_dim)
         _expect("hidden_act", hf.get("hidden_act", "silu"), "activation", "silu")
@@ -257,7 +261,7 @@ class GPT2Adapter:
             ("n_positions", "max_seq_len (model.max_seq_len, else training.seq_len)",
              args.max_seq_len),
         ):
-            _expect(key, hf[key], ours, want)
+            _expect(key, hf.get(key), ours, want)
         _expect("n_inner", hf.get("n_inner") or 4 * hf["n_embd"], "ffn hidden dim",
                 args.ffn_hidden_dim)
         act = hf.get("activation_function", "gelu_new")
@@ -292,6 +296,10 @@ class GPT2Adapter:
 
     @classmethod
     def from_hf(cls, hf_sd: Weights, args: GPT2Args) -> Weights:
+        # OpenAI's released GPT-2 files on the Hub were saved from the bare GPT2Model: no
+        # "transformer." prefix (transformers adds it back when loading them).
+        hf_sd = {k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
+                 for k, v in hf_sd.items()}
         out = {
             "tok_embeddings.weight": pad_vocab(hf_sd["transformer.wte.weight"], args.vocab_size),
             "pos_embeddings.weight": hf_sd["transformer.wpe.weight"],
