@@ -2,19 +2,24 @@
 real (tiny) training runs; `transformers` loading the exported folders is the oracle."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from torchllm.checkpoint import Checkpointer
 from torchllm.checkpoint.convert import load_dcp_weights
 from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli, parse_size
 from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
 from torchllm.config import ConfigError
 from torchllm.models.gpt2 import GPT2Args
-from torchllm.models.llama import LlamaArgs
+from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.train import Trainer
 
-from conftest import tiny_config
+from conftest import REPO, tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -142,9 +147,11 @@ def test_initial_load_in_hf_rejects_another_family(tmp_path):
     config = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, n_positions=32,
                                      vocab_size=TOKENIZER_VOCAB)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    cfg = tiny_config(tmp_path, f"--checkpoint.initial_load_path={tmp_path / 'gpt2'}",
+                      "--checkpoint.initial_load_in_hf")
+    llama = Transformer(LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=TOKENIZER_VOCAB))
     with pytest.raises(ConfigError, match="holds a 'gpt2' model but the run builds a Transformer"):
-        Trainer(tiny_config(tmp_path, f"--checkpoint.initial_load_path={tmp_path / 'gpt2'}",
-                            "--checkpoint.initial_load_in_hf"))
+        Checkpointer(cfg.checkpoint, tmp_path, llama).load()
 
 
 def test_config_checks_name_the_mismatch(tmp_path):
@@ -174,3 +181,70 @@ def test_parse_size():
     assert parse_size("1000") == 1000
     with pytest.raises(ValueError, match="--max-shard-size '5 GiB'"):
         parse_size("5 GiB")
+
+
+FSDP_WORKER = """
+import json, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torchllm.checkpoint.hf import convert_from_hf, load_hf_weights, write_hf_weights
+from torchllm.checkpoint.hf_adapters import LlamaAdapter
+from torchllm.models.llama import LlamaArgs, Transformer
+
+dist.init_process_group("gloo")
+hf_dir = Path(sys.argv[1])
+args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, hidden_dim=96,
+                 max_seq_len=32)
+if dist.get_rank() == 0:
+    torch.manual_seed(0)
+    write_hf_weights(LlamaAdapter.to_hf(Transformer(args).state_dict(), args, 100), hf_dir, 10**9)
+    (hf_dir / "config.json").write_text(json.dumps(LlamaAdapter.config(args, 100)))
+dist.barrier()
+mesh = init_device_mesh("cpu", (2,))
+with torch.device("meta"):
+    model = Transformer(args)
+for block in model.layers.values():
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
+model.to_empty(device="cpu")
+model.init_weights()
+load_hf_weights(model, hf_dir)
+assert model.layers["0"].attention.wq.weight.to_local().shape == (32, 64)  # really sharded
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if dist.get_rank() == 0:
+    want = convert_from_hf(hf_dir, LlamaAdapter, args)
+    assert full.keys() == want.keys() and all(torch.equal(full[k], want[k]) for k in want)
+    print("FSDP LOAD OK")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_initial_hf_load_into_an_fsdp_sharded_model_on_two_ranks(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FSDP_WORKER)
+    (tmp_path / "hf").mkdir()
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(worker), str(tmp_path / "hf")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,  # so a hang can be ended with both workers
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "FSDP LOAD OK" in stdout
+
+
+def test_export_never_writes_into_a_used_folder(llama_export, capsys):
+    _, tmp, out = llama_export
+    assert hf_cli(["export", "--checkpoint", str(tmp / "run"), "--out", str(out)]) == 2
+    assert "is not empty" in capsys.readouterr().err

@@ -112,7 +112,8 @@ def test_gpt2_files_without_the_transformer_prefix_load(tmp_path):
     save_file({k.removeprefix("transformer."): v for k, v in weights.items()},
               bare / "model.safetensors")
     (bare / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
-    a, b = convert_from_hf(tmp_path / "hf", GPT2Adapter, args), convert_from_hf(bare, GPT2Adapter, args)
+    a = convert_from_hf(tmp_path / "hf", GPT2Adapter, args)
+    b = convert_from_hf(bare, GPT2Adapter, args)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -1,9 +1,9 @@
 """Hugging Face interop: export a checkpoint as a `transformers` model folder, import one back.
 
-    python -m torchllm.checkpoint.hf export --checkpoint RUN_OR_CKPT --out HF_DIR [--dtype bfloat16]
-                                           [--max-shard-size 5GB] [--vocab-size N] [--section.key=value ...]
-    python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0 --job.config_file RUN.toml
-                                           [--dtype float32] [--section.key=value ...]
+    python -m torchllm.checkpoint.hf export --checkpoint RUN_OR_CKPT --out HF_DIR
+        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--section.key=value ...]
+    python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0
+        --job.config_file RUN.toml [--dtype float32] [--section.key=value ...]
 
 `export` reads the run's `config.toml` (next to its checkpoint folder) to rebuild the model's
 args and writes `config.json`, `model.safetensors` (sharded with an index over the size limit)
@@ -56,7 +56,8 @@ def parse_size(text: str) -> int:
 def read_hf_config(hf_dir: str | Path) -> dict:
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model folder")
+        raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model "
+                                "folder")
     return json.loads(path.read_text())
 
 
@@ -114,9 +115,11 @@ def write_tokenizer_files(tokenizer, out: Path, hf_config: dict) -> bool:
     if sp is None or path is None:
         return False
     shutil.copyfile(path, out / "tokenizer.model")
-    pieces = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id, "unk_token": sp.unk_id()}
+    pieces = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id,
+              "unk_token": sp.unk_id()}
+    max_length = hf_config.get("max_position_embeddings") or hf_config.get("n_positions")
     config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
-              "model_max_length": hf_config.get("max_position_embeddings") or hf_config.get("n_positions")}
+              "model_max_length": max_length}
     config.update({k: sp.id_to_piece(i) for k, i in pieces.items() if i >= 0})
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     hf_config.update({"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id})
@@ -151,6 +154,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
               dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
               vocab_size: int | None = None) -> Path:
     """Write a Hugging Face model folder from a DCP checkpoint; returns the folder."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty; export into a new folder (stale shards of an "
+                              "earlier export would mix with this one)")
     step_path = resolve_checkpoint(checkpoint)
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
@@ -162,17 +169,19 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     args = models.model_args(cfg, vocab)
     weights = load_dcp_weights(step_path)
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
-    if saved_vocab != args.vocab_size or vocab > saved_vocab:
-        raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its config "
-                          f"gives {args.vocab_size} (padded from {vocab}); check --vocab-size")
+    if saved_vocab != args.vocab_size:
+        raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "
+                          f"config gives {args.vocab_size} (padded from {vocab}); check --vocab-size")
     hf_weights = adapter.to_hf(weights, args, vocab)
     if dtype is not None:
         hf_weights = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in hf_weights.items()}
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = adapter.config(args, vocab)
     config["torch_dtype"] = str(next(iter(hf_weights.values())).dtype).removeprefix("torch.")
-    if tokenizer is not None and write_tokenizer_files(tokenizer, out, config):
+    if tokenizer is not None and tokenizer.vocab_size != vocab:
+        logger.warning("the run's tokenizer has %d ids, the model's vocab is %d: no tokenizer "
+                       "files written", tokenizer.vocab_size, vocab)
+    elif tokenizer is not None and write_tokenizer_files(tokenizer, out, config):
         logger.info("wrote the SentencePiece tokenizer files")
     write_hf_weights(hf_weights, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -194,7 +203,8 @@ def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor
     try:
         return adapter.from_hf(read_hf_weights(hf_dir), args)
     except KeyError as e:
-        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config implies") from None
+        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config "
+                         "implies") from None
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),

@@ -147,7 +147,7 @@ class LlamaAdapter:
             _expect(key, bool(hf.get(key, False)), "biases", False)
         _check_vocab(hf["vocab_size"], args.vocab_size)
         _check_tied(bool(hf.get("tie_word_embeddings", False)), args.tie_embeddings)
-        # transformers 5 writes rope_parameters; 4.x (and the Hub's configs) rope_theta + rope_scaling.
+        # transformers 5 writes rope_parameters; 4.x and the Hub's configs rope_theta/rope_scaling.
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         if not math.isclose(theta, args.rope_theta):
@@ -190,7 +190,8 @@ class LlamaAdapter:
 
     @classmethod
     def from_hf(cls, hf_sd: Weights, args: LlamaArgs) -> Weights:
-        out = {"tok_embeddings.weight": pad_vocab(hf_sd["model.embed_tokens.weight"], args.vocab_size),
+        embeddings = hf_sd["model.embed_tokens.weight"]
+        out = {"tok_embeddings.weight": pad_vocab(embeddings, args.vocab_size),
                "norm.weight": hf_sd["model.norm.weight"]}
         if not args.tie_embeddings:
             out["output.weight"] = pad_vocab(hf_sd["lm_head.weight"], args.vocab_size)
@@ -288,7 +289,8 @@ class GPT2Adapter:
             ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
             out[theirs + "attn.c_attn.weight"] = torch.cat(
                 [sd[ours + name + ".weight"] for name in cls.QKV]).t().contiguous()
-            out[theirs + "attn.c_attn.bias"] = torch.cat([sd[ours + name + ".bias"] for name in cls.QKV])
+            out[theirs + "attn.c_attn.bias"] = torch.cat(
+                [sd[ours + name + ".bias"] for name in cls.QKV])
             for name, (hf_name, transposed) in cls.BLOCK.items():
                 w = sd[ours + name]
                 out[theirs + hf_name] = w.t().contiguous() if transposed else w

@@ -114,7 +114,8 @@ class GPT2(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seqlen = tokens.shape[1]
         if seqlen > self.args.max_seq_len:
-            raise ValueError(f"sequence length {seqlen} > model max_seq_len {self.args.max_seq_len}")
+            raise ValueError(
+                f"sequence length {seqlen} > model max_seq_len {self.args.max_seq_len}")
         positions = torch.arange(seqlen, device=tokens.device)
         h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for layer in self.layers.values():
