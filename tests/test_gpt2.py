@@ -106,6 +106,34 @@ def test_block_matches_a_direct_formula():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+class ListCache:
+    """The KV-cache protocol the models share (`pos`, `update(layer, k, v)`), kept minimal."""
+
+    def __init__(self):
+        self.pos = 0
+        self.kv = {}
+
+    def update(self, layer, k, v):
+        old_k, old_v = self.kv.get(layer, (k[:, :0], v[:, :0]))
+        self.kv[layer] = (torch.cat([old_k, k], 1), torch.cat([old_v, v], 1))
+        return self.kv[layer]
+
+
+def test_incremental_decoding_with_a_kv_cache_matches_full_forward():
+    model = build(TINY).eval()
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
+    cache = ListCache()
+    with torch.no_grad():
+        full = model(tokens)
+        # a 12-token prefill, then one token at a time (positions continue from cache.pos)
+        steps = [model(tokens[:, :12], cache)] + [model(tokens[:, i:i + 1], cache)
+                                                   for i in range(12, 20)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert cache.pos == 20
+    with pytest.raises(ValueError, match="sequence length 33 > model max_seq_len 32"):
+        model(tokens[:, :13], cache)
+
+
 def test_too_long_sequence_is_an_error():
     with pytest.raises(ValueError, match="sequence length 33 > model max_seq_len 32"):
         build(TINY)(torch.zeros(1, 33, dtype=torch.long))

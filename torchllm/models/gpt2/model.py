@@ -1,10 +1,11 @@
 """GPT-2: learned positions, LayerNorm with bias, GELU (tanh) MLP, biases everywhere, tied output.
 
 Module names mirror the Llama model's (`tok_embeddings`, `layers.<i>.attention.wq/wk/wv/wo`,
-`feed_forward.w1/w2`, `norm`, `output`), so every `apply_*` function (tensor-parallel plan,
-activation checkpointing, compile and FSDP per block) works on it unchanged. The MLP has no
-`w3` (no gate), and the linear layers carry biases. Built on the meta device, materialized
-with `to_empty()` + `init_weights()` like Llama.
+`feed_forward.w1/w2`, `norm`, `output`), so per-block wrapping (activation checkpointing,
+compile, FSDP) and name-based tensor-parallel plans apply to it as to Llama. The MLP has no `w3`
+(no gate), the linear layers carry biases, and blocks take no rotary table. Built on the meta
+device, materialized with `to_empty()` + `init_weights()`, and decoded incrementally with the
+same KV-cache protocol as Llama (`cache.pos`, `cache.update(layer, k, v)`).
 """
 
 from __future__ import annotations
@@ -42,13 +43,22 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        q, k, v = (
-            w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
-            for w in (self.wq, self.wk, self.wv)
-        )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (w(x).view(bsz, seqlen, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        mask = None
+        if cache is not None:
+            # Decoding: attend to every cached key plus the new ones, causally among the new.
+            start = cache.pos
+            k, v = cache.update(self, k, v)
+            if seqlen > 1:
+                query_pos = torch.arange(start, start + seqlen, device=x.device)
+                mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_std: float) -> None:
@@ -85,8 +95,8 @@ class TransformerBlock(nn.Module):
         # per block would otherwise grow the residual stream's variance with depth.
         self.out_std = INIT_STD / math.sqrt(2 * args.n_layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -111,15 +121,19 @@ class GPT2(nn.Module):
         # Tied: the head reads the embedding table directly, as in the Llama model.
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        seqlen = tokens.shape[1]
-        if seqlen > self.args.max_seq_len:
-            raise ValueError(
-                f"sequence length {seqlen} > model max_seq_len {self.args.max_seq_len}")
-        positions = torch.arange(seqlen, device=tokens.device)
+    def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+        """Training passes no cache. With a KV cache, `tokens` continue the cached ones (their
+        positions start at `cache.pos`), and the cache is advanced past them."""
+        start = 0 if cache is None else cache.pos
+        end = start + tokens.shape[1]
+        if end > self.args.max_seq_len:
+            raise ValueError(f"sequence length {end} > model max_seq_len {self.args.max_seq_len}")
+        positions = torch.arange(start, end, device=tokens.device)
         h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h, cache=cache)
+        if cache is not None:
+            cache.pos = end
         h = self.norm(h)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)
