@@ -181,8 +181,12 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     if tokenizer is not None and tokenizer.vocab_size != vocab:
         logger.warning("the run's tokenizer has %d ids, the model's vocab is %d: no tokenizer "
                        "files written", tokenizer.vocab_size, vocab)
-    elif tokenizer is not None and write_tokenizer_files(tokenizer, out, config):
-        logger.info("wrote the SentencePiece tokenizer files")
+    elif tokenizer is not None:
+        if write_tokenizer_files(tokenizer, out, config):
+            logger.info("wrote the SentencePiece tokenizer files")
+        else:
+            logger.warning("tokenizer %s is not SentencePiece: no tokenizer files written",
+                           type(tokenizer).__name__)
     write_hf_weights(hf_weights, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     logger.info("exported %s (%s, vocab %d of %d padded) to %s", step_path, cfg.model.name, vocab,
