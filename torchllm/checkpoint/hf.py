@@ -255,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchllm.checkpoint.hf",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("export", help="DCP checkpoint -> Hugging Face model folder")
+    overrides_note = "Other --section.key=value arguments override the run's config."
+    p = sub.add_parser("export", help="DCP checkpoint -> Hugging Face model folder",
+                       epilog=overrides_note)
     p.add_argument("--checkpoint", required=True, help="run folder, checkpoint folder or step-<N>")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
@@ -263,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="unpadded vocab (default: model.vocab_size, else the run's tokenizer)")
-    p = sub.add_parser("import", help="Hugging Face model folder -> DCP seed checkpoint")
+    p = sub.add_parser("import", help="Hugging Face model folder -> DCP seed checkpoint",
+                       epilog="The target model comes from --job.config_file FILE and other "
+                              "--section.key=value config overrides.")
     p.add_argument("--hf", required=True, help="folder with config.json and safetensors weights")
     p.add_argument("--out", required=True, help="new step-<N> folder to write")
     p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32",
