@@ -229,6 +229,12 @@ class Checkpointer:
             return step
         if steps:
             raise RuntimeError(f"none of the checkpoints {steps} in {self.folder} could be loaded")
+        if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
+            from torchllm.checkpoint.hf import load_hf_weights
+
+            load_hf_weights(self.model, self.cfg.initial_load_path)
+            logger.info("initialized from Hugging Face weights %s", self.cfg.initial_load_path)
+            return 0
         if self.cfg.initial_load_path:
             path = resolve_checkpoint(self.cfg.initial_load_path)
             exclude = [k for k in LOADABLE if k != "model"] if self.cfg.initial_load_model_only else []

@@ -248,6 +248,9 @@ class Checkpoint:
         "", "Checkpoint (run, folder or step dir) to start from when the run has none of its own"
     )
     initial_load_model_only: bool = opt(True, "Take only the weights from initial_load_path")
+    initial_load_in_hf: bool = opt(
+        False, "initial_load_path is a Hugging Face model folder (config.json + safetensors)"
+    )
     last_save_model_only: bool = opt(
         False, "Make the final save weights-only (in export_dtype), e.g. for export"
     )

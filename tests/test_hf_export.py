@@ -1,0 +1,250 @@
+"""The `python -m torchllm.checkpoint.hf` CLI and `checkpoint.initial_load_in_hf`, end to end on
+real (tiny) training runs; `transformers` loading the exported folders is the oracle."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchllm.checkpoint import Checkpointer
+from torchllm.checkpoint.convert import load_dcp_weights
+from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli, parse_size
+from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
+from torchllm.config import ConfigError
+from torchllm.models.gpt2 import GPT2Args
+from torchllm.models.llama import LlamaArgs, Transformer
+from torchllm.train import Trainer
+
+from conftest import REPO, tiny_config
+
+transformers = pytest.importorskip("transformers")
+
+TOKENIZER_VOCAB = 512
+# The debug flavors with the vocab padded 512 -> 576, so export has rows to drop.
+PAD = "--model.vocab_pad_multiple=96"
+RUN = ["--checkpoint.enable", "--job.run_name=run", "--training.steps=1", PAD]
+
+
+def logits_close(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    return (ours[..., :TOKENIZER_VOCAB] - theirs).abs().max().item() < 1e-4
+
+
+def tokens():
+    return torch.randint(0, TOKENIZER_VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def llama_export(tmp_path_factory):
+    """A 1-step Llama run (debug flavor, GQA, untied), exported with 1 MB shards."""
+    tmp = tmp_path_factory.mktemp("llama")
+    trainer = Trainer(tiny_config(tmp, *RUN))
+    trainer.train()
+    out = tmp / "hf"
+    assert hf_cli(["export", "--checkpoint", str(tmp / "run"), "--out", str(out),
+                   "--max-shard-size", "1MB"]) == 0
+    return trainer, tmp, out
+
+
+def test_llama_export_is_a_transformers_model_with_the_same_logits(llama_export):
+    trainer, _, out = llama_export
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # sharded
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == TOKENIZER_VOCAB and config["num_key_value_heads"] == 4
+    hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    assert hf.model.embed_tokens.weight.shape[0] == TOKENIZER_VOCAB  # padding dropped
+    x = tokens()
+    with torch.no_grad():
+        assert logits_close(trainer.model.eval()(x), hf(x).logits)
+
+
+def test_llama_export_carries_the_sentencepiece_tokenizer(llama_export):
+    trainer, _, out = llama_export
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "The import statement binds a name in the local namespace."
+    assert hf_tok.encode(text) == trainer.tokenizer.encode(text, bos=True)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (trainer.tokenizer.bos_id,
+                                                                 trainer.tokenizer.eos_id)
+
+
+def test_export_then_import_is_bit_identical(llama_export):
+    _, tmp, out = llama_export
+    seed = tmp / "seed" / "step-0"
+    assert hf_cli(["import", "--hf", str(out), "--out", str(seed),
+                   f"--job.config_file={tmp / 'run' / 'config.toml'}"]) == 0
+    original, back = load_dcp_weights(tmp / "run"), load_dcp_weights(seed)
+    assert original.keys() == back.keys()
+    for name, value in original.items():
+        if name in ("tok_embeddings.weight", "output.weight"):
+            assert torch.equal(back[name][:TOKENIZER_VOCAB], value[:TOKENIZER_VOCAB]), name
+            assert torch.all(back[name][TOKENIZER_VOCAB:] == 0), name  # zero-padded on import
+        else:
+            assert torch.equal(back[name], value), name
+    assert hf_cli(["import", "--hf", str(out), "--out", str(seed),
+                   f"--job.config_file={tmp / 'run' / 'config.toml'}"]) == 2  # never overwrites
+
+
+def test_export_dtype_choice(llama_export):
+    from safetensors import safe_open
+
+    _, tmp, _ = llama_export
+    out = tmp / "hf-bf16"
+    assert hf_cli(["export", "--checkpoint", str(tmp / "run" / "checkpoint" / "step-1"),
+                   "--out", str(out), "--dtype", "bfloat16"]) == 0
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    original = load_dcp_weights(tmp / "run")
+    hf = transformers.LlamaForCausalLM.from_pretrained(out)
+    assert hf.dtype == torch.bfloat16
+    assert torch.equal(hf.model.norm.weight, original["norm.weight"].to(torch.bfloat16))
+
+
+def test_import_into_a_mismatched_model_names_the_key(llama_export, capsys):
+    _, tmp, out = llama_export
+    assert hf_cli(["import", "--hf", str(out), "--out", str(tmp / "bad" / "step-0"),
+                   f"--job.config_file={tmp / 'run' / 'config.toml'}",
+                   "--model.tie_embeddings=true"]) == 2
+    assert "tie_word_embeddings = False" in capsys.readouterr().err
+    assert hf_cli(["import", "--hf", str(out), "--out", str(tmp / "bad" / "step-0"),
+                   "--model.name=gpt2"]) == 2
+    assert "holds a 'llama' model, not a 'gpt2' one" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpt2_from_hf_weights_then_export_round_trip(tmp_path):
+    """HF GPT-2 -> a run started with initial_load_in_hf -> one step -> export -> HF again."""
+    config = transformers.GPT2Config(n_embd=256, n_layer=4, n_head=8, n_positions=32,
+                                     vocab_size=TOKENIZER_VOCAB, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    source = transformers.GPT2LMHeadModel(config).eval()
+    source.save_pretrained(tmp_path / "source")
+    args = ["--model.name=gpt2", *RUN, f"--checkpoint.initial_load_path={tmp_path / 'source'}",
+            "--checkpoint.initial_load_in_hf"]
+    trainer = Trainer(tiny_config(tmp_path, *args))
+    assert trainer.step == 0
+    x = tokens()
+    with torch.no_grad():
+        assert logits_close(trainer.model.eval()(x), source(x).logits)
+    trainer.model.train()
+    trainer.train()
+    out = tmp_path / "hf"
+    assert hf_cli(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out),
+                   "--dtype", "float32"]) == 0
+    exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    with torch.no_grad():
+        ours = trainer.model.eval()(x)
+        assert logits_close(ours, exported(x).logits)
+        assert not logits_close(ours, source(x).logits)  # the step changed the weights
+
+
+def test_initial_load_in_hf_rejects_another_family(tmp_path):
+    config = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, n_positions=32,
+                                     vocab_size=TOKENIZER_VOCAB)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    cfg = tiny_config(tmp_path, f"--checkpoint.initial_load_path={tmp_path / 'gpt2'}",
+                      "--checkpoint.initial_load_in_hf")
+    llama = Transformer(LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=TOKENIZER_VOCAB))
+    with pytest.raises(ConfigError, match="holds a 'gpt2' model but the run builds a Transformer"):
+        Checkpointer(cfg.checkpoint, tmp_path, llama).load()
+
+
+def test_config_checks_name_the_mismatch(tmp_path):
+    args = LlamaArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=128, hidden_dim=96,
+                     max_seq_len=32)
+    hf_config = LlamaAdapter.config(args, 100)
+    for change, message in (
+        ({"num_key_value_heads": 4}, "num_key_value_heads = 4 but the torchllm model has "
+                                     "n_kv_heads = 2"),
+        ({"vocab_size": 200}, "vocab_size = 200 is larger than the torchllm model's padded vocab"),
+        ({"rope_theta": 10000.0}, "set model.rope_theta = 10000.0"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            LlamaAdapter.check({**hf_config, **change}, args)
+    gpt_args = GPT2Args(dim=64, n_layers=1, n_heads=4, vocab_size=128, max_seq_len=32)
+    gpt = GPT2Adapter.config(gpt_args, 100)
+    with pytest.raises(ConfigError, match="n_positions = 64 .* max_seq_len"):
+        GPT2Adapter.check({**gpt, "n_positions": 64}, gpt_args)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor"):
+        convert_from_hf(tmp_path, LlamaAdapter, args)
+
+
+def test_parse_size():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("200mb") == 2 * 10**8
+    assert parse_size("1000") == 1000
+    with pytest.raises(ValueError, match="--max-shard-size '5 GiB'"):
+        parse_size("5 GiB")
+
+
+FSDP_WORKER = """
+import json, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torchllm.checkpoint.hf import convert_from_hf, load_hf_weights, write_hf_weights
+from torchllm.checkpoint.hf_adapters import LlamaAdapter
+from torchllm.models.llama import LlamaArgs, Transformer
+
+dist.init_process_group("gloo")
+hf_dir = Path(sys.argv[1])
+args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, hidden_dim=96,
+                 max_seq_len=32)
+if dist.get_rank() == 0:
+    torch.manual_seed(0)
+    write_hf_weights(LlamaAdapter.to_hf(Transformer(args).state_dict(), args, 100), hf_dir, 10**9)
+    (hf_dir / "config.json").write_text(json.dumps(LlamaAdapter.config(args, 100)))
+dist.barrier()
+mesh = init_device_mesh("cpu", (2,))
+with torch.device("meta"):
+    model = Transformer(args)
+for block in model.layers.values():
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
+model.to_empty(device="cpu")
+model.init_weights()
+load_hf_weights(model, hf_dir)
+assert model.layers["0"].attention.wq.weight.to_local().shape == (32, 64)  # really sharded
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if dist.get_rank() == 0:
+    want = convert_from_hf(hf_dir, LlamaAdapter, args)
+    assert full.keys() == want.keys() and all(torch.equal(full[k], want[k]) for k in want)
+    print("FSDP LOAD OK")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_initial_hf_load_into_an_fsdp_sharded_model_on_two_ranks(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FSDP_WORKER)
+    (tmp_path / "hf").mkdir()
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(worker), str(tmp_path / "hf")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,  # so a hang can be ended with both workers
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "FSDP LOAD OK" in stdout
+
+
+def test_export_never_writes_into_a_used_folder(llama_export, capsys):
+    _, tmp, out = llama_export
+    assert hf_cli(["export", "--checkpoint", str(tmp / "run"), "--out", str(out)]) == 2
+    assert "is not empty" in capsys.readouterr().err

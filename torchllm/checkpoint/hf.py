@@ -1,0 +1,290 @@
+"""Hugging Face interop: export a checkpoint as a `transformers` model folder, import one back.
+
+    python -m torchllm.checkpoint.hf export --checkpoint RUN_OR_CKPT --out HF_DIR
+        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--section.key=value ...]
+    python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0
+        --job.config_file RUN.toml [--dtype float32] [--section.key=value ...]
+
+`export` reads the run's `config.toml` (next to its checkpoint folder) to rebuild the model's
+args and writes `config.json`, `model.safetensors` (sharded with an index over the size limit)
+and, for a SentencePiece tokenizer, its files: a folder `from_pretrained` loads. `import` writes
+a complete weights-only DCP checkpoint for the model the given config describes (usable as
+`checkpoint.initial_load_path`). A run can also start straight from a HF folder with
+`checkpoint.initial_load_in_hf = true` (see `load_hf_weights`). Extra `--section.key=value`
+arguments are config overrides, as for training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from torchllm import models
+from torchllm.checkpoint.checkpointer import EXPORT_DTYPES
+from torchllm.checkpoint.convert import load_dcp_weights
+from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
+from torchllm.checkpoint.layout import mark_complete, resolve_checkpoint, step_of
+from torchllm.config import ConfigError, load_config
+from torchllm.log import logger
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
+_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '200MB', '1000' -> bytes (decimal units, as the Hub uses)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"--max-shard-size {text!r}: use a number of bytes or e.g. 5GB, 200MB")
+    unit = match.group(2).upper() if match.group(2) else None
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+# ------------------------------------------------------------------------ HF folder I/O
+
+
+def read_hf_config(hf_dir: str | Path) -> dict:
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model "
+                                "folder")
+    return json.loads(path.read_text())
+
+
+def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors`, or of every shard listed in its index."""
+    from safetensors.torch import load_file
+
+    hf_dir = Path(hf_dir)
+    if (hf_dir / INDEX).is_file():
+        shards = sorted(set(json.loads((hf_dir / INDEX).read_text())["weight_map"].values()))
+    elif (hf_dir / WEIGHTS).is_file():
+        shards = [WEIGHTS]
+    else:
+        raise FileNotFoundError(f"{hf_dir} has neither {WEIGHTS} nor {INDEX} (only safetensors "
+                                "weights are read)")
+    weights = {}
+    for shard in shards:
+        weights.update(load_file(str(hf_dir / shard)))
+    return weights
+
+
+def write_hf_weights(weights: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> None:
+    """One file, or shards of at most max_shard_bytes (a bigger tensor gets a shard of its own)
+    with the `model.safetensors.index.json` that `from_pretrained` follows."""
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in weights.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.contiguous()
+        size += nbytes
+    metadata = {"format": "pt"}  # transformers expects it
+    if len(shards) == 1:
+        save_file(shards[0], str(out / WEIGHTS), metadata=metadata)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in weights.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_tokenizer_files(tokenizer, out: Path, hf_config: dict) -> bool:
+    """Copy a SentencePiece model as `tokenizer.model` with a `tokenizer_config.json` that lets
+    `AutoTokenizer` load it; other tokenizer kinds are not written. Returns whether it wrote."""
+    sp = getattr(tokenizer, "sp", None)
+    path = getattr(tokenizer, "path", None)
+    if sp is None or path is None:
+        return False
+    shutil.copyfile(path, out / "tokenizer.model")
+    pieces = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id,
+              "unk_token": sp.unk_id()}
+    max_length = hf_config.get("max_position_embeddings") or hf_config.get("n_positions")
+    config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+              "model_max_length": max_length}
+    config.update({k: sp.id_to_piece(i) for k, i in pieces.items() if i >= 0})
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    hf_config.update({"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id})
+    return True
+
+
+# ------------------------------------------------------------------------------- export
+
+
+def _run_config(step_path: Path, overrides: list[str]):
+    """The run's config: its saved config.toml (run/<folder>/step-N -> run/config.toml)."""
+    if any(a.startswith("--job.config_file") for a in overrides):
+        return load_config(overrides)
+    path = step_path.parent.parent / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; pass the run's config with --job.config_file")
+    return load_config(["--job.config_file", str(path), *overrides])
+
+
+def _tokenizer_of(cfg, run_dir: Path):
+    """The run's tokenizer (cached in the run's data folder), or None if it cannot be loaded."""
+    from torchllm.data import build_tokenizer
+
+    try:
+        return build_tokenizer(cfg, run_dir / "data")
+    except (ConfigError, OSError) as e:
+        logger.warning("tokenizer not available (%s): no tokenizer files written", e)
+        return None
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = (),
+              dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
+              vocab_size: int | None = None) -> Path:
+    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty; export into a new folder (stale shards of an "
+                              "earlier export would mix with this one)")
+    step_path = resolve_checkpoint(checkpoint)
+    cfg = _run_config(step_path, list(overrides))
+    adapter = adapter_for_model(cfg.model.name)
+    tokenizer = _tokenizer_of(cfg, step_path.parent.parent)
+    vocab = vocab_size or cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else None)
+    if vocab is None:
+        raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
+                          "found); pass --vocab-size")
+    args = models.model_args(cfg, vocab)
+    weights = load_dcp_weights(step_path)
+    saved_vocab = weights["tok_embeddings.weight"].shape[0]
+    if saved_vocab != args.vocab_size:
+        raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "
+                          f"config gives {args.vocab_size} (padded from {vocab}); check --vocab-size")
+    hf_weights = adapter.to_hf(weights, args, vocab)
+    if dtype is not None:
+        hf_weights = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in hf_weights.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    config = adapter.config(args, vocab)
+    config["torch_dtype"] = str(next(iter(hf_weights.values())).dtype).removeprefix("torch.")
+    if tokenizer is not None and tokenizer.vocab_size != vocab:
+        logger.warning("the run's tokenizer has %d ids, the model's vocab is %d: no tokenizer "
+                       "files written", tokenizer.vocab_size, vocab)
+    elif tokenizer is not None:
+        if write_tokenizer_files(tokenizer, out, config):
+            logger.info("wrote the SentencePiece tokenizer files")
+        else:
+            logger.warning("tokenizer %s is not SentencePiece: no tokenizer files written",
+                           type(tokenizer).__name__)
+    write_hf_weights(hf_weights, out, max_shard_bytes)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    logger.info("exported %s (%s, vocab %d of %d padded) to %s", step_path, cfg.model.name, vocab,
+                args.vocab_size, out)
+    return out
+
+
+# ------------------------------------------------------------------------------- import
+
+
+def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor]:
+    """A HF folder's weights as the state dict of the torchllm model `args` describes."""
+    hf_config = read_hf_config(hf_dir)
+    if adapter_for_hf(hf_config) is not adapter:
+        raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
+                          f"{adapter.model_type!r} one; set model.name to match")
+    adapter.check(hf_config, args)
+    try:
+        return adapter.from_hf(read_hf_weights(hf_dir), args)
+    except KeyError as e:
+        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config "
+                         "implies") from None
+
+
+def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),
+              dtype: str = "float32") -> Path:
+    """Write a complete weights-only DCP checkpoint (a seed checkpoint) from a HF folder."""
+    out = Path(out_dir)
+    step = step_of(out)
+    if step is None:
+        raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; choose a new step folder")
+    cfg = load_config(list(overrides))
+    hf_vocab = read_hf_config(hf_dir).get("vocab_size")
+    args = models.model_args(cfg, hf_vocab)
+    weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
+    weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
+    dcp.save({"model": weights}, checkpoint_id=str(out), no_dist=True)
+    mark_complete(out, step)
+    logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
+                cfg.model.flavor, hf_vocab, args.vocab_size, out)
+    return out
+
+
+def load_hf_weights(model: nn.Module, hf_dir: str | Path) -> None:
+    """Initialize a (possibly sharded) model in place from a HF folder.
+
+    Every rank reads the full tensors (safetensors maps them lazily) and keeps its own shards.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    adapter = adapter_for_hf(read_hf_config(hf_dir))
+    if not isinstance(model, adapter.model_cls):
+        raise ConfigError(f"{hf_dir} holds a {adapter.model_type!r} model but the run builds a "
+                          f"{type(model).__name__}; set model.name to match")
+    weights = convert_from_hf(hf_dir, adapter, model.args)
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, weights, options=options)
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchllm.checkpoint.hf",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    overrides_note = "Other --section.key=value arguments override the run's config."
+    p = sub.add_parser("export", help="DCP checkpoint -> Hugging Face model folder",
+                       epilog=overrides_note)
+    p.add_argument("--checkpoint", required=True, help="run folder, checkpoint folder or step-<N>")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
+                   help="weights dtype (default: as saved)")
+    p.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="unpadded vocab (default: model.vocab_size, else the run's tokenizer)")
+    p = sub.add_parser("import", help="Hugging Face model folder -> DCP seed checkpoint",
+                       epilog="The target model comes from --job.config_file FILE and other "
+                              "--section.key=value config overrides.")
+    p.add_argument("--hf", required=True, help="folder with config.json and safetensors weights")
+    p.add_argument("--out", required=True, help="new step-<N> folder to write")
+    p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32",
+                   help="dtype of the saved weights")
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        if args.command == "export":
+            export_hf(args.checkpoint, args.out, overrides, args.dtype,
+                      parse_size(args.max_shard_size), args.vocab_size)
+        else:
+            import_hf(args.hf, args.out, overrides, args.dtype)
+    except (OSError, ValueError) as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

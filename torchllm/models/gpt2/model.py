@@ -1,0 +1,152 @@
+"""GPT-2: learned positions, LayerNorm with bias, GELU (tanh) MLP, biases everywhere, tied output.
+
+Module names mirror the Llama model's (`tok_embeddings`, `layers.<i>.attention.wq/wk/wv/wo`,
+`feed_forward.w1/w2`, `norm`, `output`), so per-block wrapping (activation checkpointing,
+compile, FSDP) and name-based tensor-parallel plans apply to it as to Llama. The MLP has no `w3`
+(no gate), the linear layers carry biases, and blocks take no rotary table. Built on the meta
+device, materialized with `to_empty()` + `init_weights()`, and decoded incrementally with the
+same KV-cache protocol as Llama (`cache.pos`, `cache.update(layer, k, v)`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchllm.models.gpt2.args import GPT2Args
+
+INIT_STD = 0.02  # GPT-2's initializer range
+
+
+def _init_linear(linear: nn.Linear, std: float) -> None:
+    nn.init.normal_(linear.weight, mean=0.0, std=std)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+def _reset_norm(norm: nn.LayerNorm) -> None:
+    nn.init.ones_(norm.weight)
+    nn.init.zeros_(norm.bias)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention; heads are inferred from shapes (TP shards them)."""
+
+    def __init__(self, args: GPT2Args):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.dim)
+        self.wk = nn.Linear(args.dim, args.dim)
+        self.wv = nn.Linear(args.dim, args.dim)
+        self.wo = nn.Linear(args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = (w(x).view(bsz, seqlen, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        mask = None
+        if cache is not None:
+            # Decoding: attend to every cached key plus the new ones, causally among the new.
+            start = cache.pos
+            k, v = cache.update(self, k, v)
+            if seqlen > 1:
+                query_pos = torch.arange(start, start + seqlen, device=x.device)
+                mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+    def init_weights(self, out_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            _init_linear(linear, INIT_STD)
+        _init_linear(self.wo, out_std)
+
+
+class FeedForward(nn.Module):
+    """w2(gelu_tanh(w1 x)): GPT-2's MLP (the tanh approximation is what GPT-2 was trained with)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim)
+        self.w2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+    def init_weights(self, out_std: float) -> None:
+        _init_linear(self.w1, INIT_STD)
+        _init_linear(self.w2, out_std)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: GPT2Args):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        # GPT-2 scales the residual projections' init by 1/sqrt(2·n_layers): two residual adds
+        # per block would otherwise grow the residual stream's variance with depth.
+        self.out_std = INIT_STD / math.sqrt(2 * args.n_layers)
+
+    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cache=cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        _reset_norm(self.attention_norm)
+        _reset_norm(self.ffn_norm)
+        self.attention.init_weights(self.out_std)
+        self.feed_forward.init_weights(self.out_std)
+
+
+class GPT2(nn.Module):
+    """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
+
+    def __init__(self, args: GPT2Args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
+        self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        # Tied: the head reads the embedding table directly, as in the Llama model.
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
+
+    def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+        """Training passes no cache. With a KV cache, `tokens` continue the cached ones (their
+        positions start at `cache.pos`), and the cache is advanced past them."""
+        start = 0 if cache is None else cache.pos
+        end = start + tokens.shape[1]
+        if end > self.args.max_seq_len:
+            raise ValueError(f"sequence length {end} > model max_seq_len {self.args.max_seq_len}")
+        positions = torch.arange(start, end, device=tokens.device)
+        h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
+        for layer in self.layers.values():
+            h = layer(h, cache=cache)
+        if cache is not None:
+            cache.pos = end
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialize every parameter in place (after `to_empty`); GPT-2 has no buffers."""
+        del buffer_device
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=INIT_STD)
+        nn.init.normal_(self.pos_embeddings.weight, mean=0.0, std=INIT_STD)
+        for layer in self.layers.values():
+            layer.init_weights()
+        _reset_norm(self.norm)
+        if self.output is not None:
+            _init_linear(self.output, INIT_STD)
