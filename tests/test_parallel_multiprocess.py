@@ -29,6 +29,7 @@ COMMON = (
 )
 
 FLOAT8 = ("--float8.enable", "--float8.emulate")
+GPT2 = ("--model.name=gpt2", "--model.tie_embeddings=false")  # TP needs an untied head
 TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     "ddp_accumulate": ["--parallelism.dp_mode=ddp", "--training.local_batch_size=2"],
     "ddp_fp16_hook": ["--parallelism.data_parallel_replicate_degree=2",
@@ -40,6 +41,9 @@ TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
                            "--training.local_batch_size=4"],
     "fsdp_tied": ["--model.tie_embeddings=true", "--training.local_batch_size=4"],
     "tp": ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
+    # The registry's second family under the same apply_* functions.
+    "gpt2_fsdp": [*GPT2, "--training.local_batch_size=4"],
+    "gpt2_tp": [*GPT2, "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
     # The composition order: checkpoint wrapper inside the compiled block inside FSDP2.
     "fsdp_ac_op_compiled": ["--activation_checkpoint.mode=selective", "--compile.enable",
                             "--compile.backend=aot_eager", "--training.local_batch_size=4"],
@@ -90,7 +94,8 @@ def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
     # Also trains and caches the tokenizer every worker run then reads.
     return tmp, {"untied": run_reference(tmp),
-                 "tied": run_reference(tmp, "--model.tie_embeddings=true")}
+                 "tied": run_reference(tmp, "--model.tie_embeddings=true"),
+                 "gpt2": run_reference(tmp, *GPT2)}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +120,8 @@ def assert_matches(got: dict, ref: dict, loose: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(TWO) - FLOAT8_RUNS))
 def test_two_process_layout_matches_single_process(name, reference, two_process):
-    ref = reference[1]["tied" if "tied" in name else "untied"]
+    family = "gpt2" if name.startswith("gpt2") else "tied" if "tied" in name else "untied"
+    ref = reference[1][family]
     assert_matches(two_process[name], ref, name in LOOSE)
 
 

@@ -10,6 +10,8 @@ all-gather before the next column-parallel one costs what the all-reduce saved.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -21,39 +23,50 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+def _positional_inputs(module: nn.Module) -> int:
+    """Required positional inputs of module.forward (Llama attention: x, rope; GPT-2's: x)."""
+    params = inspect.signature(module.forward).parameters.values()
+    return sum(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params)
+
+
 def apply_tp(model: nn.Module, tp_mesh) -> None:
-    """Shard `model` (a Llama Transformer with an untied output layer, in place) over `tp_mesh`."""
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            # Vocab-sharded table: each rank looks up its rows; the sum is reduce-scattered
-            # onto the sequence dim.
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            # Full logits on every rank, so the loss needs no TP awareness.
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        },
-    )
+    """Shard `model` (Llama or GPT-2, untied output layer) over `tp_mesh`, in place.
+
+    The plan follows the shared module names; GPT-2's extras are handled where they differ:
+    learned position embeddings (sharded on the sequence dim like the token embeddings), an
+    attention that takes no RoPE table, and a two-matrix MLP (no w3).
+    """
+    top = {
+        # Vocab-sharded table: each rank looks up its rows; the sum is reduce-scattered
+        # onto the sequence dim.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        # Full logits on every rank, so the loss needs no TP awareness.
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    if hasattr(model, "pos_embeddings"):
+        # Position rows [seq, dim]: the sequence is dim 0 here.
+        top["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                output_layouts=Shard(0))
+    parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
-        parallelize_module(
-            block,
-            tp_mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-                ),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w3": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            },
-        )
+        extra = (None,) * (_positional_inputs(block.attention) - 1)  # the RoPE table, if any
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
+            ),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        if hasattr(block.feed_forward, "w3"):
+            plan["feed_forward.w3"] = ColwiseParallel()
+        parallelize_module(block, tp_mesh, plan)
