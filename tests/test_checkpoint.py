@@ -204,3 +204,20 @@ def test_convert_dtype_and_errors(tmp_path, capsys):
     assert "no complete checkpoint under" in capsys.readouterr().err
     assert convert(["to-file", str(tmp_path / "run"), str(tmp_path / "w.bin")]) == 2
     assert convert(["to-dcp", str(out), str(tmp_path / "notastep")]) == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_split_run_equals_straight_run_bit_for_bit(tmp_path, workers):
+    """N steps straight == N/2, save, new process state, resume, N/2: losses and weights."""
+    args = ("--training.steps=6", "--checkpoint.interval=100", "--job.deterministic",
+            f"--data.num_workers={workers}")
+    straight = trainer(tmp_path / "a", *args)
+    straight_losses = straight.train()
+    first = trainer(tmp_path / "b", *args, "--training.stop_after_steps=3")
+    losses = first.train()
+    torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG state
+    second = trainer(tmp_path / "b", *args, "--training.stop_after_steps=3")
+    assert second.step == 3
+    losses += second.train()
+    assert losses == straight_losses
+    assert_same_state(straight, second)

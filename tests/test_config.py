@@ -82,6 +82,7 @@ def test_optional_override_clears_value():
         (["--training.steps=0"], "training.steps = 0: must be a positive integer"),
         (["--lr_scheduler.min_lr_ratio=2"], "min_lr_ratio = 2.0: must be in [0, 1]"),
         (["--job.config_file=/nonexistent/x.toml"], "/nonexistent/x.toml does not exist"),
+        (["--checkpoint.initial_load_in_hf"], "needs checkpoint.initial_load_path"),
     ],
 )
 def test_cli_errors_name_flag_key_and_fix(argv, message):

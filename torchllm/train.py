@@ -153,13 +153,14 @@ class Trainer:
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()
+        self.guard = LossGuard(cfg.metrics)
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
-            device=self.device,
+            device=self.device, others={"loss_guard": self.guard},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
-        self.guard = LossGuard(cfg.metrics, save_checkpoint=self.checkpointer.save)
+        self.guard.save_checkpoint = self.checkpointer.save
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,

@@ -57,17 +57,22 @@ class Checkpointer:
         train_state: Any = None,
         dp_rank: int = 0,
         device: torch.device = torch.device("cpu"),
+        others: dict[str, Any] | None = None,
     ):
+        """`others`: more objects with state_dict()/load_state_dict(), saved under their keys
+        (identical on every rank, like the train state)."""
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
         self.folder = Path(run_dir) / ccfg.folder
         self.model, self.optimizer = model, optimizer
         self.rank = _rank()
-        bad = set(ccfg.exclude_from_loading) - set(LOADABLE)
+        others = others or {}
+        self.loadable = [*LOADABLE, *others]
+        bad = set(ccfg.exclude_from_loading) - set(self.loadable)
         if bad:
             raise ConfigError(
                 f"checkpoint.exclude_from_loading has unknown entries {sorted(bad)}; allowed: "
-                f"{', '.join(LOADABLE)}", "checkpoint.exclude_from_loading",
+                f"{', '.join(self.loadable)}", "checkpoint.exclude_from_loading",
             )
         # Per-rank objects get per-rank keys: DCP keeps one copy of identically named values.
         self.dataloader_key = f"dataloader_dp{dp_rank}"
@@ -81,6 +86,8 @@ class Checkpointer:
             self.states[self.dataloader_key] = PickledState(dataloader)
         if train_state is not None:
             self.states["train_state"] = PickledState(train_state)
+        for key, obj in others.items():
+            self.states[key] = PickledState(obj)
         self.states[self.rng_key] = RNGState()
 
         self.pending: tuple[int, Future] | None = None
@@ -237,7 +244,8 @@ class Checkpointer:
             return 0
         if self.cfg.initial_load_path:
             path = resolve_checkpoint(self.cfg.initial_load_path)
-            exclude = [k for k in LOADABLE if k != "model"] if self.cfg.initial_load_model_only else []
+            model_only = self.cfg.initial_load_model_only
+            exclude = [k for k in self.loadable if k != "model"] if model_only else []
             self._load_from(path, exclude)
             logger.info("initialized from %s%s", path,
                         " (model only)" if self.cfg.initial_load_model_only else "")

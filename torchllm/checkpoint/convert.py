@@ -26,19 +26,28 @@ from torchllm.checkpoint.layout import mark_complete, resolve_checkpoint, step_o
 PREFIX = "model."
 
 
-def load_dcp_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The model weights of a DCP checkpoint as plain CPU tensors, keyed by parameter name."""
+def load_dcp_tensors(path: str | Path, prefix: str = PREFIX) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint whose flattened key starts with `prefix`, as plain CPU
+    tensors keyed by the rest of the key (e.g. "model." -> parameter names)."""
     step_path = resolve_checkpoint(path)
     metadata = FileSystemReader(str(step_path)).read_metadata()
-    weights = {
-        key[len(PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith(PREFIX) and isinstance(meta, TensorStorageMetadata)
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
-    if not weights:
-        raise ValueError(f"checkpoint {step_path} holds no model weights")
-    dcp.load({"model": weights}, checkpoint_id=str(step_path), no_dist=True)
-    return weights
+    if not tensors:
+        raise ValueError(f"checkpoint {step_path} holds no tensors under {prefix!r}")
+    dcp.load(tensors, checkpoint_id=str(step_path), no_dist=True)
+    return {key[len(prefix):]: value for key, value in tensors.items()}
+
+
+def load_dcp_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights of a DCP checkpoint, keyed by parameter name."""
+    try:
+        return load_dcp_tensors(path, PREFIX)
+    except ValueError:
+        raise ValueError(f"checkpoint {resolve_checkpoint(path)} holds no model weights") from None
 
 
 def save_weights_file(weights: dict[str, torch.Tensor], out: str | Path) -> None:

@@ -92,6 +92,11 @@ class JobConfig:
                            ("checkpoint.keep_latest_k", self.checkpoint.keep_latest_k)):
             if value < 0:
                 raise ConfigError(f"{key} = {value}: must be >= 0 (0 = off)", key)
+        if self.checkpoint.initial_load_in_hf and not self.checkpoint.initial_load_path:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (a "
+                "Hugging Face model folder)", "checkpoint.initial_load_in_hf",
+            )
         if self.optimizer.lr <= 0:
             raise ConfigError(f"optimizer.lr = {self.optimizer.lr}: must be > 0", "optimizer.lr")
         e = self.eval

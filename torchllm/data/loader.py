@@ -43,6 +43,7 @@ class TrainLoader(StatefulDataLoader):
                 f"the data loader state was saved with data-parallel degree {saved[0]}, rank "
                 f"{saved[1]}, data.num_workers {saved[2]}; this run has degree {self.dp_degree}, "
                 f"rank {self.dp_rank}, num_workers {self.num_workers}. Resume with the same "
-                "parallelism and data.num_workers (or start the data order afresh)"
+                "parallelism and data.num_workers, or add 'dataloader' to "
+                "checkpoint.exclude_from_loading to start the data order afresh"
             )
         super().load_state_dict(state["loader"])

@@ -38,6 +38,17 @@ class LossGuard:
         self.counts = {"nonfinite": 0, "spikes": 0, "skipped_steps": 0}
         self.consecutive_skips = 0
 
+    def state_dict(self) -> dict:
+        """The running loss window and counters: a resumed run must judge spikes the same way."""
+        return {"recent": list(self.recent), "counts": dict(self.counts),
+                "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.recent.clear()
+        self.recent.extend(sd["recent"])
+        self.counts.update(sd["counts"])
+        self.consecutive_skips = sd["consecutive_skips"]
+
     def problem(self, loss: float, grad_norm: float) -> tuple[str, str] | None:
         """(kind, description) of what is wrong with this step, or None."""
         if not math.isfinite(loss) or not math.isfinite(grad_norm):
