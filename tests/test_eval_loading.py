@@ -12,7 +12,8 @@ import torch.distributed.checkpoint as dcp
 from torchllm import models
 from torchllm.config import to_toml
 from torchllm.data import build_tokenizer
-from torchllm.eval.loading import load_for_inference, resolve_checkpoint
+from torchllm.checkpoint import resolve_checkpoint
+from torchllm.eval.loading import load_for_inference
 
 from conftest import tiny_config
 

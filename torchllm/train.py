@@ -22,6 +22,7 @@ from torchllm import models
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.device import resolve_device
 from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
@@ -40,17 +41,6 @@ from torchllm.parallel import (
     rank_zero_first,
     register_float8_scale_precompute,
 )
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present; asking for CUDA without it is a config error."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("training.device = 'cuda' but no CUDA device is visible; use 'cpu'")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -60,6 +60,8 @@ def complete_steps(folder: Path, warn_incomplete: bool = False) -> list[int]:
 def resolve_checkpoint(path: str | Path, folder_name: str = "checkpoint") -> Path:
     """A complete step folder from a step folder, a checkpoint folder, or a run folder."""
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
     if step_of(path) is not None:
         if not is_complete(path):
             raise FileNotFoundError(f"checkpoint {path} is incomplete (no {MARKER} marker)")

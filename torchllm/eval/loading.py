@@ -11,7 +11,6 @@ Layout (written by the trainer and the checkpointer):
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from pathlib import Path
 
@@ -21,39 +20,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
+from torchllm.checkpoint.layout import resolve_checkpoint
 from torchllm.config import JobConfig, load_config
 from torchllm.data import Tokenizer, build_tokenizer
+from torchllm.device import resolve_device
 
-STEP_DIR = re.compile(r"step-(\d+)")
-COMPLETE = "COMPLETE"
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
-
-
-def _latest_complete(folder: Path) -> Path | None:
-    steps = [
-        (int(m.group(1)), p) for p in folder.iterdir()
-        if p.is_dir() and (m := STEP_DIR.fullmatch(p.name)) and (p / COMPLETE).is_file()
-    ]
-    return max(steps)[1] if steps else None
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The step folder to load: `path` itself, or the latest complete step of a checkpoint folder
-    or of a run folder (`<run>/checkpoint`). Step folders without COMPLETE are ignored."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
-    if STEP_DIR.fullmatch(path.name):
-        if not (path / COMPLETE).is_file():
-            raise FileNotFoundError(f"checkpoint {path} is incomplete (no {COMPLETE} marker)")
-        return path
-    for folder in (path, path / "checkpoint"):
-        if folder.is_dir() and (step := _latest_complete(folder)) is not None:
-            return step
-    raise FileNotFoundError(
-        f"no complete checkpoint under {path}; expected a run folder, its checkpoint/ folder, "
-        "or a step-<N> folder holding a COMPLETE marker"
-    )
 
 
 def load_for_inference(
@@ -83,17 +55,10 @@ def load_for_inference(
 
 def inference_device(name: str) -> torch.device:
     """'auto' = CUDA when present (this rank's GPU under torchrun), else CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda but no CUDA device is visible; use --device cpu")
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device(name, key="--device")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        return device
-    if name != "cpu":
-        raise ValueError(f"--device {name!r}: use auto, cpu or cuda")
-    return torch.device("cpu")
+    return device
 
 
 def init_distributed(device: torch.device) -> None:
