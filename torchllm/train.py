@@ -30,11 +30,11 @@ from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.parallel import (
+    any_rank,
     build_loss_fn,
     build_parallel_dims,
     clip_grad_norm_,
     destroy_distributed,
-    any_rank,
     dp_sum,
     gradient_sync,
     init_model_weights,
@@ -83,15 +83,16 @@ class Trainer:
             raise ConfigError(
                 f"training.global_batch_size = {global_batch} is not a multiple of "
                 f"local_batch_size ({tcfg.local_batch_size}) x data-parallel degree "
-                f"({self.dp_degree}) = {per_pass}"
+                f"({self.dp_degree}) = {per_pass}", "training.global_batch_size",
             )
         self.grad_accum_steps = global_batch // per_pass
         self.global_batch = global_batch
 
         self.run_dir = Path(cfg.job.dump_folder) / self.run_name(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
-        if cfg.job.print_config:
+        if rank() == 0:
+            (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        if cfg.job.print_config and rank() == 0:
             logger.info("effective config (also in %s):\n%s", self.run_dir / "config.toml",
                         to_toml(cfg))
 
