@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch._C._autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from torchllm.metrics.memory import _local_bytes
 
@@ -35,19 +35,28 @@ def live_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int
     return total
 
 
-def net_allocation_peak(kineto_events) -> int:
-    """Max over time of the running sum of CPU `[memory]` events (bytes allocated minus freed).
+STEADY = "torchllm.bench.steady"
 
-    Reads the raw events (nanosecond timestamps): the summarized `prof.events()` folds most of
-    them into the op that allocated, losing the order of allocations and frees.
+
+def net_allocation_peak(kineto_events) -> int:
+    """Max of the running sum of CPU `[memory]` events (bytes allocated minus freed).
+
+    The sum runs over the whole window; the max is taken inside the `STEADY` ranges when there
+    are any (so one-off allocations of the first step, such as DDP's initial weight broadcast,
+    do not count, while what it left behind, such as the optimizer state, does). Reads the raw
+    events (nanosecond timestamps): the summarized `prof.events()` folds most of them into the
+    op that allocated, losing the order of allocations and frees.
     """
     mem = [e for e in kineto_events
            if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
     mem.sort(key=lambda e: e.start_ns())
+    ranges = [(e.start_ns(), e.end_ns()) for e in kineto_events if e.name() == STEADY]
     running = peak = 0
     for e in mem:
         running += e.nbytes()
-        peak = max(peak, running)
+        t = e.start_ns()
+        if not ranges or any(lo <= t <= hi for lo, hi in ranges):
+            peak = max(peak, running)
     return peak
 
 
@@ -64,6 +73,11 @@ class PeakTensorMemory:
         self.baseline_bytes = baseline_bytes
         self.peak_bytes: int | None = None
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+
+    @staticmethod
+    def steady():
+        """Mark a range (e.g. a steady-state step) as the one whose peak counts."""
+        return record_function(STEADY)
 
     def __enter__(self) -> "PeakTensorMemory":
         self._prof.__enter__()

@@ -5,7 +5,8 @@
 The launcher (`python -m torchllm.bench`) starts this under torchrun with the variant's
 overrides. It wraps three of the Trainer's methods to record, per step, the wall time and the
 loss the trainer logs, the training-state bytes (read between backward and zero_grad), and on
-CPU the peak tensor memory of the first two steps (profiled; they are warm-up and not timed).
+CPU the peak tensor memory of step 2 (steps 1-2 are profiled, so that what step 1 leaves
+behind counts; both are warm-up, not timed).
 Each rank writes `rank{R}.json` to OUT_DIR; the launcher aggregates them.
 """
 
@@ -54,6 +55,9 @@ class StepRecorder:
             baseline = live_tensor_bytes(self.trainer.model, self.trainer.optimizer)
             self.tensor_memory = PeakTensorMemory(baseline).__enter__()
         try:
+            if self.tensor_memory and step == PROFILED_STEPS:
+                with self.tensor_memory.steady():
+                    return original()
             return original()
         finally:
             if self.tensor_memory and step == min(PROFILED_STEPS, self.trainer.cfg.training.steps):

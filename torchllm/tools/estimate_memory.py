@@ -7,15 +7,18 @@ Terms (bytes per rank):
   params, grads      fp32 master copies, divided by the FSDP shard degree (and TP)
   optimizer          AdamW's two fp32 moments, sharded like the params
   ddp_buckets        DDP's flat gradient buckets, a second gradient-sized buffer
-  gathered_params    FSDP2's all-gathered blocks in the param dtype: two blocks in flight
-                     (current + prefetched), or every block with reshard_after_forward=never
+  gathered_params    FSDP2's all-gathered params in the param dtype: the root's (embedding,
+                     norm, head) and the blocks kept after forward (the last one by default,
+                     all with reshard_after_forward=never); in a block's backward also the
+                     block and its prefetched neighbour, and two blocks' unsharded gradients
   activations        what autograd keeps from forward to backward, per block by AC mode
   logits             the output head's vocab x tokens and the float32 log-softmax kept for
                      backward; under bf16 also the float32 upcast the loss makes (transient)
 
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
 logits' gradients; `optimizer` holds params, grads and moments (plus one gradient-sized
-temporary of the foreach update). The largest is the estimate. Parameters and FLOPs per token
+temporary of the foreach update); under FSDP2, `block backward` holds the gathered blocks and
+unsharded gradients of the block being differentiated. The largest is the estimate. Parameters and FLOPs per token
 come from `torchllm.metrics.flops` (the same numbers the trainer's MFU uses).
 """
 
@@ -82,11 +85,18 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     params = counts["params"] * FP32 // shard
     terms = {"params": params, "grads": params, "optimizer": 2 * params}
     terms["ddp_buckets"] = params if dims.ddp_enabled else 0
+    block = block_params * act // dims.tp  # one block's gathered params
+    root = (counts["params"] - n_layers * block_params) * act // dims.tp  # embedding, norm, head
     if dims.fsdp_enabled:
-        gathered_blocks = n_layers if cfg.parallelism.fsdp_reshard_after_forward == "never" else 2
-        terms["gathered_params"] = min(gathered_blocks, n_layers) * block_params * act // dims.tp
+        # The root's params stay gathered from forward to backward; after forward, blocks are
+        # resharded except the last (default) or none (never).
+        kept = {"never": n_layers, "always": 0}.get(cfg.parallelism.fsdp_reshard_after_forward, 1)
+        terms["gathered_params"] = root + kept * block
+        # In a block's backward: it and the prefetched next are gathered, and two blocks'
+        # unsharded float32 gradients exist (one being computed, one being reduce-scattered).
+        block_backward_extra = max(0, 2 - kept) * block + 2 * block_params * FP32 // dims.tp
     else:
-        terms["gathered_params"] = 0
+        terms["gathered_params"] = block_backward_extra = 0
 
     tokens = tcfg.local_batch_size * tcfg.seq_len
     ac = cfg.activation_checkpoint
@@ -118,6 +128,10 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         + 2 * vocab_tokens * FP32,
         "optimizer": state + terms["grads"] + terms["grads"],
     }
+    if dims.fsdp_enabled:
+        # Early in backward under FSDP2: most sharded gradients, one block's activations.
+        phases["block backward"] = (state + terms["grads"] + terms["gathered_params"]
+                                    + block_backward_extra + per_block)
     peak_phase = max(phases, key=phases.get)
     return {
         "world_size": world_size,
