@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nproc", type=int, default=torch.cuda.device_count() or 2,
                    help="ranks per variant (default: the GPU count, else 2 CPU ranks)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per variant")
+    p.add_argument("--work_dir", default=None,
+                   help="where the runs write logs and per-rank JSON "
+                        "(default: outputs/bench/<json file stem>)")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("--") and "." not in o.split("=")[0]]
     if bad:
@@ -112,7 +115,7 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     json_path = Path(args.json)
-    out_dir = json_path.parent / (json_path.stem + "_runs")
+    out_dir = Path(args.work_dir or Path("outputs") / "bench" / json_path.stem)
     rows = [run_variant(v, args, overrides, out_dir) for v in args.variants]
     result = {
         "command": "python -m torchllm.bench " + " ".join(sys.argv[1:] if argv is None else argv),

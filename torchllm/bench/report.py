@@ -84,7 +84,7 @@ COLUMNS = [
 
 def cells(row: dict) -> list[str]:
     if row["status"] != "ok":
-        return [row["variant"], f"failed: {row['reason']}"] + [""] * (len(COLUMNS) - 2)
+        return [row["variant"], f"{row['status']}: {row['reason']}"] + [""] * (len(COLUMNS) - 2)
     return [fmt(row) for _, fmt in COLUMNS]
 
 
@@ -98,11 +98,11 @@ def markdown_table(rows: list[dict]) -> str:
 
 def console_table(rows: list[dict]) -> str:
     table = [[name for name, _ in COLUMNS]] + [cells(r) for r in rows]
-    ok = [r for r in table if not r[1].startswith("failed")]
+    ok = [table[0]] + [cells(r) for r in rows if r["status"] == "ok"]
     widths = [max(len(r[i]) for r in ok) for i in range(len(COLUMNS))]
     lines = []
-    for r in table:
-        if r[1].startswith("failed"):
+    for r, status in zip(table, ["header"] + [r["status"] for r in rows]):
+        if status not in ("header", "ok"):
             lines.append(f"{r[0]:<{widths[0]}}  {r[1]}")
         else:
             lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w)
