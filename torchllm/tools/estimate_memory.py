@@ -1,7 +1,7 @@
 """Analytic per-rank memory of a training step, with the phase where it peaks.
 
     python -m torchllm.tools.estimate_memory --job.config_file X [--section.key=value ...]
-        [--world_size N]
+        [--world_size N]          (e.g. --training.device=cuda to estimate a GPU job on a laptop)
 
 Terms (bytes per rank):
   params, grads      fp32 master copies, divided by the FSDP shard degree (and TP)
@@ -16,10 +16,10 @@ Terms (bytes per rank):
                      backward; under bf16 also the float32 upcast the loss makes (transient)
 
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
-logits' gradients; `optimizer` holds params, grads and moments (plus one gradient-sized
-temporary of the foreach update); under FSDP2, `block backward` holds the gathered blocks and
-unsharded gradients of the block being differentiated. The largest is the estimate. Parameters and FLOPs per token
-come from `torchllm.metrics.flops` (the same numbers the trainer's MFU uses).
+logits' gradients; `optimizer` holds params, grads and moments; under FSDP2, `block backward`
+holds the gathered blocks and unsharded gradients of the block being differentiated. The
+largest is the estimate. Parameters and FLOPs per token come from `torchllm.metrics.flops`
+(the same numbers the trainer's MFU uses).
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         model = models.get(cfg.model.name).build(model_args)
     counts = parameter_counts(model)
     tcfg = cfg.training
-    bf16 = use_bf16(tcfg.mixed_precision, resolve_device(tcfg.device))
+    # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
+    device = tcfg.device if tcfg.device != "auto" else resolve_device("auto").type
+    bf16 = use_bf16(tcfg.mixed_precision, torch.device(device))
     act = 2 if bf16 else FP32
     shard = dims.dp_shard * dims.tp
     n_layers = model_args.n_layers
@@ -126,7 +128,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         # d(log_softmax) and d(logits) in float32 join the forward's tensors.
         "loss backward": state + terms["gathered_params"] + activations + terms["logits"]
         + 2 * vocab_tokens * FP32,
-        "optimizer": state + terms["grads"] + terms["grads"],
+        "optimizer": state + terms["grads"],
     }
     if dims.fsdp_enabled:
         # Early in backward under FSDP2: most sharded gradients, one block's activations.
@@ -146,6 +148,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         "phases_bytes": phases,
         "peak_phase": peak_phase,
         "peak_bytes": phases[peak_phase],
+        "peak_gib": round(phases[peak_phase] / 1024**3, 3),
     }
 
 
