@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from torchllm.bench.__main__ import failure_reason, parse_args
-from torchllm.bench.report import markdown_table, percentile, summarize
+from torchllm.bench.report import markdown_table, percentile, render_markdown, summarize
 from torchllm.bench.variants import Variant, build_matrix, parse_list
 
 
@@ -37,11 +37,11 @@ def test_layouts_become_parallelism_overrides():
 def test_bad_lists_and_flags_are_errors():
     with pytest.raises(ValueError, match="--matrix 'ddp,zero3'"):
         parse_list("--matrix", "ddp,zero3", ("ddp", "fsdp2"))
-    with pytest.raises(SystemExit):
-        parse_args(["--config", "x.toml", "--json", "o.json", "--warmup", "1"])
-    with pytest.raises(SystemExit):
-        parse_args(["--config", "x.toml", "--json", "o.json", "--stepz", "3"])
-    args, overrides = parse_args(["--config", "x.toml", "--json", "o.json",
+    config = str(REPO / "train_configs" / "debug_model.toml")
+    for bad in (["--warmup", "1"], ["--stepz", "3"], ["--config", "missing.toml"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--config", config, "--json", "o.json", *bad])
+    args, overrides = parse_args(["--config", config, "--json", "o.json",
                                   "--training.seq_len=32", "--compile", "off,on"])
     assert overrides == ["--training.seq_len=32"] and len(args.variants) == 4
 
@@ -119,5 +119,17 @@ def test_two_rank_matrix_end_to_end(tmp_path):
     d, f = ddp["per_rank"][0]["state_total_bytes"], fsdp["per_rank"][0]["state_total_bytes"]
     assert f / d == pytest.approx(0.5, rel=0.01)
     md = out.with_suffix(".md").read_text()
-    assert md.count("\n") == 2 + 6 and "unsupported: hsdp needs" in md
+    assert md == render_markdown(json.loads(out.read_text())["rows"])
+    assert "| hsdp | unsupported: hsdp needs" in md
+    assert "| fsdp2 | " in md.split("p+g+opt bytes per rank / ddp")[1]  # the ratio table
     assert "ddp+float8_tensorwise" in proc.stdout  # the printed table
+
+
+def test_performance_doc_tables_come_from_the_committed_json():
+    """Every results table in docs/performance.md is the harness's rendering of a JSON file."""
+    doc = (REPO / "docs" / "performance.md").read_text()
+    results = sorted((REPO / "benchmarks" / "results").glob("cpu_*.json"))
+    assert results
+    for path in results:
+        rows = json.loads(path.read_text())["rows"]
+        assert render_markdown(rows) in doc, f"{path.name}'s tables are not in the doc"

@@ -19,13 +19,14 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from torchllm.bench.report import console_table, markdown_table, summarize
+from torchllm.bench.report import console_table, render_markdown, summarize
 from torchllm.bench.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant, build_matrix,
                                      parse_list)
 from torchllm.bench.worker import PROFILED_STEPS
@@ -53,6 +54,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     bad = [o for o in overrides if o.startswith("--") and "." not in o.split("=")[0]]
     if bad:
         p.error(f"unknown option {bad[0]}; config overrides look like --section.key=value")
+    if not Path(args.config).is_file():
+        p.error(f"--config {args.config}: no such file")
     if args.steps < 1 or args.warmup < PROFILED_STEPS:
         p.error(f"--steps must be >= 1 and --warmup >= {PROFILED_STEPS}")
     try:
@@ -97,14 +100,18 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
            *config_args]
     print(f"[bench] {variant.name}: {' '.join(cmd[3:])}", flush=True)
     log_path = run_dir / "log.txt"
+    # Its own session, so that a timeout stops torchrun's workers too, not only torchrun.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=args.timeout)
-        log, rc = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        log = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        log, _ = proc.communicate(timeout=args.timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate()
         log_path.write_text(log)
-        return {**row, "status": "failed", "reason": f"timed out after {args.timeout:.0f} s"}
+        return {**row, "status": "failed", "reason": f"timed out after {args.timeout:.0f} s",
+                "log": str(log_path)}
     log_path.write_text(log)
     ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
     if rc != 0 or len(ranks) != args.nproc:
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1) + "\n")
-    json_path.with_suffix(".md").write_text(markdown_table(rows))
+    json_path.with_suffix(".md").write_text(render_markdown(rows))
     print(console_table(rows))
     print(f"[bench] wrote {json_path} and {json_path.with_suffix('.md')}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1

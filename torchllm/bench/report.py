@@ -108,3 +108,31 @@ def console_table(rows: list[dict]) -> str:
             lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w)
                                    for i, (c, w) in enumerate(zip(r, widths))))
     return "\n".join(lines)
+
+
+def relative_table(rows: list[dict]) -> str:
+    """Each successful variant against the first one: the ratios a reader compares."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    if len(ok) < 2:
+        return ""
+    base = ok[0]
+
+    def state(r):
+        return max(m["state_total_bytes"] for m in r["per_rank"])
+
+    lines = [f"| variant | step time / {base['variant']} | tok/s / {base['variant']} | "
+             f"p+g+opt bytes per rank / {base['variant']} | peak tensor memory / "
+             f"{base['variant']} |", "|---|---|---|---|---|"]
+    for r in ok:
+        peak = (f"{r['measured_peak_bytes'] / base['measured_peak_bytes']:.2f}"
+                if "measured_peak_bytes" in r and "measured_peak_bytes" in base else "-")
+        lines.append(f"| {r['variant']} | {r['step_time_median_s'] / base['step_time_median_s']:.2f}"
+                     f" | {r['tokens_per_s'] / base['tokens_per_s']:.2f} | "
+                     f"{state(r) / state(base):.3f} | {peak} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(rows: list[dict]) -> str:
+    """The harness's markdown file: the results table, then the ratios to the first variant."""
+    relative = relative_table(rows)
+    return markdown_table(rows) + ("\n" + relative if relative else "")
