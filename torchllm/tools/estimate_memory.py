@@ -12,13 +12,14 @@ Terms (bytes per rank):
                      all with reshard_after_forward=never); in a block's backward also the
                      block and its prefetched neighbour, and two blocks' unsharded gradients
   activations        what autograd keeps from forward to backward, per block by AC mode
+  recompute          with AC: one block's activations, rebuilt during its backward
   logits             the output head's vocab x tokens and the float32 log-softmax kept for
                      backward; under bf16 also the float32 upcast the loss makes (transient)
 
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
-logits' gradients; `optimizer` holds params, grads and moments; under FSDP2, `block backward`
-holds the gathered blocks and unsharded gradients of the block being differentiated. The
-largest is the estimate. Parameters and FLOPs per token come from `torchllm.metrics.flops`
+logits' gradients; `optimizer` holds params, grads and moments; under FSDP2 or AC,
+`block backward` holds the gathered blocks and unsharded gradients of the block being
+differentiated, or the block AC rebuilds. The largest is the estimate. Parameters and FLOPs per token come from `torchllm.metrics.flops`
 (the same numbers the trainer's MFU uses).
 """
 
@@ -110,11 +111,13 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         activations = checkpointed * full + (n_layers - checkpointed) * per_block
     else:
         activations = n_layers * per_block
-    if ac.mode != "none":  # one block's activations are rebuilt during its backward
-        activations += activation_bytes_per_block(model_args, tokens, act, "none", "")
+    # With AC, a block's activations are rebuilt in its backward: after the loss backward.
+    recompute = 0 if ac.mode == "none" else activation_bytes_per_block(
+        model_args, tokens, act, "none", "")
     # The embedding output (first block's input), the final norm's x*rstd and its output.
     activations += 3 * tokens * model_args.dim * act
     terms["activations"] = activations // dims.tp
+    terms["recompute"] = recompute // dims.tp
 
     vocab_tokens = tokens * model_args.vocab_size
     # The logits (kept by the trainer until backward ends) and the float32 log-softmax.
@@ -130,10 +133,12 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         + 2 * vocab_tokens * FP32,
         "optimizer": state + terms["grads"],
     }
-    if dims.fsdp_enabled:
-        # Early in backward under FSDP2: most sharded gradients, one block's activations.
+    if dims.fsdp_enabled or recompute:
+        # Early in the blocks' backward (an upper bound: every gradient, every saved
+        # activation): FSDP2's gathered blocks and unsharded gradients, AC's rebuilt block.
         phases["block backward"] = (state + terms["grads"] + terms["gathered_params"]
-                                    + block_backward_extra + per_block)
+                                    + block_backward_extra + terms["activations"]
+                                    + (terms["recompute"] or per_block // dims.tp))
     peak_phase = max(phases, key=phases.get)
     return {
         "world_size": world_size,
