@@ -1,0 +1,135 @@
+"""The benchmark harness: the matrix, the row summary, the tables, and a real 2-rank run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from torchllm.bench.__main__ import failure_reason, parse_args
+from torchllm.bench.report import markdown_table, percentile, render_markdown, summarize
+from torchllm.bench.variants import Variant, build_matrix, parse_list
+
+
+def test_matrix_is_the_product_of_the_lists_with_readable_names():
+    names = [v.name for v in build_matrix(["ddp", "fsdp2"], ["none", "full"], ["off"],
+                                          ["off", "tensorwise"])]
+    assert names == ["ddp", "ddp+float8_tensorwise", "ddp+ac_full", "ddp+ac_full+float8_tensorwise",
+                     "fsdp2", "fsdp2+float8_tensorwise", "fsdp2+ac_full",
+                     "fsdp2+ac_full+float8_tensorwise"]
+
+
+def test_layouts_become_parallelism_overrides():
+    assert "--parallelism.dp_mode=ddp" in Variant("ddp").overrides(2)
+    assert "--parallelism.fsdp_reshard_after_forward=never" in Variant("fsdp2_noreshard").overrides(2)
+    hsdp = Variant("hsdp").overrides(8)
+    assert "--parallelism.data_parallel_replicate_degree=2" in hsdp
+    assert "--parallelism.data_parallel_shard_degree=4" in hsdp
+    assert "hsdp needs" in Variant("hsdp").unsupported(2)
+    assert Variant("hsdp").unsupported(4) is None and Variant("ddp").unsupported(2) is None
+
+
+def test_bad_lists_and_flags_are_errors():
+    with pytest.raises(ValueError, match="--matrix 'ddp,zero3'"):
+        parse_list("--matrix", "ddp,zero3", ("ddp", "fsdp2"))
+    config = str(REPO / "train_configs" / "debug_model.toml")
+    for bad in (["--warmup", "1"], ["--stepz", "3"], ["--config", "missing.toml"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--config", config, "--json", "o.json", *bad])
+    args, overrides = parse_args(["--config", config, "--json", "o.json",
+                                  "--training.seq_len=32", "--compile", "off,on"])
+    assert overrides == ["--training.seq_len=32"] and len(args.variants) == 4
+
+
+def test_failure_reason_picks_the_telling_line():
+    log = "noise\n[rank1]: config error: float8.enable needs a CUDA GPU\nTraceback...\n"
+    assert failure_reason(log, 1) == "float8.enable needs a CUDA GPU"
+    log = "x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+    assert failure_reason(log, 1).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert failure_reason("nothing useful", 7) == "exit code 7"
+
+
+def test_percentile_matches_numpy():
+    values = [0.3, 0.1, 0.7, 0.2, 0.5, 0.9, 0.4]
+    for q in (0, 50, 90, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def fake_rank(rank, times, state):
+    return {"rank": rank, "world_size": 2, "device": "cpu", "step_times_s": times,
+            "losses": [5.0, 4.0, 3.5], "tokens_per_step": 1000, "flops_per_token": 10**6,
+            "peak_flops": 1e11, "state_bytes": state, "rss_peak_bytes": 10**8,
+            "tensor_peak_bytes": 2 * 10**6,
+            "estimate": {"params": 10, "peak_bytes": 2.2 * 10**6}}
+
+
+def test_summary_drops_warmup_and_derives_throughput():
+    state = {"params": 100, "grads": 100, "optimizer": 200}
+    row = summarize([fake_rank(1, [9.0, 0.5, 0.25], state),
+                     fake_rank(0, [9.0, 0.5, 0.5], state)], warmup=1)
+    assert row["tokens_per_s"] == pytest.approx(2000 / 1.0)  # rank 0: 2 steps in 1 s
+    assert row["tokens_per_s_device"] == pytest.approx(1000)
+    assert row["step_time_median_s"] == 0.5 and row["final_loss"] == 3.5
+    assert row["mfu_pct"] == pytest.approx(100 * 1000 * 10**6 / 1e11)
+    assert row["estimate_over_measured"] == pytest.approx(1.1)
+    assert [m["state_total_bytes"] for m in row["per_rank"]] == [400, 400]
+
+
+def test_markdown_has_a_row_per_variant_and_failures_say_why():
+    state = {"params": 1, "grads": 1, "optimizer": 2}
+    ok = {"variant": "ddp", **summarize([fake_rank(0, [1, 1, 1], state)], warmup=1)}
+    failed = {"variant": "hsdp", "status": "unsupported", "reason": "hsdp needs 4 ranks"}
+    md = markdown_table([ok, failed]).splitlines()
+    assert md[0].startswith("| variant | status | tok/s/dev")
+    assert len(md) == 4 and md[2].startswith("| ddp | ok | 500 | 1,000 |")
+    assert "| hsdp | unsupported: hsdp needs 4 ranks |" in md[3]
+
+
+@pytest.mark.slow
+def test_two_rank_matrix_end_to_end(tmp_path):
+    """ddp and fsdp2 really train on 2 gloo ranks; hsdp (needs 4) and float8 (needs a GPU) are
+    rows with their reasons; the same data and seed give both layouts the same loss."""
+    out = tmp_path / "res.json"
+    cmd = [sys.executable, "-m", "torchllm.bench", "--config", "train_configs/debug_model.toml",
+           "--matrix", "ddp,fsdp2,hsdp", "--float8", "off,tensorwise", "--steps", "2",
+           "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
+           "--training.seq_len=32", "--training.local_batch_size=2",
+           "--data.tokenizer_vocab_size=512", "--training.device=cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # some rows failed
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ddp", "fsdp2", "hsdp", "ddp+float8_tensorwise",
+                         "fsdp2+float8_tensorwise", "hsdp+float8_tensorwise"}
+    ddp, fsdp = rows["ddp"], rows["fsdp2"]
+    assert ddp["status"] == fsdp["status"] == "ok"
+    assert rows["hsdp"]["status"] == "unsupported" and "4 ranks" in rows["hsdp"]["reason"]
+    assert rows["fsdp2+float8_tensorwise"]["status"] == "failed"
+    assert "float8" in rows["fsdp2+float8_tensorwise"]["reason"]
+    assert ddp["final_loss"] == pytest.approx(fsdp["final_loss"], rel=1e-4)
+    for row in (ddp, fsdp):
+        assert row["timed_steps"] == 2 and row["tokens_per_s"] > 0
+        assert 0.8 <= row["estimate_over_measured"] <= 1.2
+    # FSDP2 keeps 1/world of the params, grads and optimizer state (up to shard padding).
+    d, f = ddp["per_rank"][0]["state_total_bytes"], fsdp["per_rank"][0]["state_total_bytes"]
+    assert f / d == pytest.approx(0.5, rel=0.01)
+    md = out.with_suffix(".md").read_text()
+    assert md == render_markdown(json.loads(out.read_text())["rows"])
+    assert "| hsdp | unsupported: hsdp needs" in md
+    assert "| fsdp2 | " in md.split("p+g+opt bytes per rank / ddp")[1]  # the ratio table
+    assert "ddp+float8_tensorwise" in proc.stdout  # the printed table
+
+
+def test_performance_doc_tables_come_from_the_committed_json():
+    """Every results table in docs/performance.md is the harness's rendering of a JSON file."""
+    doc = (REPO / "docs" / "performance.md").read_text()
+    results = sorted((REPO / "benchmarks" / "results").glob("cpu_*.json"))
+    assert results
+    for path in results:
+        rows = json.loads(path.read_text())["rows"]
+        assert render_markdown(rows) in doc, f"{path.name}'s tables are not in the doc"

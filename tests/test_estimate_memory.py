@@ -1,0 +1,106 @@
+"""The memory estimator against measured CPU tensor memory, and the measurement itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from torchllm import models
+from torchllm.bench.tensor_memory import PeakTensorMemory
+from torchllm.bench.worker import StepRecorder
+from torchllm.config import load_config
+from torchllm.tools import estimate_memory as em
+from torchllm.tools.model_info import model_info
+from torchllm.train import Trainer
+
+MB = 1_000_000
+
+
+def test_peak_tensor_memory_counts_known_allocations():
+    with PeakTensorMemory(baseline_bytes=123) as m:
+        a = torch.empty(MB, dtype=torch.uint8)
+        b = torch.empty(2 * MB, dtype=torch.uint8)
+        del a
+        c = torch.empty(MB // 2, dtype=torch.uint8)
+    assert m.net_peak_bytes == 3 * MB  # a + b alive together; b + c is less
+    assert m.peak_bytes == 3 * MB + 123
+    del b, c
+
+
+def test_peak_tensor_memory_only_counts_the_steady_range():
+    with PeakTensorMemory(baseline_bytes=0) as m:
+        first = torch.empty(4 * MB, dtype=torch.uint8)  # a one-off peak before the range
+        kept = torch.empty(MB, dtype=torch.uint8)  # left behind: still counted
+        del first
+        with m.steady():
+            x = torch.empty(2 * MB, dtype=torch.uint8)
+            del x
+    assert m.net_peak_bytes == 3 * MB
+    del kept
+
+
+def measure(tmp_path, *extra):
+    # Step 2 (the measured one) must not be a logging step: those snapshot the params to
+    # report update ratios, which a normal step does not hold.
+    cfg = tiny_config(tmp_path, "--training.steps=3", "--metrics.log_freq=100",
+                      "--metrics.enable_tensorboard=false", "--metrics.progress_bar=false", *extra)
+    trainer = Trainer(cfg)
+    rec = StepRecorder(trainer)
+    trainer.train()
+    estimate = em.estimate_memory(cfg, trainer.model_args, 1)
+    return rec.tensor_memory.peak_bytes, estimate
+
+
+@pytest.mark.parametrize("extra, phase", [
+    ((), "optimizer"),  # tiny batch: params + grads + moments dominate
+    pytest.param(("--training.local_batch_size=8", "--training.seq_len=128"), "loss backward",
+                 marks=pytest.mark.slow),
+    pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
+                  "--activation_checkpoint.mode=full"), None, marks=pytest.mark.slow),
+])
+def test_estimate_within_20_percent_of_measured_on_debug(tmp_path, extra, phase):
+    measured, estimate = measure(tmp_path, *extra)
+    assert 0.8 <= estimate["peak_bytes"] / measured <= 1.2, (estimate, measured)
+    if phase:
+        assert estimate["peak_phase"] == phase
+
+
+def test_fsdp_shards_state_and_ddp_adds_buckets():
+    def est(world, *extra):
+        cfg = load_config(["--model.flavor=125M", "--training.seq_len=256", *extra])
+        return em.estimate_memory(cfg, models.model_args(cfg), world)["terms_bytes"]
+
+    one, fsdp4 = est(1), est(4)
+    ddp4 = est(4, "--parallelism.dp_mode=ddp")
+    assert fsdp4["optimizer"] * 4 == pytest.approx(one["optimizer"], abs=16)
+    assert ddp4["optimizer"] == one["optimizer"] and ddp4["ddp_buckets"] == one["params"]
+    assert fsdp4["gathered_params"] > 0 == one["gathered_params"]
+    full = est(1, "--activation_checkpoint.mode=full")
+    assert full["activations"] < one["activations"]
+
+
+def test_logits_term_is_vocab_times_tokens():
+    cfg = load_config(["--model.flavor=1B", "--training.seq_len=512",
+                       "--training.local_batch_size=2", "--training.mixed_precision=bf16"])
+    args = models.model_args(cfg)
+    e = em.estimate_memory(cfg, args, 8)
+    tokens = 2 * 512
+    assert e["terms_bytes"]["logits"] == tokens * args.vocab_size * (2 + 4)  # bf16 + fp32 lse
+
+
+def test_cli_reports_params_and_flops_of_the_shared_code(capsys):
+    argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8"]
+    assert em.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    info = model_info(load_config(argv[:2]))
+    assert out["params"] == info["params"] and out["flops_per_token"] == info["flops_per_token"]
+    assert out["world_size"] == 8 and out["peak_phase"] in out["phases_bytes"]
+    assert out["peak_bytes"] == max(out["phases_bytes"].values())
+
+
+def test_cli_bad_override_is_a_one_line_error(capsys):
+    assert em.main(["--training.no_such_key=1"]) == 2
+    assert "config error" in capsys.readouterr().err

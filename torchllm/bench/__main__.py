@@ -1,0 +1,145 @@
+"""Run a benchmark matrix; print a table, write JSON and a markdown table.
+
+    python -m torchllm.bench --config train_configs/debug_model.toml --matrix ddp,fsdp2 \\
+        [--ac none,full,selective] [--compile off,on] [--float8 off,tensorwise] \\
+        --steps 10 --warmup 3 --json benchmarks/results/X.json [--nproc 2] [--timeout 600] \\
+        [--section.key=value ...]          (config overrides applied to every variant)
+
+Each variant (the product of the lists) is one `torchrun` launch of `torchllm.bench.worker`
+with warmup + steps training steps; the warm-up steps (compilation, optimizer-state creation,
+and on CPU the two memory-profiled steps) are not timed. A variant that cannot run (a layout
+the world size does not allow, a config error, OOM, a crash, a timeout) becomes a row with the
+reason; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from torchllm.bench.report import console_table, render_markdown, summarize
+from torchllm.bench.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant, build_matrix,
+                                     parse_list)
+from torchllm.bench.worker import PROFILED_STEPS
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m torchllm.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="TOML training config")
+    p.add_argument("--matrix", default="ddp,fsdp2", help=f"layouts: {', '.join(LAYOUTS)}")
+    p.add_argument("--ac", default="none", help=f"activation checkpointing: {', '.join(AC_MODES)}")
+    p.add_argument("--compile", default="off", help=f"torch.compile: {', '.join(COMPILE)}")
+    p.add_argument("--float8", default="off", help=f"float8 recipe: {', '.join(FLOAT8)}")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=3,
+                   help=f"untimed steps first (>= {PROFILED_STEPS}: the memory-profiled ones)")
+    p.add_argument("--json", required=True, help="output JSON; the markdown goes beside it (.md)")
+    p.add_argument("--nproc", type=int, default=torch.cuda.device_count() or 2,
+                   help="ranks per variant (default: the GPU count, else 2 CPU ranks)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per variant")
+    p.add_argument("--work_dir", default=None,
+                   help="where the runs write logs and per-rank JSON "
+                        "(default: outputs/bench/<json file stem>)")
+    args, overrides = p.parse_known_args(argv)
+    bad = [o for o in overrides if o.startswith("--") and "." not in o.split("=")[0]]
+    if bad:
+        p.error(f"unknown option {bad[0]}; config overrides look like --section.key=value")
+    if not Path(args.config).is_file():
+        p.error(f"--config {args.config}: no such file")
+    if args.steps < 1 or args.warmup < PROFILED_STEPS:
+        p.error(f"--steps must be >= 1 and --warmup >= {PROFILED_STEPS}")
+    try:
+        args.variants = build_matrix(
+            parse_list("--matrix", args.matrix, LAYOUTS), parse_list("--ac", args.ac, AC_MODES),
+            parse_list("--compile", args.compile, COMPILE),
+            parse_list("--float8", args.float8, FLOAT8))
+    except ValueError as e:
+        p.error(str(e))
+    return args, overrides
+
+
+def failure_reason(log: str, returncode: int) -> str:
+    """The most telling line of a failed run's output: a config error, OOM, or the last error."""
+    for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)", r"(\w+Error: .*)"):
+        found = re.findall(pattern, log)
+        if found:
+            return found[-1].strip()[:300]
+    return f"exit code {returncode}"
+
+
+def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> dict:
+    row = {"variant": variant.name, "layout": variant.layout, "ac": variant.ac,
+           "compile": variant.compile, "float8": variant.float8}
+    reason = variant.unsupported(args.nproc)
+    if reason:
+        return {**row, "status": "unsupported", "reason": reason}
+    run_dir = out_dir / variant.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("rank*.json"):
+        old.unlink()
+    config_args = [
+        "--job.config_file", args.config, *overrides, *variant.overrides(args.nproc),
+        f"--training.steps={args.warmup + args.steps}", "--training.stop_after_steps=0",
+        f"--job.dump_folder={out_dir}", "--job.run_name=runs",  # one tokenizer cache for all
+        "--job.print_config=false", "--checkpoint.enable=false",
+        f"--metrics.log_freq={args.warmup + args.steps}", "--metrics.enable_tensorboard=false",
+        "--metrics.progress_bar=false",
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}", "-m", "torchllm.bench.worker", str(run_dir),
+           *config_args]
+    print(f"[bench] {variant.name}: {' '.join(cmd[3:])}", flush=True)
+    log_path = run_dir / "log.txt"
+    # Its own session, so that a timeout stops torchrun's workers too, not only torchrun.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=args.timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate()
+        log_path.write_text(log)
+        return {**row, "status": "failed", "reason": f"timed out after {args.timeout:.0f} s",
+                "log": str(log_path)}
+    log_path.write_text(log)
+    ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
+    if rc != 0 or len(ranks) != args.nproc:
+        return {**row, "status": "failed", "reason": failure_reason(log, rc), "log": str(log_path)}
+    return {**row, **summarize(ranks, args.warmup)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    json_path = Path(args.json)
+    out_dir = Path(args.work_dir or Path("outputs") / "bench" / json_path.stem)
+    rows = [run_variant(v, args, overrides, out_dir) for v in args.variants]
+    result = {
+        "command": "python -m torchllm.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "config": args.config, "overrides": overrides, "nproc": args.nproc,
+        "steps": args.steps, "warmup": args.warmup,
+        "host": {"machine": platform.machine(), "processor": platform.processor(),
+                 "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "rows": rows,
+    }
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    json_path.with_suffix(".md").write_text(render_markdown(rows))
+    print(console_table(rows))
+    print(f"[bench] wrote {json_path} and {json_path.with_suffix('.md')}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
