@@ -43,7 +43,8 @@ class BatchSizeRamp:
             tokens += batch * tcfg.seq_len
 
     def batch(self, step: int) -> int:
-        return self.batches[step - 1] if step <= len(self.batches) else self.final
+        """Global batch of step `step` (1-based; 0, before the first step, counts as 1)."""
+        return self.batches[max(step, 1) - 1] if step <= len(self.batches) else self.final
 
     def accum_steps(self, step: int) -> int:
         return self.batch(step) // self.per_pass
