@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100  # targets with this id (padding) contribute nothing to loss or gradient
 
@@ -75,7 +76,7 @@ def chunked_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, target
     Models call it from their own forward (given targets): under FSDP2 the output weight is only
     unsharded inside the forward of the module group that owns it.
     """
-    if type(weight).__name__ == "DTensor":
+    if isinstance(weight, DTensor):
         raise ValueError("training.chunked_loss needs the whole output weight; it does not "
                          "support tensor parallelism (sharded vocab). Turn one of them off")
     if chunk_tokens < 1:

@@ -44,7 +44,8 @@ class BatchSizeRamp:
 
     def batch(self, step: int) -> int:
         """Global batch of step `step` (1-based; 0, before the first step, counts as 1)."""
-        return self.batches[max(step, 1) - 1] if step <= len(self.batches) else self.final
+        step = max(step, 1)
+        return self.batches[step - 1] if step <= len(self.batches) else self.final
 
     def accum_steps(self, step: int) -> int:
         return self.batch(step) // self.per_pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchllm.config.job_config import ConfigError
 from torchllm.optim.container import OptimizerList
@@ -84,8 +85,7 @@ def muon(model: nn.Module, ocfg, device: torch.device) -> OptimizerList:
     AdamW comes first, so `param_groups[0]["lr"]` (what metrics log) is the AdamW rate.
     """
     hidden, rest = muon_params(model)
-    dtensors = [p for p in hidden if type(p.data).__name__ == "DTensor"]
-    if dtensors:
+    if any(isinstance(p, DTensor) for p in hidden):
         raise ConfigError(
             "optimizer.name = 'muon' needs whole (unsharded) weight matrices: torch.optim.Muon "
             "orthogonalizes each full matrix, and FSDP2/TP shard them. Use muon with a single "
