@@ -22,6 +22,7 @@ from torchllm import models
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device
 from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.log import init_logger, logger
@@ -29,6 +30,7 @@ from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
+from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
     any_rank,
     build_loss_fn,
@@ -87,6 +89,9 @@ class Trainer:
             )
         self.grad_accum_steps = global_batch // per_pass
         self.global_batch = global_batch
+        # Recipes: micro-steps per step (batch-size ramp) and sequence length per step.
+        self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
+        self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
         self.run_dir = Path(cfg.job.dump_folder) / self.run_name(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +130,8 @@ class Trainer:
         self.loss_fn = build_loss_fn(cfg.compile)
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, tcfg.steps)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, tcfg.steps,
+                                               self.batch_ramp.lr_scale)
         register_float8_scale_precompute(self.optimizer, self.model, cfg.float8,
                                          self.parallel_dims.fsdp_enabled)
 
@@ -202,20 +208,27 @@ class Trainer:
             targets = batch["targets"].to(self.device, non_blocking=True)
             # Gradients are reduced across dp ranks on the last micro-step only.
             with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
-                with self.autocast():
-                    logits = self.model(inputs)
-                loss = self.loss_fn(logits, targets)  # float32, outside autocast
+                if self.cfg.training.chunked_loss:  # the model returns the summed loss
+                    with self.autocast():
+                        loss = self.model(inputs, targets=targets,
+                                          loss_chunk_tokens=self.cfg.training.loss_chunk_tokens)
+                else:
+                    with self.autocast():
+                        logits = self.model(inputs)
+                    loss = self.loss_fn(logits, targets)  # float32, outside autocast
+                    del logits
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the
                 # gradient is exactly that of the global mean.
                 (loss * (self.dp_degree / global_tokens)).backward()
             loss_sum += loss.detach()
-            del logits, loss
+            del loss
         return loss_sum, n_tokens
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over grad_accum_steps micro-batches; returns its metrics."""
         t0 = time.perf_counter()
-        micro_batches = [next(self.batches) for _ in range(self.grad_accum_steps)]
+        micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
+                         for _ in range(self.batch_ramp.accum_steps(self.step))]
         data_time = time.perf_counter() - t0
         loss_sum, n_tokens = self.forward_backward(micro_batches)
         m = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
@@ -272,6 +285,7 @@ class Trainer:
             return []
         losses: list[float] = []
         slowest_step = 0.0
+        tokens_before = self.train_state.tokens_seen
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
@@ -316,7 +330,7 @@ class Trainer:
             self.checkpointer.close()
         if losses:
             elapsed = time.perf_counter() - start
-            tokens = len(losses) * self.global_batch * tcfg.seq_len
+            tokens = self.train_state.tokens_seen - tokens_before
             logger.info(
                 "done: step %d/%d, %d steps in %.1fs, %s tokens (%.0f tok/s); "
                 "loss %.4f -> %.4f (min %.4f)",

@@ -42,10 +42,15 @@ class ModelState:
 
 
 class OptimizerState:
-    """Optimizer state keyed by parameter names (not ids), so it reshards like the model."""
+    """Optimizer state keyed by parameter names (not ids), so it reshards like the model.
+
+    An `OptimizerList` (Muon + AdamW) is passed as its list of optimizers, which
+    torch.distributed.checkpoint merges into one state dict keyed by parameter names.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+        self.model = model
+        self.optimizer = getattr(optimizer, "optimizers", optimizer)
 
     def state_dict(self) -> dict:
         return get_optimizer_state_dict(self.model, self.optimizer)

@@ -67,11 +67,32 @@ class Training:
     time_limit_minutes: float = opt(
         0.0, "Save and exit 0 before this much wall-clock time has passed; 0 = no limit"
     )
+    batch_size_ramp_tokens: int = opt(
+        0, "Grow the global batch linearly from batch_size_ramp_start over this many tokens; 0 = off"
+    )
+    batch_size_ramp_start: int = opt(
+        -1, "Global batch (sequences) at step 1 of the ramp; -1 = local_batch_size x dp degree"
+    )
+    batch_size_ramp_lr_scaling: bool = opt(
+        False, "During the ramp, multiply the LR by sqrt(current batch / global batch)"
+    )
+    seq_len_schedule: str = opt(
+        "", "'LEN:UNTIL,...': train at LEN up to fraction UNTIL of the steps (last UNTIL = 1.0); "
+        "each LEN divides seq_len (windows are cut into LEN pieces); empty = seq_len throughout"
+    )
+    chunked_loss: bool = opt(
+        False, "Compute the loss inside the model in token chunks, never holding the full "
+        "[tokens, vocab] float32 logits (recomputed in backward)"
+    )
+    loss_chunk_tokens: int = opt(4096, "chunked_loss: tokens per chunk")
 
 
 @dataclass
 class Optimizer:
-    name: Literal["adamw"] = opt("adamw", "Optimizer")
+    name: Literal["adamw", "muon", "adamw8bit"] = opt(
+        "adamw", "adamw | muon (Muon for the blocks' matrices, AdamW for the rest) | adamw8bit "
+        "(torchao 8-bit moments)"
+    )
     lr: float = opt(3e-4, "Peak learning rate")
     beta1: float = opt(0.9, "Adam beta1")
     beta2: float = opt(0.95, "Adam beta2")
@@ -80,6 +101,12 @@ class Optimizer:
     decay_embeddings: bool = opt(False, "Also apply weight decay to the embedding table")
     fused: Literal["auto", "on", "off"] = opt(
         "auto", "Fused AdamW kernel; auto = on wherever the device supports it"
+    )
+    muon_lr: float = opt(0.02, "muon: peak learning rate of the Muon group (AdamW's is lr)")
+    muon_momentum: float = opt(0.95, "muon: Nesterov momentum of the Muon group")
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = opt(
+        "original", "muon: per-matrix LR scaling: original (sqrt(max(1, rows/cols))) or "
+        "match_rms_adamw (0.2 sqrt(max(rows, cols)), lets muon_lr be an AdamW-like rate)"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -31,8 +32,13 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, decay_type: str,
     raise ValueError(f"lr_scheduler.decay_type = {decay_type!r}: use cosine, linear or wsd")
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, scfg, total_steps: int):
-    """LambdaLR whose k-th call (k = completed steps) gives the factor of step k + 1."""
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, scfg, total_steps: int,
+                       scale: Callable[[int], float] | None = None):
+    """LambdaLR whose k-th call (k = completed steps) gives the factor of step k + 1.
+
+    Every param group (Muon's and AdamW's alike) is scaled from its own initial lr. `scale(step)`
+    multiplies the factor (the batch-size ramp's LR scaling).
+    """
     factor = functools.partial(
         lr_factor,
         total_steps=total_steps,
@@ -41,4 +47,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, scfg, total_steps: int)
         min_lr_ratio=scfg.min_lr_ratio,
         decay_ratio=scfg.decay_ratio,
     )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: factor(done + 1))
+    if scale is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: factor(done + 1))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda done: factor(done + 1) * scale(done + 1)
+    )

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchllm.loss import chunked_cross_entropy_sum
 from torchllm.models.gpt2.args import GPT2Args
 
 INIT_STD = 0.02  # GPT-2's initializer range
@@ -121,9 +122,11 @@ class GPT2(nn.Module):
         # Tied: the head reads the embedding table directly, as in the Llama model.
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
 
-    def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache=None, targets: torch.Tensor | None = None,
+                loss_chunk_tokens: int = 4096) -> torch.Tensor:
         """Training passes no cache. With a KV cache, `tokens` continue the cached ones (their
-        positions start at `cache.pos`), and the cache is advanced past them."""
+        positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
+        returns the summed token cross entropy instead of the logits (training.chunked_loss)."""
         start = 0 if cache is None else cache.pos
         end = start + tokens.shape[1]
         if end > self.args.max_seq_len:
@@ -135,6 +138,9 @@ class GPT2(nn.Module):
         if cache is not None:
             cache.pos = end
         h = self.norm(h)
+        if targets is not None:  # training.chunked_loss: the summed loss, no full logits
+            weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+            return chunked_cross_entropy_sum(h, weight, targets, loss_chunk_tokens)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)

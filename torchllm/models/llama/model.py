@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchllm.loss import chunked_cross_entropy_sum
 from torchllm.models.llama.args import LlamaArgs
 
 
@@ -209,9 +210,11 @@ class Transformer(nn.Module):
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
         self.register_buffer("rope_cache", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
+                targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096) -> torch.Tensor:
         """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
-        positions start at `cache.pos`), and the cache is advanced past them."""
+        positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
+        returns the summed token cross entropy instead of the logits (training.chunked_loss)."""
         start = 0 if cache is None else cache.pos
         seqlen = tokens.shape[1]
         if start + seqlen > self.args.max_seq_len:
@@ -225,6 +228,9 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.pos += seqlen
         h = self.norm(h)
+        if targets is not None:  # training.chunked_loss: the summed loss, no full logits
+            weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+            return chunked_cross_entropy_sum(h, weight, targets, loss_chunk_tokens)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)
