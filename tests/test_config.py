@@ -83,6 +83,7 @@ def test_optional_override_clears_value():
         (["--lr_scheduler.min_lr_ratio=2"], "min_lr_ratio = 2.0: must be in [0, 1]"),
         (["--job.config_file=/nonexistent/x.toml"], "/nonexistent/x.toml does not exist"),
         (["--checkpoint.initial_load_in_hf"], "needs checkpoint.initial_load_path"),
+        (["--training.loss_chunk_tokens=0"], "loss_chunk_tokens = 0: must be a positive"),
     ],
 )
 def test_cli_errors_name_flag_key_and_fix(argv, message):

@@ -66,6 +66,8 @@ def test_degrees_resolve_and_name_their_dims():
     (2, ["--parallelism.tensor_parallel_degree=2", "--training.seq_len=15"],
      "seq_len = 15 is not a multiple"),
     (2, ["--parallelism.tensor_parallel_degree=2", "--float8.enable"], "float8.enable with"),
+    (2, ["--parallelism.tensor_parallel_degree=2", "--training.chunked_loss"],
+     "chunked_loss with tensor_parallel_degree"),
     (2, ["--parallelism.fsdp_cpu_offload"], "fsdp_cpu_offload = true needs CUDA"),
     (2, ["--parallelism.dp_mode=ddp", "--parallelism.ddp_comm_hook=bf16"], "needs CUDA \\+ NCCL"),
     (1, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_option=x"],

@@ -67,6 +67,7 @@ class JobConfig:
             "training.gc_freq": t.gc_freq,
             "model.vocab_pad_multiple": self.model.vocab_pad_multiple,
             "checkpoint.interval": self.checkpoint.interval,
+            "training.loss_chunk_tokens": t.loss_chunk_tokens,
             "validation.freq": self.validation.freq,
             "validation.steps": self.validation.steps,
             "eval.max_new_tokens": self.eval.max_new_tokens,

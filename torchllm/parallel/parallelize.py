@@ -37,6 +37,12 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "Linear modules that TP has hooked; use float8 with FSDP2/DDP, or TP without float8",
             "float8.enable",
         )
+    if dims.tp_enabled and job_config.training.chunked_loss:
+        raise ConfigError(
+            "training.chunked_loss with tensor_parallel_degree > 1 is not supported: the chunked "
+            "loss needs the whole (not vocab-sharded) output weight; turn one of them off",
+            "training.chunked_loss",
+        )
     if job_config.parallelism.fsdp_cpu_offload and device_type != "cuda":
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true needs CUDA: on CPU the params are in CPU "
