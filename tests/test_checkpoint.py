@@ -1,14 +1,12 @@
 import logging
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from torchllm.checkpoint import Checkpointer, complete_steps, resolve_checkpoint
+from torchllm.checkpoint import complete_steps, resolve_checkpoint
 from torchllm.checkpoint.checkpointer import saved_keys
 from torchllm.config import ConfigError
 from torchllm.train import Trainer

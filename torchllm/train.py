@@ -340,18 +340,24 @@ class Trainer:
         return losses
 
 
+def trainer_from_args(argv: list[str]) -> Trainer | None:
+    """A Trainer from CLI overrides, or None after logging a config error (exit code 2)."""
+    try:
+        return Trainer(load_config(argv))
+    except ConfigError as e:
+        logger.error("config error: %s", e)
+        destroy_distributed()
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     init_logger()
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    try:
-        cfg = load_config(argv)
-        trainer = Trainer(cfg)
-    except ConfigError as e:
-        logger.error("config error: %s", e)
-        destroy_distributed()
+    trainer = trainer_from_args(argv)
+    if trainer is None:
         return 2
     try:
         trainer.train()

@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 
 from torchllm.bench.tensor_memory import PeakTensorMemory, live_tensor_bytes
-from torchllm.config import ConfigError, load_config
-from torchllm.log import init_logger, logger
+from torchllm.log import init_logger
 from torchllm.metrics import rank
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed
 from torchllm.tools.estimate_memory import estimate_memory
-from torchllm.train import Trainer
+from torchllm.train import Trainer, trainer_from_args
 
 PROFILED_STEPS = 2  # step 1 creates the optimizer state; step 2 is the steady state
 
@@ -108,12 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_dir, rest = Path(argv[0]), argv[1:]
     init_logger()
-    try:
-        cfg = load_config(rest)
-        trainer = Trainer(cfg)
-    except ConfigError as e:
-        logger.error("config error: %s", e)
-        destroy_distributed()
+    trainer = trainer_from_args(rest)
+    if trainer is None:
         return 2
     try:
         rec = StepRecorder(trainer)

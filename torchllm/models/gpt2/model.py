@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchllm.loss import chunked_cross_entropy_sum
+from torchllm.models.head import lm_head
 from torchllm.models.gpt2.args import GPT2Args
 
 INIT_STD = 0.02  # GPT-2's initializer range
@@ -138,12 +138,7 @@ class GPT2(nn.Module):
         if cache is not None:
             cache.pos = end
         h = self.norm(h)
-        if targets is not None:  # training.chunked_loss: the summed loss, no full logits
-            weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-            return chunked_cross_entropy_sum(h, weight, targets, loss_chunk_tokens)
-        if self.output is None:
-            return F.linear(h, self.tok_embeddings.weight)
-        return self.output(h)
+        return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
