@@ -106,3 +106,27 @@ def test_eval_keys_are_validated(tmp_path):
                       ("--eval.hellaswag_limit=0", "eval.hellaswag_limit")):
         with pytest.raises(ConfigError, match=key):
             tiny_config(tmp_path, flag)
+
+
+def test_validation_split_reads_that_hugging_face_split(tmp_path):
+    """validation.split on a Hub-style folder (train/validation files) validates on its split."""
+    import json
+
+    folder = tmp_path / "hub_like"
+    folder.mkdir()
+    for split, word in (("train", "apple"), ("validation", "zebra")):
+        rows = [{"text": f"{word} number {i} " * 20} for i in range(12)]
+        (folder / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = tiny_config(tmp_path, f"--data.dataset=hf:{folder}", "--data.val_documents=4",
+                      "--data.tokenizer_vocab_size=300", "--validation.enable",
+                      "--validation.split=validation")
+    trainer = Trainer(cfg)
+    text = "".join(trainer.tokenizer.decode(b["inputs"].flatten().tolist())
+                   for b in trainer.evaluator.val_batches)
+    assert "zebra" in text and "apple" not in text
+    held_out = "".join(trainer.tokenizer.decode(b["inputs"].flatten().tolist())
+                       for b in trainer.val_loader)
+    assert "apple" in held_out  # without the split key, validation is held out of training
+    with pytest.raises(ConfigError, match="validation.split = 'validation' applies to Hugging"):
+        Trainer(tiny_config(tmp_path / "e", "--validation.enable",
+                            "--validation.split=validation"))

@@ -295,6 +295,9 @@ class Validation:
     freq: int = opt(250, "Validate every N steps (and after the last step)")
     steps: int = opt(10, "Batches per validation, the same ones every time (fewer if too few)")
     dataset: str = opt("", "Dataset whose held-out split is used; empty = data.dataset")
+    split: str = opt(
+        "", "Hugging Face split to validate on (e.g. validation); empty = held out from training"
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from torch import nn
 
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data
+from torchllm.data.sources import resolve
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import generate
 from torchllm.eval.validation import validate
@@ -21,16 +22,30 @@ from torchllm.log import logger
 
 def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable, dp_rank: int,
                       dp_degree: int) -> Iterable:
-    """The training data's validation loader, or that of validation.dataset when it differs."""
-    name = cfg.validation.dataset
-    if not (cfg.validation.enable and name and name != cfg.data.dataset):
+    """The training data's held-out loader, or the one validation.dataset / .split name.
+
+    With validation.split, the first data.val_documents documents of that Hugging Face split
+    are the validation set (e.g. a dataset's official "validation" split).
+    """
+    vcfg = cfg.validation
+    name = vcfg.dataset or cfg.data.dataset
+    if not vcfg.enable or (name == cfg.data.dataset and not vcfg.split):
         return val_loader
     other = copy.deepcopy(cfg)
     other.data.dataset = name
+    key = "validation.split" if vcfg.split else "validation.dataset"
+    if vcfg.split:
+        if resolve(other.data).kind != "hf":
+            raise ConfigError(
+                f"validation.split = {vcfg.split!r} applies to Hugging Face datasets (hf:... or "
+                f"a named one), not {name!r}; for local files or shards point validation.dataset "
+                "at the validation data instead", key,
+            )
+        other.data.hf_split = vcfg.split
     try:
         return build_data(other, tokenizer, dp_rank, dp_degree)[1]
     except ConfigError as e:
-        raise ConfigError(f"validation.dataset = {name!r}: {e}", "validation.dataset") from None
+        raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
 
 
 @dataclass
