@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchllm.config import load_config
 
@@ -20,6 +21,16 @@ def _torchllm_logger_propagates():
 
     logger.handlers.clear()
     logger.propagate = True
+
+
+def build_model(model_cls, args, seed: int = 0):
+    """The production path on CPU: build on meta, to_empty, seed, init_weights."""
+    with torch.device("meta"):
+        model = model_cls(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    model.init_weights()
+    return model
 
 
 def tiny_args(tmp_path, *extra: str) -> list[str]:

@@ -14,7 +14,7 @@ from torchllm.eval import hellaswag
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 
-from conftest import shared_path
+from conftest import build_model, shared_path
 
 TINY_EXAMPLES = [
     {"ind": 0, "activity_label": "Cooking", "ctx": "A man cracks two eggs into a bowl. He",
@@ -49,11 +49,7 @@ def tokenizer(tmp_path_factory):
 def tiny_model(max_seq_len=160, seed=0):
     args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
                      max_seq_len=max_seq_len)
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    model.init_weights()
+    model = build_model(Transformer, args, seed)
     with torch.no_grad():  # a larger output scale spreads the scores (fewer near-ties)
         model.output.weight.mul_(8)
     return model.eval()

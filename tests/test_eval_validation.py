@@ -14,17 +14,13 @@ from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 from torchllm.train import Trainer
 
-from conftest import tiny_config
+from conftest import build_model, tiny_config
 from test_eval_hellaswag import write_tiny_jsonl
 
 
 def tiny_model():
-    with torch.device("meta"):
-        model = Transformer(LlamaArgs(dim=32, n_layers=1, n_heads=2, vocab_size=64, max_seq_len=16))
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    model.init_weights()
-    return model
+    return build_model(Transformer, LlamaArgs(dim=32, n_layers=1, n_heads=2, vocab_size=64,
+                                              max_seq_len=16))
 
 
 def test_validate_is_the_token_weighted_mean_in_eval_mode_without_grad():

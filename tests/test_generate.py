@@ -11,18 +11,15 @@ from torchllm.generate import main
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import KVCache, Transformer
 
+from conftest import build_model
+
 TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
 PROMPTS = [[1, 5, 9, 14, 3, 7], [1, 20], [1, 8, 8, 31, 2, 60, 11, 4, 19]]
 
 
 @pytest.fixture(scope="module")
 def model():
-    with torch.device("meta"):
-        m = Transformer(TINY)
-    m.to_empty(device="cpu")
-    torch.manual_seed(0)
-    m.init_weights()
-    return m.eval()
+    return build_model(Transformer, TINY).eval()
 
 
 def test_kv_cache_logits_equal_the_full_forward(model):

@@ -10,18 +10,13 @@ from torchllm.models.gpt2 import GPT2, GPT2Args, flavors
 from torchllm.optim.optimizer import param_groups
 from torchllm.train import Trainer
 
-from conftest import REPO, tiny_config
+from conftest import REPO, build_model, tiny_config
 
 GPT2_ARGS = ["--model.name=gpt2"]
 
 
 def build(args: GPT2Args, seed: int = 0) -> GPT2:
-    with torch.device("meta"):
-        model = GPT2(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    model.init_weights()
-    return model
+    return build_model(GPT2, args, seed)
 
 
 TINY = GPT2Args(dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=32)

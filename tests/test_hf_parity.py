@@ -15,6 +15,8 @@ from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
 from torchllm.models.gpt2 import GPT2, GPT2Args
 from torchllm.models.llama import LlamaArgs, Transformer
 
+from conftest import build_model
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 100  # unpadded; the torchllm models below pad it to 128
@@ -48,10 +50,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def torchllm_model(model_cls, args, seed=0):
-    with torch.device("meta"):
-        model = model_cls(args)
-    model.to_empty(device="cpu")
-    model.init_weights()
+    model = build_model(model_cls, args, seed)
     randomize(model, seed)
     return model.eval()
 

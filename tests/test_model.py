@@ -10,17 +10,11 @@ from torchllm.loss import cross_entropy_sum
 from torchllm.models.llama.args import LlamaArgs, flavors
 from torchllm.models.llama.model import Transformer, apply_rope, rope_frequencies, rope_table
 
-from conftest import REPO
+from conftest import REPO, build_model
 
 
 def build(args: LlamaArgs, seed: int = 0) -> Transformer:
-    """The production path: meta device, to_empty, init_weights."""
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    model.init_weights()
-    return model
+    return build_model(Transformer, args, seed)
 
 
 TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq_len=32)
