@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from torchllm import models
+from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device
-from torchllm.eval.in_training import Evaluator, validation_loader
+from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
@@ -43,6 +44,11 @@ from torchllm.parallel import (
     rank_zero_first,
     register_float8_scale_precompute,
 )
+
+
+# Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
+# the config whether it is on). Their events run in this order.
+CALLBACKS = (Profiler, Evaluator)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -151,10 +157,13 @@ class Trainer:
         # data position, counters and RNG states.
         self.train_state = TrainState()
         self.guard = LossGuard(cfg.metrics)
+        # Profiler, validation, samples, HellaSwag, ...: each on its own schedule.
+        self.callbacks = build_callbacks(CALLBACKS, self)
+        stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
-            device=self.device, others={"loss_guard": self.guard},
+            device=self.device, others={"loss_guard": self.guard, **stateful},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.checkpointer.save
@@ -162,17 +171,23 @@ class Trainer:
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
         )
-        self.profiler = Profiler(cfg.profiling, self.run_dir, self.device, rank())
-        # Validation, samples and HellaSwag on their own schedules.
-        val_batches = validation_loader(cfg, self.tokenizer, self.val_loader, self.dp_rank,
-                                        self.dp_degree)
-        self.evaluator = Evaluator(cfg, self.model, self.tokenizer, self.device, val_batches,
-                                   self.autocast, group=self.parallel_dims.dp_group)
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
         self.stop_signal: int | None = None
+
+    def callback(self, cls):
+        """The attached callback of class `cls` (e.g. trainer.callback(Evaluator)), or None."""
+        return next((cb for cb in self.callbacks if isinstance(cb, cls)), None)
+
+    @property
+    def evaluator(self) -> Evaluator | None:
+        return self.callback(Evaluator)
+
+    @property
+    def profiler(self) -> Profiler | None:
+        return self.callback(Profiler)
 
     @property
     def step(self) -> int:
@@ -289,7 +304,8 @@ class Trainer:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
-        self.profiler.start()
+        for cb in self.callbacks:
+            cb.on_train_start(self)
         start = time.perf_counter()
         try:
             while self.step < tcfg.steps:
@@ -303,12 +319,10 @@ class Trainer:
                 self.train_state.tokens_seen += m["tokens"]
                 losses.append(m["loss"])
                 self.metrics.log(self.step, m, step_time)
-                self.profiler.step(self.step)
-                report = self.evaluator.after_step(self.step, tcfg.steps)
+                report = StepReport()
+                for cb in self.callbacks:
+                    report.update(cb.on_step_end(self, self.step, m))
                 self.metrics.log_eval(self.step, report.scalars, report.texts)
-                if "val/loss" in report.scalars:
-                    self.train_state.best_val_loss = min(self.train_state.best_val_loss,
-                                                         report.scalars["val/loss"])
 
                 self.checkpointer.poll()
                 last = self.step == tcfg.steps
@@ -318,14 +332,16 @@ class Trainer:
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break
-        except torch.OutOfMemoryError:
-            self.profiler.on_oom(self.step)
+        except BaseException as e:
+            for cb in self.callbacks:
+                cb.on_exception(self, self.step, e)
             raise
         finally:
             gc.enable()
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            self.profiler.stop()
+            for cb in self.callbacks:
+                cb.on_train_end(self)
             self.metrics.close()
             self.checkpointer.close()
         if losses:

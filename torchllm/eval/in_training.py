@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
+from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data
 from torchllm.data.sources import resolve
@@ -48,17 +48,27 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
         raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
 
 
-@dataclass
-class EvalReport:
-    """What one step's evaluation produced: TensorBoard scalars and text, by tag."""
-
-    scalars: dict[str, float] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
+EvalReport = StepReport  # what one step's evaluation produced
 
 
-class Evaluator:
+class Evaluator(Callback):
     """Runs each enabled evaluation when its frequency divides the step (and validation also
     after the last step). Every rank must call `after_step`: the work is split over `group`."""
+
+    @classmethod
+    def from_trainer(cls, trainer) -> "Evaluator":
+        cfg = trainer.cfg
+        val_batches = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
+                                        trainer.dp_rank, trainer.dp_degree)
+        return cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
+                   trainer.autocast, group=trainer.parallel_dims.dp_group)
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
+        report = self.after_step(step, self.cfg.training.steps)
+        if "val/loss" in report.scalars:
+            trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss,
+                                                    report.scalars["val/loss"])
+        return report
 
     def __init__(
         self,

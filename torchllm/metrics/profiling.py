@@ -1,7 +1,7 @@
 """[profiling]: torch profiler traces and CUDA memory snapshots, around the training loop.
 
-The trainer calls start() before its first step, step(n) after each, on_oom(n) when step n runs
-out of memory, and stop() at the end.
+A training-loop callback: start() before the first step, step(n) after each, on_oom(n) when step
+n runs out of memory, and stop() at the end.
 
 Traces: every `profile_freq` steps the profiler waits, warms up for `profiler_warmup` steps and
 records the last `profiler_active` steps of the window; each rank writes
@@ -18,13 +18,33 @@ from pathlib import Path
 
 import torch
 
+from torchllm.callbacks import Callback
 from torchllm.log import logger
 
 # Allocation events kept in the CUDA allocator's history (a ring buffer, as in PyTorch's docs).
 MEMORY_HISTORY_ENTRIES = 100_000
 
 
-class Profiler:
+class Profiler(Callback):
+    @classmethod
+    def from_trainer(cls, trainer) -> "Profiler":
+        from torchllm.metrics.reduce import rank
+
+        return cls(trainer.cfg.profiling, trainer.run_dir, trainer.device, rank())
+
+    def on_train_start(self, trainer) -> None:
+        self.start()
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
+        self.step(step)
+
+    def on_exception(self, trainer, step: int, exc: BaseException) -> None:
+        if isinstance(exc, torch.OutOfMemoryError):
+            self.on_oom(step)
+
+    def on_train_end(self, trainer) -> None:
+        self.stop()
+
     def __init__(self, pcfg, run_dir: Path, device: torch.device, rank: int):
         self.cfg, self.run_dir, self.device, self.rank = pcfg, Path(run_dir), device, rank
         self.step_num = 0
