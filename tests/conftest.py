@@ -34,8 +34,12 @@ def build_model(model_cls, args, seed: int = 0):
 
 
 def tiny_args(tmp_path, *extra: str) -> list[str]:
-    """CLI overrides for a fast debug run writing under tmp_path."""
+    """CLI overrides for a fast debug run writing under tmp_path.
+
+    The device is pinned to CPU: tolerances are tuned for fp32 CPU numerics, and 'auto' would
+    switch a GPU machine's run to CUDA + bf16 (and N processes onto GPUs it may not have)."""
     return [
+        "--training.device=cpu",
         f"--job.dump_folder={tmp_path}",
         "--job.print_config=false",
         "--model.flavor=debug",

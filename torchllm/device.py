@@ -12,14 +12,22 @@ from torchllm.config.job_config import ConfigError
 def resolve_device(name: str, key: str = "training.device") -> torch.device:
     """'auto' = CUDA (this process's LOCAL_RANK GPU under torchrun) when present, else CPU.
 
-    Asking for CUDA without it, or for an unknown device, is a ConfigError naming `key`.
+    Asking for CUDA without it, for a GPU index beyond the visible ones (e.g. 4 processes on a
+    1-GPU machine), or for an unknown device is a ConfigError naming `key`.
     """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{key} = 'cuda' but no CUDA device is visible; use 'cpu'", key)
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= count:
+            raise ConfigError(
+                f"{key} = 'cuda' (or 'auto'): this process has LOCAL_RANK {local_rank} but only "
+                f"{count} GPU(s) are visible; launch at most {count} process(es) per node "
+                "(NGPU), or use 'cpu'", key,
+            )
+        return torch.device("cuda", local_rank)
     if name != "cpu":
         raise ConfigError(f"{key} = {name!r}: use auto, cpu or cuda", key)
     return torch.device("cpu")

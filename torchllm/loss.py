@@ -57,10 +57,11 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 h = hidden[start : start + ctx.chunk]
                 t = targets[start : start + ctx.chunk]
                 dlogits = torch.softmax(F.linear(h, weight).float(), dim=-1)
-                valid = t != IGNORE_INDEX
-                rows = torch.arange(t.shape[0], device=t.device)
-                dlogits[rows[valid], t[valid]] -= 1.0
-                dlogits[~valid] = 0.0
+                # softmax - onehot on valid rows, 0 on ignored ones, with masked ops only:
+                # boolean-mask indexing would sync the host with the GPU once per chunk.
+                valid = (t != IGNORE_INDEX).unsqueeze(-1)
+                dlogits.scatter_add_(-1, t.clamp(min=0).unsqueeze(-1), -valid.float())
+                dlogits.mul_(valid)
                 # Like autograd through `.float()`: the logits' gradient in the logits' dtype.
                 dlogits = (dlogits * grad_total).to(h.dtype)
                 grad_hidden[start : start + ctx.chunk] = dlogits @ weight

@@ -1,0 +1,65 @@
+"""CUDA-only paths whose failure can be reproduced (or guarded) on CPU (issue 21)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchllm.config import ConfigError
+from torchllm.device import resolve_device
+
+
+def test_auto_device_refuses_a_local_rank_beyond_the_visible_gpus(monkeypatch):
+    """4 processes on a 1-GPU machine: a clear error instead of 'invalid device ordinal'."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for name in ("auto", "cuda"):
+        with pytest.raises(ConfigError, match="LOCAL_RANK 1 but only 1 GPU"):
+            resolve_device(name)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op run inside, with whether any argument is a boolean tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+        bool_arg = any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat)
+        self.ops.append((str(func.overloadpacket.__name__), bool_arg))
+        return func(*args, **(kwargs or {}))
+
+
+# Ops that make the host wait for the device: data-dependent shapes (boolean-mask indexing goes
+# through nonzero) and reading a value back.
+SYNCING = ("nonzero", "_local_scalar_dense", "masked_select", "item")
+
+
+def syncing_ops(recorder: _OpRecorder) -> list[str]:
+    return [name for name, bool_arg in recorder.ops
+            if name in SYNCING or (bool_arg and name in ("index", "index_put", "index_put_"))]
+
+
+def test_chunked_loss_backward_has_no_data_dependent_ops():
+    from torchllm.loss import IGNORE_INDEX, chunked_cross_entropy_sum, cross_entropy_sum
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 9))
+    targets[0, :3] = IGNORE_INDEX
+    loss = chunked_cross_entropy_sum(hidden, weight, targets, 4)
+    recorder = _OpRecorder()
+    with recorder:
+        grads = torch.autograd.grad(loss, (hidden, weight))
+    assert recorder.ops and not syncing_ops(recorder), syncing_ops(recorder)
+    # ... and the gradient is still the plain cross entropy's (the oracle)
+    plain = torch.autograd.grad(cross_entropy_sum(hidden @ weight.T, targets), (hidden, weight))
+    for g, ref in zip(grads, plain):
+        torch.testing.assert_close(g, ref)
