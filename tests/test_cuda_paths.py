@@ -63,3 +63,43 @@ def test_chunked_loss_backward_has_no_data_dependent_ops():
     plain = torch.autograd.grad(cross_entropy_sum(hidden @ weight.T, targets), (hidden, weight))
     for g, ref in zip(grads, plain):
         torch.testing.assert_close(g, ref)
+
+
+class _ScaledMatmul(torch.autograd.Function):
+    """y = x @ w.T through float8 `_scaled_mm` (as torchao's Float8Linear does); the backward
+    is the high-precision one."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        one = torch.tensor(1.0)
+        return torch._scaled_mm(x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t(),
+                                scale_a=one, scale_b=one, out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w, grad.t() @ x
+
+
+def test_selective_ac_op_policy_saves_float8_matmuls_and_tp_reduce_scatter():
+    from torch.utils.checkpoint import checkpoint
+
+    from torchllm.parallel.ac import _op_policy_context, _save_list
+
+    assert torch.ops._c10d_functional.reduce_scatter_tensor.default in _save_list()
+    x = torch.randn(16, 32, requires_grad=True)
+    w = torch.randn(16, 32, requires_grad=True)
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func is torch.ops.aten._scaled_mm.default
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        y = checkpoint(lambda a, b: _ScaledMatmul.apply(a, b).sin(), x, w,
+                       use_reentrant=False, context_fn=_op_policy_context)
+        y.sum().backward()
+    assert Count.calls == 1  # saved in forward, not recomputed in backward

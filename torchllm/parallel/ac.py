@@ -25,14 +25,18 @@ SUBMODULES = {"ffn": "feed_forward", "attention": "attention"}
 
 
 def _save_list() -> set:
-    """Ops whose outputs 'op' keeps: matmuls and the attention kernels (the costly ones)."""
+    """Ops whose outputs 'op' keeps: matmuls (float8's `_scaled_mm` included), the attention
+    kernels (the costly ones) and TP's reduce-scatter (recomputing it would communicate again)."""
     aten = torch.ops.aten
     ops = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention",
+    for name in ("_scaled_mm", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
                  "_scaled_dot_product_flash_attention_for_cpu"):
         if hasattr(aten, name):
             ops.add(getattr(aten, name).default)
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is not None and hasattr(c10d, "reduce_scatter_tensor"):
+        ops.add(c10d.reduce_scatter_tensor.default)
     return ops
 
 
