@@ -103,3 +103,31 @@ def test_selective_ac_op_policy_saves_float8_matmuls_and_tp_reduce_scatter():
                        use_reentrant=False, context_fn=_op_policy_context)
         y.sum().backward()
     assert Count.calls == 1  # saved in forward, not recomputed in backward
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
+        recipe, compiled, monkeypatch, caplog):
+    pytest.importorskip("torchao")
+    import torch._inductor.config as inductor_config
+
+    from torchllm.config import load_config
+    from torchllm.log import logger
+    from torchllm.models.llama.args import LlamaArgs
+    from torchllm.models.llama.model import Transformer
+    from torchllm.parallel.float8 import apply_float8
+
+    from conftest import build_model
+
+    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
+    logger.addHandler(caplog.handler)
+    try:
+        cfg = load_config(["--float8.enable", "--float8.emulate", f"--float8.recipe={recipe}"])
+        model = build_model(Transformer, LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=64,
+                                                   max_seq_len=16))
+        apply_float8(model, cfg.float8, "cpu", fsdp_enabled=False, compiled=compiled)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert ("float8 casts run unfused" in caplog.text) == (not compiled)
+    assert inductor_config.emulate_precision_casts == (compiled and recipe == "rowwise")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
 
 
 def float8_supported(device_type: str) -> bool:
@@ -45,9 +46,27 @@ def check_float8_hardware(f8cfg, device_type: str) -> None:
         )
 
 
-def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool) -> list[str]:
-    """Convert the model's eligible Linear layers in place; returns their names."""
+def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool,
+                 compiled: bool = False) -> list[str]:
+    """Convert the model's eligible Linear layers in place; returns their names.
+
+    `compiled`: whether the blocks will be torch.compile'd (compile.enable with "model").
+    Without compile, the amax/scale/cast kernels run unfused and float8 is usually slower
+    than bf16: a warning says so. With compile and rowwise scales, inductor must keep eager's
+    bf16 rounding (`emulate_precision_casts`): otherwise the recomputation under activation
+    checkpointing can differ from the forward and training diverges to NaN (pytorch#150859;
+    TorchTitan sets the same flag, pytorch/torchtitan#1110).
+    """
     check_float8_hardware(f8cfg, device_type)
+    if not compiled:
+        logger.warning(
+            "float8.enable without compile (compile.enable with 'model' in compile.components): "
+            "the float8 casts run unfused, which is usually slower than bf16; enable compile"
+        )
+    elif f8cfg.recipe != "tensorwise":
+        import torch._inductor.config
+
+        torch._inductor.config.emulate_precision_casts = True
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if f8cfg.recipe == "tensorwise":

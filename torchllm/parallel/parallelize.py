@@ -79,17 +79,18 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
       replicate the final parameters, whatever the steps before made of them.
     """
     pcfg, applied = job_config.parallelism, []
+    compiled = job_config.compile.enable and "model" in job_config.compile.components
     if parallel_dims.tp_enabled:
         apply_tp(model, parallel_dims.mesh["tp"])
         applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
     if job_config.float8.enable:
         names = apply_float8(model, job_config.float8, parallel_dims.device_type,
-                             parallel_dims.fsdp_enabled)
+                             parallel_dims.fsdp_enabled, compiled)
         applied.append(f"float8 {job_config.float8.recipe} on {len(names)} linears")
     counts = apply_ac(model, job_config.activation_checkpoint)
     if counts:
         applied.append(f"AC {job_config.activation_checkpoint.mode} {counts}")
-    if job_config.compile.enable and "model" in job_config.compile.components:
+    if compiled:
         applied.append(f"compiled {apply_compile(model, job_config.compile)} blocks")
     if parallel_dims.fsdp_enabled:
         bf16 = bf16_params(job_config.training.mixed_precision, parallel_dims.device_type)
