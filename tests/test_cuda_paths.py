@@ -131,3 +131,84 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
         logger.removeHandler(caplog.handler)
     assert ("float8 casts run unfused" in caplog.text) == (not compiled)
     assert inductor_config.emulate_precision_casts == (compiled and recipe == "rowwise")
+
+
+def _tiny(family: str, n_layers: int = 3):
+    from conftest import build_model
+
+    if family == "gpt2":
+        from torchllm.models.gpt2.args import GPT2Args
+        from torchllm.models.gpt2.model import GPT2
+
+        return build_model(GPT2, GPT2Args(dim=32, n_layers=n_layers, n_heads=4, vocab_size=64,
+                                          max_seq_len=32))
+    from torchllm.models.llama.args import LlamaArgs
+    from torchllm.models.llama.model import Transformer
+
+    return build_model(Transformer, LlamaArgs(dim=32, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                                              vocab_size=64, max_seq_len=32))
+
+
+@pytest.mark.parametrize("family", ["llama3", "gpt2"])
+def test_sampling_with_fullgraph_compiled_blocks_runs_eagerly(family):
+    """The KV cache is keyed by module: through the compiled blocks every layer (and length)
+    recompiled until FailOnRecompileLimitHit. Oracle: the same model, never compiled."""
+    from types import SimpleNamespace
+
+    from torchllm.eval.generation import generate
+    from torchllm.parallel.compile import apply_compile
+
+    torch._dynamo.reset()
+    model = _tiny(family)
+    expected = generate(model, [[1, 2, 3], [4]], 6, temperature=0.8, seed=1)
+    apply_compile(model, SimpleNamespace(backend="eager"))  # fullgraph=True, as in training
+    with torch._dynamo.config.patch(recompile_limit=2):
+        model(torch.randint(0, 64, (2, 8))).sum().backward()  # a training step compiles
+        assert generate(model, [[1, 2, 3], [4]], 6, temperature=0.8, seed=1) == expected
+    torch._dynamo.reset()
+
+
+def test_generate_computes_on_the_given_device_not_the_first_parameters():
+    """fsdp_cpu_offload keeps parameters on CPU while the model computes on the GPU. Stand-in on
+    CPU: a wrapper whose first parameter lives on the meta device."""
+    from torchllm.eval.generation import generate
+
+    inner = _tiny("llama3")
+
+    class Offloaded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offloaded = torch.nn.Parameter(torch.empty(1, device="meta"))
+            self.inner, self.args = inner, inner.args
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    expected = generate(inner, [[1, 2, 3]], 5)
+    assert generate(Offloaded(), [[1, 2, 3]], 5, device=torch.device("cpu")) == expected
+
+
+def test_in_training_samples_use_the_trainers_device(monkeypatch):
+    from torchllm.config import load_config
+    from torchllm.eval import in_training
+
+    seen = {}
+
+    def fake_generate(model, prompts, *args, **kwargs):
+        seen.update(kwargs)
+        return [[] for _ in prompts]
+
+    class Tok:
+        eos_id = 0
+
+        def encode(self, text, bos=False):
+            return [1, 2]
+
+        def decode(self, ids):
+            return "x"
+
+    monkeypatch.setattr(in_training, "generate", fake_generate)
+    cfg = load_config(["--eval.sample_freq=1", "--validation.enable=false"])
+    evaluator = in_training.Evaluator(cfg, _tiny("llama3"), Tok(), torch.device("cpu"), [])
+    evaluator.samples(1)
+    assert seen["device"] == torch.device("cpu")

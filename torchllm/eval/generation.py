@@ -60,13 +60,16 @@ def generate(
     eos_id: int | None = None,
     use_cache: bool = True,
     stop_early: bool = True,
+    device: torch.device | None = None,
 ) -> list[list[int]]:
     """The generated ids of each prompt (prompt excluded), cut after EOS when eos_id is given.
 
     Each row gets up to `max_new_tokens`, fewer when prompt + generation would exceed the
     model's max_seq_len. Without the cache every step reruns the whole sequence (the reference
     the cache is tested against). `stop_early = False` runs every step even after all rows hit
-    EOS, so all ranks of a sharded model run the same number of forward passes.
+    EOS, so all ranks of a sharded model run the same number of forward passes. `device` is
+    where the tokens live and the model computes (default: its first parameter's device; pass
+    the training device when FSDP offloads the parameters to CPU).
     """
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or max_new_tokens < 0:
         raise ValueError(f"temperature = {temperature}, top_k = {top_k}, top_p = {top_p}, "
@@ -79,7 +82,7 @@ def generate(
     if max(lengths) >= max_seq_len:
         raise ValueError(f"a prompt has {max(lengths)} tokens; the model's max_seq_len is "
                          f"{max_seq_len}, which leaves no room to generate")
-    device = next(model.parameters()).device
+    device = next(model.parameters()).device if device is None else torch.device(device)
     total = min(max_seq_len, max(lengths) + max_new_tokens)
     tokens = torch.zeros(len(prompts), total, dtype=torch.long, device=device)
     in_prompt = torch.zeros_like(tokens, dtype=torch.bool)
@@ -93,23 +96,27 @@ def generate(
 
     was_training = model.training
     model.eval()
+    # Eagerly, even when the training blocks are compiled (fullgraph): the KV cache is keyed
+    # by module and grows every step, so compiled blocks would recompile per layer and per
+    # length until torch.compile's recompile limit fails the run.
     try:
-        prev = 0
-        for cur in range(min(lengths), total):
-            if cache is not None:
-                logits = model(tokens[:, prev:cur], cache)
-            else:
-                logits = model(tokens[:, :cur])
-            nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
-            nxt = torch.where(in_prompt[:, cur], tokens[:, cur], nxt)
-            generating = ~in_prompt[:, cur] & ~done & (cur < limit)
-            tokens[:, cur] = torch.where(generating | in_prompt[:, cur], nxt, tokens[:, cur])
-            if eos_id is not None:
-                done |= generating & (nxt == eos_id)
-            done |= cur + 1 >= limit
-            prev = cur
-            if stop_early and bool(done.all()):
-                break
+        with torch.compiler.set_stance("force_eager"):
+            prev = 0
+            for cur in range(min(lengths), total):
+                if cache is not None:
+                    logits = model(tokens[:, prev:cur], cache)
+                else:
+                    logits = model(tokens[:, :cur])
+                nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+                nxt = torch.where(in_prompt[:, cur], tokens[:, cur], nxt)
+                generating = ~in_prompt[:, cur] & ~done & (cur < limit)
+                tokens[:, cur] = torch.where(generating | in_prompt[:, cur], nxt, tokens[:, cur])
+                if eos_id is not None:
+                    done |= generating & (nxt == eos_id)
+                done |= cur + 1 >= limit
+                prev = cur
+                if stop_early and bool(done.all()):
+                    break
     finally:
         model.train(was_training)
 

@@ -126,7 +126,7 @@ class Evaluator(Callback):
             # A fixed number of forward passes (no early stop): sharded ranks stay in step.
             outputs = generate(self.model, prompts, e.max_new_tokens, e.temperature, e.top_k,
                                e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
-                               stop_early=False)
+                               stop_early=False, device=self.device)
         texts = {}
         for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
             texts[f"samples/{i}"] = self.tokenizer.decode(prompt + ids)
