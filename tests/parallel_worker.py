@@ -4,7 +4,8 @@ process group, so that the cost of starting N Python processes is paid once.
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
 SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...]}. OUT (rank 0):
-{name: {"loss": [...], "grad_norm": [...]}, "sync_counts": {name: {...}}}.
+{name: {"loss": [...], "grad_norm": [...]}, "sync_counts": {name: {...}},
+ "host_syncs": {name: [event, ...]}} (see test_host_syncs.step_events).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed, gradient_sync
 from torchllm.train import Trainer
+
+from test_host_syncs import step_events
 
 
 def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False) -> int:
@@ -54,6 +57,8 @@ def main(spec_path: str, out_path: str) -> None:
                 "three_micro_steps": reduce_collectives(trainer, 3),
                 "three_micro_steps_always_sync": reduce_collectives(trainer, 3, always_sync=True),
             }
+            results["host_syncs"] = results.get("host_syncs", {})
+            results["host_syncs"][name] = step_events(trainer)
         del trainer
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:

@@ -19,12 +19,12 @@ def worker(rank: int, tmp_path) -> None:
         from torch.distributed.tensor import Shard, distribute_tensor
 
         from torchllm.metrics.norms import l2_norm, track_update
-        from torchllm.metrics.reduce import loss_stats
+        from torchllm.metrics.reduce import loss_stats, to_host
         from torchllm.metrics.writers import build_writers
 
         # Rank 0: 3 tokens, summed loss 6 (mean 2); rank 1: 5 tokens, summed loss 20 (mean 4).
         loss_sum, n_tokens = [(6.0, 3), (20.0, 5)][rank]
-        stats = loss_stats(torch.tensor(loss_sum), n_tokens, with_max=True)
+        stats = to_host(loss_stats(torch.tensor(loss_sum), n_tokens, with_max=True))
 
         torch.manual_seed(0)  # the same full tensor on both ranks, then sharded by rows
         full = torch.randn(8, 5)

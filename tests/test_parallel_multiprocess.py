@@ -177,3 +177,12 @@ def test_run_train_sh_with_two_ranks(reference):
     assert proc.returncode == 0, out[-6000:]
     assert "FSDP2 replicate=1 shard=2" in out and "done: step 3/3, 3 steps" in out, out[-6000:]
     assert "global batch 4 seqs x 16 tokens = 2 local x 2 dp x 1 accumulation" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp_accumulate", "fsdp_reshard_always_accumulate"])
+def test_one_host_sync_per_step_on_two_ranks(name, two_process):
+    """The global token count is all-reduced on the device: no sync before the forward."""
+    from test_host_syncs import assert_one_sync_after_the_forwards
+
+    assert_one_sync_after_the_forwards(two_process["host_syncs"][name], forwards=2)

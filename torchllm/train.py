@@ -29,6 +29,7 @@ from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
+from torchllm.metrics.reduce import to_host
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
@@ -43,6 +44,7 @@ from torchllm.parallel import (
     init_model_weights,
     rank_zero_first,
     register_float8_scale_precompute,
+    set_comm_timeout,
 )
 
 
@@ -80,7 +82,7 @@ class Trainer:
         # Validate the layout before any process-group work, then build the mesh (world > 1).
         self.parallel_dims = build_parallel_dims(cfg, world_size, self.device.type,
                                                  models.model_args(cfg))
-        self.parallel_dims.build_mesh(self.device)
+        self.parallel_dims.build_mesh(self.device, cfg.comm.init_timeout_seconds)
         self.dp_degree = self.parallel_dims.dp_degree
         self.dp_rank = self.parallel_dims.dp_rank
 
@@ -176,6 +178,7 @@ class Trainer:
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
         self.stop_signal: int | None = None
+        self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
 
     def callback(self, cls):
         """The attached callback of class `cls` (e.g. trainer.callback(Evaluator)), or None."""
@@ -211,18 +214,21 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def forward_backward(self, micro_batches) -> tuple[torch.Tensor, int]:
-        """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens)."""
+    def forward_backward(self, micro_batches) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens),
+        both device tensors: nothing here waits for the device."""
         # Normalize by the token count of the whole global batch, so that the step's loss is
-        # the mean over all its tokens however it is split into micro-batches.
-        n_tokens = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro_batches)
-        (global_tokens,) = dp_sum([n_tokens], self.parallel_dims, self.device)
+        # the mean over all its tokens however it is split into micro-batches. The count stays
+        # on the device (its all-reduce queues behind nothing the host must wait for).
+        batches = [{k: b[k].to(self.device, non_blocking=True) for k in ("inputs", "targets")}
+                   for b in micro_batches]
+        n_tokens = sum((b["targets"] != IGNORE_INDEX).sum() for b in batches)
+        global_tokens = dp_sum(n_tokens, self.parallel_dims)
         loss_sum = torch.zeros((), device=self.device)
-        for i, batch in enumerate(micro_batches):
-            inputs = batch["inputs"].to(self.device, non_blocking=True)
-            targets = batch["targets"].to(self.device, non_blocking=True)
+        for i, batch in enumerate(batches):
+            inputs, targets = batch["inputs"], batch["targets"]
             # Gradients are reduced across dp ranks on the last micro-step only.
-            with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
+            with gradient_sync(self.model, enabled=i == len(batches) - 1):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
                     with self.autocast():
                         loss = self.model(inputs, targets=targets,
@@ -240,18 +246,24 @@ class Trainer:
         return loss_sum, n_tokens
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step over grad_accum_steps micro-batches; returns its metrics."""
+        """One optimizer step over grad_accum_steps micro-batches; returns its metrics.
+
+        The host waits for the device once per step (logging steps aside): after backward and
+        clipping, for the loss, token count and grad norm together, which the guard needs
+        before it lets the update through.
+        """
         t0 = time.perf_counter()
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
         data_time = time.perf_counter() - t0
         loss_sum, n_tokens = self.forward_backward(micro_batches)
-        m = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
-        m.update(self.metrics.before_clip(self.step))
+        stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
+        m = self.metrics.before_clip(self.step)
 
         max_norm = self.cfg.training.max_norm
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
-        m.update(grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
+        stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
+        m.update(to_host(stats))  # the step's one device-to-host copy
+        m.update(tokens=int(m["tokens"]), lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
         # The guard may drop this update (the LR schedule still advances) or stop the run.
         m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
@@ -261,6 +273,9 @@ class Trainer:
                 self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not self.comm_timeout_set:  # every rank got through a step: the shorter timeout
+            set_comm_timeout(self.parallel_dims, self.cfg.comm.train_timeout_seconds)
+            self.comm_timeout_set = True
         return m
 
     def _on_signal(self, signum, frame) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from torchllm.config.sections import (
     ActivationCheckpoint,
     Checkpoint,
+    Comm,
     Compile,
     Data,
     Eval,
@@ -42,6 +43,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    comm: Comm = field(default_factory=Comm)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
@@ -68,7 +70,7 @@ class JobConfig:
             "training.steps", "training.seq_len", "training.local_batch_size", "training.gc_freq",
             "training.loss_chunk_tokens", "model.vocab_pad_multiple", "metrics.log_freq",
             "checkpoint.interval", "validation.freq", "validation.steps", "eval.max_new_tokens",
-            "eval.hellaswag_batch_size",
+            "eval.hellaswag_batch_size", "comm.init_timeout_seconds", "comm.train_timeout_seconds",
         ]
         at_least_one = ["data.prefetch_factor", "data.tokenizer_vocab_size",
                         "data.tokenizer_train_chars", "metrics.loss_spike_window",

@@ -153,6 +153,18 @@ class Parallelism:
 
 
 @dataclass
+class Comm:
+    init_timeout_seconds: int = opt(
+        1800, "Collective timeout until the first step ends (rank 0 may train the tokenizer, "
+        "build a large model or compile alone meanwhile)"
+    )
+    train_timeout_seconds: int = opt(
+        600, "Collective timeout from the end of the first step on (a hung rank fails the run "
+        "after this long)"
+    )
+
+
+@dataclass
 class ActivationCheckpoint:
     mode: Literal["none", "full", "selective"] = opt(
         "none", "Recompute activations in backward: none, full (every block), selective"

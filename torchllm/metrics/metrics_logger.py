@@ -43,8 +43,10 @@ class MetricsLogger:
     def is_log_step(self, step: int) -> bool:
         return step % self.log_freq == 0 or step in (1, self.total_steps)
 
-    def loss_stats(self, step: int, loss_sum: torch.Tensor, n_tokens: int) -> dict:
-        """The dp-reduced loss and token count (+ the max over ranks on logging steps)."""
+    def loss_stats(self, step: int, loss_sum: torch.Tensor,
+                   n_tokens: torch.Tensor | int) -> dict[str, torch.Tensor]:
+        """The dp-reduced loss and token count (+ the max over ranks on logging steps), as
+        device tensors: the trainer copies them to the host together with the grad norm."""
         return loss_stats(loss_sum, n_tokens, self.is_log_step(step), self.group)
 
     def before_clip(self, step: int) -> dict[str, float]:

@@ -23,19 +23,30 @@ def all_reduce(values: torch.Tensor, op: dist.ReduceOp, group=None) -> torch.Ten
     return out
 
 
-def loss_stats(loss_sum: torch.Tensor, n_tokens: int, with_max: bool, group=None) -> dict:
+def loss_stats(loss_sum: torch.Tensor, n_tokens: torch.Tensor | int, with_max: bool,
+               group=None) -> dict[str, torch.Tensor]:
     """The step's loss over all dp ranks: mean per token, and (if asked) the worst rank's mean.
 
     The mean is sum(losses) / sum(tokens), which equals the average of the ranks' means when
     every rank has the same token count and stays exact when padding makes them differ. One
     all-reduce per step; the max costs a second one, so it is only taken on logging steps.
+    Returns 0-dim device tensors: nothing here waits for the device (see `to_host`).
     """
     # float64: token counts of large global batches are not exact in float32 past 2^24.
-    local = torch.stack([loss_sum.detach().double(),
-                         torch.tensor(float(n_tokens), dtype=torch.float64, device=loss_sum.device)])
+    tokens = torch.as_tensor(n_tokens, device=loss_sum.device)  # already there in training
+    local = torch.stack([loss_sum.detach().double(), tokens.double()])
     total = all_reduce(local, dist.ReduceOp.SUM, group)
-    loss_total, tokens = total.tolist()  # one device-to-host copy
-    stats = {"loss": loss_total / tokens, "tokens": int(tokens)}
+    stats = {"loss": total[0] / total[1], "tokens": total[1]}
     if with_max:
-        stats["loss_max"] = all_reduce(local[0] / local[1], dist.ReduceOp.MAX, group).item()
+        stats["loss_max"] = all_reduce(local[0] / local[1], dist.ReduceOp.MAX, group)
     return stats
+
+
+def to_host(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Python floats of a few scalars, with one device-to-host copy (one sync) for all tensors."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out = dict(values)
+    if keys:
+        host = torch.stack([values[k].detach().double().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, host))
+    return out

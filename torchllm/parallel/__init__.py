@@ -8,6 +8,7 @@ from torchllm.parallel.distributed import (
     dp_sum,
     gradient_sync,
     rank_zero_first,
+    set_comm_timeout,
 )
 from torchllm.parallel.float8 import register_float8_scale_precompute
 from torchllm.parallel.init import init_model_weights
@@ -26,4 +27,5 @@ __all__ = [
     "parallelize_llama",
     "rank_zero_first",
     "register_float8_scale_precompute",
+    "set_comm_timeout",
 ]

@@ -30,13 +30,17 @@ def apply_fsdp(
 
     A 2-D dp_mesh (dp_replicate, dp_shard) gives HSDP: shard within a group, all-reduce the
     gradients across groups. MixedPrecisionPolicy casts the sharded fp32 params to param_dtype
-    when gathering (this replaces autocast) and reduces gradients in reduce_dtype.
+    when gathering (this replaces autocast) and reduces gradients in reduce_dtype. Forward
+    inputs are not cast (`cast_forward_inputs=False`): activations are already in param_dtype
+    (they come out of bf16 weights), and the float32 RoPE table each block receives must stay
+    float32 (apply_rope's contract; a bf16 table makes FSDP2 numerics differ from one device's).
     A tied embedding table stays in the root's group: the output projection reads it after the
     last block, so it must stay gathered through the whole forward and backward.
     """
     kwargs = {
         "mesh": dp_mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                          cast_forward_inputs=False),
     }
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()

@@ -8,6 +8,7 @@ process group (CUDA + NCCL when GPUs exist, CPU + gloo otherwise) and one named 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -129,8 +130,9 @@ class ParallelDims:
         return self.dp_replicate_enabled and not self.dp_shard_enabled
 
     # -- the mesh ---------------------------------------------------------------------------
-    def build_mesh(self, device: torch.device):
-        """Init the process group (once) and the named mesh; a no-op for a single process.
+    def build_mesh(self, device: torch.device, timeout_s: float | None = None):
+        """Init the process group (once; collectives time out after `timeout_s`, default
+        torch's) and the named mesh; a no-op for a single process.
 
         Dims: dp_replicate x dp_shard x tp (size-1 dims included so names always resolve),
         plus `dp` = dp_replicate x dp_shard flattened, for data loading and loss reduction.
@@ -141,18 +143,29 @@ class ParallelDims:
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
+            kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-                dist.init_process_group("nccl", device_id=device)
+                dist.init_process_group("nccl", device_id=device, **kwargs)
             else:
-                dist.init_process_group("gloo")
+                dist.init_process_group("gloo", **kwargs)
         self.mesh = init_device_mesh(
             device.type,
             (self.dp_replicate, self.dp_shard, self.tp),
             mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
         )
         self.dp_flat_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
+        if timeout_s is not None:  # the mesh's own groups do not inherit the default's timeout
+            self.set_timeout(timeout_s)
         return self.mesh
+
+    def set_timeout(self, seconds: float) -> None:
+        """Set the collective timeout of the default group and every group of the mesh."""
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        groups = [None, self.dp_group, *(self.mesh.get_group(d) for d in range(self.mesh.ndim))]
+        for group in groups:
+            _set_pg_timeout(timedelta(seconds=seconds), group)
 
     @property
     def dp_rank(self) -> int:

@@ -43,22 +43,36 @@ def gradient_sync(model: nn.Module, enabled: bool):
         setter(True)
 
 
-def dp_sum(values: list[float], parallel_dims: ParallelDims, device: torch.device) -> list[float]:
-    """Sum a few numbers over the data-parallel ranks (one all-reduce for all of them)."""
+def dp_sum(value: torch.Tensor, parallel_dims: ParallelDims) -> torch.Tensor:
+    """A device tensor summed over the data-parallel ranks (a new tensor; no host sync)."""
     if parallel_dims.mesh is None or not parallel_dims.dp_enabled:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)  # token counts stay exact
-    dist.all_reduce(t, group=parallel_dims.dp_group)
-    return t.tolist()
+        return value
+    out = value.detach().clone()
+    dist.all_reduce(out, group=parallel_dims.dp_group)
+    return out
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when `flag` is true on at least one (a MAX all-reduce)."""
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    t = torch.tensor([int(flag)], device=device)
+    t = torch.full((1,), int(flag), device=device)  # a fill, not a blocking host-to-device copy
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def set_comm_timeout(parallel_dims: ParallelDims, seconds: float) -> None:
+    """Give every process group of the run (the default one, each mesh dim's, the flattened
+    dp one) a new collective timeout, on every backend (NCCL, gloo). A no-op for one process.
+
+    TorchTitan's pattern: a long timeout while rank 0 alone builds caches or compiles, then a
+    shorter one once every rank has finished a step. The ranks meet at a barrier first, so no
+    collective still in flight from before is measured against the new timeout.
+    """
+    if parallel_dims.mesh is None:
+        return
+    dist.barrier()
+    parallel_dims.set_timeout(seconds)
 
 
 def clip_grad_norm_(
