@@ -212,3 +212,36 @@ def test_in_training_samples_use_the_trainers_device(monkeypatch):
     evaluator = in_training.Evaluator(cfg, _tiny("llama3"), Tok(), torch.device("cpu"), [])
     evaluator.samples(1)
     assert seen["device"] == torch.device("cpu")
+
+
+@pytest.mark.parametrize("family", ["llama3", "gpt2"])
+def test_unsharded_init_draws_on_the_cpu_generator_whatever_the_device(family):
+    """Single-GPU/DDP models were initialized on the CUDA generator, so their weights differed
+    from the CPU/FSDP2 init. Stand-in for CUDA: the meta device (no values, but every random op
+    shows which device it ran on). Oracle for the values: conftest.build_model on CPU."""
+    from torchllm.parallel.init import init_model_weights
+
+    reference = _tiny(family)  # seed 0, on CPU
+    build = lambda: type(reference)(reference.args)  # noqa: E731
+    devices = []
+
+    class RandomOps(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("normal_", "uniform_", "bernoulli_", "random_"):
+                devices.append(args[0].device.type)
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("meta"):
+        model = build()
+    with RandomOps():
+        init_model_weights(model, build, torch.device("meta"), seed=0)
+    assert devices and set(devices) == {"cpu"}, set(devices)
+    assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+
+    with torch.device("meta"):
+        model = build()
+    init_model_weights(model, build, torch.device("cpu"), seed=0)
+    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+    for got, want in zip(model.buffers(), reference.buffers()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

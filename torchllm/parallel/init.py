@@ -30,17 +30,24 @@ def init_model_weights(
     seed: int,
     cpu_offload: bool = False,
 ) -> None:
-    """`to_empty` + init, in place. Unsharded models (single device, DDP) init directly:
-    every rank draws the same numbers from the same seed (and DDP broadcasts rank 0's anyway)."""
+    """`to_empty` + init, in place, drawing every random number from the seeded CPU generator
+    and computing buffers (RoPE) on CPU, whatever `device` is: CUDA's generator would draw other
+    numbers from the same seed. Unsharded models (single device, DDP) init on CPU and move;
+    sharded ones receive rank 0's CPU init (see above)."""
+    device = torch.device(device)
+    sharded = has_sharded_params(model)
+    if not sharded:
+        model.to_empty(device="cpu")
+        torch.manual_seed(seed)
+        model.init_weights(buffer_device=torch.device("cpu"))
+        model.to(device)
+        return
     model.to_empty(device="cpu" if cpu_offload else device)
     torch.manual_seed(seed)
-    sharded = has_sharded_params(model)
-    with warnings.catch_warnings():
-        if sharded:  # CPU DTensors warn that their RNG is not sharding-aware: see above
-            warnings.filterwarnings("ignore", "DTensor random operators")
-        model.init_weights(buffer_device=device)  # also the non-persistent buffers (RoPE)
-    if not sharded:
-        return
+    with warnings.catch_warnings():  # CPU DTensors warn that their RNG is not sharding-aware
+        warnings.filterwarnings("ignore", "DTensor random operators")
+        model.init_weights(buffer_device=torch.device("cpu"))  # values replaced just below
+    _move_buffers(model, device)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full_state = {}
@@ -55,3 +62,11 @@ def init_model_weights(
         model, full_state,
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
+
+
+def _move_buffers(model: nn.Module, device: torch.device) -> None:
+    """Buffers (e.g. the RoPE table, computed on CPU) to the compute device, in place."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
