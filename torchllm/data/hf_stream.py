@@ -30,9 +30,9 @@ class HFStreamBatches(torch.utils.data.IterableDataset):
         self.state = {"epoch": 0, "stream": None, "tokens": [], "positions": []}
 
     def _stream(self, epoch: int):
+        ds, column = open_stream(self.source, self.text_column)  # checks datasets is there
         from datasets.distributed import split_dataset_by_node
 
-        ds, column = open_stream(self.source, self.text_column)
         ds = split_dataset_by_node(ds, self.dp_rank, self.dp_degree)
         ds.set_epoch(epoch)
         return ds, column

@@ -1,39 +1,67 @@
-"""The training loader: a StatefulDataLoader over an endless batch dataset, tied to its dp layout."""
+"""The training loader over an endless batch dataset, tied to its dp layout.
+
+torchdata's StatefulDataLoader when it is installed (it checkpoints loader workers' positions).
+Without torchdata (e.g. an offline GPU image) and with data.num_workers = 0, a plain in-process
+DataLoader does: the dataset itself then holds the exact position (it updates its state as it
+yields each batch, and nothing is prefetched).
+"""
 
 from __future__ import annotations
 
 import warnings
 
-from torchdata.stateful_dataloader import StatefulDataLoader
+import torch
 
 from torchllm.config.job_config import ConfigError
 
 
-class TrainLoader(StatefulDataLoader):
+def _stateful_loader_class():
+    """torchdata's StatefulDataLoader, or None when torchdata is not installed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    return StatefulDataLoader
+
+
+class TrainLoader:
     """Yields ready batches (the dataset batches itself); never runs out.
 
-    `state_dict()` adds the data-parallel rank and degree to torchdata's state: the batches a
+    `state_dict()` adds the data-parallel rank and degree to the loader's state: the batches a
     rank reads depend on the degree, so resuming under another degree is refused rather than
     silently reading a different data order.
     """
 
     def __init__(self, dataset, dp_rank: int, dp_degree: int, num_workers: int,
                  prefetch_factor: int, pin_memory: bool):
+        self.dataset, self.dp_rank, self.dp_degree = dataset, dp_rank, dp_degree
+        self.num_workers = num_workers
+        stateful = _stateful_loader_class()
+        self.kind = "torchdata" if stateful is not None else "in_process"
+        if stateful is None and num_workers:
+            raise ConfigError(
+                f"data.num_workers = {num_workers} needs torchdata (its StatefulDataLoader "
+                "resumes loader workers exactly), which is not installed; install torchdata or "
+                "set data.num_workers = 0", "data.num_workers",
+            )
+        kwargs = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                      prefetch_factor=prefetch_factor if num_workers else None,
+                      persistent_workers=False)
+        if stateful is None:
+            self.loader = torch.utils.data.DataLoader(dataset, **kwargs)
+            return
         with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch API here
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-            super().__init__(
-                dataset,
-                batch_size=None,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor if num_workers else None,
-                pin_memory=pin_memory,
-                persistent_workers=False,
-            )
-        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+            self.loader = stateful(dataset, **kwargs)
+
+    def __iter__(self):
+        return iter(self.loader)
 
     def state_dict(self) -> dict:
+        state = (self.loader.state_dict() if self.kind == "torchdata"
+                 else {"dataset_state": self.dataset.state_dict()})
         return {"dp_rank": self.dp_rank, "dp_degree": self.dp_degree,
-                "num_workers": self.num_workers, "loader": super().state_dict()}
+                "num_workers": self.num_workers, "loader": state}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore; the next `iter(loader)` continues right after the last saved batch."""
@@ -46,4 +74,15 @@ class TrainLoader(StatefulDataLoader):
                 "parallelism and data.num_workers, or add 'dataloader' to "
                 "checkpoint.exclude_from_loading to start the data order afresh"
             )
-        super().load_state_dict(state["loader"])
+        if self.kind == "torchdata":
+            self.loader.load_state_dict(state["loader"])
+            return
+        # Without torchdata: the dataset's own state, which torchdata also records (with
+        # num_workers = 0) under the same key.
+        if "dataset_state" not in state["loader"]:
+            raise ConfigError(
+                "the data loader state has no dataset position readable without torchdata; "
+                "install torchdata to resume it, or add 'dataloader' to "
+                "checkpoint.exclude_from_loading to start the data order afresh"
+            )
+        self.dataset.load_state_dict(state["loader"]["dataset_state"])

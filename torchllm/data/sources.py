@@ -81,14 +81,27 @@ def local_files(location: str) -> list[str]:
     return files
 
 
+def import_datasets(what: str):
+    """The optional `datasets` package, or a ConfigError saying what needed it and what works
+    without it (an offline GPU image may lack it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"{what} needs the `datasets` package, which is not installed; install it, or use "
+            "data.dataset = 'shards:DIR' (prepared with `python -m torchllm.data.prepare` where "
+            "datasets is installed) or 'embedded'", "data.dataset",
+        ) from None
+    return datasets
+
+
 def open_stream(source: Source, text_column: str):
     """A streaming `datasets.IterableDataset` for a local or hf source, column checked.
 
     Local files go through the same streaming reader as the Hub, so no Arrow cache is written and
     HF_DATASETS_OFFLINE=1 works.
     """
-    import datasets
-
+    datasets = import_datasets(f"data.dataset = {source.kind}:{source.location!r}")
     if source.kind == "local":
         files = local_files(source.location)
         builder = LOCAL_BUILDERS[Path(files[0]).suffix]

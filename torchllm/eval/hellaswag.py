@@ -77,9 +77,9 @@ def load_examples(source: str, limit: int = -1) -> list[dict]:
                     raise ValueError(f"{where}: not valid JSON ({e})") from None
                 examples.append(_check_example(row, where))
     else:
-        import datasets
-
         try:
+            import datasets
+
             rows = datasets.load_dataset(source, split="validation")
         except Exception as e:  # offline, unknown name, no validation split: one clear line
             raise ValueError(
