@@ -29,8 +29,8 @@ from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
-from torchllm.metrics.reduce import to_host
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
+from torchllm.metrics.reduce import to_host
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
