@@ -1,9 +1,11 @@
 """Checkpoints across processes: bit-exact resume with 2-rank FSDP2, and resharding
 (FSDP2 on 2 ranks -> 1 rank, 1 rank -> FSDP2 on 2 ranks, DDP -> FSDP2) with identical weights and
-optimizer state after the load. Each run is a real torchrun launch on gloo."""
+optimizer state after the load; a load failure on one rank only makes both ranks fall back to
+the same step. Each run is a real torchrun launch on gloo."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,15 +29,16 @@ DDP = ("--parallelism.data_parallel_shard_degree=1",
        "--parallelism.data_parallel_replicate_degree=2")
 
 
-def torchrun(*argv: str, script: str | None = None) -> None:
+def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     target = [str(REPO / "tests" / script)] if script else ["-m", "torchllm.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         *target, *argv], env=env, capture_output=True, text=True, timeout=600,
+         *target, *argv], env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
 
 
 def tb_losses(tmp_path, run: str) -> list[tuple[int, float]]:
@@ -105,3 +108,15 @@ def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
 
     with pytest.raises(ConfigError, match="exclude_from_loading"):
         Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r"))
+
+
+def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):
+    """Rank 1 alone cannot apply step 4: both ranks resume from step 2, and the warning says
+    which rank failed and why (before: rank 0 at step 4, rank 1 at step 2, then a hang)."""
+    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=4", "--checkpoint.interval=2",
+                     "--job.run_name=r")
+    torchrun(*args)
+    out = tmp_path / "steps.json"
+    log = torchrun(str(out), *args, script="checkpoint_fault_worker.py", timeout=300)
+    assert json.loads(out.read_text()) == [2, 2]
+    assert "step-4 could not be loaded (rank 1: OSError: simulated rank-local failure)" in log

@@ -20,7 +20,7 @@ import torch
 
 from torchllm import models
 from torchllm.callbacks import StepReport, build_callbacks
-from torchllm.checkpoint import Checkpointer, TrainState
+from torchllm.checkpoint import Checkpointer, CheckpointSaveError, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
@@ -164,9 +164,10 @@ class Trainer:
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
+            run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
-        self.guard.save_checkpoint = self.checkpointer.save
+        self.guard.save_checkpoint = self.save_dropped_step
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
@@ -253,6 +254,7 @@ class Trainer:
         grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
         m.update(grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
+        self.train_state.tokens_seen += m["tokens"]  # counted even if the guard stops here
         # The guard may drop this update (the LR schedule still advances) or stop the run.
         m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
         if not m["skipped"]:
@@ -262,6 +264,12 @@ class Trainer:
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return m
+
+    def save_dropped_step(self, step: int) -> None:
+        """Save `step` as a step whose update was dropped (the guard stopping the run): the LR
+        schedule advances past it, so a resume continues exactly like a skipped step."""
+        self.lr_scheduler.step()
+        self.checkpointer.save(step)
 
     def _on_signal(self, signum, frame) -> None:
         """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
@@ -316,7 +324,6 @@ class Trainer:
                 m = self.train_step()
                 step_time = time.perf_counter() - t0
                 slowest_step = max(slowest_step, step_time)
-                self.train_state.tokens_seen += m["tokens"]
                 losses.append(m["loss"])
                 self.metrics.log(self.step, m, step_time)
                 report = StepReport()
@@ -380,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as e:
         logger.error("training stopped by the guard: %s", e)
         return 3
+    except CheckpointSaveError as e:
+        logger.error("%s", e)
+        return 4
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130
