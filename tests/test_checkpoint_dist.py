@@ -77,7 +77,8 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     # FSDP2 on 2 ranks -> 1 rank (the data order belongs to 2 dp ranks: not restored).
     torchrun(*tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2"))
     one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2",
-                              "--checkpoint.exclude_from_loading=dataloader"))
+                              "--checkpoint.exclude_from_loading=dataloader",
+                              "--checkpoint.allow_global_batch_change"))
     assert one.step == 3
     flat = {f"model.{k}": v for k, v in one.model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -90,7 +91,8 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
     out = tmp_path / "loaded_2ranks.pt"
     torchrun(str(out), *tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single",
-                                  "--checkpoint.exclude_from_loading=dataloader"),
+                                  "--checkpoint.exclude_from_loading=dataloader",
+                                  "--checkpoint.allow_global_batch_change"),
              script="checkpoint_worker.py")
     assert_same_tensors(torch.load(out), saved_state(tmp_path / "single" / "checkpoint" / "step-3"))
 
@@ -107,7 +109,8 @@ def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
     from torchllm.config import ConfigError
 
     with pytest.raises(ConfigError, match="exclude_from_loading"):
-        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r"))
+        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r",
+                            "--training.global_batch_size=4"))  # the same global batch
 
 
 def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):

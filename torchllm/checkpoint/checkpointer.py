@@ -170,11 +170,15 @@ class Checkpointer(LoadingMixin):
         return bool(t.item())
 
     def _one(self, messages: list[str | None]) -> str | None:
-        """The gathered messages as one line (rank-prefixed when there are several ranks)."""
-        found = [(r, m) for r, m in enumerate(messages) if m]
+        """The gathered messages as one line, each prefixed with the ranks that reported it."""
+        by_text: dict[str, list[int]] = {}
+        for r, m in enumerate(messages):
+            if m:
+                by_text.setdefault(m, []).append(r)
         if self.world == 1:
-            return found[0][1] if found else None
-        return "; ".join(f"rank {r}: {m}" for r, m in found) or None
+            return next(iter(by_text), None)
+        return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {m}"
+                         for m, rs in by_text.items()) or None
 
     # ---------------------------------------------------------------- saving
 

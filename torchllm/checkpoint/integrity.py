@@ -70,15 +70,17 @@ def tensors_of(obj) -> list[torch.Tensor]:
 def nonfinite_and_bytes(tensors: list[torch.Tensor]) -> tuple[int, int]:
     """(number of tensors holding NaN/inf, their total bytes) for this rank's tensors.
 
-    One reduction per device (a single host sync each). Quantized tensor subclasses (8-bit
-    optimizer moments) have no NaN/inf to look for and are only counted for their bytes.
+    A tensor holds NaN/inf iff its float32 sum does (a sum of finite values overflows only
+    past 3e38): one read of the data, no temporaries (`isfinite().all()` is ~10x slower on
+    CPU), one host sync per device. Quantized tensor subclasses (8-bit optimizer moments)
+    have no NaN/inf to look for and are only counted for their bytes.
     """
-    nbytes, flags = 0, {}
+    nbytes, sums = 0, {}
     for t in tensors:
         nbytes += t.numel() * t.element_size()
         if type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point():
-            flags.setdefault(t.device, []).append(t.isfinite().all())
-    bad = sum(int((~torch.stack(f)).sum()) for f in flags.values())
+            sums.setdefault(t.device, []).append(torch.sum(t.detach(), dtype=torch.float32))
+    bad = sum(int((~torch.stack(s).isfinite()).sum()) for s in sums.values())
     return bad, nbytes
 
 

@@ -103,8 +103,6 @@ class LoadingMixin:
         sds, problem, misfit = {}, None, None
         try:
             marker = read_marker(path)
-            if resume:
-                self._check_batch(path, marker)
             files = marker.get("files") or {}
             if self.cfg.checksums and files:
                 problem = verify_files(path, files, sorted(files)[self.rank::self.world])
@@ -119,6 +117,8 @@ class LoadingMixin:
                         f"checkpoint {path} does not fit this model (saved shapes in "
                         f"{path / '.metadata'}): {mismatch}; did model.name or model.flavor "
                         "change?", "model.flavor")
+                if resume:
+                    self._check_batch(path, marker)
         except ConfigError as e:
             misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
@@ -148,9 +148,10 @@ class LoadingMixin:
         if saved and now and saved != now and not self.cfg.allow_global_batch_change:
             raise ConfigError(
                 f"checkpoint {path} was trained with a global batch of {saved} sequences, this "
-                f"config makes {now}: set checkpoint.allow_global_batch_change = true to resume "
-                "with the new batch anyway, or restore training.global_batch_size / "
-                "local_batch_size / the data-parallel degree", "checkpoint.allow_global_batch_change")
+                f"config makes {now}: set training.global_batch_size = {saved} to keep it "
+                "(gradient accumulation makes up the difference), or "
+                "checkpoint.allow_global_batch_change = true to resume with the new batch",
+                "checkpoint.allow_global_batch_change")
 
     def _after_resume(self, path: Path) -> None:
         """One warning listing the config changes since `path` was saved, and what wins."""
