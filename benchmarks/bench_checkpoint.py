@@ -6,6 +6,8 @@ Builds a Llama flavor (default 125M: ~128M parameters, ~1.5 GB of fp32 weights +
 on CPU, then measures, with the same Checkpointer the trainer uses:
   - the disk's own sequential write speed (dd-style: 1 MiB blocks, fsync at the end),
   - a synchronous save (time, MB/s) and a load (time, MB/s),
+  - the CRC-32 checksums the COMPLETE marker records (part of every save) and that a load
+    verifies (checkpoint.checksums): their time over the whole checkpoint,
   - an async save: the time the training loop is blocked (the save() call plus waiting for
     staging before the next optimizer step, while a real forward/backward runs in between),
     and the time until the checkpoint is complete on disk.
@@ -26,6 +28,7 @@ from types import SimpleNamespace
 import torch
 
 from torchllm.checkpoint import Checkpointer, TrainState
+from torchllm.checkpoint.integrity import folder_checksums, verify_files
 from torchllm.loss import cross_entropy_sum
 from torchllm.models.llama.args import flavors
 from torchllm.models.llama.model import Transformer
@@ -50,7 +53,9 @@ def checkpoint_config(**overrides) -> SimpleNamespace:
     cfg = dict(enable=True, folder="checkpoint", interval=1, keep_latest_k=0,
                async_mode="disabled", load_step=-1, exclude_from_loading=[],
                initial_load_path="", initial_load_model_only=True, last_save_model_only=False,
-               export_dtype="float32", create_seed_checkpoint=False)
+               export_dtype="float32", create_seed_checkpoint=False, checksums=True,
+               on_save_error="stop", optimizer_hparams_from="checkpoint",
+               allow_global_batch_change=False)
     cfg.update(overrides)
     return SimpleNamespace(**cfg)
 
@@ -91,10 +96,17 @@ def main() -> None:
         t0 = time.perf_counter()
         sync.save(1)
         sync_s = time.perf_counter() - t0
-        size = folder_bytes(root / "sync" / "checkpoint" / "step-1")
+        step1 = root / "sync" / "checkpoint" / "step-1"
+        size = folder_bytes(step1)
         t0 = time.perf_counter()
         sync.load()
         load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        files = folder_checksums(step1)
+        checksum_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert verify_files(step1, files, sorted(files)) is None
+        verify_s = time.perf_counter() - t0
 
         results["disk_write_MBps"] = disk_write_speed(root, min(size, 2 << 30))
 
@@ -118,6 +130,10 @@ def main() -> None:
             sync_save_MBps=size / sync_s / 1e6,
             load_s=load_s,
             load_MBps=size / load_s / 1e6,
+            checksum_s=checksum_s,
+            checksum_pct_of_sync_save=100 * checksum_s / sync_s,
+            verify_s=verify_s,
+            verify_pct_of_load=100 * verify_s / load_s,
             async_blocked_s=blocked,
             async_total_s=async_total,
             async_blocked_pct_of_sync=100 * blocked / sync_s,
@@ -133,6 +149,10 @@ def main() -> None:
         ("disk write (dd-style, fsync)", f"{results['disk_write_MBps']:.0f} MB/s"),
         ("sync save", f"{sync_s:.2f} s ({results['sync_save_MBps']:.0f} MB/s)"),
         ("load", f"{load_s:.2f} s ({results['load_MBps']:.0f} MB/s)"),
+        ("checksums at save (in sync save)", f"{checksum_s:.2f} s "
+         f"({results['checksum_pct_of_sync_save']:.0f}% of the sync save)"),
+        ("checksum check at load (in load)", f"{verify_s:.2f} s "
+         f"({results['verify_pct_of_load']:.0f}% of the load)"),
         ("async save: training blocked", f"{blocked:.3f} s "
          f"({results['async_blocked_pct_of_sync']:.1f}% of sync; target <= 10%)"),
         ("async save: until complete", f"{async_total:.2f} s"),

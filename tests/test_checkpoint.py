@@ -1,4 +1,5 @@
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def test_retention_keeps_exactly_k(tmp_path):
 def test_incomplete_checkpoint_is_ignored_with_warning(tmp_path, caplog):
     trainer(tmp_path, "--checkpoint.interval=2").train()
     folder = tmp_path / "run" / "checkpoint"
-    reference = Trainer(tiny_config(tmp_path, *CKPT, "--checkpoint.load_step=2"))
+    # The reference loads a copy of step 2 (load_step = 2 would move step 4 aside).
+    shutil.copytree(folder / "step-2", tmp_path / "ref" / "checkpoint" / "step-2")
+    reference = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=ref"))
     (folder / "step-4" / "COMPLETE").unlink()  # as if the save of step 4 crashed
     with caplog.at_level(logging.WARNING, logger="torchllm"):
         resumed = trainer(tmp_path)

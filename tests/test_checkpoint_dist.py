@@ -1,9 +1,11 @@
 """Checkpoints across processes: bit-exact resume with 2-rank FSDP2, and resharding
 (FSDP2 on 2 ranks -> 1 rank, 1 rank -> FSDP2 on 2 ranks, DDP -> FSDP2) with identical weights and
-optimizer state after the load. Each run is a real torchrun launch on gloo."""
+optimizer state after the load; a load failure on one rank only makes both ranks fall back to
+the same step. Each run is a real torchrun launch on gloo."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,15 +29,16 @@ DDP = ("--parallelism.data_parallel_shard_degree=1",
        "--parallelism.data_parallel_replicate_degree=2")
 
 
-def torchrun(*argv: str, script: str | None = None) -> None:
+def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     target = [str(REPO / "tests" / script)] if script else ["-m", "torchllm.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         *target, *argv], env=env, capture_output=True, text=True, timeout=600,
+         *target, *argv], env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
 
 
 def tb_losses(tmp_path, run: str) -> list[tuple[int, float]]:
@@ -74,7 +77,8 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     # FSDP2 on 2 ranks -> 1 rank (the data order belongs to 2 dp ranks: not restored).
     torchrun(*tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2"))
     one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2",
-                              "--checkpoint.exclude_from_loading=dataloader"))
+                              "--checkpoint.exclude_from_loading=dataloader",
+                              "--checkpoint.allow_global_batch_change"))
     assert one.step == 3
     flat = {f"model.{k}": v for k, v in one.model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -87,7 +91,8 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
     out = tmp_path / "loaded_2ranks.pt"
     torchrun(str(out), *tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single",
-                                  "--checkpoint.exclude_from_loading=dataloader"),
+                                  "--checkpoint.exclude_from_loading=dataloader",
+                                  "--checkpoint.allow_global_batch_change"),
              script="checkpoint_worker.py")
     assert_same_tensors(torch.load(out), saved_state(tmp_path / "single" / "checkpoint" / "step-3"))
 
@@ -104,4 +109,17 @@ def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
     from torchllm.config import ConfigError
 
     with pytest.raises(ConfigError, match="exclude_from_loading"):
-        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r"))
+        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r",
+                            "--training.global_batch_size=4"))  # the same global batch
+
+
+def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):
+    """Rank 1 alone cannot apply step 4: both ranks resume from step 2, and the warning says
+    which rank failed and why (before: rank 0 at step 4, rank 1 at step 2, then a hang)."""
+    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=4", "--checkpoint.interval=2",
+                     "--job.run_name=r")
+    torchrun(*args)
+    out = tmp_path / "steps.json"
+    log = torchrun(str(out), *args, script="checkpoint_fault_worker.py", timeout=300)
+    assert json.loads(out.read_text()) == [2, 2]
+    assert "step-4 could not be loaded (rank 1: OSError: simulated rank-local failure)" in log

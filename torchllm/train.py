@@ -20,7 +20,7 @@ import torch
 
 from torchllm import models
 from torchllm.callbacks import StepReport, build_callbacks
-from torchllm.checkpoint import Checkpointer, TrainState
+from torchllm.checkpoint import Checkpointer, CheckpointSaveError, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
@@ -166,9 +166,10 @@ class Trainer:
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
+            run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
-        self.guard.save_checkpoint = self.checkpointer.save
+        self.guard.save_checkpoint = self.save_dropped_step
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
@@ -265,6 +266,7 @@ class Trainer:
         m.update(to_host(stats))  # the step's one device-to-host copy
         m.update(tokens=int(m["tokens"]), lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
+        self.train_state.tokens_seen += m["tokens"]  # counted even if the guard stops here
         # The guard may drop this update (the LR schedule still advances) or stop the run.
         m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
         if not m["skipped"]:
@@ -277,6 +279,12 @@ class Trainer:
             set_comm_timeout(self.parallel_dims, self.cfg.comm.train_timeout_seconds)
             self.comm_timeout_set = True
         return m
+
+    def save_dropped_step(self, step: int) -> None:
+        """Save `step` as a step whose update was dropped (the guard stopping the run): the LR
+        schedule advances past it, so a resume continues exactly like a skipped step."""
+        self.lr_scheduler.step()
+        self.checkpointer.save(step)
 
     def _on_signal(self, signum, frame) -> None:
         """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
@@ -331,7 +339,6 @@ class Trainer:
                 m = self.train_step()
                 step_time = time.perf_counter() - t0
                 slowest_step = max(slowest_step, step_time)
-                self.train_state.tokens_seen += m["tokens"]
                 losses.append(m["loss"])
                 self.metrics.log(self.step, m, step_time)
                 report = StepReport()
@@ -395,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as e:
         logger.error("training stopped by the guard: %s", e)
         return 3
+    except CheckpointSaveError as e:
+        logger.error("%s", e)
+        return 4
     except KeyboardInterrupt:
         logger.warning("interrupted at step %d; stopping", trainer.step)
         return 130

@@ -1,7 +1,7 @@
 """Distributed checkpointing: sharded DCP saves, exact resume, retention, conversion."""
 
-from torchllm.checkpoint.checkpointer import Checkpointer
+from torchllm.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
 from torchllm.checkpoint.layout import complete_steps, resolve_checkpoint, step_dir
 from torchllm.checkpoint.state import TrainState
 
-__all__ = ["Checkpointer", "TrainState", "complete_steps", "resolve_checkpoint", "step_dir"]
+__all__ = ["Checkpointer", "CheckpointSaveError", "TrainState", "complete_steps", "resolve_checkpoint", "step_dir"]

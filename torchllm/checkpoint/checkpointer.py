@@ -1,15 +1,19 @@
 """Sharded, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
 Every rank writes its own shards of one DCP directory per step. A save becomes visible to
-loading and retention only when rank 0 writes the COMPLETE marker after every rank finished,
-so a crash mid-save never damages what was already on disk.
+loading and retention only when rank 0 writes the COMPLETE marker (with each file's CRC-32)
+after every rank finished and no saved value was NaN/inf, so a crash mid-save never damages
+what was already on disk and a poisoned state is never resumed from.
+
+Every decision that ranks could see differently (which checkpoint loads, whether a save
+failed or finished) is agreed over a small gloo group, so ranks never hang or diverge.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,22 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchllm.checkpoint.layout import complete_steps, mark_complete, resolve_checkpoint, step_dir
+from torchllm.checkpoint.integrity import (
+    describe_failure,
+    folder_checksums,
+    free_bytes,
+    human,
+    nonfinite_and_bytes,
+    tensors_of,
+)
+from torchllm.checkpoint.layout import (
+    complete_steps,
+    mark_complete,
+    mark_nonfinite,
+    step_dir,
+)
+from torchllm.checkpoint.loading import LoadingMixin
+from torchllm.checkpoint.resume import hparams_snapshot
 from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
@@ -32,9 +51,8 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+class CheckpointSaveError(RuntimeError):
+    """A save failed (disk full, I/O error): one line with the folder and the bytes involved."""
 
 
 def saved_keys(path: Path) -> set[str]:
@@ -43,7 +61,7 @@ def saved_keys(path: Path) -> set[str]:
     return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
 
-class Checkpointer:
+class Checkpointer(LoadingMixin):
     """Saves and restores model, optimizer, scheduler, data position, counters and RNGs."""
 
     def __init__(
@@ -58,14 +76,24 @@ class Checkpointer:
         dp_rank: int = 0,
         device: torch.device = torch.device("cpu"),
         others: dict[str, Any] | None = None,
+        run_info: dict[str, Any] | None = None,
     ):
         """`others`: more objects with state_dict()/load_state_dict(), saved under their keys
-        (identical on every rank, like the train state)."""
+        (identical on every rank, like the train state). `run_info`: `config_toml` (written
+        into each step folder, compared at resume) and `global_batch_size` (must not change
+        silently)."""
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
         self.folder = Path(run_dir) / ccfg.folder
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.run_info = run_info or {}
+        self.device = device
         self.rank = _rank()
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        # Agreement between ranks on CPU tensors: no device sync, never mixed with training's.
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # The configured hyperparameters, before a load replaces them with the checkpoint's.
+        self.hparams = hparams_snapshot(optimizer) if optimizer is not None else None
         others = others or {}
         self.loadable = [*LOADABLE, *others]
         bad = set(ccfg.exclude_from_loading) - set(self.loadable)
@@ -90,9 +118,10 @@ class Checkpointer:
             self.states[key] = PickledState(obj)
         self.states[self.rng_key] = RNGState()
 
-        self.pending: tuple[int, Future] | None = None
-        self.staging: Future | None = None
-        self.stager = None
+        self.pending: dict | None = None  # the background save: step, future, stager, finite
+        self.staging = None
+        self.needed = 0  # bytes of the save in progress (for error messages)
+        self.async_options = None
         self.async_group = None
         if self.enabled and ccfg.async_mode != "disabled":
             self._setup_async(ccfg.async_mode, device)
@@ -105,6 +134,7 @@ class Checkpointer:
         """
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+        self._stager_cls = DefaultStager  # one per save: torch < 2.13 closes it after one
         if mode == "async_with_pinned_mem":
             if device.type != "cuda":
                 raise ConfigError(
@@ -116,10 +146,39 @@ class Checkpointer:
         else:
             options = StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                      use_async_staging=True, use_non_blocking_copy=False)
-        self.stager = DefaultStager(options)
+        self.async_options = options
         if dist.is_initialized():
             # Background saves talk on their own gloo group, never interleaving with training's.
             self.async_group = dist.new_group(backend="gloo")
+
+    # -------------------------------------------------------------- agreement
+
+    def _gather(self, obj: Any) -> list:
+        """Every rank's `obj`, on every rank (rank order)."""
+        if self.group is None:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _all(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on every rank."""
+        if self.group is None:
+            return flag
+        t = torch.tensor([int(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def _one(self, messages: list[str | None]) -> str | None:
+        """The gathered messages as one line, each prefixed with the ranks that reported it."""
+        by_text: dict[str, list[int]] = {}
+        for r, m in enumerate(messages):
+            if m:
+                by_text.setdefault(m, []).append(r)
+        if self.world == 1:
+            return next(iter(by_text), None)
+        return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {m}"
+                         for m, rs in by_text.items()) or None
 
     # ---------------------------------------------------------------- saving
 
@@ -127,10 +186,11 @@ class Checkpointer:
         return self.enabled and (last or step % self.cfg.interval == 0)
 
     def save(self, step: int, last: bool = False, model_only: bool = False) -> None:
-        """Save `step` (blocking only for staging when async).
+        """Save `step` (blocking only for staging when async). Every rank calls it.
 
         `last` applies the export options (last_save_model_only, export_dtype); `model_only`
-        saves just the float32 weights (seed checkpoints).
+        saves just the float32 weights (seed checkpoints). A failed save raises
+        CheckpointSaveError (or, with on_save_error = 'continue', logs it and returns).
         """
         if not self.enabled:
             return
@@ -138,7 +198,6 @@ class Checkpointer:
         path = step_dir(self.folder, step)
         if self.rank == 0 and path.exists():
             shutil.rmtree(path)  # a crashed or stale save of this step; complete ones are rewritten
-        _barrier()
         export = last and self.cfg.last_save_model_only
         model_only = model_only or export
         if model_only:
@@ -147,50 +206,121 @@ class Checkpointer:
         else:
             state = self.states
         t0 = time.perf_counter()
-        if self.cfg.async_mode == "disabled" or model_only:
-            dcp.save(state, checkpoint_id=str(path))
-            self._finish(step)
+        # Before writing: NaN/inf anywhere (never marked complete), and room on the disk.
+        tensors = tensors_of([s.state_dict() for s in state.values()
+                              if isinstance(s, (ModelState, OptimizerState))])
+        counts = self._gather(nonfinite_and_bytes(tensors))
+        nonfinite, self.needed = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        free = free_bytes(self.folder)
+        if not self._all(free >= self.needed):
+            self._failed(step, "not enough free space on that disk")
+            return
+        try:
+            if self.cfg.async_mode == "disabled" or model_only:
+                dcp.save(state, checkpoint_id=str(path))
+            else:
+                self._save_async(step, path, state, nonfinite)
+                logger.info("checkpoint %s: staging and writing in the background (blocked "
+                            "%.2fs)", path, time.perf_counter() - t0)
+                return
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises on every rank
+            self._failed(step, describe_failure(e))
+            return
+        if self._complete(step, nonfinite):
             logger.info("saved checkpoint %s in %.2fs%s", path, time.perf_counter() - t0,
                         " (model only)" if model_only else "")
-            return
-        response = dcp.async_save(
-            state, checkpoint_id=str(path), process_group=self.async_group,
-            async_stager=self.stager,
-        )
+
+    def _save_async(self, step: int, path: Path, state: dict, nonfinite: int) -> None:
+        if self.device.type == "cuda":
+            # DCP's staging stream does not wait for the compute stream: let the optimizer
+            # step's kernels finish before the copies read the weights.
+            torch.cuda.current_stream(self.device).synchronize()
+        stager = self._stager_cls(self.async_options)
+        try:
+            response = dcp.async_save(state, checkpoint_id=str(path),
+                                      process_group=self.async_group, async_stager=stager)
+        except BaseException:
+            stager.close()
+            raise
         self.staging = response.staging_completion
-        self.pending = (step, response.upload_completion)
-        logger.info("checkpoint %s: staging and writing in the background (blocked %.2fs)",
-                    path, time.perf_counter() - t0)
+        self.pending = {"step": step, "future": response.upload_completion, "stager": stager,
+                        "nonfinite": nonfinite}
 
     def wait_for_staging(self) -> None:
         """Block until a background save has copied the state; call before weights change."""
         if self.staging is not None:
-            self.staging.result()
-            self.staging = None
+            staging, self.staging = self.staging, None
+            staging.result()
 
     def poll(self) -> None:
-        """Finish a background save that has completed (cheap; call once per step)."""
-        if self.pending is not None and self.pending[1].done():
+        """Finish a background save once every rank's part is written (call once per step on
+        every rank: the ranks agree, so all of them finish it at the same step)."""
+        if self.pending is not None and self._all(self.pending["future"].done()):
             self.wait()
 
     def wait(self) -> None:
-        """Block until the pending background save is written; re-raise its error if it failed."""
+        """Block until the pending background save is written and committed (every rank)."""
         if self.pending is None:
             return
-        step, future = self.pending
-        self.pending = None
-        self.wait_for_staging()
-        future.result()
-        self._finish(step)
-        logger.info("checkpoint step-%d written", step)
+        pending, self.pending = self.pending, None
+        error = None
+        try:
+            self.wait_for_staging()
+            pending["future"].result()
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - agreed on below
+            error = describe_failure(e)
+        finally:
+            pending["stager"].close()
+        error = self._one(self._gather(error))  # commit only if every rank's write succeeded
+        if error is not None:
+            self._failed(pending["step"], error)
+        elif self._complete(pending["step"], pending["nonfinite"]):
+            logger.info("checkpoint step-%d written", pending["step"])
 
-    def _finish(self, step: int) -> None:
-        """All ranks' shards are on disk (DCP's final all-reduce): commit, then apply retention."""
+    def _complete(self, step: int, nonfinite: int) -> bool:
+        """Every rank's shards are on disk: rank 0 commits (or flags NaN/inf); ranks agree."""
+        error = None
         if self.rank == 0:
-            mark_complete(step_dir(self.folder, step), step)
-            self._purge()
+            try:
+                self._commit(step, nonfinite)
+            except OSError as e:
+                error = describe_failure(e)
+        error = self._one(self._gather(error))
+        if error is not None:
+            self._failed(step, error)
+        return error is None and not nonfinite
+
+    def _commit(self, step: int, nonfinite: int) -> None:
+        path = step_dir(self.folder, step)
+        if "config_toml" in self.run_info:
+            (path / "config.toml").write_text(self.run_info["config_toml"])
+        if nonfinite:
+            what = f"{nonfinite} saved tensors hold NaN or inf"
+            mark_nonfinite(path, what)
+            logger.error("checkpoint %s is not marked complete: %s; it is kept for inspection "
+                         "and never loaded or counted by retention", path, what)
+            return
+        files = folder_checksums(path) if self.cfg.checksums else None
+        info = {k: v for k, v in self.run_info.items() if k != "config_toml"}
+        mark_complete(path, step, files, **info)
+        self._purge()
+
+    def _failed(self, step: int, cause: str) -> None:
+        """Every rank: remove the partial folder, keep the rest, stop or carry on."""
+        path = step_dir(self.folder, step)
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        msg = (f"checkpoint step {step} could not be saved to {path}: {cause} (it needs about "
+               f"{human(self.needed)}; {human(free_bytes(self.folder))} free); partial folder "
+               f"removed, earlier checkpoints kept: {complete_steps(self.folder) or 'none'}")
+        if self.cfg.on_save_error == "continue":
+            logger.error("%s; training continues and saves again at the next interval "
+                         "(checkpoint.on_save_error = 'continue')", msg)
+            return
+        raise CheckpointSaveError(msg + " (checkpoint.on_save_error = 'continue' keeps training)")
 
     def _purge(self) -> None:
+        """Retention: only complete (hence finite) checkpoints older than the newest K."""
         k = self.cfg.keep_latest_k
         if k <= 0:
             return
@@ -198,81 +328,18 @@ class Checkpointer:
             shutil.rmtree(step_dir(self.folder, old), ignore_errors=True)
 
     def close(self) -> None:
-        self.wait()
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
-
-    # --------------------------------------------------------------- loading
-
-    def load(self) -> int | None:
-        """Restore the newest loadable checkpoint of this run (or `initial_load_path`).
-
-        Returns the step restored from this run's folder, 0 for initial weights, None for a
-        fresh start. A checkpoint that fails to load is skipped with a warning for the one
-        before it; if a specific `load_step` was asked for, its failure is an error.
-        """
-        steps = complete_steps(self.folder, warn_incomplete=True)
-        if self.cfg.load_step != -1:
-            if self.cfg.load_step not in steps:
-                raise ConfigError(
-                    f"checkpoint.load_step = {self.cfg.load_step}: no complete checkpoint at that "
-                    f"step in {self.folder}; available: {steps or 'none'}", "checkpoint.load_step",
-                )
-            self._load_from(step_dir(self.folder, self.cfg.load_step), self.cfg.exclude_from_loading)
-            return self.cfg.load_step
-        for step in reversed(steps):
-            path = step_dir(self.folder, step)
+        """Finish a pending save. While an exception unwinds (other ranks may be gone), rank 0
+        commits on its own what its DCP future says every rank wrote."""
+        if sys.exc_info()[0] is None:
+            self.wait()
+        elif self.pending is not None:
+            pending, self.pending = self.pending, None
             try:
-                self._load_from(path, self.cfg.exclude_from_loading)
-            except ConfigError:
-                raise
-            # DCP wraps every rank's read error in CheckpointException (a BaseException).
-            except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable: fall back
-                logger.warning("checkpoint %s could not be loaded (%s: %s); trying an earlier one",
-                               path, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-                continue
-            logger.info("resumed from %s", path)
-            return step
-        if steps:
-            raise RuntimeError(f"none of the checkpoints {steps} in {self.folder} could be loaded")
-        if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
-            from torchllm.checkpoint.hf import load_hf_weights
-
-            load_hf_weights(self.model, self.cfg.initial_load_path)
-            logger.info("initialized from Hugging Face weights %s", self.cfg.initial_load_path)
-            return 0
-        if self.cfg.initial_load_path:
-            path = resolve_checkpoint(self.cfg.initial_load_path)
-            model_only = self.cfg.initial_load_model_only
-            exclude = [k for k in self.loadable if k != "model"] if model_only else []
-            self._load_from(path, exclude)
-            logger.info("initialized from %s%s", path,
-                        " (model only)" if self.cfg.initial_load_model_only else "")
-            return 0
-        return None
-
-    def _load_from(self, path: Path, exclude: list[str]) -> None:
-        present = saved_keys(path)
-        wanted = {}
-        for key, state in self.states.items():
-            kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key
-            if kind in exclude:
-                continue
-            if key in present:
-                wanted[key] = state
-            elif kind == "model":
-                raise ConfigError(f"checkpoint {path} holds no model weights")
-            elif kind == "dataloader" and any(k.startswith("dataloader_dp") for k in present):
-                saved = sorted(k for k in present if k.startswith("dataloader_dp"))
-                raise ConfigError(
-                    f"checkpoint {path} holds the data-loader positions of {len(saved)} "
-                    f"data-parallel ranks ({', '.join(saved)}), not of this rank's "
-                    f"{self.dataloader_key}: resuming with another data-parallel degree cannot "
-                    "continue the same data order; add 'dataloader' to "
-                    "checkpoint.exclude_from_loading to restart the data order instead",
-                    "checkpoint.exclude_from_loading",
-                )
-            elif kind != "rng":
-                logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
-        dcp.load(wanted, checkpoint_id=str(path))
+                pending["future"].result()
+                if self.rank == 0:
+                    self._commit(pending["step"], pending["nonfinite"])
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - already failing
+                logger.error("checkpoint step-%d was not completed: %s", pending["step"],
+                             describe_failure(e))
+            finally:
+                pending["stager"].close()

@@ -1,10 +1,14 @@
 """Where checkpoints live on disk and which of them are complete.
 
     <run_dir>/<checkpoint.folder>/step-<N>/    a torch.distributed.checkpoint directory
-                                  step-<N>/COMPLETE   written last, once every rank finished
+                                  step-<N>/config.toml  the config it was written under
+                                  step-<N>/COMPLETE   written last, once every rank finished:
+                                                      JSON with the size and CRC-32 of each file
+                                  step-<N>/NONFINITE  instead of COMPLETE: it holds NaN/inf
+                                  abandoned-<time>/step-<M>/  moved aside by a load_step going back
 
-A folder without COMPLETE is a save that crashed or is still being written: it is never loaded
-and never counted for retention.
+A folder without COMPLETE is a save that crashed, is still being written or holds non-finite
+values: it is never loaded and never counted for retention.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from torchllm.log import logger
 
 MARKER = "COMPLETE"
+NONFINITE = "NONFINITE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -33,11 +38,47 @@ def is_complete(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
 
 
-def mark_complete(path: Path, step: int) -> None:
-    """Write the marker atomically (temp file + rename): it is the commit point of a save."""
+def mark_complete(path: Path, step: int, files: dict | None = None, **info) -> None:
+    """Write the marker atomically (temp file + rename): it is the commit point of a save.
+
+    `files` maps each file name to {"bytes": size, "crc32": hex} (verified at load); `info`
+    adds more JSON fields (e.g. the run's global batch size).
+    """
     tmp = Path(path) / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
+    record = {"step": step, "time": time.time(), **info}
+    if files is not None:
+        record["files"] = files
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(Path(path) / MARKER)
+
+
+def read_marker(path: Path) -> dict:
+    """The COMPLETE marker's record ({} for an empty or pre-JSON marker)."""
+    try:
+        record = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def mark_nonfinite(path: Path, what: str) -> None:
+    """Record why a finished save must never be loaded (it stays on disk for inspection)."""
+    (Path(path) / NONFINITE).write_text(what + "\n")
+
+
+def move_aside(folder: Path, after_step: int) -> tuple[list[int], Path | None]:
+    """Move every step folder newer than `after_step` (complete or not) into one
+    `abandoned-<time>` folder beside them; returns (moved steps, that folder)."""
+    folder = Path(folder)
+    newer = sorted(s for s in (step_of(c) for c in folder.iterdir() if c.is_dir())
+                   if s is not None and s > after_step) if folder.is_dir() else []
+    if not newer:
+        return [], None
+    dest = folder / time.strftime(f"abandoned-%Y%m%d-%H%M%S-after-step-{after_step}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for step in newer:
+        step_dir(folder, step).rename(dest / f"step-{step}")
+    return newer, dest
 
 
 def complete_steps(folder: Path, warn_incomplete: bool = False) -> list[int]:
@@ -52,6 +93,9 @@ def complete_steps(folder: Path, warn_incomplete: bool = False) -> list[int]:
             continue
         if is_complete(child):
             steps.append(step)
+        elif warn_incomplete and (child / NONFINITE).is_file():
+            logger.warning("ignoring checkpoint %s: it holds non-finite values (%s)", child,
+                           (child / NONFINITE).read_text().strip())
         elif warn_incomplete:
             logger.warning("ignoring incomplete checkpoint %s (no %s marker)", child, MARKER)
     return sorted(steps)

@@ -73,7 +73,12 @@ class PickledState:
 
 
 class RNGState:
-    """Python, NumPy, torch CPU and CUDA generator states of this process."""
+    """Python, NumPy, torch CPU and this rank's own CUDA generator states.
+
+    Only the current device's generator: every rank owns one GPU, and saving all visible ones
+    (get_rng_state_all) would initialize a context on every GPU and restore other ranks'
+    generators from this rank's copy.
+    """
 
     def state_dict(self) -> dict:
         state = {
@@ -81,16 +86,22 @@ class RNGState:
             "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
         }
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()  # the current device's
         return state
 
     def load_state_dict(self, state: dict) -> None:
         random.setstate(state["python"])
         np.random.set_state(state["numpy"])
         torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state.get("cuda")
+        if cuda is not None and torch.cuda.is_available():
+            if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's
+                index = torch.cuda.current_device()
+                if index >= len(cuda):
+                    return
+                cuda = cuda[index]
+            torch.cuda.set_rng_state(cuda)
 
 
 @dataclass

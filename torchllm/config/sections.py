@@ -299,6 +299,20 @@ class Checkpoint:
     create_seed_checkpoint: bool = opt(
         False, "Initialize the model, save it as step-0 (weights only) and exit"
     )
+    checksums: bool = opt(
+        True, "Record each file's CRC-32 in the COMPLETE marker and verify it when loading"
+    )
+    on_save_error: Literal["stop", "continue"] = opt(
+        "stop", "A failed save (disk full, I/O error): stop the run (exit 4), or continue and "
+        "retry at the next interval"
+    )
+    optimizer_hparams_from: Literal["checkpoint", "config"] = opt(
+        "checkpoint", "On resume, peak LR/betas/eps/weight decay: the checkpoint's, or this "
+        "config's (the LR schedule continues at the resumed step)"
+    )
+    allow_global_batch_change: bool = opt(
+        False, "Allow resuming with another global batch size than the checkpoint's"
+    )
 
 
 @dataclass

@@ -7,7 +7,9 @@ Policies (`metrics.guard_policy`):
              of the step number, as after a resume; after `max_consecutive_skips` skipped steps
              in a row the run stops, since the problem is not transient;
   stop       save a checkpoint (when the trainer gave a hook) and raise TrainingStopped, which
-             the trainer turns into a non-zero exit with the reason.
+             the trainer turns into a non-zero exit with the reason. The stopping step counts
+             as a dropped update (its counters too), and the trainer's hook saves it as one
+             (the LR schedule advanced past it): a resume continues exactly like `skip_step`.
 
 The loss given to `check` must be the same on every rank (the dp-reduced loss): then every rank
 takes the same decision and replicas never diverge.
@@ -29,7 +31,8 @@ class TrainingStopped(RuntimeError):
 class LossGuard:
     def __init__(self, mcfg, save_checkpoint: Callable[[int], None] | None = None):
         """`save_checkpoint(step)` is called before stopping; `step` is the step whose update
-        was not applied (model and optimizer hold the state after step - 1)."""
+        was not applied (model and optimizer hold the state after step - 1); the hook saves it
+        as a dropped step (LR schedule advanced), like `skip_step` would have."""
         self.policy = mcfg.guard_policy
         self.spike_factor = mcfg.loss_spike_factor
         self.max_consecutive_skips = mcfg.max_consecutive_skips
@@ -76,9 +79,9 @@ class LossGuard:
             if math.isfinite(loss):
                 self.recent.append(loss)
             return True
+        self.counts["skipped_steps"] += 1  # skip_step drops it; stop saves it as dropped
+        self.consecutive_skips += 1
         if self.policy == "skip_step":
-            self.counts["skipped_steps"] += 1
-            self.consecutive_skips += 1
             limit = self.max_consecutive_skips
             if limit and self.consecutive_skips >= limit:
                 self.stop(step, f"{what}; {self.consecutive_skips} steps in a row skipped "

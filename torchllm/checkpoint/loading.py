@@ -1,0 +1,191 @@
+"""Loading for the Checkpointer: pick the newest checkpoint every rank can load, fall back
+together, and say why a checkpoint did not load (which rank, file, key or shape).
+
+Loading happens in three agreed phases, so no rank is ever left inside a collective alone:
+rank-local checks (checksums, keys and shapes, batch size) -> DCP's read (which itself raises
+on every rank when one fails) -> applying the states (rank-local again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from torchllm.checkpoint.integrity import describe_failure, structure_mismatch, verify_files
+from torchllm.checkpoint.layout import (
+    complete_steps,
+    move_aside,
+    read_marker,
+    resolve_checkpoint,
+    step_dir,
+)
+from torchllm.checkpoint.resume import apply_hparams, config_changes
+from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
+
+
+class LoadingMixin:
+    """The loading half of `Checkpointer` (which provides cfg, states, _gather and _one)."""
+
+    def load(self) -> int | None:
+        """Restore the newest loadable checkpoint of this run (or `initial_load_path`).
+
+        Returns the step restored from this run's folder, 0 for initial weights, None for a
+        fresh start. A checkpoint that fails to load on any rank is skipped on every rank with
+        a warning naming the cause, for the one before it; if a specific `load_step` was asked
+        for, its failure is an error, and newer checkpoints are moved aside (never deleted).
+        """
+        steps = self._gather(complete_steps(self.folder, warn_incomplete=True))[0]
+        load_step = self.cfg.load_step
+        if load_step != -1:
+            if load_step not in steps:
+                raise ConfigError(
+                    f"checkpoint.load_step = {load_step}: no complete checkpoint at that "
+                    f"step in {self.folder}; available: {steps or 'none'}", "checkpoint.load_step",
+                )
+            error = None
+            if self.rank == 0:
+                try:
+                    moved, dest = move_aside(self.folder, load_step)
+                except OSError as e:
+                    error = f"could not move the newer checkpoints aside: {describe_failure(e)}"
+                else:
+                    if moved:
+                        logger.warning(
+                            "checkpoint.load_step = %d: moved the newer checkpoints %s to %s "
+                            "(not deleted); this run continues from step %d, and a relaunch "
+                            "without load_step resumes from its newest checkpoint", load_step,
+                            moved, dest, load_step)
+            if error := self._one(self._gather(error)):  # the others wait for the move
+                raise RuntimeError(f"checkpoint.load_step = {load_step}: {error}")
+        for step in reversed([load_step] if load_step != -1 else steps):
+            path = step_dir(self.folder, step)
+            error = self._try_load(path, self.cfg.exclude_from_loading, resume=True)
+            if error is None:
+                logger.info("resumed from %s (step %d)", path, step)
+                self._after_resume(path)
+                return step
+            if load_step != -1:
+                raise RuntimeError(f"checkpoint.load_step = {step}: {path} could not be "
+                                   f"loaded: {error}")
+            logger.warning("checkpoint %s could not be loaded (%s); trying an earlier one",
+                           path, error)
+        if steps:
+            raise RuntimeError(f"none of the checkpoints {steps} in {self.folder} could be "
+                               "loaded (causes in the warnings above)")
+        if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
+            from torchllm.checkpoint.hf import load_hf_weights
+
+            load_hf_weights(self.model, self.cfg.initial_load_path)
+            logger.info("initialized from Hugging Face weights %s", self.cfg.initial_load_path)
+            return 0
+        if self.cfg.initial_load_path:
+            path = resolve_checkpoint(self.cfg.initial_load_path)
+            model_only = self.cfg.initial_load_model_only
+            exclude = [k for k in self.loadable if k != "model"] if model_only else []
+            error = self._try_load(path, exclude, resume=False)
+            if error is not None:
+                raise RuntimeError(f"checkpoint.initial_load_path: {path} could not be loaded: "
+                                   f"{error}")
+            logger.info("initialized from %s%s", path, " (model only)" if model_only else "")
+            return 0
+        return None
+
+    def _try_load(self, path: Path, exclude: list[str], resume: bool) -> str | None:
+        """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
+        cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
+        # 1. Rank-local checks, before any collective: checksums (each rank a share of the
+        # files), config fit (keys, shapes, batch size), and the templates to load into.
+        sds, problem, misfit = {}, None, None
+        try:
+            marker = read_marker(path)
+            files = marker.get("files") or {}
+            if self.cfg.checksums and files:
+                problem = verify_files(path, files, sorted(files)[self.rank::self.world])
+            if problem is None:
+                metadata = FileSystemReader(str(path)).read_metadata()
+                present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+                sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
+                mismatch = structure_mismatch(
+                    metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
+                if mismatch:
+                    raise ConfigError(
+                        f"checkpoint {path} does not fit this model (saved shapes in "
+                        f"{path / '.metadata'}): {mismatch}; did model.name or model.flavor "
+                        "change?", "model.flavor")
+                if resume:
+                    self._check_batch(path, marker)
+        except ConfigError as e:
+            misfit = str(e)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
+            problem = describe_failure(e)
+        misfits = self._gather((misfit, problem))
+        if self._one([m for m, _ in misfits]):
+            raise ConfigError(self._one([m for m, _ in misfits]), "checkpoint")
+        if self._one([p for _, p in misfits]):
+            return self._one([p for _, p in misfits])
+        # 2. Read (DCP gathers every rank's read errors and raises on all of them).
+        try:
+            dcp.load(sds, checkpoint_id=str(path))
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
+            problem = describe_failure(e)
+        if problem := self._one(self._gather(problem)):
+            return problem
+        # 3. Apply (rank-local: a failure here is agreed on like the others).
+        try:
+            for key, sd in sds.items():
+                self.states[key].load_state_dict(sd)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
+            problem = describe_failure(e)
+        return self._one(self._gather(problem))
+
+    def _check_batch(self, path: Path, marker: dict) -> None:
+        saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
+        if saved and now and saved != now and not self.cfg.allow_global_batch_change:
+            raise ConfigError(
+                f"checkpoint {path} was trained with a global batch of {saved} sequences, this "
+                f"config makes {now}: set training.global_batch_size = {saved} to keep it "
+                "(gradient accumulation makes up the difference), or "
+                "checkpoint.allow_global_batch_change = true to resume with the new batch",
+                "checkpoint.allow_global_batch_change")
+
+    def _after_resume(self, path: Path) -> None:
+        """One warning listing the config changes since `path` was saved, and what wins."""
+        saved, now = path / "config.toml", self.run_info.get("config_toml")
+        if saved.is_file() and now:
+            changes = config_changes(saved.read_text(), now, self.cfg.optimizer_hparams_from)
+            if changes:
+                logger.warning("resuming with %d config change(s) since %s: %s", len(changes),
+                               saved, "; ".join(changes))
+        if self.cfg.optimizer_hparams_from == "config" and self.hparams is not None:
+            apply_hparams(self.optimizer, self.lr_scheduler, self.hparams)
+            logger.info("optimizer hyperparameters (peak LR, betas, eps, weight decay) taken "
+                        "from the config (checkpoint.optimizer_hparams_from = 'config')")
+
+    def _wanted(self, path: Path, present: set[str], exclude: list[str]) -> dict[str, Any]:
+        wanted = {}
+        for key, state in self.states.items():
+            kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key
+            if kind in exclude:
+                continue
+            if key in present:
+                wanted[key] = state
+            elif kind == "model":
+                raise ConfigError(f"checkpoint {path} holds no model weights")
+            elif kind == "dataloader" and any(k.startswith("dataloader_dp") for k in present):
+                saved = sorted(k for k in present if k.startswith("dataloader_dp"))
+                raise ConfigError(
+                    f"checkpoint {path} holds the data-loader positions of {len(saved)} "
+                    f"data-parallel ranks ({', '.join(saved)}), not of this rank's "
+                    f"{self.dataloader_key}: resuming with another data-parallel degree cannot "
+                    "continue the same data order; add 'dataloader' to "
+                    "checkpoint.exclude_from_loading to restart the data order instead",
+                    "checkpoint.exclude_from_loading",
+                )
+            elif kind != "rng":
+                logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
+        return wanted

@@ -1,0 +1,65 @@
+"""What a resume keeps from the checkpoint and what it takes from the new config.
+
+Every step folder holds the `config.toml` it was written under. At resume, keys whose value
+differs are listed in one warning with what wins: the optimizer's hyperparameters (peak LR,
+betas, eps, weight decay) come back with the optimizer state unless
+`checkpoint.optimizer_hparams_from = "config"`; every other key takes the new value (the LR
+schedule's shape and length included: it is a function of the step, rebuilt from the config).
+"""
+
+from __future__ import annotations
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+# Optimizer keys that live in the optimizer's param groups, hence in the checkpoint.
+OPTIMIZER_HPARAMS = {"optimizer." + k for k in (
+    "lr", "beta1", "beta2", "eps", "weight_decay", "muon_lr", "muon_momentum")}
+# Keys that say how this launch runs, not what the run is.
+LAUNCH_ONLY = {"checkpoint.load_step", "training.stop_after_steps",
+               "training.time_limit_minutes", "job.print_config", "job.config_file"}
+
+
+def _flat(text: str) -> dict[str, object]:
+    return {f"{section}.{key}": value for section, table in tomllib.loads(text).items()
+            for key, value in table.items()}
+
+
+def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> list[str]:
+    """'key: old -> new (what wins)' for each key that differs (missing values are 'unset')."""
+    old, new = _flat(saved_toml), _flat(current_toml)
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key in LAUNCH_ONLY or old.get(key) == new.get(key):
+            continue
+        if key in OPTIMIZER_HPARAMS and hparams_from == "checkpoint":
+            wins = "the checkpoint's value is kept; checkpoint.optimizer_hparams_from = " \
+                   "'config' applies the new one"
+        else:
+            wins = "the new value applies"
+        changes.append(f"{key}: {old.get(key, 'unset')!r} -> {new.get(key, 'unset')!r} ({wins})")
+    return changes
+
+
+def hparams_snapshot(optimizer) -> list[dict]:
+    """The configured hyperparameters of every param group (everything but the params)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def apply_hparams(optimizer, lr_scheduler, snapshot: list[dict]) -> None:
+    """After loading: put the configured hyperparameters back and re-derive the current LR
+    from the (new) peak LR and the schedule at the restored step."""
+    groups = optimizer.param_groups
+    if len(groups) != len(snapshot):
+        raise ValueError(f"{len(groups)} param groups after loading, {len(snapshot)} configured")
+    for group, hp in zip(groups, snapshot):
+        group.update(hp)
+    if lr_scheduler is None:
+        return
+    lr_scheduler.base_lrs = [g["initial_lr"] for g in groups]
+    done = lr_scheduler.last_epoch
+    for group, base, factor in zip(groups, lr_scheduler.base_lrs, lr_scheduler.lr_lambdas):
+        group["lr"] = base * factor(done)
+    lr_scheduler._last_lr = [g["lr"] for g in groups]
