@@ -230,5 +230,9 @@ def test_dry_run_cli_prints_the_summary_and_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "OK: world 64 (cuda) = replicate 1 x shard 64 x tp 1" in text
     assert json.loads(out.read_text())["comm_bytes_per_step"]["dp_shard"]["all_gather_bytes"] > 0
+    # The same layout with a batch that cannot fit an 80 GB GPU: said, and exit code 1.
+    assert main(["--job.config_file", str(REPO / "train_configs/llama3_1b.toml"),
+                 "--world_size", "64", "--training.local_batch_size=64"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--max_gib"):
         dry(64, "--model.flavor=8B", fake=True, step=True, max_gib=1)

@@ -7,6 +7,7 @@
         [--fake_step]     and then materialize rank 0's shards on CPU and run one forward and
                           backward through every hook (small models; see --max_gib)
         [--max_gib 8]     refuse --fake_step when the estimated per-rank peak is larger
+        [--gpu_gib 80]    device memory of the target GPUs: exit 1 when the estimate is over it
         [--json FILE]     write the whole report as JSON
 
 The run is assumed to be a GPU job (`training.device = cuda`: bf16 under mixed_precision =
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fake", action="store_true", help="parallelize on a fake process group")
     p.add_argument("--fake_step", action="store_true", help="--fake + one forward/backward")
     p.add_argument("--max_gib", type=float, default=8.0, help="--fake_step memory limit")
+    p.add_argument("--gpu_gib", type=float, default=80.0,
+                   help="memory per GPU of the target (80 = H100); exit 1 when the estimate exceeds it")
     p.add_argument("--json", default=None, help="write the report here")
     args, overrides = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.world_size < 1:
@@ -247,11 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    report["fits"] = report["memory"]["peak_gib"] <= args.gpu_gib
     print(summary(report))
+    if not report["fits"]:
+        print(f"DOES NOT FIT: the estimated per-rank peak {report['memory']['peak_gib']} GiB is "
+              f"over --gpu_gib {args.gpu_gib:g}; lower training.local_batch_size, turn on "
+              "activation_checkpoint.mode, raise the shard or TP degree, or use chunked_loss")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    return 0
+    return 0 if report["fits"] else 1
 
 
 if __name__ == "__main__":
