@@ -51,10 +51,12 @@ def run_two_ranks(tmp_path, late_s: float, timeout_s: float) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_first_collective_passes_when_every_rank_joins(tmp_path):
     assert run_two_ranks(tmp_path, late_s=0, timeout_s=30) == {0: "ok", 1: "ok"}
 
 
+@pytest.mark.slow
 def test_first_collective_timeout_names_the_nccl_settings(tmp_path):
     out = run_two_ranks(tmp_path, late_s=4, timeout_s=1)
     message = out[0]
@@ -81,6 +83,7 @@ def test_bus_bandwidth_follows_the_nccl_tests_convention():
     assert bw["busbw_gbps"] == pytest.approx(10.0 * 2 * 7 / 8)
 
 
+@pytest.mark.slow
 def test_env_check_without_gpu_reports_and_measures_gloo(tmp_path, capsys):
     from torchllm.tools import env_check
 
@@ -170,9 +173,11 @@ def count_fsdp_collective_bytes(monkeypatch) -> dict:
 
 @pytest.mark.parametrize("world, extra", [
     (4, ()),
-    (4, ("--parallelism.fsdp_reshard_after_forward=always",)),
+    pytest.param(4, ("--parallelism.fsdp_reshard_after_forward=always",),
+                 marks=pytest.mark.slow),
     (8, ("--parallelism.fsdp_reduce_dtype=bf16", "--parallelism.data_parallel_shard_degree=8")),
-    (4, ("--float8.enable",)),  # tensorwise: the linears' weights are all-gathered in float8
+    # tensorwise: the linears' weights are all-gathered in float8
+    pytest.param(4, ("--float8.enable",), marks=pytest.mark.slow),
 ])
 def test_dry_run_fake_step_fsdp_traffic_matches_the_count(monkeypatch, world, extra):
     """A forward + backward of the debug model on a fake process group, with FSDP2's own
@@ -232,7 +237,17 @@ def test_dry_run_cli_prints_the_summary_and_json(tmp_path, capsys):
     assert json.loads(out.read_text())["comm_bytes_per_step"]["dp_shard"]["all_gather_bytes"] > 0
     # The same layout with a batch that cannot fit an 80 GB GPU: said, and exit code 1.
     assert main(["--job.config_file", str(REPO / "train_configs/llama3_1b.toml"),
-                 "--world_size", "64", "--training.local_batch_size=64"]) == 1
+                 "--world_size", "64", "--training.seq_len=16384"]) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--max_gib"):
         dry(64, "--model.flavor=8B", fake=True, step=True, max_gib=1)
+
+
+def test_env_check_without_gpu_exits_0_and_says_so(capsys):
+    from torchllm.tools import env_check
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert env_check.main([]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU" in out and "network interfaces" in out and "InfiniBand devices" in out
