@@ -13,6 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip, with the reason, where no CUDA device is visible."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _torchllm_logger_propagates():
     """main() installs a console handler and stops propagation; undo it so caplog sees logs."""

@@ -3,9 +3,11 @@
 from torchllm.parallel.compile import build_loss_fn
 from torchllm.parallel.dims import ParallelDims, destroy_distributed
 from torchllm.parallel.distributed import (
+    FirstCollectiveError,
     any_rank,
     clip_grad_norm_,
     dp_sum,
+    first_collective,
     gradient_sync,
     rank_zero_first,
     set_comm_timeout,
@@ -15,6 +17,7 @@ from torchllm.parallel.init import init_model_weights
 from torchllm.parallel.parallelize import build_parallel_dims, parallelize_llama
 
 __all__ = [
+    "FirstCollectiveError",
     "ParallelDims",
     "any_rank",
     "build_loss_fn",
@@ -22,6 +25,7 @@ __all__ = [
     "clip_grad_norm_",
     "destroy_distributed",
     "dp_sum",
+    "first_collective",
     "gradient_sync",
     "init_model_weights",
     "parallelize_llama",

@@ -1,0 +1,227 @@
+"""Every CUDA path against a plain fp32 reference (tests marked `gpu` skip without CUDA).
+
+    pytest -m gpu tests/test_gpu.py            (scripts/gpu_check.sh runs this on a GPU machine)
+
+The oracle is a plain PyTorch loop: the debug Llama (vocab 512), initialized once on CPU with a
+fixed seed, trained in fp32 eager on CPU for STEPS AdamW steps on a learnable synthetic stream
+(arithmetic token progressions), so the loss falls by several nats. Each CUDA path trains a copy
+of the same initial weights on the same batches and its loss curve must stay within its stated
+tolerance of the reference at every step (`compare_curves`):
+
+| path                                   | per-step tolerance |loss - ref| <= atol + rtol·ref |
+| fp32 on CUDA (TF32 off) / inductor     | rtol 1e-3, atol 1e-3                               |
+| TF32 matmuls                           | rtol 1e-2, atol 1e-2                               |
+| bf16 (autocast, FSDP2 bf16 params, DDP bf16 hook, flash / cuDNN SDPA) | rtol 3e-2, atol 5e-2  |
+| float8 (tensorwise, rowwise, FSDP2 float8 all-gather) | rtol 6e-2, atol 1e-1                 |
+
+These are first settings, written before any GPU run (see docs/gpu.md); a session with a GPU
+tightens them to what it measures. The harness (tests/gpu_harness.py) is tested on CPU by
+tests/test_gpu_harness.py.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_args, tiny_config
+from gpu_harness import (compare_curves, cuda_curve, ddp_model, float8_config, one_rank_group,
+                         prepare_compile, prepare_float8, prepare_fsdp, reference_curve)
+from torchllm.config import load_config
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def one_rank_mesh(tmp_path_factory):
+    import torch.distributed as dist
+
+    yield one_rank_group("nccl", tmp_path_factory.mktemp("nccl"))
+    dist.destroy_process_group()
+
+
+@gpu
+def test_fp32_cuda_matches_cpu_reference():
+    compare_curves(reference_curve(), cuda_curve("fp32"), "fp32")
+
+
+@gpu
+def test_tf32_matches_reference():
+    compare_curves(reference_curve(), cuda_curve("tf32"), "tf32")
+
+
+@gpu
+def test_bf16_autocast_matches_reference():
+    compare_curves(reference_curve(), cuda_curve("bf16", autocast=torch.bfloat16), "bf16")
+
+
+@gpu
+def test_inductor_compile_matches_reference():
+    prepare = prepare_compile("inductor")
+    compare_curves(reference_curve(), cuda_curve("fp32", prepare=prepare), "fp32")
+    compare_curves(reference_curve(),
+                   cuda_curve("bf16", autocast=torch.bfloat16, prepare=prepare), "bf16")
+
+
+@gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_matches_reference(recipe):
+    curve = cuda_curve("bf16", autocast=torch.bfloat16, prepare=prepare_float8(float8_config(recipe)))
+    compare_curves(reference_curve(), curve, "float8")
+
+
+@gpu
+def test_fsdp2_bf16_params_matches_reference(one_rank_mesh):
+    curve = cuda_curve("bf16", prepare=prepare_fsdp(one_rank_mesh, torch.bfloat16))
+    compare_curves(reference_curve(), curve, "bf16")
+
+
+@gpu
+def test_fsdp2_float8_all_gather_matches_reference(one_rank_mesh):
+    f8 = float8_config("tensorwise", all_gather=True)
+    curve = cuda_curve("bf16", prepare=prepare_fsdp(one_rank_mesh, torch.bfloat16, f8))
+    compare_curves(reference_curve(), curve, "float8")
+
+
+@gpu
+def test_ddp_bf16_comm_hook_matches_reference(one_rank_mesh):
+    curve = cuda_curve("bf16", autocast=torch.bfloat16,
+                       model=ddp_model(one_rank_mesh, "cuda", "bf16"))
+    compare_curves(reference_curve(), curve, "bf16")
+
+
+def sdpa_backends():
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["flash", "cudnn", "efficient"])
+def test_sdpa_kernel_matches_math_in_fp64(backend):
+    """Causal attention forward and backward of one fused kernel in bf16 against the math
+    kernel on float64 copies: ||out - ref|| / ||ref|| < 1e-2 (bf16 operands)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+               .requires_grad_() for _ in range(3))
+    grad = torch.randn(2, 8, 256, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    try:
+        with sdpa_kernel(sdpa_backends()[backend]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(grad)
+    except RuntimeError as e:
+        pytest.skip(f"{backend} SDPA is not available here: {str(e).splitlines()[0]}")
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*ref_in, is_causal=True)
+        ref.backward(grad.double())
+    for got, want in [(out, ref)] + [(t.grad, r.grad) for t, r in zip((q, k, v), ref_in)]:
+        rel = (got.double() - want).norm() / want.norm()
+        assert rel < 1e-2, f"{backend}: relative error {rel:.2e}"
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_model_with_fused_sdpa_matches_reference(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    try:
+        curve = cuda_curve("bf16", autocast=torch.bfloat16,
+                           context=lambda: sdpa_kernel(sdpa_backends()[backend]))
+    except RuntimeError as e:
+        if "No available kernel" not in str(e):
+            raise
+        pytest.skip(f"{backend} SDPA is not available here")
+    compare_curves(reference_curve(), curve, "bf16")
+
+
+@gpu
+def test_async_with_pinned_mem_checkpoint_equals_sync(tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from torchllm.train import Trainer
+
+    saved = {}
+    for mode in ("disabled", "async_with_pinned_mem"):
+        trainer = Trainer(tiny_config(
+            tmp_path / mode, "--training.device=cuda", "--job.deterministic",
+            "--checkpoint.enable", "--checkpoint.interval=2", f"--checkpoint.async_mode={mode}",
+            "--job.run_name=run"))
+        trainer.train()
+        saved[mode] = {}
+        for step in (2, 4):
+            out = tmp_path / f"{mode}_{step}.pt"
+            dcp_to_torch_save(tmp_path / mode / "run" / "checkpoint" / f"step-{step}", out)
+            saved[mode][step] = torch.load(out, weights_only=False)
+    a, b = saved["disabled"], saved["async_with_pinned_mem"]
+    for step in (2, 4):
+        flat_a, flat_b = _flatten(a[step]), _flatten(b[step])
+        assert flat_a.keys() == flat_b.keys()
+        for key in flat_a:
+            va, vb = flat_a[key], flat_b[key]
+            assert (torch.equal(va, vb) if isinstance(va, torch.Tensor) else va == vb), key
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
+        if isinstance(v, (dict, list)):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@gpu
+def test_cuda_memory_stats_nonzero_and_within_the_estimate(tmp_path):
+    """The trainer's CUDA peak (max_memory_allocated, read every step before the logger
+    resets it) is > 0 and at most the estimator's peak + 20%."""
+    from torchllm.bench.worker import StepRecorder
+    from torchllm.metrics.memory import memory_stats
+    from torchllm.tools.estimate_memory import estimate_memory
+    from torchllm.train import Trainer
+
+    cfg = tiny_config(tmp_path, "--training.device=cuda", "--model.flavor=125M",
+                      "--model.vocab_size=32000", "--training.seq_len=512",
+                      "--training.local_batch_size=8", "--training.steps=3")
+    trainer = Trainer(cfg)
+    rec = StepRecorder(trainer)
+    trainer.train()
+    peak = rec.cuda_peak["allocated"]
+    estimate = estimate_memory(cfg, trainer.model_args, 1)["peak_bytes"]
+    assert 0 < peak <= 1.2 * estimate, f"measured {peak / 2**30:.2f} GiB, estimate " \
+        f"{estimate / 2**30:.2f} GiB"
+    assert peak >= 0.5 * estimate, "the estimate is more than twice the measurement"
+    stats = memory_stats(trainer.device)
+    assert stats["max_reserved_gib"] > 0 and stats["ooms"] == 0
+
+
+@gpu
+def test_memory_snapshot_written(tmp_path):
+    from torchllm.train import Trainer
+
+    Trainer(tiny_config(tmp_path, "--training.device=cuda", "--job.run_name=run",
+                        "--profiling.enable_memory_snapshot",
+                        "--profiling.memory_snapshot_freq=2")).train()
+    path = tmp_path / "run" / "memory_snapshot" / "iteration_2" / "rank0_memory_snapshot.pickle"
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    assert snapshot["segments"] and snapshot["device_traces"]
+
+
+@gpu
+def test_trainer_bf16_compile_runs_and_learns(tmp_path):
+    """The whole Trainer on CUDA with bf16 + inductor (the throughput run's settings)."""
+    from torchllm.train import Trainer
+
+    losses = Trainer(load_config(tiny_args(tmp_path, "--training.device=cuda",
+                                           "--training.mixed_precision=bf16", "--compile.enable",
+                                           "--training.steps=20"))).train()
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 1.0

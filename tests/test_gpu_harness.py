@@ -1,0 +1,132 @@
+"""CPU tests of the GPU tests' harness (tests/gpu_harness.py) and of benchmarks/bench_gpu.py."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from gpu_harness import (CPU_STEPS, LR, STEPS, VOCAB, compare_curves, ddp_model, float8_config,
+                         initial_state, make_batches, materialize, meta_model, one_rank_group,
+                         prepare_compile, prepare_float8, prepare_fsdp, prepared_model,
+                         reference_curve, train_curve)
+from torchllm import models
+from torchllm.config import load_config
+
+
+@pytest.mark.slow
+def test_reference_curve_learns_the_synthetic_stream():
+    ref = reference_curve(STEPS)
+    assert len(ref) == STEPS and all(math.isfinite(v) for v in ref)
+    assert ref[0] == pytest.approx(math.log(VOCAB), abs=0.6)  # a fresh model is ~uniform
+    # and it learns (a flat curve would compare nothing): ~6.7 -> ~5.4 on this stream
+    assert sum(ref[-4:]) / 4 < sum(ref[:4]) / 4 - 0.5
+
+
+def test_compare_curves_catches_drift_and_nan():
+    ref = [6.0, 5.0, 4.0]
+    assert compare_curves(ref, [6.01, 5.01, 4.01], "bf16") < 0.01
+    with pytest.raises(AssertionError, match="step, ref, got"):
+        compare_curves(ref, [6.0, 5.0, 4.6], "bf16")
+    with pytest.raises(AssertionError):
+        compare_curves(ref, [6.0, float("nan"), 4.0], "float8")
+    with pytest.raises(AssertionError, match="3 steps"):
+        compare_curves(ref + [3.0], ref, "fp32")
+
+
+@pytest.mark.slow
+def test_harness_on_cpu_bf16_autocast_within_tolerance_and_wrong_lr_is_caught():
+    """The same comparison a GPU run makes, on CPU: bf16 autocast stays within the bf16
+    tolerance of the fp32 reference, and a run with a wrong learning rate does not."""
+    state, batches, ref = initial_state(), make_batches(CPU_STEPS), reference_curve(CPU_STEPS)
+    model = meta_model()
+    materialize(model, "cpu", state)
+    compare_curves(ref, train_curve(model, "cpu", batches, torch.bfloat16), "bf16")
+    model = meta_model()
+    materialize(model, "cpu", state)
+    with pytest.raises(AssertionError, match="outside"):
+        compare_curves(ref, train_curve(model, "cpu", batches, lr=3 * LR), "bf16")
+
+
+@pytest.mark.slow
+def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path):
+    """benchmarks/bench_gpu.py end to end on CPU with the debug model: its losses are a direct
+    Trainer run's, its MFU is tokens/s x FLOPs/token / peak, its peak memory near the estimate."""
+    from torchllm.train import Trainer
+
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu",
+           "--config", str(REPO / "train_configs/debug_model.toml"), "--seq_len", "32",
+           "--local_batch_size", "2", "--steps", "1", "--warmup", "2", "--variants", "fp32",
+           "--out_dir", str(tmp_path), "--data.tokenizer_vocab_size=512"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(cmd, check=True, env=env, timeout=600, cwd=tmp_path)
+    stem = f"gpu_cpu_{datetime.date.today().isoformat()}"
+    result = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert "| fp32 | none |" in (tmp_path / f"{stem}.md").read_text()
+    (row,) = result["rows"]
+    assert row["status"] == "ok" and len(row["losses"]) == 3
+    direct = Trainer(load_config([
+        "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
+        "--training.device=cpu", "--training.seq_len=32", "--training.local_batch_size=2",
+        "--training.steps=3", "--data.tokenizer_vocab_size=512", "--data.num_workers=0",
+        "--lr_scheduler.warmup_steps=2", f"--job.dump_folder={tmp_path / 'direct'}",
+        "--job.print_config=false", "--metrics.enable_tensorboard=false",
+        "--metrics.progress_bar=false", "--training.mixed_precision=none"]))
+    assert direct.train() == pytest.approx(row["losses"], rel=1e-5)
+    assert row["mfu_pct"] == pytest.approx(
+        100 * row["tokens_per_s_gpu"] * row["flops_per_token"] / row["peak_flops"], rel=1e-6)
+    assert 0.5 < row["peak_over_estimate"] < 1.5
+
+
+def test_bench_gpu_picks_the_least_activation_checkpointing_that_fits():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_gpu
+    from torchllm.tools.estimate_memory import estimate_memory
+
+    base = ["--job.config_file", str(REPO / "train_configs/llama3_1b.toml"),
+            "--training.device=cuda", "--training.seq_len=2048", "--training.local_batch_size=4"]
+
+    def est(mode):
+        cfg = load_config([*base, f"--activation_checkpoint.mode={mode}"])
+        return estimate_memory(cfg, models.model_args(cfg, 4096), 1)["peak_bytes"]
+
+    assert est("none") > est("selective") > est("full")
+    assert bench_gpu.pick_ac(base, "auto", est("none") / 0.9 + 1)[0] == "none"
+    assert bench_gpu.pick_ac(base, "auto", est("none") / 0.9 - 1)[0] == "selective"
+    assert bench_gpu.pick_ac(base, "auto", est("selective") / 0.9 - 1)[0] == "full"
+    assert bench_gpu.pick_ac(base, "none", 1)[0] == "none"  # asked for: no choice made
+
+@pytest.mark.slow
+def test_every_preparation_keeps_the_reference_weights_on_cpu(tmp_path):
+    """CPU smoke test of what the GPU tests apply (float8 emulated, aot_eager instead of
+    inductor, FSDP2 / DDP on a 1-rank gloo group): the first step's loss, computed from the
+    copied initial weights, must be the reference's (a weight not copied changes it)."""
+    import torch.distributed as dist
+
+    batches = make_batches(steps=1)
+    ref = reference_curve(CPU_STEPS)[0]
+    mesh = one_rank_group("gloo", tmp_path)
+    try:
+        f8 = float8_config("tensorwise", all_gather=True, emulate=True)
+        f8_rowwise = float8_config("rowwise", emulate=True)
+        cases = {
+            "compile": (prepared_model("cpu", prepare_compile("aot_eager")), 1e-5),
+            "float8": (prepared_model("cpu", prepare_float8(f8)), 5e-2),
+            "float8_rowwise": (prepared_model("cpu", prepare_float8(f8_rowwise)), 5e-2),
+            "fsdp2": (prepared_model("cpu", prepare_fsdp(mesh, torch.float32)), 1e-5),
+            "fsdp2_float8": (prepared_model("cpu", prepare_fsdp(mesh, torch.float32, f8)), 5e-2),
+            "ddp_fp16_hook": (ddp_model(mesh, "cpu", "fp16"), 1e-5),
+        }
+        for name, (model, rtol) in cases.items():
+            losses = train_curve(model, "cpu", batches)
+            assert losses[0] == pytest.approx(ref, rel=rtol), name
+    finally:
+        dist.destroy_process_group()
+
