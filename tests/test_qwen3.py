@@ -140,3 +140,60 @@ def test_trainer_trains_qwen3(tmp_path, name):
                                   "--optimizer.lr=3e-3"))
     losses = trainer.train()
     assert len(losses) == 8 and losses[-1] < losses[0]
+
+
+def test_published_parameter_counts():
+    """Qwen's model cards: 0.6B = 0.6B total / 0.44B non-embedding; 30B-A3B = 30.5B total,
+    3.3B activated."""
+    from torchllm.config import load_config
+    from torchllm.tools.model_info import model_info
+
+    def info(name, flavor):
+        return model_info(load_config([f"--model.name={name}", f"--model.flavor={flavor}",
+                                       "--data.tokenizer_vocab_size=151936"]))
+
+    dense = info("qwen3", "0.6B")
+    assert round(dense["params"] / 1e9, 1) == 0.6
+    assert round(dense["non_embedding_params"] / 1e9, 2) == 0.44
+    moe = info("qwen3_moe", "30B-A3B")
+    assert round(moe["params"] / 1e9, 1) == 30.5
+    assert 3.3e9 <= moe["active_params"] < 3.4e9  # "3.3B activated"
+    # FLOPs count the parameters a token runs through, not every expert.
+    assert moe["flops_per_token"] < 6 * moe["active_non_embedding_params"] * 1.5
+
+
+def test_trainer_adds_the_weighted_aux_loss_to_the_gradient(tmp_path):
+    """One step's gradient equals that of mean token CE + coef * (mean over layers of aux),
+    computed by hand on an identical model."""
+    from torchllm.train import Trainer
+
+    coef, z = 0.5, 0.1
+    trainer = Trainer(tiny_config(tmp_path, "--model.name=qwen3_moe", "--training.steps=1",
+                                  f"--model.moe_aux_loss_coef={coef}",
+                                  f"--model.moe_z_loss_coef={z}", "--training.max_norm=0"))
+    reference = build_model(Qwen3, trainer.model_args)
+    reference.load_state_dict(trainer.model.state_dict())
+    batch = next(trainer.batches)
+    trainer.forward_backward([batch])
+    logits = reference(batch["inputs"])
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+    layers = [m for m in reference.modules() if isinstance(m, MoE)]
+    aux = sum(coef * m.aux_loss + z * m.z_loss for m in layers) / len(layers)
+    (ce + aux).backward()
+    for (name, p), q in zip(trainer.model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_moe_stats_reach_tensorboard_scalars(tmp_path):
+    from torchllm.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, "--model.name=qwen3_moe", "--training.steps=2"))
+    logged = {}
+    log_eval = trainer.metrics.log_eval
+    trainer.metrics.log_eval = lambda step, s, t: (logged.update({step: s}), log_eval(step, s, t))
+    trainer.train()
+    s = logged[2]
+    n_experts = trainer.model_args.n_experts
+    shares = [s[f"moe/tokens_per_expert/e{e}"] for e in range(n_experts)]
+    assert sum(shares) == pytest.approx(1.0)
+    assert s["moe/max_load"] >= 1.0 and s["moe/aux_loss"] > 0 and s["moe/dropped_fraction"] == 0

@@ -83,6 +83,8 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor | None = None  # set by forward (training only)
         self.z_loss: torch.Tensor | None = None
         self.tokens_per_expert: torch.Tensor | None = None  # detached, last forward
+        self.last_aux_loss: torch.Tensor | None = None  # detached, for logging
+        self.last_z_loss: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [tokens, dim] -> (router logits, top-k weights, top-k expert ids)."""
@@ -110,6 +112,7 @@ class MoE(nn.Module):
         if self.training:
             self.aux_loss = load_balancing_loss(logits, experts, self.n_experts)
             self.z_loss = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+            self.last_aux_loss, self.last_z_loss = self.aux_loss.detach(), self.z_loss.detach()
         return out.reshape(shape)
 
     def init_weights(self, out_scale: float) -> None:
