@@ -30,7 +30,9 @@ from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
+from torchllm.metrics.moe_stats import MoEStats
 from torchllm.metrics.reduce import to_host
+from torchllm.models.moe import auxiliary_loss
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
@@ -50,7 +52,7 @@ from torchllm.parallel import (
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator)
+CALLBACKS = (Profiler, Evaluator, MoEStats)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -239,11 +241,16 @@ class Trainer:
                         logits = self.model(inputs)
                     loss = self.loss_fn(logits, targets)  # float32, outside autocast
                     del logits
+                # MoE load balancing: the layers' auxiliary losses, weighted by this micro-batch's
+                # tokens so that the step optimizes their token-weighted mean (None: no MoE).
+                aux = auxiliary_loss(self.model, self.cfg.model.moe_aux_loss_coef,
+                                     self.cfg.model.moe_z_loss_coef)
+                total = loss if aux is None else loss + aux * (targets != IGNORE_INDEX).sum()
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the
                 # gradient is exactly that of the global mean.
-                (loss * (self.dp_degree / global_tokens)).backward()
+                (total * (self.dp_degree / global_tokens)).backward()
             loss_sum += loss.detach()
-            del loss
+            del loss, total
         return loss_sum, n_tokens
 
     def train_step(self) -> dict[str, float]:

@@ -324,19 +324,28 @@ class GPT2Adapter:
 
 
 ADAPTERS = {"llama3": LlamaAdapter, "gpt2": GPT2Adapter}  # by torchllm model name
-BY_MODEL_TYPE = {a.model_type: a for a in ADAPTERS.values()}  # by HF config model_type
+
+
+def _adapters() -> dict:
+    """Every adapter by torchllm model name (families in their own modules register late, as
+    they import this one)."""
+    from torchllm.checkpoint.hf_qwen3 import Qwen3Adapter, Qwen3MoeAdapter
+
+    return {**ADAPTERS, "qwen3": Qwen3Adapter, "qwen3_moe": Qwen3MoeAdapter}
 
 
 def adapter_for_model(model_name: str):
-    if model_name not in ADAPTERS:
+    adapters = _adapters()
+    if model_name not in adapters:
         raise ConfigError(f"model.name = {model_name!r} has no Hugging Face conversion; "
-                          f"supported: {', '.join(ADAPTERS)}")
-    return ADAPTERS[model_name]
+                          f"supported: {', '.join(adapters)}")
+    return adapters[model_name]
 
 
 def adapter_for_hf(hf_config: dict):
+    by_type = {a.model_type: a for a in _adapters().values()}  # by HF config model_type
     kind = hf_config.get("model_type")
-    if kind not in BY_MODEL_TYPE:
+    if kind not in by_type:
         raise ConfigError(f"Hugging Face model_type {kind!r} is not supported; "
-                          f"supported: {', '.join(BY_MODEL_TYPE)}")
-    return BY_MODEL_TYPE[kind]
+                          f"supported: {', '.join(by_type)}")
+    return by_type[kind]

@@ -34,7 +34,8 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "Model family in the registry")
-    flavor: str = opt("debug", "Size preset of the model family (debug, 125M, 1B, 3B, 8B, 70B)")
+    flavor: str = opt("debug", "Size preset of the model family (llama3: debug, small, 125M, 1B, 3B, 8B, 70B; "
+        "qwen3: debug, 0.6B, 1.7B, 4B, 8B; qwen3_moe: debug, 30B-A3B; gpt2: 124M, ...)")
     vocab_size: Optional[int] = opt(
         None, "Vocab size before padding; unset = the tokenizer's (or the flavor's without one)"
     )
@@ -44,6 +45,10 @@ class Model:
     rope_theta: Optional[float] = opt(None, "Override the flavor's RoPE base frequency")
     rope_scaling: Optional[bool] = opt(None, "Override Llama-3.1 RoPE frequency scaling on/off")
     tie_embeddings: Optional[bool] = opt(None, "Override the flavor's tied input/output embedding")
+    moe_aux_loss_coef: float = opt(
+        0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss"
+    )
+    moe_z_loss_coef: float = opt(0.0, "MoE models: weight of the router z-loss; 0 = off")
 
 
 @dataclass

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from torchllm.models.moe import moe_parameter_counts
+
 # Dense bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
     "H100 SXM": 989e12,  # also "H100 80GB HBM3"
@@ -37,19 +39,26 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     embedding = sum(
         m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding)
     )
-    return {"params": total, "non_embedding_params": total - embedding}
+    counts = {"params": total, "non_embedding_params": total - embedding}
+    moe = moe_parameter_counts(model)
+    if moe["expert_params"]:  # a token uses top-k of the experts: count what it runs
+        inactive = moe["expert_params"] - moe["active_expert_params"]
+        counts.update(active_params=total - inactive,
+                      active_non_embedding_params=total - embedding - inactive, **moe)
+    return counts
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
     """Training FLOPs per token: 6·N + 12·L·H·Dh·T (forward + backward, attention included).
 
-    N = non-embedding parameters, plus the output head when it is tied to the embedding (its
+    N = non-embedding parameters (for MoE models those a token uses: top-k experts), plus the output head when it is tied to the embedding (its
     matmul runs either way, while the embedding lookup costs no FLOPs). The second term is the
     attention score and value matmuls (QKᵀ and AV), which parameters do not count; it uses the
     full T×T score matrix, as PaLM's MFU definition does, not the causal half.
     """
     args = model.args
-    n = parameter_counts(model)["non_embedding_params"]
+    counts = parameter_counts(model)
+    n = counts.get("active_non_embedding_params", counts["non_embedding_params"])
     if args.tie_embeddings:
         n += args.vocab_size * args.dim
     return 6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len

@@ -1,0 +1,152 @@
+"""Mixture of experts: token-choice top-k routing over grouped SwiGLU experts.
+
+Routing (as Qwen3-MoE): softmax over the router logits in float32, the top-k experts per token,
+their probabilities renormalized to sum to 1 when `norm_topk_prob`. Tokens are sorted by expert
+and every expert's tokens go through one grouped matmul per projection: `torch._grouped_mm` on
+CUDA (bf16, Hopper+), elsewhere a padded batched matmul (`torch.bmm` over [experts, capacity,
+dim]) — never a Python loop over experts. No token is dropped (capacity = the largest expert
+load of the batch), so the dropped fraction is always 0 here and logged as such.
+
+Load balancing: the Switch-Transformer auxiliary loss of each MoE layer,
+    aux = n_experts * sum_e f_e * P_e,  f_e = (top-k assignments to e) / tokens,
+                                         P_e = mean router probability of e,
+(1 when perfectly balanced with top-1, k with top-k), and an optional router z-loss
+(mean of logsumexp(logits)^2). The layer keeps both, with their gradients, in `self.aux_loss`
+for the trainer to add (see `auxiliary_loss`), and detached routing statistics for logging.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GroupedExperts(nn.Module):
+    """`n_experts` SwiGLU MLPs stored as one [E, ...] weight per projection."""
+
+    def __init__(self, n_experts: int, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))  # gate
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))  # up
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))  # down
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, dim] sorted by expert; counts: [E] tokens per expert (sums to tokens)."""
+        if use_grouped_mm(x):
+            offsets = torch.cumsum(counts, 0).to(torch.int32)
+            gate = torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offsets)
+            up = torch._grouped_mm(x, self.w3.transpose(-2, -1), offs=offsets)
+            return torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offsets)
+        return self._padded(x, counts)
+
+    def _padded(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        n_experts = counts.shape[0]
+        capacity = max(int(counts.max()), 1)  # one host sync per layer on this path
+        starts = torch.cumsum(counts, 0) - counts
+        expert = torch.repeat_interleave(torch.arange(n_experts, device=x.device), counts,
+                                         output_size=x.shape[0])
+        slot = torch.arange(x.shape[0], device=x.device) - starts[expert]
+        padded = x.new_zeros(n_experts, capacity, x.shape[-1])
+        padded = padded.index_put((expert, slot), x)
+        h = (F.silu(torch.bmm(padded, self.w1.transpose(1, 2)))
+             * torch.bmm(padded, self.w3.transpose(1, 2)))
+        out = torch.bmm(h, self.w2.transpose(1, 2))
+        return out[expert, slot]
+
+    def init_weights(self, out_scale: float) -> None:
+        dim, hidden = self.w1.shape[2], self.w1.shape[1]
+        for w, fan_in, scale in ((self.w1, dim, 1.0), (self.w3, dim, 1.0),
+                                 (self.w2, hidden, out_scale)):
+            std = scale / math.sqrt(fan_in)
+            nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def use_grouped_mm(x: torch.Tensor) -> bool:
+    """torch._grouped_mm runs on CUDA (bf16, sm90+); everything else takes the padded path."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
+        return False
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+class MoE(nn.Module):
+    """Router + grouped experts. Input and output [batch, seq, dim]."""
+
+    def __init__(self, dim: int, hidden_dim: int, n_experts: int, top_k: int,
+                 norm_topk_prob: bool = True):
+        super().__init__()
+        self.n_experts, self.top_k, self.norm_topk_prob = n_experts, top_k, norm_topk_prob
+        self.gate = nn.Linear(dim, n_experts, bias=False)  # the router
+        self.experts = GroupedExperts(n_experts, dim, hidden_dim)
+        self.aux_loss: torch.Tensor | None = None  # set by forward (training only)
+        self.z_loss: torch.Tensor | None = None
+        self.tokens_per_expert: torch.Tensor | None = None  # detached, last forward
+        self.last_aux_loss: torch.Tensor | None = None  # detached, for logging
+        self.last_z_loss: torch.Tensor | None = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [tokens, dim] -> (router logits, top-k weights, top-k expert ids)."""
+        logits = self.gate(x)
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return logits, weights, experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits, weights, experts = self.route(x)
+        flat = experts.flatten()  # [tokens * k], token-major
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        token = order // self.top_k
+        out_sorted = self.experts(x[token], counts)
+        # Weighted sum of each token's k expert outputs, back in token order.
+        contrib = out_sorted.float() * weights.flatten()[order, None]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out = out.index_add(0, token, contrib).to(x.dtype)
+        self.tokens_per_expert = counts.detach()
+        if self.training:
+            self.aux_loss = load_balancing_loss(logits, experts, self.n_experts)
+            self.z_loss = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+            self.last_aux_loss, self.last_z_loss = self.aux_loss.detach(), self.z_loss.detach()
+        return out.reshape(shape)
+
+    def init_weights(self, out_scale: float) -> None:
+        std = 1.0 / math.sqrt(self.gate.in_features)
+        nn.init.trunc_normal_(self.gate.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        self.experts.init_weights(out_scale)
+
+
+def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int):
+    """Switch Transformer's loss: n_experts * sum_e f_e * P_e (see the module docstring)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    tokens = logits.shape[0]
+    f = torch.bincount(experts.flatten(), minlength=n_experts).to(probs.dtype) / tokens
+    return n_experts * torch.sum(f * probs.mean(dim=0))
+
+
+def auxiliary_loss(model: nn.Module, aux_coef: float, z_coef: float) -> torch.Tensor | None:
+    """The mean over MoE layers of the last forward's aux (and z) losses, weighted; None for a
+    model without MoE layers. The trainer adds it to the loss of each micro-batch."""
+    layers = [m for m in model.modules() if isinstance(m, MoE) and m.aux_loss is not None]
+    if not layers:
+        return None
+    total = sum(aux_coef * m.aux_loss + z_coef * m.z_loss for m in layers)
+    for m in layers:
+        m.aux_loss = m.z_loss = None
+    return total / len(layers)
+
+
+def moe_parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Expert parameters in total and those a token uses (top-k of n_experts per layer)."""
+    total = active = 0
+    for m in model.modules():
+        if isinstance(m, MoE):
+            n = sum(p.numel() for p in m.experts.parameters())
+            total += n
+            active += n * m.top_k // m.n_experts
+    return {"expert_params": total, "active_expert_params": active}
