@@ -29,7 +29,7 @@ from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
-from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
+from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.moe_stats import MoEStats
 from torchllm.metrics.reduce import to_host
 from torchllm.models.moe import auxiliary_loss
@@ -48,6 +48,7 @@ from torchllm.parallel import (
     register_float8_scale_precompute,
     set_comm_timeout,
 )
+from torchllm.precision import resolve_bf16
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
@@ -66,13 +67,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-
-
-def use_bf16(mixed_precision: str, device: torch.device) -> bool:
-    """'auto' means bf16 on CUDA only: CPUs without bf16 units run it ~100x slower than fp32."""
-    if mixed_precision == "auto":
-        return device.type == "cuda"
-    return mixed_precision == "bf16"
 
 
 class Trainer:
@@ -117,7 +111,9 @@ class Trainer:
             # TF32 keeps fp32 range with a 10-bit mantissa: ~8x faster matmuls on Ampere+.
             torch.backends.cuda.matmul.allow_tf32 = tcfg.tf32
             torch.backends.cudnn.allow_tf32 = tcfg.tf32
-        self.bf16 = use_bf16(tcfg.mixed_precision, self.device)
+        # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
+        self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type)
+        logger.info("precision: %s (%s)", "bf16" if self.bf16 else "fp32", why)
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
         with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
@@ -147,7 +143,7 @@ class Trainer:
 
         counts = parameter_counts(self.model)
         self.flops_per_token = flops_per_token(self.model, tcfg.seq_len)
-        self.peak_flops = peak_flops(self.device)
+        self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
         logger.info(
             "model %s/%s: %s params (%s non-embedding), vocab %d (tokenizer %d) | device %s, "
             "%s | global batch %d seqs x %d tokens = %d local x %d dp x %d accumulation",
@@ -174,7 +170,7 @@ class Trainer:
         self.guard.save_checkpoint = self.save_dropped_step
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
-            self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
+            self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
         )
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
@@ -194,6 +190,11 @@ class Trainer:
     @property
     def profiler(self) -> Profiler | None:
         return self.callback(Profiler)
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The matmul peak (FLOP/s) MFU is measured against, in the dtype training runs in."""
+        return self.peak.flops
 
     @property
     def step(self) -> int:

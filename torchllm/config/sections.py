@@ -62,7 +62,8 @@ class Training:
     max_norm: float = opt(1.0, "Clip the total gradient norm to this; <= 0 disables clipping")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
     mixed_precision: Literal["auto", "bf16", "none"] = opt(
-        "auto", "bf16 autocast; auto = bf16 on CUDA, none (fp32) on CPU"
+        "auto", "bf16 matmuls (float32 loss, optimizer, master weights); auto = bf16 on CUDA "
+        "and on CPUs with native bf16 (AVX512_BF16/AMX, confirmed by a timed probe), else none (fp32)"
     )
     tf32: bool = opt(True, "Allow TF32 matmuls/convolutions on CUDA (ignored on CPU)")
     gc_freq: int = opt(50, "Run Python garbage collection every N steps (automatic GC is off)")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import time
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from torchllm.log import logger
 from torchllm.models.moe import moe_parameter_counts
+from torchllm.precision import matmul_flops
 
 # Dense bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
@@ -64,38 +61,26 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     return 6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
 
 
-def _cpu_cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "torchllm" / "cpu_peak_flops.json"
+class CPUPeak:
+    """The CPU's matmul peak in the dtype training runs in, measured at start (best of several
+    short trials, never read from an old cache), and measured again whenever a step's achieved
+    FLOP/s exceed it: a peak measured while the machine was busy would otherwise put MFU over
+    100%."""
 
+    MAX_REMEASURES = 3
 
-def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
-    """Measured fp32 matmul throughput of this CPU with the current thread count."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        torch.mm(a, b)
-        n += 1
-    return 2 * size**3 * n / (time.perf_counter() - start)
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.flops = matmul_flops(dtype)
+        self.remeasures = 0
 
-
-def cpu_peak_flops() -> float:
-    """The CPU's matmul peak: measured once per (CPU, thread count), then read from a cache."""
-    key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{torch.get_num_threads()}"
-    path = _cpu_cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key not in cache:
-        cache[key] = measure_cpu_peak_flops()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache))
-        except OSError:
-            pass  # an unwritable cache only costs a re-measurement next time
-    return cache[key]
+    def check(self, achieved: float) -> float:
+        if achieved > self.flops and self.remeasures < self.MAX_REMEASURES:
+            self.remeasures += 1
+            before, self.flops = self.flops, max(self.flops, matmul_flops(self.dtype))
+            logger.info("CPU peak re-measured: %.0f -> %.0f GFLOP/s (%s; a step reached %.0f)",
+                        before / 1e9, self.flops / 1e9, self.dtype, achieved / 1e9)
+        return self.flops
 
 
 def gpu_peak_flops(device_name: str) -> float | None:
@@ -112,10 +97,29 @@ def gpu_peak_flops(device_name: str) -> float | None:
     return None
 
 
-def peak_flops(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return gpu_peak_flops(torch.cuda.get_device_name(device))
-    return cpu_peak_flops()
+class Peak:
+    """The matmul peak MFU is measured against, for the dtype the matmuls run in.
+
+    GPUs: the data sheet's dense bf16 tensor-core peak; fp32 with TF32 counts half of it (the
+    TF32 peak on every device in the table); plain fp32 reports no MFU. CPUs: `CPUPeak`.
+    """
+
+    def __init__(self, device: torch.device, bf16: bool, tf32: bool = True):
+        self.cpu = None
+        self.flops: float | None = None
+        if device.type == "cuda":
+            bf16_peak = gpu_peak_flops(torch.cuda.get_device_name(device))
+            if bf16_peak is not None and (bf16 or tf32):
+                self.flops = bf16_peak if bf16 else bf16_peak / 2
+        elif device.type == "cpu":
+            self.cpu = CPUPeak(torch.bfloat16 if bf16 else torch.float32)
+            self.flops = self.cpu.flops
+
+    def check(self, achieved: float) -> float | None:
+        """The peak to divide `achieved` FLOP/s by (a CPU peak is re-measured when exceeded)."""
+        if self.cpu is not None:
+            self.flops = self.cpu.check(achieved)
+        return self.flops
 
 
 def mfu_stats(tokens_per_s_device: float, flops_per_token: int, peak: float | None) -> dict:

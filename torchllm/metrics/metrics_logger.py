@@ -26,11 +26,12 @@ from torchllm.metrics.writers import build_writers
 class MetricsLogger:
     def __init__(self, cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  device: torch.device, run_name: str, run_dir: Path, flops_per_token: int,
-                 peak_flops: float | None, guard, group=None):
-        """`group`: the data-parallel process group (None = the default group, if any)."""
+                 peak, guard, group=None):
+        """`peak`: a flops.Peak (or None: no MFU); `group`: the data-parallel process group
+        (None = the default group, if any)."""
         self.log_freq, self.total_steps = cfg.metrics.log_freq, cfg.training.steps
         self.model, self.optimizer, self.device, self.group = model, optimizer, device, group
-        self.flops_per_token, self.peak_flops, self.guard = flops_per_token, peak_flops, guard
+        self.flops_per_token, self.peak, self.guard = flops_per_token, peak, guard
         self.groups = watched_groups(model)
         self.writers = build_writers(cfg, run_name, run_dir, rank())
         self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar)
@@ -83,8 +84,10 @@ class MetricsLogger:
             "time/data_s": iv["data_time"] / iv["steps"],
             "time/data_pct": 100 * iv["data_time"] / iv["time"],
         })
+        achieved = tokens_per_s / world * self.flops_per_token
+        peak = self.peak.check(achieved) if self.peak is not None else None
         out.update({f"perf/{k}": v for k, v in
-                    mfu_stats(tokens_per_s / world, self.flops_per_token, self.peak_flops).items()})
+                    mfu_stats(tokens_per_s / world, self.flops_per_token, peak).items()})
         out.update({f"memory/{k}": v for k, v in memory_stats(self.device).items()})
         out.update({f"guard/{k}": v for k, v in self.guard.counts.items()})
         return {k: float(v) for k, v in out.items()}

@@ -13,11 +13,7 @@ from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.float8 import apply_float8, check_float8_hardware
 from torchllm.parallel.tp import apply_tp
-
-
-def bf16_params(mixed_precision: str, device_type: str) -> bool:
-    """training.mixed_precision as train.use_bf16 reads it: 'auto' = bf16 on CUDA only."""
-    return mixed_precision == "bf16" or (mixed_precision == "auto" and device_type == "cuda")
+from torchllm.precision import use_bf16
 
 
 def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
@@ -93,7 +89,7 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if compiled:
         applied.append(f"compiled {apply_compile(model, job_config.compile)} blocks")
     if parallel_dims.fsdp_enabled:
-        bf16 = bf16_params(job_config.training.mixed_precision, parallel_dims.device_type)
+        bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
             model,
             parallel_dims.fsdp_mesh(),

@@ -32,10 +32,11 @@ import torch
 
 from torchllm import models
 from torchllm.config import ConfigError, load_config
+from torchllm.device import resolve_device
 from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.parallel.dims import ParallelDims
+from torchllm.precision import use_bf16
 from torchllm.tools.model_info import tokenizer_vocab_hint
-from torchllm.train import resolve_device, use_bf16
 
 FP32 = 4
 
@@ -79,7 +80,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     tcfg = cfg.training
     # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
     device = tcfg.device if tcfg.device != "auto" else resolve_device("auto").type
-    bf16 = use_bf16(tcfg.mixed_precision, torch.device(device))
+    bf16 = use_bf16(tcfg.mixed_precision, device)
     act = 2 if bf16 else FP32
     shard = dims.dp_shard * dims.tp
     n_layers = model_args.n_layers

@@ -62,6 +62,8 @@ LLAMA3_VOCAB = 128256
 # The reference 1B is Llama 3.2 1B's shape with FFN hidden = 4·dim and the vocab padded to 2^17.
 flavors: dict[str, LlamaArgs] = {
     "debug": LlamaArgs(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=2048),
+    # dim 512 x 6 layers: the throughput benchmark's middle shape (~20M non-embedding params).
+    "small": LlamaArgs(dim=512, n_layers=6, n_heads=8, n_kv_heads=4, vocab_size=32000),
     "125M": LlamaArgs(
         dim=768, n_layers=12, n_heads=12, n_kv_heads=4, hidden_dim=3072, vocab_size=32000,
         tie_embeddings=True,

@@ -1,0 +1,129 @@
+"""mixed_precision = "auto" follows the hardware, and MFU is measured against a true peak."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from torchllm import precision
+from torchllm.metrics import flops
+from torchllm.train import Trainer
+
+
+@pytest.fixture
+def fresh_probe():
+    precision.cpu_native_bf16.cache_clear()
+    yield
+    precision.cpu_native_bf16.cache_clear()
+
+
+def fake_speeds(monkeypatch, fp32: float, bf16: float) -> list:
+    calls = []
+
+    def matmul_flops(dtype, **kw):
+        calls.append(dtype)
+        return bf16 if dtype == torch.bfloat16 else fp32
+
+    monkeypatch.setattr(precision, "matmul_flops", matmul_flops)
+    return calls
+
+
+@pytest.mark.parametrize("flags, speeds, expected", [
+    ({"avx512f", "avx512_bf16"}, (200e9, 800e9), True),   # native and 4x faster
+    ({"avx512f", "amx_bf16"}, (200e9, 800e9), True),
+    ({"avx512f", "avx512_bf16"}, (200e9, 210e9), False),  # native on paper, not in practice
+    ({"avx2", "fma"}, (200e9, 800e9), False),             # emulated bf16: never, no probe
+    (None, (200e9, 800e9), True),                         # flags unknown: the probe decides
+    (None, (200e9, 20e9), False),
+])
+def test_auto_precision_on_cpu_follows_flags_and_probe(monkeypatch, fresh_probe, flags, speeds,
+                                                       expected):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    calls = fake_speeds(monkeypatch, *speeds)
+    bf16, why = precision.resolve_bf16("auto", "cpu")
+    assert bf16 is expected, why
+    assert why.startswith("auto: ")
+    if flags is not None and not flags & {"avx512_bf16", "amx_bf16"}:
+        assert calls == [] and "no native bf16" in why
+
+
+def test_explicit_and_cuda_choices_need_no_probe(monkeypatch, fresh_probe):
+    calls = fake_speeds(monkeypatch, 1.0, 1.0)
+    assert precision.resolve_bf16("bf16", "cpu")[0] is True
+    assert precision.resolve_bf16("none", "cuda")[0] is False
+    assert precision.resolve_bf16("auto", "cuda") == (True, "auto: CUDA")
+    assert calls == []
+
+
+def test_auto_picks_bf16_on_this_cpu_when_it_has_native_bf16(fresh_probe):
+    flags = precision.cpu_flags() or set()
+    if not flags & {"avx512_bf16", "amx_bf16"}:
+        pytest.skip("this CPU has no native bf16 matmul")
+    assert precision.resolve_bf16("auto", "cpu")[0] is True
+
+
+def test_trainer_logs_its_precision_choice(tmp_path, monkeypatch, fresh_probe, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    trainer = Trainer(tiny_config(tmp_path, "--training.mixed_precision=auto"))
+    assert trainer.bf16 is False and trainer.precision_name() == "fp32"
+    assert "precision: fp32 (auto: the CPU has no native bf16 matmul" in caplog.text
+
+
+def test_gpu_peak_follows_the_matmul_dtype(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 80GB HBM3")
+    cuda = torch.device("cuda", 0)
+    assert flops.Peak(cuda, bf16=True).flops == 989e12
+    assert flops.Peak(cuda, bf16=False, tf32=True).flops == 989e12 / 2  # the TF32 peak
+    assert flops.Peak(cuda, bf16=False, tf32=False).flops is None  # plain fp32: no MFU
+
+
+def test_cpu_peak_is_measured_in_the_training_dtype(monkeypatch):
+    seen = []
+    monkeypatch.setattr(flops, "matmul_flops", lambda dtype: seen.append(dtype) or 1e9)
+    flops.Peak(torch.device("cpu"), bf16=True)
+    flops.Peak(torch.device("cpu"), bf16=False)
+    assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_cpu_peak_measured_on_a_busy_machine_is_corrected(monkeypatch):
+    readings = iter([1e9, 5e9, 4e9])  # busy at start; quiet later
+    monkeypatch.setattr(flops, "matmul_flops", lambda dtype: next(readings))
+    peak = flops.Peak(torch.device("cpu"), bf16=False)
+    assert peak.check(0.5e9) == 1e9  # below the peak: nothing re-measured
+    assert peak.check(3e9) == 5e9  # a step beat the peak: measured again
+    assert peak.check(3e9) == 5e9
+    assert peak.check(6e9) == 5e9  # a lower re-measurement never lowers it
+
+
+def test_mfu_never_exceeds_100_percent_after_a_busy_start(tmp_path, monkeypatch):
+    """A peak measured while the machine was loaded (here: 1 MFLOP/s) must not survive the
+    first step that beats it: every MFU the run logs is <= 100%."""
+    real = flops.matmul_flops
+    first = [True]
+
+    def busy_then_real(dtype):
+        if first[0]:
+            first[0] = False
+            return 1e6
+        return real(dtype)
+
+    monkeypatch.setattr(flops, "matmul_flops", busy_then_real)
+    trainer = Trainer(tiny_config(tmp_path, "--training.mixed_precision=bf16",
+                                  "--training.steps=3", "--metrics.log_freq=1"))
+    logged = []
+    log = trainer.metrics.log
+
+    def spy(step, m, step_time):
+        out = log(step, m, step_time)
+        if out is not None:
+            logged.append(out["perf/mfu_pct"])
+        return out
+
+    trainer.metrics.log = spy
+    trainer.train()
+    assert len(logged) == 3
+    assert all(0 < mfu <= 100 for mfu in logged), logged

@@ -1,0 +1,86 @@
+"""Which precision the matmuls run in, and how fast this machine runs them.
+
+`training.mixed_precision = "auto"` means bf16 wherever bf16 matmuls are native: on CUDA, and on
+a CPU that has AVX512_BF16 or AMX (and a short timed probe confirms bf16 beats fp32). CPUs
+differ: on AVX-512 parts with native bf16, bf16 matmuls run ~4x faster than fp32; on AVX2-only
+parts they are emulated and run 17-100x slower. So the choice is detected, never assumed.
+The loss, the optimizer and the master weights stay float32 in every case.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import torch
+
+# bf16 is chosen on CPU only when its matmuls are at least this much faster than fp32's.
+BF16_MIN_SPEEDUP = 1.3
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (Linux /proc/cpuinfo), or None where they cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def matmul_flops(dtype: torch.dtype, size: int = 512, trials: int = 5,
+                 seconds: float = 0.04) -> float:
+    """This CPU's matmul FLOP/s in `dtype` with the current thread count: the best of several
+    short trials, so that a moment of load from other processes does not set the number."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm-up (packing, thread pool)
+    best = 0.0
+    for _ in range(trials):
+        n, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            n += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        best = max(best, 2 * size**3 * n / elapsed)
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_native_bf16() -> tuple[bool, str]:
+    """(bf16 is native and faster here, why) — decided once per process."""
+    flags = cpu_flags()
+    found = [f for f in NATIVE_BF16_FLAGS if flags and f in flags]
+    if flags is not None and not found:
+        return False, "the CPU has no native bf16 matmul (no AVX512_BF16/AMX)"
+    fp32, bf16 = matmul_flops(torch.float32), matmul_flops(torch.bfloat16)
+    ratio = bf16 / fp32
+    what = "/".join(f.upper() for f in found) if found else "unknown CPU flags"
+    if ratio >= BF16_MIN_SPEEDUP:
+        return True, f"{what}; bf16 matmul measured {ratio:.1f}x fp32"
+    return False, (f"{what}, but bf16 matmul measured only {ratio:.2f}x fp32 "
+                   f"(< {BF16_MIN_SPEEDUP}x)")
+
+
+def resolve_bf16(mixed_precision: str, device_type: str) -> tuple[bool, str]:
+    """(train in bf16, why) for training.mixed_precision on this device type."""
+    if mixed_precision == "bf16":
+        return True, "training.mixed_precision = bf16"
+    if mixed_precision == "none":
+        return False, "training.mixed_precision = none"
+    if device_type == "cuda":
+        return True, "auto: CUDA"
+    if device_type == "cpu":
+        native, why = cpu_native_bf16()
+        return native, f"auto: {why}"
+    return False, f"auto: fp32 on {device_type}"
+
+
+def use_bf16(mixed_precision: str, device_type: str) -> bool:
+    return resolve_bf16(mixed_precision, device_type)[0]
