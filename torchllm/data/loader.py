@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchllm.config.job_config import ConfigError
@@ -28,6 +29,9 @@ class TrainLoader(StatefulDataLoader):
                 prefetch_factor=prefetch_factor if num_workers else None,
                 pin_memory=pin_memory,
                 persistent_workers=False,
+                # Its own generator: each iter() draws a worker base seed, which must not come
+                # from the global torch RNG (a resume calls iter() after restoring that state).
+                generator=torch.Generator().manual_seed(0),
             )
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
 
