@@ -100,6 +100,14 @@ MUTANTS = [
         ("tests/test_checkpoint.py::test_split_run_equals_straight_run_bit_for_bit",),
     ),
     Mutant(
+        "loader_draws_global_rng",
+        "iter(train loader) draws its worker seed from the global torch RNG after a restore",
+        "torchllm/data/loader.py",
+        "                generator=torch.Generator().manual_seed(0),\n",
+        "",
+        ("tests/test_checkpoint.py::test_split_run_equals_straight_run_bit_for_bit",),
+    ),
+    Mutant(
         "rope_interpolation_wrong", "Llama 3.1 RoPE scaling: the smooth factor runs backwards",
         "torchllm/models/llama/model.py",
         "interpolated = (1 - smooth) * inv_freq / args.rope_scaling_factor + smooth * inv_freq",
@@ -119,6 +127,20 @@ MUTANTS = [
         "            model_only = self.cfg.initial_load_model_only\n",
         "            model_only = False\n",
         ("tests/test_checkpoint.py::test_initial_load_model_only_or_full_state",),
+    ),
+    Mutant(
+        "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
+        "torchllm/train.py",
+        "        if any_rank(reason is not None, self.device) and reason is None:",
+        "        if False:",
+        ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
+    ),
+    Mutant(
+        "comm_hook_not_registered", "parallelism.ddp_comm_hook is accepted but never registered",
+        "torchllm/parallel/data_parallel.py",
+        "        model.register_comm_hook(dp_mesh.get_group(), hook)",
+        "        pass",
+        ("tests/test_parallel_multiprocess.py::test_fp16_comm_hook_is_registered_and_reduces_in_fp16",),
     ),
     Mutant(
         "dropout_in_eval", "dropout stays on in eval mode (validation, generation)",
