@@ -93,6 +93,21 @@ MUTANTS = [
         ("tests/test_checkpoint.py::test_stop_after_steps_then_continue_matches_schedule",),
     ),
     Mutant(
+        "optimizer_not_restored_on_fallback",
+        "checkpoints lose the optimizer state (seen when falling back past a corrupt one)",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_checkpoint.py::test_corrupt_checkpoint_falls_back_to_earlier_one",),
+    ),
+    Mutant(
+        "gpt2_optimizer_not_restored", "GPT-2 resumes without its optimizer state",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_gpt2.py::test_trains_and_resumes_through_the_trainer",),
+    ),
+    Mutant(
         "rng_not_restored", "a resumed run keeps the process's torch RNG state",
         "torchllm/checkpoint/state.py",
         "        torch.set_rng_state(state[\"torch\"])\n",
