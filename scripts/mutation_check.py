@@ -158,6 +158,15 @@ MUTANTS = [
         ("tests/test_parallel_multiprocess.py::test_fp16_comm_hook_is_registered_and_reduces_in_fp16",),
     ),
     Mutant(
+        "estimator_drops_attention_activations",
+        "the memory estimator forgets the attention activations of every block",
+        "torchllm/tools/estimate_memory.py",
+        "    return tokens * (attention + ffn) * act + stats",
+        "    return tokens * ffn * act + stats",
+        ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug"
+         "[activations]",),
+    ),
+    Mutant(
         "dropout_in_eval", "dropout stays on in eval mode (validation, generation)",
         "torchllm/models/llama/model.py",
         "            p = self.dropout if self.training else 0.0",
