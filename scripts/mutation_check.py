@@ -56,11 +56,12 @@ MUTANTS = [
         ("tests/test_train.py::test_loss_is_float32_under_bf16_autocast",),
     ),
     Mutant(
-        "chunked_loss_upcast_removed", "the chunked loss's forward keeps bf16 logits",
+        "chunked_loss_upcast_removed",
+        "the chunked loss's forward keeps bf16 logits (FSDP2 bf16 params: no autocast to upcast)",
         "torchllm/loss.py",
         "logits = F.linear(hidden[start : start + chunk], weight).float()",
         "logits = F.linear(hidden[start : start + chunk], weight)",
-        ("tests/test_train.py::test_loss_is_float32_under_bf16_autocast",),
+        ("tests/test_recipes.py::test_chunked_cross_entropy_of_bf16_inputs_is_computed_in_float32",),
     ),
     Mutant(
         "chunked_loss_ignore_mask_wrong", "the chunked loss's backward ignores the ignore mask",

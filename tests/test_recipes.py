@@ -188,6 +188,23 @@ def test_chunked_cross_entropy_equals_plain_in_value_and_gradient():
             torch.testing.assert_close(g, p, rtol=1e-5, atol=1e-6)
 
 
+def test_chunked_cross_entropy_of_bf16_inputs_is_computed_in_float32():
+    """bf16 hidden states and head weight outside autocast (FSDP2 with bf16 params): the chunk
+    logits are upcast before the softmax, so the loss equals the float32 cross entropy of the
+    bf16 logits (a bf16 log-softmax is off by ~1e-3 relative)."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 37, 16).bfloat16()
+    weight = torch.randn(131, 16).bfloat16()
+    targets = torch.randint(0, 131, (3, 37))
+    targets[1, 4:9] = IGNORE_INDEX
+    expected = F.cross_entropy(F.linear(hidden, weight).float().flatten(0, 1), targets.flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+    for chunk in (16, 1000):
+        loss = chunked_cross_entropy_sum(hidden, weight, targets, chunk)
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss, expected, rtol=2e-6, atol=0)
+
+
 @pytest.mark.parametrize("model_args", [
     ["--model.tie_embeddings=false"], ["--model.tie_embeddings=true"],
     ["--model.name=gpt2"],
