@@ -153,7 +153,8 @@ def test_accumulation_reduces_gradients_once(name, two_process):
 @pytest.mark.slow
 def test_fsdp2_bf16_params_follow_the_fp32_curve(reference, two_process):
     """FSDP2 with bf16 params on 2 ranks: every step's loss within 2% of the fp32 single-process
-    curve (bf16 rounding of weights and activations; measured under 1%), not equal to it."""
+    curve (bf16 rounding of weights and activations: the band of test_train's single-process
+    bf16 test, where it measures 0.5% at most), and not equal to it."""
     run, ref = two_process["fsdp_bf16"], reference[1]["untied"]
     assert run["precision"] == "bf16 FSDP2 params"
     assert run["loss"] == pytest.approx(ref["loss"], rel=2e-2), (run["loss"], ref["loss"])
