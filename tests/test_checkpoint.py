@@ -2,7 +2,7 @@ import logging
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -97,10 +97,15 @@ def test_async_save_equals_sync_save(tmp_path):
     sync_losses = sync.train()
     asyn = trainer(tmp_path / "a", *args, "--checkpoint.async_mode=async")
     stage = asyn.checkpointer.stager._stage
+    stepped = threading.Event()  # an optimizer step finished
+    asyn.optimizer.register_step_post_hook(lambda *_: stepped.set())
     staged_at = []
 
     def slow_stage(state_dict, **kwargs):
-        time.sleep(1.5)  # longer than a step's forward + backward here
+        # Copy only after the next optimizer step, if it does not wait for us (the bug), else
+        # after 1.5 s, by when the next step's forward and backward have run.
+        stepped.clear()
+        stepped.wait(timeout=1.5)
         staged_at.append(asyn.step)  # the step running when the copy was made
         return stage(state_dict, **kwargs)
 
