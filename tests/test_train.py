@@ -189,7 +189,7 @@ def test_time_limit_saves_and_stops_before_the_limit(tmp_path, caplog):
     steps and a minute is reached; until then train normally. The clock is moved by an hour
     after step 3, as if the steps had been slow."""
     args = ("--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=100",
-            "--training.steps=50", "--training.time_limit_minutes=30")
+            "--training.steps=8", "--training.time_limit_minutes=30")
     trainer = Trainer(tiny_config(tmp_path, *args))
     step = trainer.train_step
 
