@@ -3,13 +3,15 @@ process group, so that the cost of starting N Python processes is paid once.
 
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
-SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...]}. OUT (rank 0):
-{name: {"loss": [...], "grad_norm": [...]}, "sync_counts": {name: {...}},
- "host_syncs": {name: [event, ...]}} (see test_host_syncs.step_events).
+SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...],
+"record_dtypes": [name, ...]}. OUT (rank 0): {name: {"loss": [...], "grad_norm": [...],
+"all_reduce_dtypes": {dtype: calls} (record_dtypes runs)}, "sync_counts": {name: {...}},
+"host_syncs": {name: [event, ...]}} (see test_host_syncs.step_events).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import Counter
@@ -44,13 +46,31 @@ def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False
                if name.startswith("gloo:") and ("reduce" in name))
 
 
+def recording_all_reduce_dtypes(counts: Counter):
+    """Patch torch.distributed.all_reduce (what DDP comm hooks call) to count the dtypes it
+    reduces; the default reducer's own all-reduces (no hook) go through C++ and are not seen."""
+    all_reduce = dist.all_reduce
+
+    def recording(tensor, *args, **kwargs):
+        counts[str(tensor.dtype)] += 1
+        return all_reduce(tensor, *args, **kwargs)
+
+    return mock.patch.object(dist, "all_reduce", recording)
+
+
 def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     results: dict = {"sync_counts": {}}
     for name, args in spec["runs"].items():
         trainer = Trainer(load_config(args))
-        metrics = [trainer.train_step() for _ in range(spec["steps"])]
+        dtypes: Counter = Counter()
+        with (recording_all_reduce_dtypes(dtypes) if name in spec.get("record_dtypes", [])
+              else contextlib.nullcontext()):
+            metrics = [trainer.train_step() for _ in range(spec["steps"])]
         results[name] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
+        results[name]["precision"] = trainer.precision_name()
+        if name in spec.get("record_dtypes", []):
+            results[name]["all_reduce_dtypes"] = dict(dtypes)
         if name in spec.get("count_sync", []):
             results["sync_counts"][name] = {
                 "one_micro_step": reduce_collectives(trainer, 1),

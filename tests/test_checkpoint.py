@@ -3,6 +3,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from torchllm.checkpoint import complete_steps, resolve_checkpoint
 from torchllm.checkpoint.checkpointer import saved_keys
 from torchllm.config import ConfigError
+from torchllm.optim import lr_factor
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
@@ -71,7 +73,7 @@ def test_incomplete_checkpoint_is_ignored_with_warning(tmp_path, caplog):
 
 
 def test_corrupt_checkpoint_falls_back_to_earlier_one(tmp_path, caplog):
-    trainer(tmp_path, "--checkpoint.interval=2").train()
+    straight = trainer(tmp_path, "--checkpoint.interval=2").train()
     step4 = tmp_path / "run" / "checkpoint" / "step-4"
     for shard in step4.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])  # truncated
@@ -79,19 +81,51 @@ def test_corrupt_checkpoint_falls_back_to_earlier_one(tmp_path, caplog):
         resumed = trainer(tmp_path)
     assert "could not be loaded" in caplog.text
     assert resumed.step == 2
+    assert resumed.train() == straight[2:]  # steps 3 and 4 again, bit for bit
+
+
+def all_tensors(step_dir) -> dict:
+    """Every tensor of a checkpoint (weights, optimizer moments and steps, RNG states)."""
+    from torchllm.checkpoint.convert import load_dcp_tensors
+
+    return load_dcp_tensors(step_dir, "")
 
 
 def test_async_save_equals_sync_save(tmp_path):
-    sync = trainer(tmp_path / "s", "--checkpoint.interval=2")
-    sync.train()
-    asyn = trainer(tmp_path / "a", "--checkpoint.interval=2", "--checkpoint.async_mode=async")
-    asyn.train()
-    for step in (2, 4):
+    """Every async checkpoint equals the sync one of the same step, tensor by tensor. Staging
+    is slowed down so that the step after a save runs its forward and backward while the copy
+    is still in flight: the optimizer must wait for it (Checkpointer.wait_for_staging)."""
+    args = ("--checkpoint.interval=2", "--training.steps=5")
+    sync = trainer(tmp_path / "s", *args)
+    sync_losses = sync.train()
+    asyn = trainer(tmp_path / "a", *args, "--checkpoint.async_mode=async")
+    stage = asyn.checkpointer.stager._stage
+    stepped = threading.Event()  # an optimizer step finished
+    asyn.optimizer.register_step_post_hook(lambda *_: stepped.set())
+    staged_at = []
+
+    def slow_stage(state_dict, **kwargs):
+        # Copy only after the next optimizer step, if it does not wait for us (the bug), else
+        # after 1.5 s, by when the next step's forward and backward have run.
+        stepped.clear()
+        stepped.wait(timeout=1.5)
+        staged_at.append(asyn.step)  # the step running when the copy was made
+        return stage(state_dict, **kwargs)
+
+    asyn.checkpointer.stager._stage = slow_stage
+    assert asyn.train() == sync_losses
+    assert staged_at == [3, 5, 5]  # saves of steps 2 and 4 overlapped the next step
+    for step in (2, 4, 5):
         a = tmp_path / "a" / "run" / "checkpoint" / f"step-{step}"
         s = tmp_path / "s" / "run" / "checkpoint" / f"step-{step}"
         assert saved_keys(a) == saved_keys(s)
+        expected = all_tensors(s)
+        got = all_tensors(a)
+        assert sorted(got) == sorted(expected) and len(expected) > 20
+        for key, value in expected.items():
+            assert torch.equal(got[key], value), (step, key)
     # Loading either gives the same state.
-    assert_same_state(trainer(tmp_path / "s"), trainer(tmp_path / "a"))
+    assert_same_state(trainer(tmp_path / "s", *args), trainer(tmp_path / "a", *args))
 
 
 def test_async_pinned_memory_needs_cuda(tmp_path):
@@ -101,17 +135,37 @@ def test_async_pinned_memory_needs_cuda(tmp_path):
         trainer(tmp_path, "--checkpoint.async_mode=async_with_pinned_mem")
 
 
+def lrs_of(t: Trainer) -> list[float]:
+    """Run t.train() and return the LR each of its steps used."""
+    lrs, step = [], t.train_step
+
+    def recording_step():
+        m = step()
+        lrs.append(m["lr"])
+        return m
+
+    t.train_step = recording_step
+    t.train()
+    return lrs
+
+
 def test_stop_after_steps_then_continue_matches_schedule(tmp_path):
+    """The schedule spans all 6 steps across the two launches: the scheduler's own state is
+    restored (not just the LR the optimizer's param groups carry) and steps 4-6 use the LRs of
+    the formula."""
     first = trainer(tmp_path, "--training.steps=6", "--training.stop_after_steps=3",
                     "--checkpoint.interval=100")
-    assert len(first.train()) == 3
+    assert lrs_of(first) == pytest.approx([3e-4 * lr_factor(s, 6, 2, "cosine", 0.1)
+                                           for s in (1, 2, 3)])
     assert complete_steps(tmp_path / "run" / "checkpoint") == [3]
     second = trainer(tmp_path, "--training.steps=6", "--training.stop_after_steps=3",
                      "--checkpoint.interval=100")
     assert second.step == 3
-    lr_before = second.optimizer.param_groups[0]["lr"]
-    assert lr_before == first.optimizer.param_groups[0]["lr"]  # the schedule spans 6 steps
-    assert len(second.train()) == 3 and second.step == 6
+    assert second.lr_scheduler.state_dict() == first.lr_scheduler.state_dict()
+    assert second.lr_scheduler.last_epoch == 3
+    assert lrs_of(second) == pytest.approx([3e-4 * lr_factor(s, 6, 2, "cosine", 0.1)
+                                            for s in (4, 5, 6)])
+    assert second.step == 6
     assert complete_steps(tmp_path / "run" / "checkpoint") == [3, 6]
 
 
@@ -125,6 +179,38 @@ def test_seed_checkpoint_and_initial_load_path(tmp_path):
     assert started.step == 0
     for (name, a), b in zip(seed.model.state_dict().items(), started.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def tokenizer_of(t: Trainer) -> str:
+    """--data.tokenizer= the tokenizer `t` trained, so that later trainers skip training one."""
+    (path,) = (t.run_dir / "data").glob("tokenizer_*.model")
+    return f"--data.tokenizer={path}"
+
+
+def test_initial_load_model_only_or_full_state(tmp_path):
+    """initial_load_model_only (default): a new run takes the weights of another run's step-2
+    and nothing else (fresh optimizer, schedule, step, data order). With false, it takes the whole
+    state and continues exactly like that run: its steps 3-4 repeat the source's losses."""
+    src = trainer(tmp_path / "src", "--checkpoint.interval=2")
+    src_losses = src.train()
+    tok = tokenizer_of(src)
+    step2 = tmp_path / "src" / "run" / "checkpoint" / "step-2"
+    source = Trainer(tiny_config(tmp_path / "src", *CKPT, tok, "--checkpoint.load_step=2"))
+    weights_only = Trainer(tiny_config(tmp_path / "w", tok,
+                                       f"--checkpoint.initial_load_path={step2}"))
+    assert weights_only.step == 0 and weights_only.optimizer.state_dict()["state"] == {}
+    assert weights_only.lr_scheduler.last_epoch == 0
+    assert weights_only.train_loader.state_dict() != source.train_loader.state_dict()
+    for (name, a), b in zip(source.model.state_dict().items(),
+                            weights_only.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    full = Trainer(tiny_config(tmp_path / "f", tok, f"--checkpoint.initial_load_path={step2}",
+                               "--checkpoint.initial_load_model_only=false"))
+    assert full.step == 2 and full.lr_scheduler.last_epoch == 2
+    assert full.train_loader.state_dict() == source.train_loader.state_dict()
+    assert_same_state(source, full)
+    assert full.train() == src_losses[2:]
 
 
 def test_last_save_model_only_in_export_dtype(tmp_path):
@@ -209,9 +295,12 @@ def test_convert_dtype_and_errors(tmp_path, capsys):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_split_run_equals_straight_run_bit_for_bit(tmp_path, workers):
-    """N steps straight == N/2, save, new process state, resume, N/2: losses and weights."""
+    """N steps straight == N/2, save, new process state, resume, N/2: losses and weights.
+
+    model.dropout draws from the torch RNG every step, so the RNG state saved with the
+    checkpoint decides the resumed run's masks: without restoring it the losses differ."""
     args = ("--training.steps=6", "--checkpoint.interval=100", "--job.deterministic",
-            f"--data.num_workers={workers}")
+            f"--data.num_workers={workers}", "--model.dropout=0.2")
     straight = trainer(tmp_path / "a", *args)
     straight_losses = straight.train()
     first = trainer(tmp_path / "b", *args, "--training.stop_after_steps=3")
@@ -222,3 +311,7 @@ def test_split_run_equals_straight_run_bit_for_bit(tmp_path, workers):
     losses += second.train()
     assert losses == straight_losses
     assert_same_state(straight, second)
+    if workers == 0:  # the masks really depend on the restored state
+        third = trainer(tmp_path / "b", *args, "--checkpoint.load_step=3",
+                        "--checkpoint.exclude_from_loading=rng")
+        assert third.step == 3 and third.train() != straight_losses[3:]

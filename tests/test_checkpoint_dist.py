@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +125,43 @@ def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):
     log = torchrun(str(out), *args, script="checkpoint_fault_worker.py", timeout=300)
     assert json.loads(out.read_text()) == [2, 2]
     assert "step-4 could not be loaded (rank 1: OSError: simulated rank-local failure)" in log
+
+
+def worker_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of torchrun's worker with this RANK (a child of the launcher process)."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no worker with RANK={rank} among {children}")
+
+
+def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
+    """Preemption reaches one rank of two: both agree to stop after the same step, save it
+    together and exit 0 (a rank stopping alone would leave the other waiting in a collective)."""
+    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=100000", "--job.run_name=sig")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "torchllm.train", *args], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        lines = []
+        for line in proc.stdout:  # wait until both ranks are training
+            lines.append(line)
+            if "step     3/" in line:
+                break
+        os.kill(worker_pid(proc.pid, rank=1), signal.SIGTERM)
+        out = "".join(lines) + proc.stdout.read()
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks disagreed and hang: fail, not hang
+    assert code == 0, out[-6000:]
+    assert "another rank is stopping" in out, out[-6000:]  # rank 0 logs; rank 1 got the signal
+    stopped_at = int(out.split("stopping at step ")[1].split(":")[0])
+    assert complete_steps(tmp_path / "sig" / "checkpoint") == [stopped_at]
+    assert tb_losses(tmp_path, "sig")[-1][0] == stopped_at

@@ -54,16 +54,20 @@ def measure(tmp_path, *extra):
     return rec.tensor_memory.peak_bytes, estimate
 
 
+# The measurement is exact and repeatable on CPU (tensor bytes, not allocator pools), so the band
+# is the estimator's own accuracy (measured: -1.7% tiny, +1.5% activations, +3.5% full AC)
+# plus a margin; forgetting the attention activations moves it to 0.81 (the old ±20% passed it).
 @pytest.mark.parametrize("extra, phase", [
-    ((), "optimizer"),  # tiny batch: params + grads + moments dominate
+    pytest.param((), "optimizer", id="tiny"),  # tiny batch: params + grads + moments dominate
     pytest.param(("--training.local_batch_size=8", "--training.seq_len=128"), "loss backward",
-                 marks=pytest.mark.slow),
+                 marks=pytest.mark.slow, id="activations"),
     pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
-                  "--activation_checkpoint.mode=full"), None, marks=pytest.mark.slow),
+                  "--activation_checkpoint.mode=full"), None, marks=pytest.mark.slow,
+                 id="full_ac"),
 ])
-def test_estimate_within_20_percent_of_measured_on_debug(tmp_path, extra, phase):
+def test_estimate_within_5_percent_of_measured_on_debug(tmp_path, extra, phase):
     measured, estimate = measure(tmp_path, *extra)
-    assert 0.8 <= estimate["peak_bytes"] / measured <= 1.2, (estimate, measured)
+    assert 0.95 <= estimate["peak_bytes"] / measured <= 1.05, (estimate, measured)
     if phase:
         assert estimate["peak_phase"] == phase
 

@@ -137,11 +137,39 @@ def test_rope_matches_complex_reference():
     torch.testing.assert_close(apply_rope(x, rope_table(args)), ref.flatten(-2))
 
 
-def test_rope_scaling_keeps_high_and_divides_low_frequencies():
-    plain = rope_frequencies(LlamaArgs(dim=128, n_heads=1))
-    scaled = rope_frequencies(LlamaArgs(dim=128, n_heads=1, rope_scaling=True))
-    assert scaled[0] == plain[0]  # shortest wavelength: unchanged
-    torch.testing.assert_close(scaled[-1], plain[-1] / 8)  # longest: divided by the factor
+def llama31_apply_scaling(freqs, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """Llama 3.1's reference `apply_scaling` (meta-llama/llama-models), one frequency at a time
+    in float64."""
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    new_freqs = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            new_freqs.append(freq)
+        elif wavelen > low_freq_wavelen:
+            new_freqs.append(freq / factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor)
+            new_freqs.append((1 - smooth) * freq / factor + smooth * freq)
+    return new_freqs
+
+
+@pytest.mark.parametrize("factor, head_dim", [(8.0, 128), (32.0, 64)])
+def test_rope_scaling_matches_the_llama31_reference_formula(factor, head_dim):
+    """Every frequency, including the interpolated band between the two wavelength cut-offs."""
+    args = LlamaArgs(dim=head_dim, n_heads=1, rope_scaling=True, rope_scaling_factor=factor)
+    plain = rope_frequencies(LlamaArgs(dim=head_dim, n_heads=1)).double().tolist()
+    expected = llama31_apply_scaling(plain, factor, args.rope_low_freq_factor,
+                                     args.rope_high_freq_factor, args.rope_original_max_pos)
+    wavelen = [2 * math.pi / f for f in plain]
+    band = [i for i, w in enumerate(wavelen) if 8192 / 4 <= w <= 8192 / 1]
+    assert len(band) >= 3  # the interpolated band is really exercised
+    assert band[0] > 0 and band[-1] < len(plain) - 1  # and both untouched ends too
+    got = rope_frequencies(args)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32),
+                               rtol=1e-6, atol=0)
 
 
 def test_tied_model_has_one_table():
@@ -160,3 +188,46 @@ def test_loss_is_float32_and_ignores_padding():
     keep = targets != -100
     ref = F.cross_entropy(logits.float()[keep], targets[keep], reduction="sum")
     torch.testing.assert_close(loss, ref)
+
+
+@pytest.mark.parametrize("family", ["llama3", "gpt2"])
+def test_dropout_is_training_only_and_follows_the_seed(family):
+    """model.dropout: in eval mode the model equals the dropout-free one exactly; in training the
+    masks come from the torch RNG (same seed, same output; another seed, another output)."""
+    if family == "llama3":
+        plain = build(TINY)
+        args = LlamaArgs(**{**TINY.__dict__, "dropout": 0.3})
+        model = build(args)
+    else:
+        from torchllm.models.gpt2 import GPT2, GPT2Args
+
+        tiny = GPT2Args(dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=32)
+        plain = build_model(GPT2, tiny)
+        model = build_model(GPT2, GPT2Args(**{**tiny.__dict__, "dropout": 0.3}))
+    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name  # dropout adds no parameter and changes no init
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain.train()
+        reference = plain(tokens)
+        model.eval()
+        assert torch.equal(model(tokens), reference)
+        model.train()
+        outs = []
+        for seed in (1, 1, 2):
+            torch.manual_seed(seed)
+            outs.append(model(tokens))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    # Both the attention probabilities and the residual branches are dropped: ~p of the
+    # residual contributions vanish, so the output moves by a lot, not by rounding.
+    assert (outs[0] - reference).abs().mean() > 0.1 * reference.abs().mean()
+
+
+def test_dropout_config_reaches_both_families_and_is_validated():
+    from torchllm.config import ConfigError
+
+    for name in ("llama3", "gpt2"):
+        cfg = load_config([f"--model.name={name}", "--model.dropout=0.1"])
+        assert models.model_args(cfg).dropout == 0.1
+    with pytest.raises(ConfigError, match=r"model.dropout = 1.0: must be in \[0, 1\)"):
+        load_config(["--model.dropout=1.0"])

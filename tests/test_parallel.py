@@ -190,6 +190,54 @@ def test_float8_swaps_exactly_the_eligible_linears_and_trains_emulated(recipe):
     assert torch.isfinite(model.layers["0"].attention.wq.weight).all()
 
 
+class EmulatedFloat8Matmul(torch.autograd.Function):
+    """x @ w.T with torchao's tensorwise recipe, written out by hand: x and w cast to e4m3, the
+    output gradient to e5m2, each with one dynamic scale max(dtype) / amax(tensor)."""
+
+    @staticmethod
+    def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        amax = t.detach().abs().max().double().clamp(min=1e-12)
+        scale = (torch.finfo(dtype).max / amax).float()
+        limit = torch.finfo(dtype).max
+        return (t.float() * scale).clamp(-limit, limit).to(dtype).float() / scale
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        e4m3 = torch.float8_e4m3fn
+        return EmulatedFloat8Matmul.cast(x, e4m3) @ EmulatedFloat8Matmul.cast(w, e4m3).T
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        cast = EmulatedFloat8Matmul.cast
+        g = cast(grad.reshape(-1, grad.shape[-1]), torch.float8_e5m2)
+        grad_x = (g @ cast(w, torch.float8_e4m3fn)).reshape(x.shape)
+        grad_w = g.T @ cast(x.reshape(-1, x.shape[-1]), torch.float8_e4m3fn)
+        return grad_x, grad_w
+
+
+def test_float8_tensorwise_equals_a_hand_written_emulation():
+    """Loss and every gradient of the float8 model equal those of the same model whose eligible
+    linears run EmulatedFloat8Matmul, to fp32 summation-order differences (1e-5). A scale off by
+    10%, or from the wrong tensor, rounds other elements and moves the gradients by ~1e-2."""
+    pytest.importorskip("torchao")
+    model, ref = tiny_model(), tiny_model()
+    cfg = load_config(["--float8.enable", "--float8.emulate", "--float8.recipe=tensorwise"])
+    converted = apply_float8(model, cfg.float8, "cpu", fsdp_enabled=False)
+    assert len(converted) == 2 * 7  # attention and FFN linears of both blocks
+    for name in converted:
+        linear = ref.get_submodule(name)
+        linear.forward = lambda x, w=linear.weight: EmulatedFloat8Matmul.apply(x, w)
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    ref_loss, ref_grads = loss_and_grads(ref, tokens)
+    loss, grads = loss_and_grads(model, tokens)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, grad in ref_grads.items():
+        rel = ((grads[name] - grad).norm() / grad.norm()).item()
+        assert rel < 1e-5, (name, rel)
+
+
 # -- clipping ------------------------------------------------------------------------------
 def test_clip_grad_norm_matches_torch_on_plain_tensors():
     a, b = tiny_model(), tiny_model()

@@ -93,6 +93,7 @@ class JobConfig:
             ("lr_scheduler.decay_ratio", 0.0 < self.lr_scheduler.decay_ratio <= 1.0,
              "must be in (0, 1]"),
             ("optimizer.lr", self.optimizer.lr > 0, "must be > 0"),
+            ("model.dropout", 0.0 <= self.model.dropout < 1.0, "must be in [0, 1)"),
             ("eval.top_p", 0.0 < e.top_p <= 1.0, "must be in (0, 1]"),
             ("eval.hellaswag_limit", e.hellaswag_limit >= 1 or e.hellaswag_limit == -1,
              "must be >= 1, or -1 for all"),

@@ -45,6 +45,9 @@ class Model:
     rope_theta: Optional[float] = opt(None, "Override the flavor's RoPE base frequency")
     rope_scaling: Optional[bool] = opt(None, "Override Llama-3.1 RoPE frequency scaling on/off")
     tie_embeddings: Optional[bool] = opt(None, "Override the flavor's tied input/output embedding")
+    dropout: float = opt(
+        0.0, "Dropout on attention probabilities and residual branches in training (0 = off)"
+    )
     moe_aux_loss_coef: float = opt(
         0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss"
     )

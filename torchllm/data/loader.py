@@ -46,7 +46,10 @@ class TrainLoader:
             )
         kwargs = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                       prefetch_factor=prefetch_factor if num_workers else None,
-                      persistent_workers=False)
+                      persistent_workers=False,
+                      # Its own generator: each iter() draws a worker base seed, which must not
+                      # come from the global torch RNG (a resume calls iter() after restoring it).
+                      generator=torch.Generator().manual_seed(0))
         if stateful is None:
             self.loader = torch.utils.data.DataLoader(dataset, **kwargs)
             return

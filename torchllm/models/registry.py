@@ -72,6 +72,7 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
         "rope_theta": mcfg.rope_theta,
         "rope_scaling": mcfg.rope_scaling,
         "tie_embeddings": mcfg.tie_embeddings,
+        "dropout": mcfg.dropout,
     }
     known = {f.name for f in dataclasses.fields(args)}
     return dataclasses.replace(

@@ -17,6 +17,7 @@ class GPT2Args:
     norm_eps: float = 1e-5
     max_seq_len: int = 1024  # rows of the learned position table (GPT-2's n_positions)
     tie_embeddings: bool = True
+    dropout: float = 0.0  # attention probabilities and residual branches, training only
 
     def __post_init__(self):
         if self.dim % self.n_heads:

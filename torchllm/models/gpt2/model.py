@@ -42,6 +42,7 @@ class Attention(nn.Module):
         self.wq = nn.Linear(args.dim, args.dim)
         self.wk = nn.Linear(args.dim, args.dim)
         self.wv = nn.Linear(args.dim, args.dim)
+        self.dropout = args.dropout
         self.wo = nn.Linear(args.dim, args.dim)
 
     def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
@@ -57,7 +58,8 @@ class Attention(nn.Module):
                 mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            p = self.dropout if self.training else 0.0  # nanoGPT-style dropout (model.dropout)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
@@ -95,10 +97,12 @@ class TransformerBlock(nn.Module):
         # GPT-2 scales the residual projections' init by 1/sqrt(2·n_layers): two residual adds
         # per block would otherwise grow the residual stream's variance with depth.
         self.out_std = INIT_STD / math.sqrt(2 * args.n_layers)
+        self.dropout = args.dropout  # on each residual branch (and attention probabilities)
 
     def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cache=cache)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = x + F.dropout(self.attention(self.attention_norm(x), cache=cache), self.dropout,
+                          self.training)
+        return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
 
     def init_weights(self) -> None:
         _reset_norm(self.attention_norm)

@@ -26,6 +26,7 @@ class LlamaArgs:
     rope_original_max_pos: int = 8192
     max_seq_len: int = 2048
     tie_embeddings: bool = False
+    dropout: float = 0.0  # attention probabilities and residual branches, training only
 
     def __post_init__(self):
         if self.n_kv_heads is None:

@@ -115,6 +115,7 @@ class Attention(nn.Module):
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.dropout = args.dropout
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
@@ -138,7 +139,8 @@ class Attention(nn.Module):
         v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            p = self.dropout if self.training else 0.0  # nanoGPT-style dropout (model.dropout)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
@@ -177,14 +179,16 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         # Residual-branch outputs are scaled down so the residual stream's variance stays O(1).
         self.out_scale = 1.0 / math.sqrt(2 * args.n_layers)
+        self.dropout = args.dropout  # on each residual branch (and attention probabilities)
 
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
     ) -> torch.Tensor:
         # The cache is a keyword argument: positional inputs stay (x, rope), as hooks that
         # re-lay-out module inputs (tensor parallelism) expect.
-        h = x + self.attention(self.attention_norm(x), rope, cache=cache)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = x + F.dropout(self.attention(self.attention_norm(x), rope, cache=cache),
+                          self.dropout, self.training)
+        return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
 
     def init_weights(self) -> None:
         self.attention_norm.reset_parameters()

@@ -1,0 +1,287 @@
+"""Plant named bugs in a temporary copy of the repo and check that the tests that claim to catch
+them go red.
+
+    python scripts/mutation_check.py                 # every mutant; exit 1 if any survives
+    python scripts/mutation_check.py --list          # names, files and the tests that guard them
+    python scripts/mutation_check.py --only NAME     # one mutant (repeat --only for several)
+    python scripts/mutation_check.py --check-patches # only check that every patch still applies
+
+Each mutant is a text patch (an exact snippet of the source and its replacement) applied to a
+copy of the working tree (tracked and untracked, not ignored files) in a temporary folder; its
+tests then run there with PYTHONPATH pointing at the copy. A mutant "survives" when those tests
+pass: the bug would ship green. A patch whose snippet is no longer in the source is reported as
+stale (exit 2): update the snippet when the code it mutates changes. Run it before resolving an
+issue that adds an oracle test, and add a mutant for the bug the new test guards against (see
+tests/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str  # the realistic bug, in words
+    path: str  # file to patch, relative to the repo root
+    old: str  # exact snippet that must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids that must fail
+
+
+MUTANTS = [
+    Mutant(
+        "clipping_ignored", "the Trainer never clips (max_norm ignored)",
+        "torchllm/train.py",
+        "grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)",
+        "grad_norm = clip_grad_norm_(self.model.parameters(), 0.0)",
+        ("tests/test_train.py::test_matches_plain_pytorch_reference_loop",),
+    ),
+    Mutant(
+        "loss_upcast_removed", "the cross entropy runs on bf16 logits (no float32 upcast)",
+        "torchllm/loss.py",
+        "logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,",
+        "logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,",
+        ("tests/test_train.py::test_loss_is_float32_under_bf16_autocast",),
+    ),
+    Mutant(
+        "chunked_loss_upcast_removed",
+        "the chunked loss's forward keeps bf16 logits (FSDP2 bf16 params: no autocast to upcast)",
+        "torchllm/loss.py",
+        "logits = F.linear(hidden[start : start + chunk], weight).float()",
+        "logits = F.linear(hidden[start : start + chunk], weight)",
+        ("tests/test_recipes.py::test_chunked_cross_entropy_of_bf16_inputs_is_computed_in_float32",),
+    ),
+    Mutant(
+        "chunked_loss_ignore_mask_wrong", "the chunked loss's backward ignores the ignore mask",
+        "torchllm/loss.py",
+        "                dlogits[~valid] = 0.0\n",
+        "",
+        ("tests/test_recipes.py::test_chunked_loss_in_model_equals_plain",),
+    ),
+    Mutant(
+        "loss_normalized_per_micro_batch",
+        "each micro-batch's loss is divided by its own token count (mean of means)",
+        "torchllm/train.py",
+        "(loss * (self.dp_degree / global_tokens)).backward()",
+        "(loss * (self.dp_degree / int((targets != IGNORE_INDEX).sum())"
+        " / len(micro_batches))).backward()",
+        ("tests/test_train.py::test_loss_is_normalized_by_the_global_count_of_non_ignored_targets",),
+    ),
+    Mutant(
+        "wait_for_staging_removed", "the optimizer steps while an async save is still staging",
+        "torchllm/train.py",
+        "            self.checkpointer.wait_for_staging()  # an async save must copy the weights first\n",
+        "",
+        ("tests/test_checkpoint.py::test_async_save_equals_sync_save",),
+    ),
+    Mutant(
+        "scheduler_not_restored", "a resumed run starts the LR schedule from step 0",
+        "torchllm/checkpoint/checkpointer.py",
+        "        if lr_scheduler is not None:\n",
+        "        if False:\n",
+        ("tests/test_checkpoint.py::test_stop_after_steps_then_continue_matches_schedule",),
+    ),
+    Mutant(
+        "optimizer_not_restored_on_fallback",
+        "checkpoints lose the optimizer state (seen when falling back past a corrupt one)",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_checkpoint.py::test_corrupt_checkpoint_falls_back_to_earlier_one",),
+    ),
+    Mutant(
+        "gpt2_optimizer_not_restored", "GPT-2 resumes without its optimizer state",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_gpt2.py::test_trains_and_resumes_through_the_trainer",),
+    ),
+    Mutant(
+        "rng_not_restored", "a resumed run keeps the process's torch RNG state",
+        "torchllm/checkpoint/state.py",
+        "        torch.set_rng_state(state[\"torch\"])\n",
+        "",
+        ("tests/test_checkpoint.py::test_split_run_equals_straight_run_bit_for_bit",),
+    ),
+    Mutant(
+        "loader_draws_global_rng",
+        "iter(train loader) draws its worker seed from the global torch RNG after a restore",
+        "torchllm/data/loader.py",
+        "                generator=torch.Generator().manual_seed(0),\n",
+        "",
+        ("tests/test_checkpoint.py::test_split_run_equals_straight_run_bit_for_bit",),
+    ),
+    Mutant(
+        "rope_interpolation_wrong", "Llama 3.1 RoPE scaling: the smooth factor runs backwards",
+        "torchllm/models/llama/model.py",
+        "interpolated = (1 - smooth) * inv_freq / args.rope_scaling_factor + smooth * inv_freq",
+        "interpolated = smooth * inv_freq / args.rope_scaling_factor + (1 - smooth) * inv_freq",
+        ("tests/test_model.py::test_rope_scaling_matches_the_llama31_reference_formula",),
+    ),
+    Mutant(
+        "time_limit_ignored", "training.time_limit_minutes never stops the run",
+        "torchllm/train.py",
+        "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
+        "            if False:",
+        ("tests/test_train.py::test_time_limit_saves_and_stops_before_the_limit",),
+    ),
+    Mutant(
+        "initial_load_model_only_ignored", "initial_load_path always loads the whole state",
+        "torchllm/checkpoint/checkpointer.py",
+        "            model_only = self.cfg.initial_load_model_only\n",
+        "            model_only = False\n",
+        ("tests/test_checkpoint.py::test_initial_load_model_only_or_full_state",),
+    ),
+    Mutant(
+        "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
+        "torchllm/train.py",
+        "        if any_rank(reason is not None, self.device) and reason is None:",
+        "        if False:",
+        ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
+    ),
+    Mutant(
+        "comm_hook_not_registered", "parallelism.ddp_comm_hook is accepted but never registered",
+        "torchllm/parallel/data_parallel.py",
+        "        model.register_comm_hook(dp_mesh.get_group(), hook)",
+        "        pass",
+        ("tests/test_parallel_multiprocess.py::test_fp16_comm_hook_is_registered_and_reduces_in_fp16",),
+    ),
+    Mutant(
+        "estimator_drops_attention_activations",
+        "the memory estimator forgets the attention activations of every block",
+        "torchllm/tools/estimate_memory.py",
+        "    return tokens * (attention + ffn) * act + stats",
+        "    return tokens * ffn * act + stats",
+        ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug"
+         "[activations]",),
+    ),
+    Mutant(
+        "dropout_in_eval", "dropout stays on in eval mode (validation, generation)",
+        "torchllm/models/llama/model.py",
+        "            p = self.dropout if self.training else 0.0",
+        "            p = self.dropout",
+        ("tests/test_model.py::test_dropout_is_training_only_and_follows_the_seed",),
+    ),
+]
+
+
+def by_name() -> dict[str, Mutant]:
+    return {m.name: m for m in MUTANTS}
+
+
+def stale(mutant: Mutant, root: Path = REPO) -> str | None:
+    """Why the patch does not apply to the source under `root`, or None when it does."""
+    path = root / mutant.path
+    if not path.is_file():
+        return f"{mutant.path} does not exist"
+    count = path.read_text().count(mutant.old)
+    if count != 1:
+        return f"its snippet occurs {count} times in {mutant.path} (must be exactly once)"
+    for test in mutant.tests:
+        file, _, name = test.partition("::")
+        source = (root / file).read_text() if (root / file).is_file() else ""
+        if f"def {name.split('[')[0]}(" not in source:
+            return f"test {test} does not exist"
+    return None
+
+
+def copy_tree(dest: Path) -> Path:
+    """The working tree's tracked and untracked (not ignored) files, copied under dest/repo."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    root = dest / "repo"
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / rel)
+    shared = REPO.parent / "shared"  # tests read data beside the checkout (conftest.SHARED)
+    if shared.exists():
+        (dest / "shared").symlink_to(shared)
+    return root
+
+
+def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, str]:
+    """('killed' | 'SURVIVED' | 'stale' | 'error', detail)."""
+    why = stale(mutant)
+    if why:
+        return "stale", why
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        root = copy_tree(Path(tmp))
+        path = root / mutant.path
+        path.write_text(path.read_text().replace(mutant.old, mutant.new))
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", *mutant.tests]
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "killed", f"tests timed out after {timeout}s (a hang counts as caught)"
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+    if proc.returncode == 0:
+        if " passed" not in tail[0]:
+            return "error", f"no test ran: {tail[0]}"
+        return "SURVIVED", tail[0]
+    if proc.returncode == 1:
+        return "killed", tail[0]
+    return "error", f"pytest exit {proc.returncode}: {tail[0]}"  # collection/usage problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
+    parser.add_argument("--check-patches", action="store_true",
+                        help="only check that every patch applies to the current source")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
+    args = parser.parse_args(argv)
+    mutants = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - set(by_name()))
+        if unknown:
+            print(f"unknown mutant(s) {unknown}; known: {', '.join(by_name())}", file=sys.stderr)
+            return 2
+        mutants = [by_name()[n] for n in args.only]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:34s} {m.path}: {m.what}")
+            for test in m.tests:
+                print(f"{'':34s}   guarded by {test}")
+        return 0
+    if args.check_patches:
+        bad = [(m.name, why) for m in mutants if (why := stale(m))]
+        for name, why in bad:
+            print(f"stale  {name}: {why}")
+        print(f"{len(mutants) - len(bad)}/{len(mutants)} patches apply")
+        return 2 if bad else 0
+    results = {}
+    for m in mutants:
+        t0 = time.perf_counter()
+        status, detail = run_mutant(m, args.timeout)
+        results[m.name] = status
+        print(f"{status:8s} {m.name} ({time.perf_counter() - t0:.0f}s): {detail}", flush=True)
+    survived = [n for n, s in results.items() if s == "SURVIVED"]
+    broken = [n for n, s in results.items() if s in ("stale", "error")]
+    print(f"{len(results) - len(survived) - len(broken)}/{len(results)} mutants killed"
+          + (f"; survived: {', '.join(survived)}" if survived else "")
+          + (f"; stale or errored: {', '.join(broken)}" if broken else ""))
+    return 1 if survived else 2 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
