@@ -59,7 +59,8 @@ def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
     path = auto_tokenizer_path(dcfg, data_dir)
     if _is_rank0() and not path.is_file():
         train_sentencepiece(documents(dcfg), dcfg.tokenizer_vocab_size, path,
-                            max_chars=dcfg.tokenizer_train_chars)
+                            max_chars=dcfg.tokenizer_train_chars,
+                            source=f"data.dataset = {dcfg.dataset!r}")
     _barrier()
     return load_tokenizer(path)
 
