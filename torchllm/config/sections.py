@@ -28,7 +28,10 @@ class Job:
     deterministic: bool = opt(
         False, "Use deterministic algorithms (and cuDNN/cuBLAS settings) at some speed cost"
     )
-    print_config: bool = opt(True, "Print the effective config at start (rank 0)")
+    print_config: bool = opt(
+        False, "Also print the whole effective config at start (a short run header is always "
+        "printed; the full config is always written to the run folder's config.toml)"
+    )
 
 
 @dataclass

@@ -48,6 +48,7 @@ class SentencePieceTokenizer:
         self.vocab_size = self.sp.vocab_size()
         self.bos_id = self.sp.bos_id()
         self.eos_id = self.sp.eos_id()
+        self.special_ids = frozenset(i for i in range(self.vocab_size) if self.sp.is_control(i))
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         return [self.bos_id] * bos + self.sp.encode(text) + [self.eos_id] * eos
@@ -112,6 +113,7 @@ class TiktokenTokenizer:
         self.path = path
         self.vocab_size = self.enc.n_vocab
         self.bos_id, self.eos_id = specials[bos], specials[eos]
+        self.special_ids = frozenset(specials.values())
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         # Special-token text inside documents is encoded as ordinary text, never as a control id.
@@ -158,6 +160,10 @@ class HFTokenizer:
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._special(config.get("bos_token"), self.BOS_NAMES, "BOS")
         self.eos_id = self._special(config.get("eos_token"), self.EOS_NAMES, "EOS")
+        self.special_ids = frozenset(
+            [i for i, t in self.tok.get_added_tokens_decoder().items() if t.special]
+            + [self.bos_id, self.eos_id]
+        )
 
     def _special(self, configured, names, what: str) -> int:
         if isinstance(configured, dict):
@@ -174,6 +180,15 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def readable(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """Generated ids as text a person reads: cut at the first EOS, special tokens left out."""
+    ids = list(ids)
+    if tokenizer.eos_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_id)]
+    special = getattr(tokenizer, "special_ids", {tokenizer.bos_id, tokenizer.eos_id})
+    return tokenizer.decode([i for i in ids if i not in special])
 
 
 def _looks_like_tiktoken(path: Path) -> bool:

@@ -14,6 +14,7 @@ from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data
 from torchllm.data.sources import resolve
+from torchllm.data.tokenizer import readable
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import generate
 from torchllm.eval.validation import validate
@@ -128,9 +129,10 @@ class Evaluator(Callback):
                                e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
                                stop_early=False)
         texts = {}
-        for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
-            texts[f"samples/{i}"] = self.tokenizer.decode(prompt + ids)
-            logger.info("sample step %d [%d]: %r", step, i, texts[f"samples/{i}"])
+        for i, (prompt, ids) in enumerate(zip(e.prompts, outputs)):
+            completion = readable(self.tokenizer, ids)  # cut at EOS, no special tokens
+            texts[f"samples/{i}"] = f"**{prompt}**{completion}"  # TensorBoard renders markdown
+            logger.info("sample step %d [%d]: %r -> %r", step, i, prompt, completion)
         return texts
 
     def hellaswag(self, step: int) -> dict[str, float]:
