@@ -112,10 +112,11 @@ def run_header(cfg: JobConfig, *, run_dir: Path, model_line: str, parallel_line:
     title = f"run {run_dir.name}" + (f": {cfg.job.description}" if cfg.job.description else "")
     source = cfg.job.config_file or "defaults (no job.config_file)"
     changes = config_changes(cfg)
-    changed = " | ".join(f"{section}: {' '.join(items)}" for section, items in changes.items())
+    changed = [("changed" if i == 0 else "", f"{section}: {' '.join(items)}")
+               for i, (section, items) in enumerate(changes.items())]
     rows = [
         ("config", f"{source} (full config: {run_dir / 'config.toml'})"),
-        ("changed", changed or "nothing: every key has its default value"),
+        *(changed or [("changed", "nothing: every key has its default value")]),
         ("model", model_line),
         ("parallel", parallel_line),
         ("batch", batch_line),
@@ -124,7 +125,8 @@ def run_header(cfg: JobConfig, *, run_dir: Path, model_line: str, parallel_line:
     ]
     lines = [title]
     for label, text in rows:
-        wrapped = textwrap.wrap(text, WIDTH - 12, break_on_hyphens=False) or [""]
+        wrapped = textwrap.wrap(text, WIDTH - 12, break_on_hyphens=False,
+                                break_long_words=False) or [""]
         lines.append(f"  {label:<10}{wrapped[0]}")
         lines.extend(f"  {'':<10}{more}" for more in wrapped[1:])
     return "\n".join(lines)
