@@ -28,7 +28,8 @@ SHELL = {"", "sh", "bash", "shell"}
 
 RUN_TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
             "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1",
-            "--lr_scheduler.warmup_steps=1", "--checkpoint.interval=1"]
+            "--lr_scheduler.warmup_steps=1", "--checkpoint.interval=1",
+            "--training.global_batch_size=-1"]
 # Appended to every command of this program (argparse and the config loader: last value wins).
 TINY = {
     "./run_train.sh": RUN_TINY,
@@ -36,18 +37,21 @@ TINY = {
     "python -m torchllm.generate": ["--max-new-tokens", "4"],
     "python -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
     "torchrun -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
-    "python -m torchllm.checkpoint.hf": [],
+    "python -m torchllm.checkpoint.hf export": [],
+    # the target model of an import is the config's: the tiny run's shape
+    "python -m torchllm.checkpoint.hf import": ["--training.seq_len=32",
+                                                "--data.tokenizer_vocab_size=512"],
     "python -m torchllm.tools.model_info": [],
     "python -m torchllm.tools.estimate_memory": [],
     "python -m torchllm.bench": ["--matrix", "ddp", "--ac", "none", "--compile", "off",
-                                "--float8", "off", "--steps", "1", "--warmup", "1",
-                                "--model.flavor=debug", "--model.vocab_size=512",
+                                "--float8", "off", "--steps", "1", "--warmup", "2",
+                                "--model.flavor=debug", "--data.tokenizer_vocab_size=512",
                                 "--training.seq_len=32", "--training.local_batch_size=2"],
     "python -m torchllm.data.tokenizer": ["--vocab-size", "400"],
     "python -m torchllm.data.prepare": ["--workers", "1", "--shard-tokens", "50_000"],
 }
-# Commands naming these configs would stream FineWeb-Edu and fetch a Hub tokenizer: offline
-# here, they train the same way on the embedded corpus with an auto-trained tokenizer.
+# Training with these configs would stream FineWeb-Edu and fetch a Hub tokenizer: offline
+# here, it trains the same way on the embedded corpus with an auto-trained tokenizer.
 OFFLINE = {"llama3_1b.toml": ["--data.dataset=embedded", "--data.tokenizer=auto",
                               "--model.flavor=debug", "--model.vocab_size=512"]}
 SKIP = {  # substring of the command -> why it does not run here
@@ -57,6 +61,10 @@ SKIP = {  # substring of the command -> why it does not run here
     "sbatch ": "needs a SLURM cluster",
     "gpt2_124m_fineweb": "the GPT-2 recipe needs 8 GPUs and network (FineWeb-Edu, GPT-2 tokenizer)",
 }
+# Documents whose training commands each start their own run: parallelism.md launches the same
+# config under other layouts, and resuming a run under another data-parallel degree is refused
+# by design (the data order depends on it), so each launch gets a run name of its own.
+OWN_RUN = {"parallelism.md"}
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
 NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
     ("checkpointing.md", "<dump_folder>/"): "a folder layout",
@@ -104,6 +112,8 @@ def program(command: str) -> str:
     words = shlex.split(command)
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
         words = words[1:]
+    if words[:3] == ["python", "-m", "torchllm.checkpoint.hf"]:
+        return " ".join(words[:4])  # export / import
     if words[:2] == ["python", "-m"]:
         return " ".join(words[:3])
     if words[0] == "torchrun":
@@ -135,7 +145,7 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
     assert len(found) > 20
     programs = {program(c) for _, _, c in found}
     assert {"./run_train.sh", "python -m torchllm.generate", "python -m torchllm.eval.hellaswag",
-            "python -m torchllm.checkpoint.hf"} <= programs
+            "python -m torchllm.checkpoint.hf export"} <= programs
     for path, n, cmd in found:
         where = f"{path.relative_to(REPO)}:{n}: {cmd}"
         assert "[--" not in cmd and "..." not in cmd, f"{where}: a synopsis; use a ```text block"
@@ -177,8 +187,11 @@ def run_document(path: Path, clone: Path) -> list[tuple[str, str]]:
     for n, cmd in commands(path):
         if skip_reason(cmd):
             continue
-        extra = TINY[program(cmd)] + [a for name, flags in OFFLINE.items() if name in cmd
-                                      for a in flags]
+        extra = list(TINY[program(cmd)])
+        if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
+            extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]
+            if path.name in OWN_RUN:
+                extra.append(f"--job.run_name={path.stem}_{n}")
         full = cmd + " " + shlex.join(extra)
         proc = subprocess.run(["bash", "-c", full], cwd=clone, env=env, capture_output=True,
                               text=True, timeout=600, input="The meaning of life is\nPython\n")

@@ -28,6 +28,9 @@ def quiet_library_noise() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+quiet_library_noise()  # at import: every entry point (train, generate, hf, hellaswag) gets it
+
+
 def init_logger() -> None:
     logger.handlers.clear()
     handler = logging.StreamHandler()

@@ -328,11 +328,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="stop reading text after this many characters")
     train.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    print(f"training a {args.vocab_size}-piece SentencePiece BPE tokenizer on "
+          f"{' '.join(args.input)} (up to {args.max_chars:,} characters)", file=sys.stderr)
     try:
         texts = (t for spec in args.input
                  for t in documents(Data(dataset=f"local:{spec}", text_column=args.text_column)))
         out = train_sentencepiece(texts, args.vocab_size, Path(args.out) / "tokenizer.model",
-                                  args.threads, args.max_chars, progress=True,
+                                  args.threads, args.max_chars, progress=False,
                                   vocab_key="--vocab-size", source=" ".join(args.input))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
