@@ -67,7 +67,7 @@ def test_trainer_runs_every_hook_and_keeps_the_best_validation_loss(tmp_path):
     trainer.train()
     assert sorted(s for s, r in reports.items() if "val/loss" in r.scalars) == [2, 4]
     assert [s for s, r in reports.items() if r.texts] == [3]
-    assert reports[3].texts["samples/0"].startswith("The meaning of life is")
+    assert reports[3].texts["samples/0"].startswith("**The meaning of life is**")
     assert reports[4].scalars["hellaswag/acc"] in (0, 1 / 3, 2 / 3, 1)
     assert trainer.train_state.best_val_loss == min(reports[s].scalars["val/loss"] for s in (2, 4))
     # Evaluation results reach TensorBoard next to the training scalars.

@@ -3,8 +3,12 @@
     python -m torchllm.generate --checkpoint outputs/debug_model --prompt "The meaning of life is"
         [--prompt ...] [--max-new-tokens N] [--temperature 0] [--top-k K] [--top-p P]
         [--seed S] [--print-ids]
+    python -m torchllm.generate --checkpoint outputs/debug_model --interactive
 
 Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values.
+--interactive reads one prompt per line from stdin (until end of input, Ctrl-D) and prints each
+completion token by token as it is generated. Completions stop at EOS and never show special
+tokens.
 """
 
 from __future__ import annotations
@@ -12,17 +16,69 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torchllm.eval.generation import generate
+from torchllm.data.tokenizer import readable
+from torchllm.eval.generation import generate, generate_stream
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.log import init_logger, logger
 
 
-def main(argv: list[str] | None = None) -> int:
+def stream_completion(tokenizer, ids, out) -> list[int]:
+    """Write the text of `ids` (an iterator of token ids) to `out` as it grows; returns the ids.
+
+    Text is written only once it is stable: a token may end in the middle of a multi-byte
+    character, which decodes as U+FFFD until the next token completes it.
+    """
+    seen: list[int] = []
+    written = 0
+    for token in ids:
+        seen.append(token)
+        text = readable(tokenizer, seen)
+        stable = len(text.rstrip("\ufffd"))
+        if stable > written:
+            out.write(text[written:stable])
+            out.flush()
+            written = stable
+    text = readable(tokenizer, seen)
+    out.write(text[written:] + "\n")
+    out.flush()
+    return seen
+
+
+def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
+    """One completion per line of `stdin`, streamed; returns the number of prompts answered."""
+    tty = stdin.isatty()
+    if tty:
+        print("Type a prompt and press Enter; Ctrl-D quits.", file=sys.stderr)
+    answered = 0
+    while True:
+        if tty:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = stdin.readline()
+        if not line:
+            return answered
+        prompt = line.rstrip("\n")
+        if not prompt.strip():
+            continue
+        ids = tokenizer.encode(prompt, bos=True)
+        try:
+            stdout.write(prompt)
+            stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)
+        except ValueError as err:  # e.g. a prompt longer than the model's context
+            stdout.write("\n")
+            logger.error("error: %s", err)
+            continue
+        answered += 1
+
+
+def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     parser = argparse.ArgumentParser(prog="python -m torchllm.generate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--checkpoint", required=True, help=CHECKPOINT_HELP)
-    add("--prompt", action="append", required=True, help="text to complete; repeat for a batch")
+    add("--prompt", action="append", help="text to complete; repeat for a batch")
+    add("--interactive", action="store_true",
+        help="read prompts from stdin, one per line, and stream each completion")
     add("--max-new-tokens", type=int)
     add("--temperature", type=float, help="0 = greedy")
     add("--top-k", type=int, help="0 = no limit")
@@ -31,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
     add("--print-ids", action="store_true", help="also print the generated token ids")
     args = parser.parse_args(argv)
+    if not args.prompt and not args.interactive:
+        parser.error("give --prompt TEXT (repeatable) or --interactive")
 
     init_logger()
     try:
@@ -41,24 +99,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     e = cfg.eval
     pick = lambda value, default: default if value is None else value  # noqa: E731
+    sampling = dict(
+        max_new_tokens=pick(args.max_new_tokens, e.max_new_tokens),
+        temperature=pick(args.temperature, e.temperature),
+        top_k=pick(args.top_k, e.top_k),
+        top_p=pick(args.top_p, e.top_p),
+        seed=pick(args.seed, cfg.job.seed),
+        eos_id=tokenizer.eos_id,
+    )
+    if args.interactive:
+        interactive(model, tokenizer, sampling, stdin, stdout)
+        return 0
     prompts = [tokenizer.encode(p, bos=True) for p in args.prompt]
     try:
-        outputs = generate(
-            model, prompts,
-            max_new_tokens=pick(args.max_new_tokens, e.max_new_tokens),
-            temperature=pick(args.temperature, e.temperature),
-            top_k=pick(args.top_k, e.top_k),
-            top_p=pick(args.top_p, e.top_p),
-            seed=pick(args.seed, cfg.job.seed),
-            eos_id=tokenizer.eos_id,
-        )
+        outputs = generate(model, prompts, **sampling)
     except ValueError as err:
         logger.error("error: %s", err)
         return 2
-    for prompt, ids in zip(prompts, outputs):
-        print(tokenizer.decode(prompt + ids))
+    for text, ids in zip(args.prompt, outputs):
+        print(text + readable(tokenizer, ids), file=stdout)
         if args.print_ids:
-            print("ids:", " ".join(map(str, ids)))
+            print("ids:", " ".join(map(str, ids)), file=stdout)
     return 0
 
 

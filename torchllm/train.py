@@ -30,6 +30,7 @@ from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
+from torchllm.metrics.header import trainer_header
 from torchllm.metrics.moe_stats import MoEStats
 from torchllm.metrics.reduce import to_host
 from torchllm.models.moe import auxiliary_loss
@@ -99,11 +100,10 @@ class Trainer:
 
         self.run_dir = Path(cfg.job.dump_folder) / self.run_name(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if rank() == 0:
+        if rank() == 0:  # the full config lives in the run folder; the console gets a header
             (self.run_dir / "config.toml").write_text(to_toml(cfg))
         if cfg.job.print_config and rank() == 0:
-            logger.info("effective config (also in %s):\n%s", self.run_dir / "config.toml",
-                        to_toml(cfg))
+            logger.info("effective config:\n%s", to_toml(cfg))
 
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         if self.device.type == "cuda":
@@ -144,15 +144,7 @@ class Trainer:
         counts = parameter_counts(self.model)
         self.flops_per_token = flops_per_token(self.model, tcfg.seq_len)
         self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
-        logger.info(
-            "model %s/%s: %s params (%s non-embedding), vocab %d (tokenizer %d) | device %s, "
-            "%s | global batch %d seqs x %d tokens = %d local x %d dp x %d accumulation",
-            cfg.model.name, cfg.model.flavor, f"{counts['params']:,}",
-            f"{counts['non_embedding_params']:,}", self.model_args.vocab_size,
-            self.tokenizer.vocab_size, self.device, self.precision_name(),
-            global_batch, tcfg.seq_len, tcfg.local_batch_size, self.dp_degree,
-            self.grad_accum_steps,
-        )
+        logger.info(trainer_header(self, counts))  # config changes, model, layout, data
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()

@@ -69,8 +69,9 @@ class JobConfig:
         positive = [
             "training.steps", "training.seq_len", "training.local_batch_size", "training.gc_freq",
             "training.loss_chunk_tokens", "model.vocab_pad_multiple", "metrics.log_freq",
-            "checkpoint.interval", "validation.freq", "validation.steps", "eval.max_new_tokens",
-            "eval.hellaswag_batch_size", "comm.init_timeout_seconds", "comm.train_timeout_seconds",
+            "checkpoint.interval", "validation.freq", "validation.steps", "validation.max_tokens",
+            "eval.max_new_tokens", "eval.hellaswag_batch_size", "comm.init_timeout_seconds",
+            "comm.train_timeout_seconds",
         ]
         at_least_one = ["data.prefetch_factor", "data.tokenizer_vocab_size",
                         "data.tokenizer_train_chars", "metrics.loss_spike_window",

@@ -28,7 +28,10 @@ class Job:
     deterministic: bool = opt(
         False, "Use deterministic algorithms (and cuDNN/cuBLAS settings) at some speed cost"
     )
-    print_config: bool = opt(True, "Print the effective config at start (rank 0)")
+    print_config: bool = opt(
+        False, "Also print the whole effective config at start (a short run header is always "
+        "printed; the full config is always written to the run folder's config.toml)"
+    )
 
 
 @dataclass
@@ -328,8 +331,17 @@ class Checkpoint:
 class Validation:
     enable: bool = opt(False, "Compute the validation loss during training")
     freq: int = opt(250, "Validate every N steps (and after the last step)")
-    steps: int = opt(10, "Batches per validation, the same ones every time (fewer if too few)")
-    dataset: str = opt("", "Dataset whose held-out split is used; empty = data.dataset")
+    steps: int = opt(
+        10, "Batches per validation of a held-out split, the same ones every time (fewer if too "
+        "few); a dedicated validation.dataset is read whole instead"
+    )
+    dataset: str = opt(
+        "", "A dedicated validation dataset (same forms as data.dataset), read whole up to "
+        "validation.max_tokens; empty = the held-out split of data.dataset"
+    )
+    max_tokens: int = opt(
+        1_000_000, "validation.dataset: validate on its first N tokens (all of it when smaller)"
+    )
     split: str = opt(
         "", "Hugging Face split to validate on (e.g. validation); empty = held out from training"
     )

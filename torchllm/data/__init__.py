@@ -13,6 +13,7 @@ import hashlib
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
@@ -59,7 +60,8 @@ def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
     path = auto_tokenizer_path(dcfg, data_dir)
     if _is_rank0() and not path.is_file():
         train_sentencepiece(documents(dcfg), dcfg.tokenizer_vocab_size, path,
-                            max_chars=dcfg.tokenizer_train_chars)
+                            max_chars=dcfg.tokenizer_train_chars,
+                            source=f"data.dataset = {dcfg.dataset!r}")
     _barrier()
     return load_tokenizer(path)
 
@@ -72,6 +74,38 @@ def tokenize_corpus(dcfg, tokenizer: Tokenizer) -> TokenStream:
     if len(tokens) == 0:
         raise ConfigError(f"data.dataset = {dcfg.dataset!r} has no text", "data.dataset")
     return TokenStream([tokens], starts)
+
+
+def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
+    """The first max_tokens tokens of a dataset read whole (a dedicated validation set).
+
+    Text sources are tokenized document by document until the budget is reached; a shards
+    folder contributes its val split, then its train split.
+    """
+    source = resolve(dcfg)
+    if source.kind == "shards":
+        _check_shard_vocab(source.location, tokenizer)
+        val, train = (shards.open_split(source.location, s) for s in ("val", "train"))
+        parts = [p for s in (val, train) if len(s) for p in s.parts]
+        if not parts:
+            raise ConfigError(f"{dcfg.dataset!r} holds no tokens", "data.dataset")
+        starts = np.concatenate([val.doc_starts, train.doc_starts + len(val)])
+        stream = TokenStream(parts, starts)
+    else:
+        def encoded():
+            total = 0
+            for text in documents(dcfg):
+                if total >= max_tokens:
+                    return
+                ids = tokenizer.encode(text, bos=True, eos=True)
+                total += len(ids)
+                yield ids
+
+        tokens, starts = pack_documents(encoded())
+        if len(tokens) == 0:
+            raise ConfigError(f"{dcfg.dataset!r} has no text", "data.dataset")
+        stream = TokenStream([tokens], starts)
+    return TokenStream(stream.parts, stream.doc_starts, 0, min(len(stream), max_tokens))
 
 
 def _check_shard_vocab(location: str, tokenizer: Tokenizer) -> None:
@@ -120,4 +154,4 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     return train_loader, val_loader
 
 
-__all__ = ["Tokenizer", "build_data", "build_tokenizer", "load_tokenizer"]
+__all__ = ["Tokenizer", "build_data", "build_tokenizer", "load_tokenizer", "whole_stream"]

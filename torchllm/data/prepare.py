@@ -1,13 +1,19 @@
 """Tokenize a dataset once into fixed-size shards, so training reads tokens instead of text.
 
     python -m torchllm.data.prepare --dataset local:corpus/ --tokenizer tok.model --out DIR \
-        [--shard-tokens 100_000_000] [--val-tokens N] [--workers 2]
+        [--shard-tokens 100_000_000] [--val-fraction 0.005] [--val-max-tokens 10_000_000]
+        [--val-tokens N] [--workers 2]
 
 Documents are read in order, tokenized with BOS/EOS in worker processes (order preserved) and
-appended to a stream. The first --val-tokens tokens (default: one shard's worth) form the
-validation split; the rest is the training split (a document cut by the split starts it with
-its tail), cut into shards of exactly --shard-tokens tokens (the last may be shorter).
-See torchllm/data/shards.py for the format.
+each appended to one of two splits, cut into shards of exactly --shard-tokens tokens (the last
+may be shorter). See torchllm/data/shards.py for the format.
+
+The validation split is proportional by default: a document goes to it whenever the split holds
+less than --val-fraction of the tokens read so far (so the first document always does, and then
+about every 1/fraction-th token's document), until it reaches --val-max-tokens. A corpus of a
+single document gives its first tokens to validation instead. --val-tokens N takes exactly the
+first N tokens instead (a document cut there starts the training split with its tail).
+Documents with no text (empty or whitespace only) are skipped.
 """
 
 from __future__ import annotations
@@ -75,9 +81,32 @@ class SplitWriter:
                 "doc_starts": docs}
 
 
-def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int, val_tokens: int,
-            workers: int, docs_per_task: int = 64, progress: bool = True) -> dict:
-    """Write the shards and index.json; returns the index."""
+class ValSplit:
+    """Decides, document by document, which tokens go to the validation split."""
+
+    def __init__(self, val_tokens: int | None, fraction: float, max_tokens: int):
+        self.val_tokens, self.fraction, self.max_tokens = val_tokens, fraction, max_tokens
+        self.seen = 0  # tokens read so far, both splits
+
+    def take(self, n: int, val_total: int) -> int:
+        """How many of the next document's n tokens (from its start) go to validation."""
+        self.seen += n
+        if self.val_tokens is not None:  # exactly the first val_tokens tokens
+            return max(0, min(n, self.val_tokens - val_total))
+        if val_total < self.fraction * self.seen and val_total < self.max_tokens:
+            return min(n, self.max_tokens - val_total)  # a whole document, up to the cap
+        return 0
+
+
+def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
+            val_tokens: int | None, workers: int, docs_per_task: int = 64,
+            progress: bool = True, val_fraction: float = 0.005,
+            val_max_tokens: int = 10_000_000) -> dict:
+    """Write the shards and index.json; returns the index.
+
+    val_tokens = None: the proportional split (val_fraction, at least one document, at most
+    val_max_tokens); else exactly the first val_tokens tokens.
+    """
     from tqdm import tqdm
 
     tokenizer = load_tokenizer(tokenizer_spec)
@@ -85,20 +114,43 @@ def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int, val_t
     out.mkdir(parents=True, exist_ok=True)
     val = SplitWriter(out, "val", shard_tokens, dtype)
     train = SplitWriter(out, "train", shard_tokens, dtype)
-    texts = documents(dcfg)
+    split = ValSplit(val_tokens, val_fraction, val_max_tokens)
+    texts = (t for t in documents(dcfg) if t.strip())
     tasks = iter(lambda: list(itertools.islice(texts, docs_per_task)), [])
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc="tokenizing")
+    # The first document waits for the second: a one-document corpus is split inside it.
+    first: list[int] | None = None
+    n_docs = 0
+
+    def add(ids: list[int]) -> None:
+        head = split.take(len(ids), val.total)
+        if head:  # a document may straddle the split
+            val.add(ids[:head])
+        if ids[head:]:
+            train.add(ids[head:])
+
     with mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer_spec,)) as pool:
         for encoded in pool.imap(_encode, tasks):
             for ids in encoded:
                 bar.update(len(ids))
-                if val.total < val_tokens:  # a document may straddle the split
-                    head = val_tokens - val.total
-                    val.add(ids[:head])
-                    ids = ids[head:]
-                if ids:
-                    train.add(ids)
+                n_docs += 1
+                if n_docs == 1:
+                    first = ids
+                    continue
+                if first is not None:
+                    add(first)
+                    first = None
+                add(ids)
     bar.close()
+    if n_docs == 0:
+        raise ConfigError(f"prepare: {dcfg.dataset} is empty (no document has any text)",
+                          "data.dataset")
+    if first is not None:  # a single document: its first tokens are the validation split
+        n = len(first)
+        head = (min(n, val_tokens) if val_tokens is not None
+                else min(max(1, round(val_fraction * n)), val_max_tokens))
+        val.add(first[:head])
+        train.add(first[head:])
     splits = {"val": val.finish(), "train": train.finish()}
     if splits["train"]["tokens"] == 0:
         raise ConfigError(
@@ -129,24 +181,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", required=True, help="tokenizer file or Hub name")
     p.add_argument("--out", required=True, help="folder to write shards and index.json into")
     p.add_argument("--shard-tokens", type=lambda s: int(s.replace("_", "")), default=100_000_000)
+    p.add_argument("--val-fraction", type=float, default=0.005,
+                   help="fraction of the tokens held out for validation, in whole documents "
+                   "(at least one)")
+    p.add_argument("--val-max-tokens", type=lambda s: int(s.replace("_", "")),
+                   default=10_000_000, help="cap on the proportional validation split")
     p.add_argument("--val-tokens", type=lambda s: int(s.replace("_", "")), default=None,
-                   help="tokens held out for validation (default: one shard)")
+                   help="hold out exactly the first N tokens instead")
     p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1))
     p.add_argument("--text-column", default="text")
     p.add_argument("--hf-subset", default="")
     p.add_argument("--hf-split", default="")
     args = p.parse_args(argv)
-    if args.shard_tokens < 1 or args.workers < 1:
-        p.error("--shard-tokens and --workers must be positive")
+    if args.shard_tokens < 1 or args.workers < 1 or args.val_max_tokens < 1:
+        p.error("--shard-tokens, --val-max-tokens and --workers must be positive")
+    if not 0 < args.val_fraction < 1:
+        p.error(f"--val-fraction {args.val_fraction}: must be between 0 and 1 (e.g. 0.005)")
+    if args.val_tokens is not None and args.val_tokens < 1:
+        p.error(f"--val-tokens {args.val_tokens}: must be positive")
     tokenizer = args.tokenizer
     if Path(tokenizer).exists():
         tokenizer = str(Path(tokenizer).resolve())  # index.json must work from any directory
     dcfg = Data(dataset=args.dataset, text_column=args.text_column, hf_subset=args.hf_subset,
                 hf_split=args.hf_split)
-    val_tokens = args.shard_tokens if args.val_tokens is None else args.val_tokens
     try:
-        index = prepare(dcfg, tokenizer, Path(args.out), args.shard_tokens, val_tokens,
-                        args.workers)
+        index = prepare(dcfg, tokenizer, Path(args.out), args.shard_tokens, args.val_tokens,
+                        args.workers, val_fraction=args.val_fraction,
+                        val_max_tokens=args.val_max_tokens)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

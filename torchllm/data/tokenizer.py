@@ -13,6 +13,7 @@ import argparse
 import base64
 import io
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -47,6 +48,7 @@ class SentencePieceTokenizer:
         self.vocab_size = self.sp.vocab_size()
         self.bos_id = self.sp.bos_id()
         self.eos_id = self.sp.eos_id()
+        self.special_ids = frozenset(i for i in range(self.vocab_size) if self.sp.is_control(i))
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         return [self.bos_id] * bos + self.sp.encode(text) + [self.eos_id] * eos
@@ -111,6 +113,7 @@ class TiktokenTokenizer:
         self.path = path
         self.vocab_size = self.enc.n_vocab
         self.bos_id, self.eos_id = specials[bos], specials[eos]
+        self.special_ids = frozenset(specials.values())
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         # Special-token text inside documents is encoded as ordinary text, never as a control id.
@@ -152,14 +155,15 @@ class HFTokenizer:
             try:
                 self.tok = _Tok.from_pretrained(str(spec))
             except Exception as e:
-                raise ConfigError(
-                    f"data.tokenizer = {str(spec)!r}: not a file, and loading it from the Hugging "
-                    f"Face Hub failed ({e}); give a .model, .tiktoken or tokenizer.json path"
-                ) from None
+                raise ConfigError(hub_failure_message(str(spec), e), "data.tokenizer") from None
         self.path = path
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._special(config.get("bos_token"), self.BOS_NAMES, "BOS")
         self.eos_id = self._special(config.get("eos_token"), self.EOS_NAMES, "EOS")
+        self.special_ids = frozenset(
+            [i for i, t in self.tok.get_added_tokens_decoder().items() if t.special]
+            + [self.bos_id, self.eos_id]
+        )
 
     def _special(self, configured, names, what: str) -> int:
         if isinstance(configured, dict):
@@ -176,6 +180,15 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def readable(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """Generated ids as text a person reads: cut at the first EOS, special tokens left out."""
+    ids = list(ids)
+    if tokenizer.eos_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_id)]
+    special = getattr(tokenizer, "special_ids", {tokenizer.bos_id, tokenizer.eos_id})
+    return tokenizer.decode([i for i in ids if i not in special])
 
 
 def _looks_like_tiktoken(path: Path) -> bool:
@@ -201,32 +214,59 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
             return TiktokenTokenizer(path)
         return SentencePieceTokenizer(path)
     if path.suffix in (".model", ".tiktoken") or str(spec).startswith((".", "/")):
-        raise ConfigError(f"data.tokenizer: file {path} does not exist")
+        raise ConfigError(
+            f"data.tokenizer: file {path} does not exist; {HOW_TO_GET_A_TOKENIZER}",
+            "data.tokenizer",
+        )
     return HFTokenizer(str(spec))
+
+
+HOW_TO_GET_A_TOKENIZER = (
+    "use a Hugging Face Hub name (online, e.g. 'gpt2' or 'meta-llama/Llama-3.2-1B' after "
+    "`hf auth login`), download the file first (e.g. `hf download "
+    "meta-llama/Llama-3.2-1B original/tokenizer.model --local-dir assets/llama3`), or set "
+    "'auto' to train a SentencePiece model on data.dataset"
+)
+
+
+def hub_failure_message(name: str, error: Exception) -> str:
+    """Why a Hub tokenizer did not load, and the ways to a working one (one line)."""
+    reason = " ".join(str(error).split())[:300]
+    return (
+        f"data.tokenizer = {name!r} is not a file and could not be loaded from the Hugging Face "
+        f"Hub ({type(error).__name__}: {reason}). Online: check the name (gated models such as "
+        f"meta-llama/* need `hf auth login` and an accepted license). Offline: on a "
+        f"machine with network run `hf download {name} tokenizer.json "
+        f"--local-dir DIR`, copy DIR here and set data.tokenizer = 'DIR/tokenizer.json'; or "
+        "set 'auto' to train a SentencePiece model on data.dataset"
+    )
 
 
 def train_sentencepiece(
     texts: Iterable[str], vocab_size: int, out: str | Path, num_threads: int = 2,
     max_chars: int | None = None, progress: bool = False,
+    vocab_key: str = "data.tokenizer_vocab_size", source: str = "data.dataset",
 ) -> Path:
     """Train a byte-fallback BPE SentencePiece model on `texts` and write it to `out` atomically.
 
     `max_chars` caps the training text (a few tens of MB is plenty for a BPE vocabulary).
+    `vocab_key` and `source` name the setting and the input in error messages.
     """
     import sentencepiece as spm
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    seen = [0]  # characters handed to the trainer
+
     def paragraphs():
         # Paragraphs, not lines: newlines stay inside the training text and get their own pieces.
-        seen = 0
         for text in texts:
             for para in text.split("\n\n"):
                 if para.strip():
-                    seen += len(para)
+                    seen[0] += len(para)
                     yield para
-            if max_chars is not None and seen >= max_chars:
+            if max_chars is not None and seen[0] >= max_chars:
                 return
 
     proto = io.BytesIO()
@@ -250,11 +290,26 @@ def train_sentencepiece(
             minloglevel=0 if progress else 2,
         )
     except RuntimeError as e:
-        raise ConfigError(f"training a SentencePiece tokenizer for {out} failed: {e}") from None
+        raise ConfigError(_training_failure(str(e), seen[0], vocab_size, vocab_key, source),
+                          vocab_key if "too high" in str(e) else None) from None
     tmp = out.with_suffix(out.suffix + f".tmp{id(proto)}")
     tmp.write_bytes(proto.getvalue())
     tmp.replace(out)
     return out
+
+
+def _training_failure(error: str, chars: int, vocab_size: int, vocab_key: str,
+                      source: str) -> str:
+    """Our one-line account of a SentencePiece training error (its own are C++ assertions)."""
+    if chars == 0:
+        return (f"cannot train a SentencePiece tokenizer: {source} has no text (empty, or "
+                "whitespace only); give it a non-empty file or dataset")
+    most = re.search(r"value <= (\d+)", error)
+    if most:
+        return (f"{source} has only {chars:,} characters of text, too little for a "
+                f"{vocab_size}-piece tokenizer (at most {most.group(1)} pieces can be learnt "
+                f"from it); set {vocab_key} <= {most.group(1)} or give more text")
+    return f"training a SentencePiece tokenizer on {source} failed: {' '.join(error.split())}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,11 +328,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="stop reading text after this many characters")
     train.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    print(f"training a {args.vocab_size}-piece SentencePiece BPE tokenizer on "
+          f"{' '.join(args.input)} (up to {args.max_chars:,} characters)", file=sys.stderr)
     try:
         texts = (t for spec in args.input
                  for t in documents(Data(dataset=f"local:{spec}", text_column=args.text_column)))
         out = train_sentencepiece(texts, args.vocab_size, Path(args.out) / "tokenizer.model",
-                                  args.threads, args.max_chars, progress=True)
+                                  args.threads, args.max_chars, progress=False,
+                                  vocab_key="--vocab-size", source=" ".join(args.input))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,6 +8,8 @@ row's output does not depend on the other rows of its batch.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 from torch import nn
 
@@ -127,3 +129,47 @@ def generate(
             ids = ids[: ids.index(eos_id) + 1]
         out.append(ids)
     return out
+
+
+@torch.no_grad()
+def generate_stream(
+    model: nn.Module,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> Iterator[int]:
+    """One prompt's generated ids, yielded as each is sampled (EOS included, then stop).
+
+    The same tokens as `generate(model, [prompt], ...)` with the same arguments: the same
+    forward passes with a KV cache and the same generator draws, one token at a time.
+    """
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or max_new_tokens < 0:
+        raise ValueError(f"temperature = {temperature}, top_k = {top_k}, top_p = {top_p}, "
+                         f"max_new_tokens = {max_new_tokens}: need temperature >= 0, top_k >= 0, "
+                         "0 < top_p <= 1, max_new_tokens >= 0")
+    max_seq_len = model.args.max_seq_len
+    if not prompt or len(prompt) >= max_seq_len:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; it needs at least 1 and fewer "
+                         f"than the model's max_seq_len ({max_seq_len})")
+    device = next(model.parameters()).device
+    total = min(max_seq_len, len(prompt) + max_new_tokens)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cache = KVCache(total)
+    was_training = model.training
+    model.eval()
+    try:
+        step_input = torch.tensor([prompt], device=device)
+        for _ in range(len(prompt), total):
+            logits = model(step_input, cache)
+            nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+            token = int(nxt[0])
+            yield token
+            if token == eos_id:
+                return
+            step_input = nxt[:, None]
+    finally:
+        model.train(was_training)

@@ -12,8 +12,10 @@ from torch import nn
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
-from torchllm.data import Tokenizer, build_data
+from torchllm.data import Tokenizer, build_data, whole_stream
 from torchllm.data.sources import resolve
+from torchllm.data.tokenizer import readable
+from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import generate
 from torchllm.eval.validation import validate
@@ -21,8 +23,10 @@ from torchllm.log import logger
 
 
 def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable, dp_rank: int,
-                      dp_degree: int) -> Iterable:
-    """The training data's held-out loader, or the one validation.dataset / .split name.
+                      dp_degree: int) -> tuple[Iterable, int]:
+    """(batches, batches per validation): the training data's held-out loader and
+    validation.steps, or a dedicated validation.dataset read whole (all its batches), or the
+    Hugging Face split validation.split names.
 
     With validation.split, the first data.val_documents documents of that Hugging Face split
     are the validation set (e.g. a dataset's official "validation" split).
@@ -30,7 +34,7 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
     vcfg = cfg.validation
     name = vcfg.dataset or cfg.data.dataset
     if not vcfg.enable or (name == cfg.data.dataset and not vcfg.split):
-        return val_loader
+        return val_loader, vcfg.steps
     other = copy.deepcopy(cfg)
     other.data.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
@@ -43,9 +47,14 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
             )
         other.data.hf_split = vcfg.split
     try:
-        return build_data(other, tokenizer, dp_rank, dp_degree)[1]
+        if vcfg.split:
+            return build_data(other, tokenizer, dp_rank, dp_degree)[1], vcfg.steps
+        stream = whole_stream(other.data, tokenizer, vcfg.max_tokens)
     except ConfigError as e:
         raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
+    windows = ValWindows(stream, cfg.training.seq_len, dp_rank, dp_degree)
+    loader = torch.utils.data.DataLoader(windows, batch_size=cfg.training.local_batch_size)
+    return loader, len(loader)
 
 
 EvalReport = StepReport  # what one step's evaluation produced
@@ -58,10 +67,10 @@ class Evaluator(Callback):
     @classmethod
     def from_trainer(cls, trainer) -> "Evaluator":
         cfg = trainer.cfg
-        val_batches = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
-                                        trainer.dp_rank, trainer.dp_degree)
+        val_batches, val_steps = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
+                                                   trainer.dp_rank, trainer.dp_degree)
         return cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
-                   trainer.autocast, group=trainer.parallel_dims.dp_group)
+                   trainer.autocast, group=trainer.parallel_dims.dp_group, val_steps=val_steps)
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
@@ -79,13 +88,17 @@ class Evaluator(Callback):
         val_batches: Iterable[dict[str, torch.Tensor]],
         autocast: Callable[[], ContextManager] = contextlib.nullcontext,
         group=None,
+        val_steps: int | None = None,
     ):
+        """`val_steps`: batches per validation (default validation.steps)."""
         self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
         self.val_batches, self.autocast, self.group = val_batches, autocast, group
+        self.val_steps = cfg.validation.steps if val_steps is None else val_steps
         if cfg.validation.enable and next(iter(val_batches), None) is None:
             raise ConfigError(
-                "validation.enable = true but the validation split has no full batch; raise "
-                "data.val_fraction or lower training.seq_len / local_batch_size",
+                "validation.enable = true but the validation data has no full batch; give it "
+                "more tokens (data.val_fraction, validation.dataset / max_tokens) or lower "
+                "training.seq_len / local_batch_size",
                 "validation.enable",
             )
         self.hellaswag_examples = None
@@ -111,7 +124,7 @@ class Evaluator(Callback):
 
     def validation(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        m = validate(self.model, self.val_batches, self.cfg.validation.steps, self.device,
+        m = validate(self.model, self.val_batches, self.val_steps, self.device,
                      self.group, self.autocast)
         logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
                     m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
@@ -128,9 +141,10 @@ class Evaluator(Callback):
                                e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
                                stop_early=False, device=self.device)
         texts = {}
-        for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
-            texts[f"samples/{i}"] = self.tokenizer.decode(prompt + ids)
-            logger.info("sample step %d [%d]: %r", step, i, texts[f"samples/{i}"])
+        for i, (prompt, ids) in enumerate(zip(e.prompts, outputs)):
+            completion = readable(self.tokenizer, ids)  # cut at EOS, no special tokens
+            texts[f"samples/{i}"] = f"**{prompt}**{completion}"  # TensorBoard renders markdown
+            logger.info("sample step %d [%d]: %r -> %r", step, i, prompt, completion)
         return texts
 
     def hellaswag(self, step: int) -> dict[str, float]:

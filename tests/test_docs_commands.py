@@ -1,0 +1,235 @@
+"""Every command in the shell code blocks of README.md and docs/*.md runs as written.
+
+A code block whose language is empty, sh, bash or shell holds commands, one per line (a trailing
+backslash continues a line; `# ...` is a comment). Syntax summaries go in ```text blocks and
+code in ```python / ```toml blocks. Each command runs, in document order, in a fresh copy of the
+repository with tiny settings appended (TINY below: the same flags a user would add, parsed by
+the same code); a command is skipped only for a reason in SKIP (network, more processes than
+this machine has, a server, a cluster). The README's commands are the newcomer path: fresh
+clone, set-up, train, generate, evaluate, export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL = {"", "sh", "bash", "shell"}
+
+RUN_TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
+            "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1",
+            "--lr_scheduler.warmup_steps=1", "--checkpoint.interval=1",
+            "--training.global_batch_size=-1"]
+# Appended to every command of this program (argparse and the config loader: last value wins).
+TINY = {
+    "./run_train.sh": RUN_TINY,
+    "python -m torchllm.train": [],
+    "python -m torchllm.generate": ["--max-new-tokens", "4"],
+    "python -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
+    "torchrun -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
+    "python -m torchllm.checkpoint.hf export": [],
+    # the target model of an import is the config's: the tiny run's shape
+    "python -m torchllm.checkpoint.hf import": ["--training.seq_len=32",
+                                                "--data.tokenizer_vocab_size=512"],
+    "python -m torchllm.tools.model_info": [],
+    "python -m torchllm.tools.estimate_memory": [],
+    "python -m torchllm.bench": ["--matrix", "ddp", "--ac", "none", "--compile", "off",
+                                "--float8", "off", "--steps", "1", "--warmup", "2",
+                                "--model.flavor=debug", "--data.tokenizer_vocab_size=512",
+                                "--training.seq_len=32", "--training.local_batch_size=2"],
+    "python -m torchllm.data.tokenizer": ["--vocab-size", "400"],
+    "python -m torchllm.data.prepare": ["--workers", "1", "--shard-tokens", "50_000"],
+}
+# Training with these configs would stream FineWeb-Edu and fetch a Hub tokenizer: offline
+# here, it trains the same way on the embedded corpus with an auto-trained tokenizer.
+OFFLINE = {"llama3_1b.toml": ["--data.dataset=embedded", "--data.tokenizer=auto",
+                              "--model.flavor=debug", "--model.vocab_size=512"]}
+SKIP = {  # substring of the command -> why it does not run here
+    "pip install": "installs packages (network); the test runs in the environment set up already",
+    "pytest": "the test suite itself",
+    "tensorboard --logdir": "starts a server that runs until stopped",
+    "sbatch ": "needs a SLURM cluster",
+    "gpt2_124m_fineweb": "the GPT-2 recipe needs 8 GPUs and network (FineWeb-Edu, GPT-2 tokenizer)",
+}
+# Documents whose training commands each start their own run: parallelism.md launches the same
+# config under other layouts, and resuming a run under another data-parallel degree is refused
+# by design (the data order depends on it), so each launch gets a run name of its own.
+OWN_RUN = {"parallelism.md"}
+MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
+NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
+    ("checkpointing.md", "<dump_folder>/"): "a folder layout",
+}
+
+
+def shell_blocks(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of each shell code block."""
+    out, lines = [], path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        body = lines[i + 1 : end]
+        first = body[0] if body else ""
+        known = any(path.name == doc and first.startswith(prefix)
+                    for doc, prefix in NOT_COMMANDS)
+        if m.group(1) in SHELL and not known:
+            out.append((i + 2, "\n".join(body)))
+        i = end + 1
+    return out
+
+
+def commands(path: Path) -> list[tuple[int, str]]:
+    """(line number, command without comments) of each command of a document."""
+    out = []
+    for start, block in shell_blocks(path):
+        pending, first = "", None
+        for n, line in enumerate(block.splitlines(), start):
+            if not line.strip() or (not pending and line.lstrip().startswith("#")):
+                continue
+            first = n if not pending else first
+            pending += line.rstrip().removesuffix("\\") + " " if line.rstrip().endswith("\\") \
+                else line
+            if not line.rstrip().endswith("\\"):
+                out.append((first, shlex.join(shlex.split(pending, comments=True))))
+                pending = ""
+    return out
+
+
+def program(command: str) -> str:
+    words = shlex.split(command)
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]
+    if words[:3] == ["python", "-m", "torchllm.checkpoint.hf"]:
+        return " ".join(words[:4])  # export / import
+    if words[:2] == ["python", "-m"]:
+        return " ".join(words[:3])
+    if words[0] == "torchrun":
+        module = words[words.index("-m") + 1] if "-m" in words else "?"
+        return f"torchrun -m {module}"
+    return words[0]
+
+
+def processes(command: str) -> int:
+    m = re.search(r"(?:NGPU=|--nproc(?:_per_node)?[ =])(\d+)", command)
+    return int(m.group(1)) if m else 1
+
+
+def skip_reason(command: str) -> str | None:
+    for text, reason in SKIP.items():
+        if text in command:
+            return reason
+    if processes(command) > MAX_PROCESSES:
+        return f"needs {processes(command)} GPUs (more processes than this machine's cores)"
+    return None
+
+
+def all_commands():
+    return [(path, n, cmd) for path in DOCS for n, cmd in commands(path)]
+
+
+def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
+    found = all_commands()
+    assert len(found) > 20
+    programs = {program(c) for _, _, c in found}
+    assert {"./run_train.sh", "python -m torchllm.generate", "python -m torchllm.eval.hellaswag",
+            "python -m torchllm.checkpoint.hf export"} <= programs
+    for path, n, cmd in found:
+        where = f"{path.relative_to(REPO)}:{n}: {cmd}"
+        assert "[--" not in cmd and "..." not in cmd, f"{where}: a synopsis; use a ```text block"
+        assert skip_reason(cmd) or program(cmd) in TINY, f"{where}: add it to TINY or SKIP"
+    skipped = [c for _, _, c in found if skip_reason(c)]
+    assert len(skipped) <= 12, skipped  # the skip list stays small
+
+
+def fresh_clone(dest: Path) -> Path:
+    """The repository's files as a fresh clone has them (tracked + new, not ignored)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    return dest
+
+
+def fixtures(clone: Path) -> None:
+    """The input files the docs' examples name (`corpus/`, `more.jsonl`, HellaSwag's jsonl)."""
+    from test_eval_hellaswag import write_tiny_jsonl
+
+    from torchllm.data.embedded import embedded_documents
+
+    docs = list(embedded_documents())
+    (clone / "corpus").mkdir()
+    for i, text in enumerate(docs[:30]):
+        (clone / "corpus" / f"{i:03d}.txt").write_text(text)
+    (clone / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[30:40]))
+    write_tiny_jsonl(clone / "hellaswag_val.jsonl")
+
+
+def run_document(path: Path, clone: Path) -> list[tuple[str, str]]:
+    """Run a document's commands in order in `clone`; returns (command, output) of each run."""
+    env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    ran = []
+    for n, cmd in commands(path):
+        if skip_reason(cmd):
+            continue
+        extra = list(TINY[program(cmd)])
+        if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
+            extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]
+            if path.name in OWN_RUN:
+                extra.append(f"--job.run_name={path.stem}_{n}")
+        full = cmd + " " + shlex.join(extra)
+        proc = subprocess.run(["bash", "-c", full], cwd=clone, env=env, capture_output=True,
+                              text=True, timeout=600, input="The meaning of life is\nPython\n")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"{path.name}:{n}: {full}\n{out[-4000:]}"
+        ran.append((cmd, out))
+    return ran
+
+
+@pytest.fixture(scope="module")
+def newcomer(tmp_path_factory):
+    """README's commands, in order, in a fresh clone."""
+    clone = fresh_clone(tmp_path_factory.mktemp("clone"))
+    fixtures(clone)
+    return clone, run_document(REPO / "README.md", clone)
+
+
+@pytest.mark.slow
+def test_newcomer_path_from_a_fresh_clone(newcomer):
+    clone, ran = newcomer
+    outputs = dict(ran)
+    train = next(o for c, o in ran if c == "./run_train.sh")
+    assert "run debug_model" in train and "effective config" not in train
+    assert (clone / "outputs/debug_model/checkpoint/step-3/COMPLETE").is_file()
+    assert len(list((clone / "outputs/debug_model/checkpoint").glob("step-*"))) == 1  # keep 1
+    generated = outputs['python -m torchllm.generate --checkpoint outputs/debug_model '
+                        '--prompt \'The meaning of life is\'']
+    assert generated.splitlines()[-1].startswith("The meaning of life is")
+    chat = next(o for c, o in ran if "--interactive" in c)
+    assert "The meaning of life is" in chat and "Python" in chat
+    assert "acc_norm" in next(o for c, o in ran if "hellaswag" in c)
+    assert (clone / "hf/debug_model/config.json").is_file()
+    assert list((clone / "outputs/tb/debug_model").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", [p.name for p in DOCS[1:]])
+def test_documented_commands_run(newcomer, doc):
+    """Each docs/*.md in the newcomer's clone (after README's run made outputs/debug_model)."""
+    clone, _ = newcomer
+    run_document(REPO / "docs" / doc, clone)

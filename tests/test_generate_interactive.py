@@ -1,0 +1,109 @@
+"""Streaming generation, `generate --interactive`, and readable completions (no special tokens)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from torchllm.data.tokenizer import TiktokenTokenizer, readable
+from torchllm.eval.generation import generate, generate_stream
+from torchllm.eval.loading import load_for_inference
+from torchllm.generate import main, stream_completion
+from torchllm.models.llama.args import LlamaArgs
+from torchllm.models.llama.model import Transformer
+
+from conftest import build_model, shared_path
+
+TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(Transformer, TINY).eval()
+
+
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0),
+    dict(temperature=0.9, top_k=20, seed=3),
+    dict(temperature=1.2, top_p=0.8, seed=7, eos_id=11),
+])
+def test_stream_yields_the_tokens_of_full_recomputation(model, sampling):
+    prompt = [1, 8, 8, 31, 2, 60]
+    # Oracle: generate without the KV cache (every step reruns the whole sequence).
+    expected = generate(model, [prompt], max_new_tokens=30, use_cache=False, **sampling)[0]
+    assert list(generate_stream(model, prompt, max_new_tokens=30, **sampling)) == expected
+    # The context limit: 6 prompt tokens leave 34 of max_seq_len 40.
+    assert len(list(generate_stream(model, prompt, 100, temperature=0))) == 34
+    with pytest.raises(ValueError, match="max_seq_len"):
+        next(generate_stream(model, [1] * 40, 1))
+
+
+def test_readable_cuts_at_eos_and_drops_special_tokens():
+    tok = TiktokenTokenizer(shared_path("tokenizers", "llama3", "tokenizer.model"))
+    words = tok.encode(" hello there")
+    reserved = tok.enc.encode_single_token("<|reserved_special_token_5|>")
+    ids = [tok.bos_id, *words[:1], reserved, *words[1:], tok.eos_id, *tok.encode(" after")]
+    assert readable(tok, ids) == " hello there"
+    assert "<|" in tok.decode(ids)  # what plain decode would have shown
+
+
+def test_streamed_text_waits_for_whole_characters():
+    tok = TiktokenTokenizer(shared_path("tokenizers", "gpt2", "gpt2.tiktoken"))
+    text = " naïve café ☕ done"
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode(ids[:i]) for i in range(1, len(ids)))  # splits a character
+
+    class Recorder(io.StringIO):
+        writes: list[str] = []
+
+        def write(self, s):
+            self.writes.append(s)
+            return super().write(s)
+
+    out = Recorder()
+    assert stream_completion(tok, iter(ids), out) == ids
+    assert out.getvalue() == text + "\n"
+    assert len(out.writes) > 3 and not any("\ufffd" in w for w in out.writes)
+
+
+def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    stdin = io.StringIO("The meaning of life is\n\nPython\n")
+    stdout = io.StringIO()
+    assert main(["--checkpoint", str(run_dir), "--interactive", "--temperature", "0",
+                 "--max-new-tokens", "6"], stdin=stdin, stdout=stdout) == 0
+    model, _, tokenizer = load_for_inference(run_dir, "cpu")
+    expected = ""
+    for prompt in ("The meaning of life is", "Python"):
+        ids = generate(model, [tokenizer.encode(prompt, bos=True)], 6, temperature=0,
+                       eos_id=tokenizer.eos_id)[0]
+        expected += prompt + readable(tokenizer, ids) + "\n"
+    assert stdout.getvalue() == expected
+    # Neither --prompt nor --interactive: a usage error naming both.
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(run_dir)])
+    assert "--interactive" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_interactive_subprocess_streams_from_a_pipe(tmp_path):
+    """The documented command itself, prompts piped into stdin."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchllm.generate", "--checkpoint", str(run_dir),
+         "--interactive", "--max-new-tokens", "4"],
+        input="Hello\n", capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("Hello") and proc.stdout.count("\n") >= 1

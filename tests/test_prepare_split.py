@@ -1,0 +1,121 @@
+"""`prepare`'s validation split (proportional by default) and the empty/tiny-input errors of
+`prepare` and SentencePiece training."""
+
+import json
+
+import numpy as np
+import pytest
+
+from torchllm.config import ConfigError
+from torchllm.config.sections import Data
+from torchllm.data.prepare import main as prepare_cli
+from torchllm.data.prepare import prepare
+from torchllm.data.shards import open_split
+from torchllm.data.tokenizer import load_tokenizer, train_sentencepiece
+from torchllm.data.tokenizer import main as tokenizer_cli
+
+from conftest import shared_path
+
+
+def docs_of(split, bos, eos) -> list[list[int]]:
+    """The documents of a split, as token lists (cut at each BOS)."""
+    tokens = split.read(0, len(split)).tolist()
+    out, cur = [], []
+    for t in tokens:
+        if t == bos and cur:
+            out.append(cur)
+            cur = []
+        cur.append(t)
+    return out + ([cur] if cur else [])
+
+
+def write_jsonl(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sp_path():
+    return shared_path("tokenizers", "mistral-sp32k", "tokenizer.model")
+
+
+def texts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    words = "the river ran quietly past old stone walls while birds sang above".split()
+    return [f"doc{i:04d} " + " ".join(rng.choice(words, int(rng.integers(5, 60))))
+            for i in range(n)]
+
+
+def test_default_split_is_proportional_whole_documents(tmp_path, sp_path):
+    corpus = texts(400)
+    src = write_jsonl(tmp_path / "c.jsonl", corpus + ["", "   \n"])  # empty ones are skipped
+    tok = load_tokenizer(sp_path)
+    encoded = [tok.encode(t, bos=True, eos=True) for t in corpus]
+    out = tmp_path / "s"
+    assert prepare_cli(["--dataset", f"local:{src}", "--tokenizer", str(sp_path), "--out",
+                        str(out), "--shard-tokens", "5000", "--workers", "1",
+                        "--val-fraction", "0.02"]) == 0
+    val, train = open_split(out, "val"), open_split(out, "train")
+    val_docs = docs_of(val, tok.bos_id, tok.eos_id)
+    train_docs = docs_of(train, tok.bos_id, tok.eos_id)
+    # Oracle: whole documents, each in exactly one split, order kept within each split.
+    assert sorted(map(tuple, val_docs + train_docs)) == sorted(map(tuple, encoded))
+    assert [d for d in encoded if d in val_docs] == val_docs
+    assert val_docs[0] == encoded[0] and len(val_docs) >= 3  # the first, then spread out
+    assert encoded.index(val_docs[-1]) > 200
+    total = sum(map(len, encoded))
+    fraction = len(val) / total
+    assert 0.02 <= fraction <= 0.02 + max(map(len, encoded)) / total
+
+    # The cap: no more than --val-max-tokens tokens (the last document cut there).
+    capped = tmp_path / "capped"
+    prepare(Data(dataset=f"local:{src}"), str(sp_path), capped, 5000, None, 1, progress=False,
+            val_fraction=0.5, val_max_tokens=300)
+    assert len(open_split(capped, "val")) == 300
+    assert len(open_split(capped, "val")) + len(open_split(capped, "train")) == total
+
+
+def test_one_document_corpus_and_explicit_val_tokens(tmp_path, sp_path):
+    text = shared_path("data", "tinyshakespeare.txt")  # one .txt file = one document
+    tok = load_tokenizer(sp_path)
+    oracle = tok.encode(text.read_text(), bos=True, eos=True)
+    out = tmp_path / "s"
+    index = prepare(Data(dataset=f"local:{text}"), str(sp_path), out, 100_000, None, 1,
+                    progress=False)
+    val, train = open_split(out, "val"), open_split(out, "train")
+    assert len(val) == round(0.005 * len(oracle)) and index["splits"]["val"]["documents"] == 1
+    assert np.concatenate([val.read(0, len(val)), train.read(0, len(train))]).tolist() == oracle
+    # --val-tokens N: exactly the first N tokens, as before.
+    src = write_jsonl(tmp_path / "c.jsonl", texts(30))
+    prepare(Data(dataset=f"local:{src}"), str(sp_path), tmp_path / "n", 10_000, 123, 1,
+            progress=False)
+    assert len(open_split(tmp_path / "n", "val")) == 123
+
+
+def test_empty_sources_say_they_are_empty(tmp_path, sp_path, capsys):
+    (tmp_path / "empty.txt").write_text("\n \n")
+    assert prepare_cli(["--dataset", f"local:{tmp_path / 'empty.txt'}", "--tokenizer",
+                        str(sp_path), "--out", str(tmp_path / "s"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: prepare:") and "is empty" in err and "validation" not in err
+
+    with pytest.raises(ConfigError) as e:
+        train_sentencepiece([], 512, tmp_path / "t.model", source="data.dataset = 'x'")
+    assert "data.dataset = 'x' has no text" in str(e.value) and "INTERNAL" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        train_sentencepiece(["just a few words, not enough for a vocabulary"], 4096,
+                            tmp_path / "t.model")
+    msg = str(e.value)
+    assert "INTERNAL" not in msg and "\n" not in msg
+    assert "too little for a 4096-piece tokenizer" in msg
+    assert e.value.key == "data.tokenizer_vocab_size"
+    most = int(msg.split("data.tokenizer_vocab_size <= ")[1].split()[0])
+    train_sentencepiece(["just a few words, not enough for a vocabulary"], most,
+                        tmp_path / "t.model")  # the number it names does work
+    assert load_tokenizer(tmp_path / "t.model").vocab_size == most
+
+    assert tokenizer_cli(["train", "--input", str(tmp_path / "empty.txt"), "--vocab-size",
+                          "300", "--out", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: cannot train a SentencePiece tokenizer: {tmp_path / 'empty.txt'} "
+                   "has no text (empty, or whitespace only); give it a non-empty file or dataset")

@@ -1,0 +1,151 @@
+"""The run header: the few lines printed at start instead of the whole config.
+
+    run debug_model: Llama 3 debug model on the embedded corpus
+      config    train_configs/debug_model.toml (full config: outputs/debug_model/config.toml)
+      changed   training: steps=300 seq_len=256 ... (every key that differs from its default)
+      model     llama3/debug: 5,245,184 params (4,196,608 non-embedding), vocab 4096 (tokenizer 4096)
+      parallel  1 process on cpu: no data/tensor parallelism | fp32 | compile off | AC none
+      batch     global batch 8 seqs x 256 tokens = 8 local x 1 dp x 1 accumulation; 2,048 tokens/step
+      data      embedded: 361 documents, 131,072 tokens; 485 windows of 257 tokens per epoch; ...
+      tokenizer SentencePiece outputs/debug_model/data/tokenizer_embedded_sp4096.model (4096 tokens)
+
+Everything here is read from objects the trainer already built (duck-typed, so this module
+imports nothing above config/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from torchllm.config.job_config import JobConfig
+
+WIDTH = 100
+SHOWN_ELSEWHERE = {("job", "config_file"), ("job", "description")}
+
+
+def config_changes(cfg: JobConfig) -> dict[str, list[str]]:
+    """{section: ["key=value", ...]} for every value that differs from the dataclass default."""
+    defaults = JobConfig()
+    out: dict[str, list[str]] = {}
+    for name, section in cfg.sections():
+        default = getattr(defaults, name)
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if (name, f.name) in SHOWN_ELSEWHERE or value == getattr(default, f.name):
+                continue
+            out.setdefault(name, []).append(f"{f.name}={_short(value)}")
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def tokenizer_summary(tokenizer) -> str:
+    kind = {"SentencePieceTokenizer": "SentencePiece", "TiktokenTokenizer": "tiktoken",
+            "HFTokenizer": "tokenizers"}.get(type(tokenizer).__name__, type(tokenizer).__name__)
+    where = getattr(tokenizer, "path", None)
+    return f"{kind} {where} ({tokenizer.vocab_size} tokens)" if where else \
+        f"{kind} ({tokenizer.vocab_size} tokens)"
+
+
+def _documents(stream) -> int:
+    """Documents that start, or continue, inside a TokenStream's [start, end) range."""
+    starts = stream.doc_starts
+    a = int(np.searchsorted(starts, stream.start))
+    inside = int(np.searchsorted(starts, stream.end)) - a
+    starts_on_a_boundary = a < len(starts) and starts[a] == stream.start
+    return inside + int(len(stream) > 0 and a > 0 and not starts_on_a_boundary)
+
+
+def data_summary(dataset: str, train_dataset, val_dataset, global_batch: int,
+                 steps: int) -> str:
+    """Documents, tokens, windows per epoch and the epochs the run will make.
+
+    `train_dataset` is the loader's dataset: windows over a TokenStream (in-memory corpora,
+    shards) or a Hub stream, whose size is unknown until it has been read.
+    """
+    stream = getattr(train_dataset, "stream", None)
+    if stream is None:
+        return (f"{dataset}: streamed (size unknown until read); "
+                f"{steps:,} steps x {global_batch} windows = {steps * global_batch:,} windows")
+    window = train_dataset.window
+    windows = stream.num_windows(window)
+    epochs = steps * global_batch / max(windows, 1)
+    text = (f"{dataset}: train {_documents(stream):,} documents, {len(stream):,} tokens = "
+            f"{windows:,} windows of {window} tokens per epoch; {steps:,} steps x "
+            f"{global_batch} = {epochs:.3g} epochs")
+    val_stream = getattr(val_dataset, "stream", None)
+    if val_stream is not None:
+        text += f" | validation {len(val_stream):,} tokens ({val_dataset.count:,} windows)"
+    return text
+
+
+def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
+    """Processes, the data/tensor-parallel layout, precision, compile and AC in one line."""
+    world = dims.world_size
+    head = f"{world} process{'es' if world > 1 else ''} on {device}"
+    if dims.fsdp_enabled and dims.dp_replicate_enabled:
+        layout = f"HSDP replicate {dims.dp_replicate} x shard {dims.dp_shard}"
+    elif dims.fsdp_enabled:
+        layout = f"FSDP2 shard {dims.dp_shard}"
+    elif dims.ddp_enabled:
+        layout = f"DDP {dims.dp_replicate}"
+    else:
+        layout = "no data parallelism"
+    if dims.tp_enabled:
+        layout += f", TP {dims.tp}"
+    compiled = "compile " + ("on" if cfg.compile.enable else "off")
+    float8 = f" | float8 {cfg.float8.recipe}" if cfg.float8.enable else ""
+    return (f"{head}: {layout} | {precision}{float8} | {compiled} | "
+            f"AC {cfg.activation_checkpoint.mode}")
+
+
+def run_header(cfg: JobConfig, *, run_dir: Path, model_line: str, parallel_line: str,
+               batch_line: str, data_line: str, tokenizer_line: str) -> str:
+    """The header as one multi-line string (the first line is the run's name)."""
+    title = f"run {run_dir.name}" + (f": {cfg.job.description}" if cfg.job.description else "")
+    source = cfg.job.config_file or "defaults (no job.config_file)"
+    changes = config_changes(cfg)
+    changed = [("changed" if i == 0 else "", f"{section}: {' '.join(items)}")
+               for i, (section, items) in enumerate(changes.items())]
+    rows = [
+        ("config", f"{source} (full config: {run_dir / 'config.toml'})"),
+        *(changed or [("changed", "nothing: every key has its default value")]),
+        ("model", model_line),
+        ("parallel", parallel_line),
+        ("batch", batch_line),
+        ("data", data_line),
+        ("tokenizer", tokenizer_line),
+    ]
+    lines = [title]
+    for label, text in rows:
+        wrapped = textwrap.wrap(text, WIDTH - 12, break_on_hyphens=False,
+                                break_long_words=False) or [""]
+        lines.append(f"  {label:<10}{wrapped[0]}")
+        lines.extend(f"  {'':<10}{more}" for more in wrapped[1:])
+    return "\n".join(lines)
+
+
+def trainer_header(trainer, counts: dict[str, int]) -> str:
+    """The header of a built Trainer (duck-typed: its config, model, loaders and layout)."""
+    cfg, tcfg = trainer.cfg, trainer.cfg.training
+    return run_header(
+        cfg, run_dir=trainer.run_dir,
+        model_line=(f"{cfg.model.name}/{cfg.model.flavor}: {counts['params']:,} params "
+                    f"({counts['non_embedding_params']:,} non-embedding), vocab "
+                    f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"),
+        parallel_line=parallel_summary(trainer.parallel_dims, trainer.device,
+                                       trainer.precision_name(), cfg),
+        batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "
+                    f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
+                    f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
+        data_line=data_summary(cfg.data.dataset, trainer.train_loader.dataset,
+                               trainer.val_loader.dataset, trainer.global_batch, tcfg.steps),
+        tokenizer_line=tokenizer_summary(trainer.tokenizer),
+    )
