@@ -133,7 +133,10 @@ def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int =
     """What keeps `states` (top-level key -> state dict about to be loaded) from matching the
     checkpoint: missing keys, unexpected model keys, and saved vs expected shapes."""
     saved = metadata.state_dict_metadata
-    expected = {k: v for key, sd in states.items() for k, v in _flat_tensors(sd, key).items()}
+    # Plain tensors and DTensors only: quantized subclasses (8-bit optimizer moments) are laid
+    # out by their own flattening, which DCP checks itself.
+    expected = {k: v for key, sd in states.items() for k, v in _flat_tensors(sd, key).items()
+                if type(v) in (torch.Tensor, torch.nn.Parameter, DTensor)}
     missing, shapes = [], []
     for name, t in expected.items():
         md = saved.get(name)

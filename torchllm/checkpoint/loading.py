@@ -123,11 +123,8 @@ class LoadingMixin:
             misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
             problem = describe_failure(e)
-        misfits = self._gather((misfit, problem))
-        if self._one([m for m, _ in misfits]):
-            raise ConfigError(self._one([m for m, _ in misfits]), "checkpoint")
-        if self._one([p for _, p in misfits]):
-            return self._one([p for _, p in misfits])
+        if problem := self._agreed(misfit, problem):
+            return problem
         # 2. Read (DCP gathers every rank's read errors and raises on all of them).
         try:
             dcp.load(sds, checkpoint_id=str(path))
@@ -135,13 +132,24 @@ class LoadingMixin:
             problem = describe_failure(e)
         if problem := self._one(self._gather(problem)):
             return problem
-        # 3. Apply (rank-local: a failure here is agreed on like the others).
+        # 3. Apply (rank-local: a failure here is agreed on like the others; a ConfigError,
+        # e.g. the data loader refusing another data-parallel degree, stops every rank).
         try:
             for key, sd in sds.items():
                 self.states[key].load_state_dict(sd)
+        except ConfigError as e:
+            misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             problem = describe_failure(e)
-        return self._one(self._gather(problem))
+        return self._agreed(misfit, problem)
+
+    def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
+        """Every rank's outcome: a ConfigError on every rank if any rank found the checkpoint
+        cannot fit this config, else every rank's problem as one line (None: all loaded)."""
+        outcomes = self._gather((misfit, problem))
+        if misfit := self._one([m for m, _ in outcomes]):
+            raise ConfigError(misfit, "checkpoint")
+        return self._one([p for _, p in outcomes])
 
     def _check_batch(self, path: Path, marker: dict) -> None:
         saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
