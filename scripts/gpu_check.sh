@@ -36,8 +36,10 @@ NOTES=()
 say "installing (offline) into $SITE"
 if [ -n "$WHEEL_DIR" ]; then
     if ls "$WHEEL_DIR"/*.whl >/dev/null 2>&1; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$SITE" "$WHEEL_DIR"/*.whl || NOTES+=("wheel install from $WHEEL_DIR failed")
+        for whl in "$WHEEL_DIR"/*.whl; do  # one by one: a wheel that fails stops only itself
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$SITE" "$whl" || NOTES+=("could not install $(basename "$whl")")
+        done
     else
         NOTES+=("$WHEEL_DIR holds no wheels")
     fi
