@@ -105,6 +105,9 @@ def run_variant(name: str, args, base: list[str], work: Path) -> dict:
         return {**row, "status": "failed", "reason": failure_reason(log, proc.returncode)}
     res = summarize(ranks, args.warmup)
     peak = res.get("measured_peak_bytes")
+    # The run's own estimate: its model args come from the real tokenizer (pick_ac's may not).
+    est = res["estimate"]
+    row["estimate_peak_bytes"] = est["peak_bytes"]
     return {
         **row, "status": "ok", "tokens_per_s_gpu": res["tokens_per_s_device"],
         "mfu_pct": res.get("mfu_pct"), "tflops": res["tflops"],

@@ -14,6 +14,10 @@
 # this first), gpu_check.log, env_check.json, pytest_gpu.xml, gpu_<device>_<date>.{json,md}
 # and logs.tar.gz. Exit code: 0 when every test and benchmark variant passed, else 1.
 # Step time limits (seconds) can be changed: TEST_TIMEOUT (default 230), BENCH_TIMEOUT (300).
+# BENCH_ARGS: extra arguments for benchmarks/bench_gpu.py (e.g. a CPU smoke run of this
+# script: BENCH_ARGS="--device cpu --config train_configs/debug_model.toml --seq_len 32
+# --variants fp32 --steps 1 --warmup 2"). INSTALL_PROJECT=0 skips `pip install -e .` (the
+# repo is on PYTHONPATH either way), for machines whose environment others share.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -32,15 +36,19 @@ NOTES=()
 say "installing (offline) into $SITE"
 if [ -n "$WHEEL_DIR" ]; then
     if ls "$WHEEL_DIR"/*.whl >/dev/null 2>&1; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$SITE" "$WHEEL_DIR"/*.whl || NOTES+=("wheel install from $WHEEL_DIR failed")
+        for whl in "$WHEEL_DIR"/*.whl; do  # one by one: a wheel that fails stops only itself
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$SITE" "$whl" || NOTES+=("could not install $(basename "$whl")")
+        done
     else
         NOTES+=("$WHEEL_DIR holds no wheels")
     fi
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
-    || say "pip install -e . failed; using PYTHONPATH=$REPO instead"
+if [ "${INSTALL_PROJECT:-1}" = 1 ]; then
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
+        || say "pip install -e . failed; using PYTHONPATH=$REPO instead"
+fi
 for pair in "torchao:float8 tests and the float8 throughput variant" \
             "torchdata:stateful data loaders" "datasets:Hugging Face datasets"; do
     mod=${pair%%:*}; what=${pair#*:}
@@ -67,7 +75,7 @@ TEST_RC=$?
 
 say "throughput: 1B, seq 2048, bf16 + compile, with and without float8 tensorwise"
 timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/bench_gpu.py --out_dir "$OUT_DIR" \
-    --work_dir "$WORK/bench" --tokenizer "$TOKENIZER" --timeout 140
+    --work_dir "$WORK/bench" --tokenizer "$TOKENIZER" --timeout 140 ${BENCH_ARGS:-}
 BENCH_RC=$?
 [ $BENCH_RC -eq 124 ] && NOTES+=("the throughput run timed out after ${BENCH_TIMEOUT:-300} s")
 

@@ -102,11 +102,13 @@ _REF: dict[str, list[float]] = {}
 
 
 def reference_curve(steps: int = STEPS) -> list[float]:
-    """The CPU fp32 eager curve (computed once per session and length)."""
+    """The CPU fp32 eager curve (computed once per session and length). Its model is built
+    directly (not through `materialize`), so a preparation that loses weights shows."""
+    from torchllm.models.llama.model import Transformer
+
     if steps not in _REF:
-        model = meta_model()
-        materialize(model, "cpu", initial_state())
-        _REF[steps] = train_curve(model, "cpu", make_batches(steps))
+        _REF[steps] = train_curve(build_model(Transformer, debug_args(), seed=0), "cpu",
+                                  make_batches(steps))
     return _REF[steps]
 
 # -- what each CUDA path applies to the model (shared with the CPU smoke test) -------------
@@ -187,3 +189,34 @@ def cuda_curve(kind: str, autocast=None, prepare=None, context=None, model=None)
         return train_curve(model, "cuda", make_batches(), autocast, context=context)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
+def saved_checkpoint_keys(tmp_path, device: str, mode: str) -> set[str]:
+    """Train 4 steps saving every 2 with checkpoint.async_mode = `mode`; assert the step-4
+    checkpoint holds the trainer's live weights bit for bit; return the saved entries."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from conftest import tiny_config
+    from torchllm.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, f"--training.device={device}", "--checkpoint.enable",
+                                  "--checkpoint.interval=2", f"--checkpoint.async_mode={mode}",
+                                  "--job.run_name=run"))
+    trainer.train()  # closes the checkpointer: an async save has finished
+    dcp_to_torch_save(tmp_path / "run" / "checkpoint" / "step-4", tmp_path / "step4.pt")
+    saved = _flatten(torch.load(tmp_path / "step4.pt", weights_only=False))
+    live = trainer.model.state_dict()
+    assert live
+    for name, tensor in live.items():
+        assert torch.equal(saved[f"model.{name}"].cpu(), tensor.detach().cpu()), (mode, name)
+    return set(saved)
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
+        if isinstance(v, (dict, list)):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -16,7 +16,7 @@ from conftest import REPO
 from gpu_harness import (CPU_STEPS, LR, STEPS, VOCAB, compare_curves, ddp_model, float8_config,
                          initial_state, make_batches, materialize, meta_model, one_rank_group,
                          prepare_compile, prepare_float8, prepare_fsdp, prepared_model,
-                         reference_curve, train_curve)
+                         reference_curve, saved_checkpoint_keys, train_curve)
 from torchllm import models
 from torchllm.config import load_config
 
@@ -130,3 +130,10 @@ def test_every_preparation_keeps_the_reference_weights_on_cpu(tmp_path):
     finally:
         dist.destroy_process_group()
 
+
+
+def test_checkpoint_check_on_cpu_async_equals_sync(tmp_path):
+    """The GPU test's checkpoint comparison, with CPU's async mode instead of pinned memory."""
+    sync = saved_checkpoint_keys(tmp_path / "sync", "cpu", "disabled")
+    assert any(k.startswith("optimizer.") for k in sync) and "model.norm.weight" in sync
+    assert sync == saved_checkpoint_keys(tmp_path / "async", "cpu", "async")
