@@ -9,13 +9,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import random
 import signal
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from torchllm import models
@@ -24,8 +21,9 @@ from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
-from torchllm.device import resolve_device
+from torchllm.device import resolve_device, seed_everything, use_bf16
 from torchllm.eval.in_training import Evaluator
+from torchllm.failures import LAUNCHER_PID_ENV, write_status
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
@@ -44,31 +42,13 @@ from torchllm.parallel import (
     rank_zero_first,
     register_float8_scale_precompute,
 )
+from torchllm.rundir import prepare_run_dir, run_name
+from torchllm.runlock import set_parent_death_signal
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
 CALLBACKS = (Profiler, Evaluator)
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed every RNG; optionally trade speed for bit-reproducible kernels."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; it reads this at first use.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-
-
-def use_bf16(mixed_precision: str, device: torch.device) -> bool:
-    """'auto' means bf16 on CUDA only: CPUs without bf16 units run it ~100x slower than fp32."""
-    if mixed_precision == "auto":
-        return device.type == "cuda"
-    return mixed_precision == "bf16"
 
 
 class Trainer:
@@ -99,14 +79,6 @@ class Trainer:
         self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
         self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
-        self.run_dir = Path(cfg.job.dump_folder) / self.run_name(cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if rank() == 0:
-            (self.run_dir / "config.toml").write_text(to_toml(cfg))
-        if cfg.job.print_config and rank() == 0:
-            logger.info("effective config (also in %s):\n%s", self.run_dir / "config.toml",
-                        to_toml(cfg))
-
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -114,6 +86,12 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = tcfg.tf32
             torch.backends.cudnn.allow_tf32 = tcfg.tf32
         self.bf16 = use_bf16(tcfg.mixed_precision, self.device)
+
+        # One run per folder (a lock), and no fresh start over a previous run's outputs.
+        self.run_dir, self.run_lock = prepare_run_dir(cfg, self.device)
+        if cfg.job.print_config and rank() == 0:
+            logger.info("effective config (also in %s):\n%s", self.run_dir / "config.toml",
+                        to_toml(cfg))
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
         with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
@@ -167,12 +145,14 @@ class Trainer:
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.checkpointer.save
+        if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
+            self.checkpointer.load()
+        # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak_flops, self.guard, group=self.parallel_dims.dp_group,
+            start_step=self.step,
         )
-        if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
-            self.checkpointer.load()
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
         self.stop_signal: int | None = None
@@ -193,11 +173,7 @@ class Trainer:
     def step(self) -> int:
         return self.train_state.step
 
-    @staticmethod
-    def run_name(cfg: JobConfig) -> str:
-        if cfg.job.run_name:
-            return cfg.job.run_name
-        return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
+    run_name = staticmethod(run_name)
 
     def precision_name(self) -> str:
         if not self.bf16:
@@ -367,25 +343,39 @@ def trainer_from_args(argv: list[str]) -> Trainer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train; returns the exit code: 0 done (or stopped and saved), 2 config error, 3 stopped by
+    the loss guard, 130 interrupted, 1 any other error (logged with its traceback)."""
     argv = sys.argv[1:] if argv is None else argv
     init_logger()
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    trainer = trainer_from_args(argv)
-    if trainer is None:
-        return 2
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: die with it
+        launcher = os.environ.get(LAUNCHER_PID_ENV)
+        set_parent_death_signal(int(launcher) if launcher else None)
+    trainer, error = None, None
     try:
+        trainer = Trainer(load_config(argv))
         trainer.train()
+        code = 0
+    except ConfigError as e:
+        logger.error("config error: %s", e)
+        code, error = 2, e
     except TrainingStopped as e:
         logger.error("training stopped by the guard: %s", e)
-        return 3
-    except KeyboardInterrupt:
-        logger.warning("interrupted at step %d; stopping", trainer.step)
-        return 130
+        code, error = 3, e
+    except KeyboardInterrupt as e:
+        logger.warning("interrupted at step %d; stopping", trainer.step if trainer else 0)
+        code, error = 130, e
+    except Exception as e:  # noqa: BLE001 - reported to the launcher, then the exit code
+        logger.exception("failed at step %d", trainer.step if trainer else 0)
+        code, error = 1, e
     finally:
         destroy_distributed()
-    return 0
+        if trainer is not None and trainer.run_lock is not None:
+            trainer.run_lock.release()
+    write_status(code, error)  # for torchllm.launch: the first error is printed once there
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""How a worker's end reaches the launcher: one small status file per rank.
+
+`python -m torchllm.launch` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
+workers. Each worker's `main()` writes `rank<R>.json` there as it ends: its exit code and, for a
+failure, a one-line summary of the exception, the innermost source line and the time. The
+launcher reads them after torchrun returns, so the first error (the root cause; later ones on
+other ranks are usually its echo) is printed once, on the launcher's console, whatever
+LOG_RANK shows. Without the variable (plain torchrun, tests) nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from torchllm.config import ConfigError
+
+STATUS_DIR_ENV = "TORCHLLM_STATUS_DIR"
+LAUNCHER_PID_ENV = "TORCHLLM_LAUNCHER_PID"
+
+
+def summary(exc: BaseException) -> str:
+    """'Type: first line of the message' (config errors: the message, which says it all)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(exc, ConfigError):
+        return f"config error: {text}"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def where(exc: BaseException) -> str:
+    """The innermost frame of `exc` as 'path:line in function'."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = os.path.relpath(f.filename) if not f.filename.startswith("<") else f.filename
+    return f"{path}:{f.lineno} in {f.name}"
+
+
+def write_status(code: int, exc: BaseException | None = None) -> None:
+    """Record this rank's exit for the launcher (a no-op outside `torchllm.launch`)."""
+    folder = os.environ.get(STATUS_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    status = {"rank": rank, "code": code, "time": time.time()}
+    if exc is not None:
+        status.update(error=summary(exc), where=where(exc))
+    path = Path(folder) / f"rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the launcher is gone or its folder too: nothing to report to
+
+
+def read_statuses(folder: str | Path) -> list[dict]:
+    """Every rank's status in `folder`, sorted by rank."""
+    out = []
+    for path in Path(folder).glob("rank*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda s: s["rank"])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[list[str], int]:
+    """(lines to print, exit code) for a failed launch.
+
+    `failed_ranks`: rank -> how torchrun saw it end (e.g. 'exit code 1', 'signal SIGTERM'),
+    for the ranks that left no status file (killed, or crashed in the interpreter).
+    """
+    errors = sorted((s for s in statuses if s.get("code", 0) != 0 and s.get("error")),
+                    key=lambda s: s["time"])
+    lines: list[str] = []
+    if not errors:
+        ended = "; ".join(f"rank {r}: {how}" for r, how in sorted(failed_ranks.items()))
+        return [f"training failed without a Python error ({ended}); run with LOG_RANK set to "
+                "the failing rank (e.g. LOG_RANK=0,1) to see its output"], 1
+    first = errors[0]
+    same = [s["rank"] for s in errors if s["error"] == first["error"]]
+    lines.append(f"{_ranks(same)} failed: {first['error']}")
+    if first.get("where"):
+        lines.append(f"  at {first['where']} (traceback: LOG_RANK={first['rank']} shows that "
+                     "rank's console)")
+    echoes = [s["rank"] for s in errors if s["error"] != first["error"]]
+    echoes += [r for r in failed_ranks if r not in {s["rank"] for s in statuses}]
+    if echoes:
+        lines.append(f"  {_ranks(sorted(echoes))} stopped after it (their own errors follow "
+                     "from it)")
+    return lines, first["code"]
