@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import signal
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PREFIX} config error: {e}", file=sys.stderr)
         return 2
 
+    # torchrun's own line per failed or signalled worker: the summary below replaces it.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     status_dir = tempfile.mkdtemp(prefix="torchllm-status-")
     os.environ[STATUS_DIR_ENV] = status_dir
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process

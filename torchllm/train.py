@@ -23,10 +23,10 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device, seed_everything, use_bf16
 from torchllm.eval.in_training import Evaluator
-from torchllm.failures import LAUNCHER_PID_ENV, write_status
+from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
-from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
+from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
@@ -343,8 +343,8 @@ def trainer_from_args(argv: list[str]) -> Trainer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train; returns the exit code: 0 done (or stopped and saved), 2 config error, 3 stopped by
-    the loss guard, 130 interrupted, 1 any other error (logged with its traceback)."""
+    """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
+    2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
     argv = sys.argv[1:] if argv is None else argv
     init_logger()
     if "--help" in argv or "-h" in argv:
@@ -357,24 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(load_config(argv))
         trainer.train()
-        code = 0
-    except ConfigError as e:
-        logger.error("config error: %s", e)
-        code, error = 2, e
-    except TrainingStopped as e:
-        logger.error("training stopped by the guard: %s", e)
-        code, error = 3, e
-    except KeyboardInterrupt as e:
-        logger.warning("interrupted at step %d; stopping", trainer.step if trainer else 0)
-        code, error = 130, e
-    except Exception as e:  # noqa: BLE001 - reported to the launcher, then the exit code
-        logger.exception("failed at step %d", trainer.step if trainer else 0)
-        code, error = 1, e
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - logged, then an exit code
+        error = e
+        log_failure(e, trainer.step if trainer else 0)
     finally:
+        code = exit_code(error)
+        # For torchllm.launch, which prints the first error once; written before leaving the
+        # process group, which makes the other ranks fail too.
+        write_status(code, error)
         destroy_distributed()
         if trainer is not None and trainer.run_lock is not None:
             trainer.run_lock.release()
-    write_status(code, error)  # for torchllm.launch: the first error is printed once there
     return code
 
 
