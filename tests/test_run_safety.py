@@ -218,3 +218,18 @@ def test_launcher_config_error_is_one_line_before_torchrun(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("run_train: config error: "), lines
         assert message in lines[0]
+
+
+def test_one_ctrl_c_delivered_twice_is_one_stop_request():
+    import signal
+    import types
+
+    from torchllm.train import Trainer
+
+    t = types.SimpleNamespace(stop_signal=None)
+    Trainer._on_signal(t, signal.SIGINT, None)  # from the terminal
+    Trainer._on_signal(t, signal.SIGINT, None)  # the same Ctrl-C, forwarded by torchrun
+    assert t.stop_signal == signal.SIGINT
+    t.stop_signal_time -= 2  # a second Ctrl-C, later: stop now
+    with pytest.raises(KeyboardInterrupt):
+        Trainer._on_signal(t, signal.SIGINT, None)

@@ -242,8 +242,11 @@ class Trainer:
     def _on_signal(self, signum, frame) -> None:
         """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
         if self.stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.stop_signal = signum
+            # One Ctrl-C reaches a worker twice (from the terminal, and forwarded by torchrun).
+            if time.monotonic() - self.stop_signal_time > 1.0:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            return
+        self.stop_signal, self.stop_signal_time = signum, time.monotonic()
         logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
 
     def stop_reason(self, steps_this_launch: int, slowest_step: float) -> str | None:
