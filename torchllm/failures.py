@@ -127,8 +127,9 @@ def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[
     lines: list[str] = []
     if not errors:
         ended = "; ".join(f"rank {r}: {how}" for r, how in sorted(failed_ranks.items()))
-        return [f"training failed without a Python error ({ended}); run with LOG_RANK set to "
-                "the failing rank (e.g. LOG_RANK=0,1) to see its output"], 1
+        ranks = ",".join(str(r) for r in sorted(failed_ranks)) or "0"
+        return [f"training failed before any rank reported an error ({ended}); LOG_RANK={ranks} "
+                "shows those ranks' output"], 1
     first = errors[0]
     same = [s["rank"] for s in errors if s["error"] == first["error"]]
     lines.append(f"{_ranks(same)} failed: {first['error']}")
