@@ -109,6 +109,7 @@ def test_resume_continues_the_curves_and_a_fresh_start_is_refused(tmp_path):
     ckpt = ["--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
             "--metrics.log_freq=2", "--job.run_name=r"]
     first = Trainer(tiny_config(tmp_path, *ckpt)).train()  # logs steps 1, 2, 4
+    assert not (tmp_path / "r" / LOCK_NAME).exists()  # released when training ends
     # A crash after step 4's log, before its checkpoint: resuming from step 2 re-runs 3 and 4.
     import shutil
 

@@ -323,6 +323,8 @@ class Trainer:
                 cb.on_train_end(self)
             self.metrics.close()
             self.checkpointer.close()
+            if self.run_lock is not None:  # the folder is free for the next launch
+                self.run_lock.release()
         if losses:
             elapsed = time.perf_counter() - start
             tokens = self.train_state.tokens_seen - tokens_before
