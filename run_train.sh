@@ -9,6 +9,10 @@
 #   LOG_RANK      ranks whose output is shown, e.g. 0 or 0,1 (default: 0)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
 #   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
+#
+# torchrun runs inside `python -m torchllm.launch`, which first checks the config (a mistake is
+# one line and exit code 2), prints a failure on any rank once (the first error), and exits 0
+# when SIGTERM/SIGINT stopped the run and every worker saved and exited cleanly.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -34,4 +38,4 @@ else
     launch+=(--standalone)
 fi
 
-exec torchrun "${launch[@]}" -m torchllm.train --job.config_file "$CONFIG_FILE" "$@"
+exec python -m torchllm.launch "${launch[@]}" -- --job.config_file "$CONFIG_FILE" "$@"

@@ -233,7 +233,7 @@ def test_exclude_from_loading_and_bad_entries(tmp_path):
     t = trainer(tmp_path, "--checkpoint.exclude_from_loading=optimizer,lr_scheduler,train_state")
     assert t.step == 0 and t.optimizer.state_dict()["state"] == {}
     assert not torch.equal(t.model.tok_embeddings.weight, fresh.model.tok_embeddings.weight)
-    with pytest.raises(ConfigError, match="unknown entries \\['optimiser'\\]"):
+    with pytest.raises(ConfigError, match="exclude_from_loading = 'optimiser' must be one of"):
         trainer(tmp_path, "--checkpoint.exclude_from_loading=optimiser")
 
 

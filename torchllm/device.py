@@ -1,9 +1,11 @@
-"""Which device this process computes on."""
+"""Which device this process computes on, in which precision, seeded how."""
 
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
@@ -31,3 +33,17 @@ def resolve_device(name: str, key: str = "training.device") -> torch.device:
     if name != "cpu":
         raise ConfigError(f"{key} = {name!r}: use auto, cpu or cuda", key)
     return torch.device("cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every RNG; optionally trade speed for bit-reproducible kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; it reads this at first use.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+

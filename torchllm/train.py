@@ -9,26 +9,24 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import random
 import signal
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from torchllm import models
 from torchllm.callbacks import StepReport, build_callbacks
-from torchllm.checkpoint import Checkpointer, CheckpointSaveError, TrainState
+from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
-from torchllm.device import resolve_device
+from torchllm.device import resolve_device, seed_everything
 from torchllm.eval.in_training import Evaluator
+from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
-from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
+from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.header import trainer_header
 from torchllm.metrics.moe_stats import MoEStats
@@ -50,24 +48,13 @@ from torchllm.parallel import (
     set_comm_timeout,
 )
 from torchllm.precision import resolve_bf16
+from torchllm.rundir import prepare_run_dir, run_name
+from torchllm.runlock import set_parent_death_signal
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
 CALLBACKS = (Profiler, Evaluator, MoEStats)
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed every RNG; optionally trade speed for bit-reproducible kernels."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; it reads this at first use.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
 
 
 class Trainer:
@@ -98,13 +85,6 @@ class Trainer:
         self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
         self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
-        self.run_dir = Path(cfg.job.dump_folder) / self.run_name(cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if rank() == 0:  # the full config lives in the run folder; the console gets a header
-            (self.run_dir / "config.toml").write_text(to_toml(cfg))
-        if cfg.job.print_config and rank() == 0:
-            logger.info("effective config:\n%s", to_toml(cfg))
-
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -114,6 +94,11 @@ class Trainer:
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
         self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type)
         logger.info("precision: %s (%s)", "bf16" if self.bf16 else "fp32", why)
+
+        # One run per folder (a lock), and no fresh start over a previous run's outputs.
+        self.run_dir, self.run_lock = prepare_run_dir(cfg, self.device)
+        if cfg.job.print_config and rank() == 0:  # the console gets a short header (below)
+            logger.info("effective config:\n%s", to_toml(cfg))
 
         # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
         with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
@@ -160,12 +145,14 @@ class Trainer:
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step
+        if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
+            self.checkpointer.load()
+        # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,
             self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
+            start_step=self.step,
         )
-        if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
-            self.checkpointer.load()
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
         self.stop_signal: int | None = None
@@ -192,11 +179,7 @@ class Trainer:
     def step(self) -> int:
         return self.train_state.step
 
-    @staticmethod
-    def run_name(cfg: JobConfig) -> str:
-        if cfg.job.run_name:
-            return cfg.job.run_name
-        return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
+    run_name = staticmethod(run_name)
 
     def precision_name(self) -> str:
         if not self.bf16:
@@ -289,8 +272,11 @@ class Trainer:
     def _on_signal(self, signum, frame) -> None:
         """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
         if self.stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.stop_signal = signum
+            # One Ctrl-C reaches a worker twice (from the terminal, and forwarded by torchrun).
+            if time.monotonic() - self.stop_signal_time > 1.0:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            return
+        self.stop_signal, self.stop_signal_time = signum, time.monotonic()
         logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
 
     def stop_reason(self, steps_this_launch: int, slowest_step: float) -> str | None:
@@ -366,6 +352,8 @@ class Trainer:
                 cb.on_train_end(self)
             self.metrics.close()
             self.checkpointer.close()
+            if self.run_lock is not None:  # the folder is free for the next launch
+                self.run_lock.release()
         if losses:
             elapsed = time.perf_counter() - start
             tokens = self.train_state.tokens_seen - tokens_before
@@ -389,28 +377,32 @@ def trainer_from_args(argv: list[str]) -> Trainer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
+    2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
     argv = sys.argv[1:] if argv is None else argv
     init_logger()
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    trainer = trainer_from_args(argv)
-    if trainer is None:
-        return 2
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: die with it
+        launcher = os.environ.get(LAUNCHER_PID_ENV)
+        set_parent_death_signal(int(launcher) if launcher else None)
+    trainer, error = None, None
     try:
+        trainer = Trainer(load_config(argv))
         trainer.train()
-    except TrainingStopped as e:
-        logger.error("training stopped by the guard: %s", e)
-        return 3
-    except CheckpointSaveError as e:
-        logger.error("%s", e)
-        return 4
-    except KeyboardInterrupt:
-        logger.warning("interrupted at step %d; stopping", trainer.step)
-        return 130
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - logged, then an exit code
+        error = e
+        log_failure(e, trainer.step if trainer else 0)
     finally:
+        code = exit_code(error)
+        # For torchllm.launch, which prints the first error once; written before leaving the
+        # process group, which makes the other ranks fail too.
+        write_status(code, error)
         destroy_distributed()
-    return 0
+        if trainer is not None and trainer.run_lock is not None:
+            trainer.run_lock.release()
+    return code
 
 
 if __name__ == "__main__":

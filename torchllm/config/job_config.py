@@ -108,6 +108,12 @@ class JobConfig:
              f"({p.profile_freq} - {p.profiler_warmup})"),
             ("profiling.memory_snapshot_freq", p.memory_snapshot_freq >= 0,
              "must be >= 0 (0 = only on OOM)"),
+            ("activation_checkpoint.selective_option",
+             self.activation_checkpoint.selective_option in ("op", "ffn", "attention")
+             or (self.activation_checkpoint.selective_option.isdigit()
+                 and int(self.activation_checkpoint.selective_option) >= 1),
+             "use 'op', 'ffn', 'attention', or a positive integer N (every Nth block)"),
+            ("job.lock_stale_minutes", self.job.lock_stale_minutes > 0, "must be > 0"),
         ]
 
     def validate(self) -> None:

@@ -32,13 +32,23 @@ class Job:
         False, "Also print the whole effective config at start (a short run header is always "
         "printed; the full config is always written to the run folder's config.toml)"
     )
+    overwrite: bool = opt(
+        False, "Start afresh in a run folder that holds a previous run's outputs, deleting its "
+        "checkpoints and TensorBoard events (without it such a start is refused)"
+    )
+    lock_stale_minutes: float = opt(
+        10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "
+        "this long is stale and taken over (same host: taken over once its process is gone)"
+    )
 
 
 @dataclass
 class Model:
     name: str = opt("llama3", "Model family in the registry")
-    flavor: str = opt("debug", "Size preset of the model family (llama3: debug, small, 125M, 1B, 3B, 8B, 70B; "
-        "qwen3: debug, 0.6B, 1.7B, 4B, 8B; qwen3_moe: debug, 30B-A3B; gpt2: 124M, ...)")
+    flavor: str = opt(
+        "debug", "Size preset of the model family (llama3: debug, small, 125M, 1B, 3B, 8B, 70B; "
+        "qwen3: debug, 0.6B, 1.7B, 4B, 8B; qwen3_moe: debug, 30B-A3B; gpt2: 124M, ...)"
+    )
     vocab_size: Optional[int] = opt(
         None, "Vocab size before padding; unset = the tokenizer's (or the flavor's without one)"
     )
@@ -191,8 +201,10 @@ class ActivationCheckpoint:
 @dataclass
 class Compile:
     enable: bool = opt(False, "torch.compile each transformer block (and the loss)")
-    components: list[str] = opt(["model", "loss"], "What to compile: model, loss")
-    backend: str = opt("inductor", "torch.compile backend (inductor; aot_eager to debug)")
+    components: list[Literal["model", "loss"]] = opt(["model", "loss"], "What to compile")
+    backend: Literal["inductor", "aot_eager", "eager", "cudagraphs"] = opt(
+        "inductor", "torch.compile backend (inductor; aot_eager or eager to debug)"
+    )
 
 
 @dataclass
@@ -292,9 +304,10 @@ class Checkpoint:
         "disabled", "async: stage to CPU, write in a background thread; pinned_mem: CUDA only"
     )
     load_step: int = opt(-1, "Step to resume from; -1 = the latest complete checkpoint")
-    exclude_from_loading: list[str] = opt(
-        [], "States not to restore: model, optimizer, lr_scheduler, dataloader, train_state, rng"
-    )
+    exclude_from_loading: list[
+        Literal["model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng",
+                "loss_guard"]
+    ] = opt([], "States not to restore when resuming")
     initial_load_path: str = opt(
         "", "Checkpoint (run, folder or step dir) to start from when the run has none of its own"
     )

@@ -26,14 +26,15 @@ from torchllm.metrics.writers import build_writers
 class MetricsLogger:
     def __init__(self, cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  device: torch.device, run_name: str, run_dir: Path, flops_per_token: int,
-                 peak, guard, group=None):
+                 peak, guard, group=None, start_step: int = 0):
         """`peak`: a flops.Peak (or None: no MFU); `group`: the data-parallel process group
-        (None = the default group, if any)."""
+        (None = the default group, if any); `start_step`: the step the run resumed from
+        (0 = a fresh start)."""
         self.log_freq, self.total_steps = cfg.metrics.log_freq, cfg.training.steps
         self.model, self.optimizer, self.device, self.group = model, optimizer, device, group
         self.flops_per_token, self.peak, self.guard = flops_per_token, peak, guard
         self.groups = watched_groups(model)
-        self.writers = build_writers(cfg, run_name, run_dir, rank())
+        self.writers = build_writers(cfg, run_name, run_dir, rank(), start_step)
         self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar)
         self.interval = self._empty_interval()
 

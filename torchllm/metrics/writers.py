@@ -2,6 +2,11 @@
 
 Which ranks write: rank 0 only (`metrics.rank_0_only`, the default), else every rank into its
 own folder (`rank_<r>`) so per-rank throughput and memory can be compared.
+
+A resumed run writes into the same TensorBoard folder, continuing the same curves: its event file
+starts with a purge at the first step it runs, so TensorBoard hides what an earlier launch logged
+after the checkpoint it resumed from. A fresh start over an earlier run's events is refused
+before any writer exists (torchllm.rundir).
 """
 
 from __future__ import annotations
@@ -12,15 +17,32 @@ from pathlib import Path
 from torchllm.log import logger
 
 
+def tensorboard_folder(cfg, run_name: str) -> Path:
+    """Where a run's TensorBoard events go (per-rank subfolders under it without rank_0_only)."""
+    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
+
+
 class TensorBoardWriter:
-    """Scalars into `folder`, flushed after every logging step so a live TensorBoard follows."""
+    """Scalars into `folder`, flushed after every logging step so a live TensorBoard follows.
 
-    def __init__(self, folder: Path):
-        from torch.utils.tensorboard import SummaryWriter
+    The event file is created at the first write (a run that fails before its first step
+    leaves none). `start_step`: the step the run resumed from (0 = a fresh start); events an
+    earlier launch wrote after it are purged from view.
+    """
 
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-        self.writer = SummaryWriter(log_dir=str(folder))
+    def __init__(self, folder: Path, start_step: int = 0):
+        self.folder, self.start_step = folder, start_step
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=str(self.folder),
+                                         purge_step=self.start_step + 1 if self.start_step else None)
+        return self._writer
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         for tag, value in scalars.items():
@@ -33,7 +55,8 @@ class TensorBoardWriter:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class WandbWriter:
@@ -59,16 +82,19 @@ class WandbWriter:
         self.run.finish()
 
 
-def build_writers(cfg, run_name: str, run_dir: Path, rank: int) -> list:
-    """The writers this rank uses (none on ranks other than 0 under rank_0_only)."""
+def build_writers(cfg, run_name: str, run_dir: Path, rank: int, start_step: int = 0) -> list:
+    """The writers this rank uses (none on ranks other than 0 under rank_0_only).
+
+    `start_step`: the step the run resumed from (0 for a fresh start)."""
     mcfg = cfg.metrics
     if mcfg.rank_0_only and rank != 0:
         return []
     per_rank = not mcfg.rank_0_only
     writers = []
     if mcfg.enable_tensorboard:
-        folder = Path(cfg.job.dump_folder) / mcfg.tb_folder / run_name
-        writers.append(TensorBoardWriter(folder / f"rank_{rank}" if per_rank else folder))
+        folder = tensorboard_folder(cfg, run_name)
+        writers.append(TensorBoardWriter(folder / f"rank_{rank}" if per_rank else folder,
+                                         start_step))
     if mcfg.enable_wandb:
         try:
             import wandb

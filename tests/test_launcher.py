@@ -1,0 +1,98 @@
+"""run_train.sh as a scheduler and a user meet it, with real torchrun launches (tiny settings):
+a failure on one rank is printed once on the console; SIGTERM saves and exits 0; a second launch
+into a running run's folder is refused; workers die with their torchrun; a dead run's lock is
+taken over."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, tiny_args
+
+pytestmark = pytest.mark.slow
+
+
+def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None):
+    env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": log_rank, "PYTHONPATH": str(REPO)}
+    cmd = ["./run_train.sh", *tiny_args(tmp_path, "--training.local_batch_size=2",
+                                        "--metrics.progress_bar=false"), *extra]
+    if wait:
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def wait_for(predicate, timeout=240, what=""):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_an_error_on_rank_1_is_printed_once_on_rank_0s_console(tmp_path):
+    # Rank 1 alone fails: its TensorBoard folder's name is taken by a file.
+    (tmp_path / "tb" / "r").mkdir(parents=True)
+    (tmp_path / "tb" / "r" / "rank_1").write_text("")
+    proc = launch(tmp_path, "--job.run_name=r", "--metrics.rank_0_only=false", ngpu=2,
+                  log_rank="0")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert out.count("File exists") == 1, out
+    assert f"run_train: rank 1 failed: FileExistsError: [Errno 17] File exists: " \
+           f"'{tmp_path / 'tb' / 'r' / 'rank_1'}'" in out
+    assert "run_train:   at torchllm/metrics/writers.py:" in out
+    assert "Traceback" not in out and "ChildFailedError" not in out
+
+
+def test_sigterm_reaches_every_worker_which_save_and_exit_0(tmp_path):
+    log = open(tmp_path / "out.txt", "w")
+    proc = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", "--checkpoint.enable",
+                  "--checkpoint.interval=100000", ngpu=2, wait=False, out=log)
+    wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, (tmp_path / "out.txt").read_text()
+    out = (tmp_path / "out.txt").read_text()
+    assert "stopped by SIGTERM: every rank finished its step" in out
+    assert "Traceback" not in out and "SignalException" not in out
+    (step_dir,) = (tmp_path / "r" / "checkpoint").iterdir()
+    assert (step_dir / "COMPLETE").is_file()  # both ranks saved the same step
+
+
+def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
+    log = open(tmp_path / "out.txt", "w")
+    first = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", wait=False, out=log)
+    lock = tmp_path / "r" / "run.lock"
+    try:
+        wait_for(lambda: "step     1/" in (tmp_path / "out.txt").read_text(), what="step 1")
+        worker = json.loads(lock.read_text())["pid"]
+        second = launch(tmp_path, "--job.run_name=r", "--training.steps=1")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert (f"run_train: rank 0 failed: config error: run folder {tmp_path / 'r'} is in use "
+                f"by another run (host ") in second.stderr
+        assert f"pid {worker}," in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)  # torchrun dies without passing anything on
+        first.wait()
+
+    def gone():
+        try:
+            os.kill(worker, 0)
+            # A zombie is dead too (its parent is gone; init reaps it soon).
+            return open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+
+    wait_for(gone, timeout=30, what="the orphaned worker to die")
+    assert lock.exists()  # left behind by the killed run
+    third = launch(tmp_path, "--job.run_name=r", "--training.steps=1", "--job.overwrite")
+    out = third.stdout + third.stderr
+    assert third.returncode == 0, out
+    assert f"taking over the stale lock {lock}" in out and f"process {worker} on this host" in out
+    assert not lock.exists()  # released at the end

@@ -1,0 +1,236 @@
+"""One run per folder (the lock), runs that don't mix (fresh start vs resume, TensorBoard curves),
+how a worker's failure is summarized, and enum-like options checked when the config loads."""
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import typing
+
+import pytest
+
+from torchllm.config import ConfigError, JobConfig, load_config
+from torchllm.config.loader import field_types
+from torchllm.failures import failure_report, summary
+from torchllm.runlock import LOCK_NAME, RunLock, RunLockedError
+
+from conftest import REPO, tiny_args, tiny_config
+
+
+@pytest.fixture
+def log_text(caplog):
+    caplog.set_level(logging.INFO, logger="torchllm")
+    return lambda: caplog.text
+
+
+HOLD = """
+import sys, time
+from torchllm.runlock import RunLock
+RunLock(sys.argv[1], stale_s=600).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path, log_text):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        info = json.loads((tmp_path / LOCK_NAME).read_text())
+        assert (info["host"], info["pid"]) == (socket.gethostname(), holder.pid)
+        with pytest.raises(RunLockedError, match=f"in use by another run .*pid {holder.pid}"):
+            RunLock(tmp_path, stale_s=600).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunLock(tmp_path, stale_s=600)
+    lock.acquire()  # the holder is gone: taken over
+    assert f"taking over the stale lock {tmp_path / LOCK_NAME}" in log_text()
+    assert f"process {holder.pid} on this host is gone" in log_text()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.acquire()  # the same process again (e.g. a second Trainer): still ours
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_lock_of_another_host_is_stale_only_without_heartbeat(tmp_path):
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "then"}))
+    with pytest.raises(RunLockedError, match="host elsewhere, pid 1"):
+        RunLock(tmp_path, stale_s=600).acquire()
+    old = time.time() - 601
+    os.utime(path, (old, old))  # no heartbeat for longer than lock_stale_minutes
+    lock = RunLock(tmp_path, stale_s=600, heartbeat_s=0.05)
+    lock.acquire()
+    os.utime(path, (old, old))
+    time.sleep(0.5)  # the heartbeat thread renews the modification time
+    assert time.time() - path.stat().st_mtime < 5
+    lock.release()
+
+
+def test_a_reused_pid_is_not_the_holder(tmp_path):
+    # The parent process is alive, but started at another time than the lock says: stale.
+    (tmp_path / LOCK_NAME).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": os.getppid(), "pid_start": "1"}))
+    lock = RunLock(tmp_path, stale_s=600)
+    lock.acquire()
+    lock.release()
+
+
+def test_trainer_takes_the_run_folder_lock(tmp_path):
+    from torchllm.train import Trainer
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": 7}))
+    with pytest.raises(RunLockedError, match="job.run_name / job.dump_folder"):
+        Trainer(tiny_config(tmp_path, "--job.run_name=r"))
+
+
+def scalars(folder, tag):
+    """(step, value) pairs of `tag` as TensorBoard shows them (purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_resume_continues_the_curves_and_a_fresh_start_is_refused(tmp_path):
+    from torchllm.train import Trainer
+
+    ckpt = ["--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+            "--metrics.log_freq=2", "--job.run_name=r"]
+    first = Trainer(tiny_config(tmp_path, *ckpt)).train()  # logs steps 1, 2, 4
+    assert not (tmp_path / "r" / LOCK_NAME).exists()  # released when training ends
+    # A crash after step 4's log, before its checkpoint: resuming from step 2 re-runs 3 and 4.
+    import shutil
+
+    shutil.rmtree(tmp_path / "r" / "checkpoint" / "step-4")
+    second = Trainer(tiny_config(tmp_path, *ckpt)).train()
+    assert len(second) == 2
+    got = scalars(tmp_path / "tb" / "r", "loss/avg")
+    assert [s for s, _ in got] == [1, 2, 4]  # step 4 once: the first launch's is purged
+    assert [v for _, v in got] == pytest.approx([first[0], first[1], second[1]])
+
+    # A fresh start (no checkpointing) over those outputs: refused, naming what to do.
+    with pytest.raises(ConfigError, match="previous run's outputs .*--job.run_name.*"
+                                          "--job.overwrite"):
+        Trainer(tiny_config(tmp_path, "--job.run_name=r", "--metrics.log_freq=2"))
+    fresh = Trainer(tiny_config(tmp_path, "--job.run_name=r", "--metrics.log_freq=2",
+                                "--job.overwrite")).train()
+    assert not (tmp_path / "r" / "checkpoint").exists()
+    assert scalars(tmp_path / "tb" / "r", "loss/avg") == pytest.approx(
+        [(1, fresh[0]), (2, fresh[1]), (4, fresh[3])])
+
+
+def test_failure_report_names_the_root_cause_once():
+    statuses = [
+        {"rank": 0, "code": 1, "time": 5.0, "echo": True,
+         "error": "RuntimeError: Connection closed by peer", "where": "x.py:1 in f"},
+        {"rank": 1, "code": 1, "time": 6.0, "echo": False,
+         "error": "FileExistsError: [Errno 17] File exists: 'a'", "where": "torchllm/m.py:3 in g"},
+        {"rank": 2, "code": 1, "time": 7.0, "echo": False,
+         "error": "FileExistsError: [Errno 17] File exists: 'a'", "where": "torchllm/m.py:3 in g"},
+    ]
+    lines, code = failure_report(statuses, {3: "signal SIGTERM"})
+    assert code == 1
+    assert lines[0] == "ranks 1, 2 failed: FileExistsError: [Errno 17] File exists: 'a'"
+    assert lines[1].startswith("  at torchllm/m.py:3 in g")
+    assert lines[2] == "  then ranks 0, 3 stopped because of it"
+    config = [{"rank": 0, "code": 2, "time": 1.0, "error": summary(ConfigError("bad x")),
+               "where": "torchllm/c.py:1 in f"}]
+    assert failure_report(config, {}) == (["rank 0 failed: config error: bad x"], 2)
+    lines, code = failure_report([], {0: "signal SIGKILL"})
+    assert code == 1 and "rank 0: signal SIGKILL" in lines[0]
+
+
+def enum_fields():
+    """(dotted key, allowed values, is a list) of every Literal-typed config field."""
+    out = []
+    for section, obj in JobConfig().sections():
+        for f in dataclasses.fields(obj):
+            tp = field_types(type(obj))[f.name]
+            is_list = typing.get_origin(tp) is list
+            inner = typing.get_args(tp)[0] if is_list else tp
+            if typing.get_origin(inner) is typing.Union:
+                inner = typing.get_args(inner)[0]
+            if typing.get_origin(inner) is typing.Literal:
+                out.append((f"{section}.{f.name}", typing.get_args(inner), is_list))
+    return out
+
+
+# Every string option that is NOT a choice among fixed values (paths, names, free text, specs
+# checked by their own parsers). A new enum-like option must be a Literal, not be added here.
+FREE_FORM = {
+    "job.config_file", "job.dump_folder", "job.run_name", "job.description", "model.name",
+    "model.flavor", "training.seq_len_schedule", "activation_checkpoint.selective_option",
+    "float8.filter_fqns", "data.dataset", "data.tokenizer", "data.text_column", "data.hf_subset",
+    "data.hf_split", "metrics.tb_folder", "metrics.wandb_project", "profiling.traces_folder",
+    "profiling.memory_snapshot_folder", "checkpoint.folder", "checkpoint.initial_load_path",
+    "validation.dataset", "validation.split", "eval.prompts", "eval.hellaswag_data",
+}
+
+
+def test_every_enum_like_option_is_checked_when_the_config_loads():
+    enums = enum_fields()
+    keys = {k for k, _, _ in enums}
+    assert {"compile.backend", "compile.components", "checkpoint.exclude_from_loading",
+            "training.device", "checkpoint.async_mode"} <= keys
+    for key, allowed, _ in enums:
+        with pytest.raises(ConfigError, match=f"{key} = 'bogus' must be one of"):
+            load_config([f"--{key}=bogus"])
+        load_config([f"--{key}={allowed[-1]}"])  # every declared value is accepted
+    strings = set()
+    for section, obj in JobConfig().sections():
+        for f in dataclasses.fields(obj):
+            tp = field_types(type(obj))[f.name]
+            if str in (tp, *typing.get_args(tp)):
+                strings.add(f"{section}.{f.name}")
+    assert strings - keys - FREE_FORM == set(), "an enum-like option declared as plain str"
+    with pytest.raises(ConfigError, match="selective_option = 2x: use 'op', 'ffn'"):
+        load_config(["--activation_checkpoint.selective_option=2x"])
+    assert load_config(["--activation_checkpoint.selective_option=2"])
+
+
+def test_config_docs_list_the_allowed_values():
+    docs = (REPO / "docs" / "config.md").read_text()
+    assert "'inductor' \\| 'aot_eager' \\| 'eager' \\| 'cudagraphs'" in docs
+    assert "list of 'model' \\| 'loss'" in docs
+
+
+def test_launcher_config_error_is_one_line_before_torchrun(tmp_path):
+    env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
+    for flag, message in [
+        ("--compile.backend=inductr", "compile.backend = 'inductr' must be one of"),
+        ("--parallelism.tensor_parallel_degree=2", "tp=2 = 2, but the world size is 1"),
+    ]:
+        proc = subprocess.run(["./run_train.sh", *tiny_args(tmp_path), flag], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("run_train: config error: "), lines
+        assert message in lines[0]
+
+
+def test_one_ctrl_c_delivered_twice_is_one_stop_request():
+    import signal
+    import types
+
+    from torchllm.train import Trainer
+
+    t = types.SimpleNamespace(stop_signal=None)
+    Trainer._on_signal(t, signal.SIGINT, None)  # from the terminal
+    Trainer._on_signal(t, signal.SIGINT, None)  # the same Ctrl-C, forwarded by torchrun
+    assert t.stop_signal == signal.SIGINT
+    t.stop_signal_time -= 2  # a second Ctrl-C, later: stop now
+    with pytest.raises(KeyboardInterrupt):
+        Trainer._on_signal(t, signal.SIGINT, None)

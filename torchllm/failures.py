@@ -1,0 +1,148 @@
+"""How a worker's end reaches the launcher: one small status file per rank.
+
+`python -m torchllm.launch` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
+workers. Each worker's `main()` writes `rank<R>.json` there as it ends: its exit code and, for a
+failure, a one-line summary of the exception, the innermost source line and the time. The
+launcher reads them after torchrun returns, so the first error (the root cause; later ones on
+other ranks are usually its echo) is printed once, on the launcher's console, whatever
+LOG_RANK shows. Without the variable (plain torchrun, tests) nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from torchllm.checkpoint.checkpointer import CheckpointSaveError
+from torchllm.config import ConfigError
+from torchllm.log import logger
+from torchllm.metrics import TrainingStopped
+
+STATUS_DIR_ENV = "TORCHLLM_STATUS_DIR"
+LAUNCHER_PID_ENV = "TORCHLLM_LAUNCHER_PID"
+
+
+def summary(exc: BaseException) -> str:
+    """'Type: first line of the message' (config errors: the message, which says it all)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(exc, ConfigError):
+        return f"config error: {text}"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def where(exc: BaseException) -> str:
+    """The innermost frame of `exc` in torchllm's code (else the innermost) as 'path:line in f'."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    ours = [f for f in frames if f"{os.sep}torchllm{os.sep}" in f.filename]
+    f = (ours or frames)[-1]
+    path = f.filename
+    if ours:
+        path = path[path.rindex(f"{os.sep}torchllm{os.sep}") + 1:]
+    return f"{path}:{f.lineno} in {f.name}"
+
+
+# What a rank sees when another rank died under it (gloo, NCCL, the TCP store).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "NCCL communicator was aborted", "failed to recv", "Socket Timeout")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another rank is gone (an echo)."""
+    return any(s in str(exc) for s in _PEER_GONE)
+
+
+def exit_code(exc: BaseException | None) -> int:
+    """0 done (or stopped by a signal/limit and saved), 2 config error, 3 stopped by the loss
+    guard, 4 a checkpoint could not be saved, 130 interrupted (a second Ctrl-C), 1 any other."""
+    if exc is None:
+        return 0
+    if isinstance(exc, ConfigError):
+        return 2
+    if isinstance(exc, TrainingStopped):
+        return 3
+    if isinstance(exc, CheckpointSaveError):
+        return 4
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def log_failure(exc: BaseException, step: int) -> None:
+    """This rank's console: one line for expected stops, the traceback for real errors."""
+    if isinstance(exc, ConfigError):
+        logger.error("config error: %s", exc)
+    elif isinstance(exc, TrainingStopped):
+        logger.error("training stopped by the guard: %s", exc)
+    elif isinstance(exc, CheckpointSaveError):  # already one line: folder, cause, bytes
+        logger.error("%s", exc)
+    elif isinstance(exc, KeyboardInterrupt):
+        logger.warning("interrupted at step %d; stopping", step)
+    elif is_peer_failure(exc):  # an echo of another rank's failure: no second traceback
+        logger.error("stopped at step %d: another rank is gone (%s)", step, summary(exc))
+    else:
+        logger.exception("failed at step %d", step)
+
+
+def write_status(code: int, exc: BaseException | None = None) -> None:
+    """Record this rank's exit for the launcher (a no-op outside `torchllm.launch`)."""
+    folder = os.environ.get(STATUS_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    status = {"rank": rank, "code": code, "time": time.time()}
+    if exc is not None:
+        status.update(error=summary(exc), where=where(exc), echo=is_peer_failure(exc))
+    path = Path(folder) / f"rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the launcher is gone or its folder too: nothing to report to
+
+
+def read_statuses(folder: str | Path) -> list[dict]:
+    """Every rank's status in `folder`, sorted by rank."""
+    out = []
+    for path in Path(folder).glob("rank*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda s: s["rank"])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[list[str], int]:
+    """(lines to print, exit code) for a failed launch.
+
+    `failed_ranks`: rank -> how torchrun saw it end (e.g. 'exit code 1', 'signal SIGTERM'),
+    for the ranks that left no status file (killed, or crashed in the interpreter).
+    """
+    # The root cause: the first error that is not a rank losing its peers.
+    errors = sorted((s for s in statuses if s.get("code", 0) != 0 and s.get("error")),
+                    key=lambda s: (s.get("echo", False), s["time"]))
+    lines: list[str] = []
+    if not errors:
+        ended = "; ".join(f"rank {r}: {how}" for r, how in sorted(failed_ranks.items()))
+        ranks = ",".join(str(r) for r in sorted(failed_ranks)) or "0"
+        return [f"training failed before any rank reported an error ({ended}); LOG_RANK={ranks} "
+                "shows those ranks' output"], 1
+    first = errors[0]
+    same = [s["rank"] for s in errors if s["error"] == first["error"]]
+    lines.append(f"{_ranks(same)} failed: {first['error']}")
+    if first.get("where") and not first["error"].startswith("config error:"):
+        lines.append(f"  at {first['where']} (traceback: LOG_RANK={first['rank']} shows that "
+                     "rank's console)")
+    echoes = [s["rank"] for s in errors if s["error"] != first["error"]]
+    echoes += [r for r in failed_ranks if r not in {s["rank"] for s in statuses}]
+    if echoes:
+        lines.append(f"  then {_ranks(sorted(echoes))} stopped because of it")
+    return lines, first["code"]

@@ -1,0 +1,130 @@
+"""The launcher run_train.sh runs: check the config, run torchrun, and end like a scheduler expects.
+
+    python -m torchllm.launch [torchrun options] -- [--section.key=value ...]
+
+1. The config is loaded and checked first (every value, the model flavor, the parallel layout for
+   this world size, the device, the dataset spec): a mistake is one line and exit code 2, before
+   any process starts.
+2. torchrun runs `torchllm.train` in this process (its agent is this process). Workers report how
+   they ended through torchllm.failures; a failure on any rank is printed here once (the first
+   error, where it happened) instead of torchrun's traceback. Exit code: the failing worker's
+   (2 config error, 3 stopped by the loss guard, 1 any other error).
+3. SIGTERM (what SLURM and Kubernetes send) or SIGINT to this process: torchrun forwards it to
+   every worker, which finish their step, save (when checkpointing is on) and exit 0; the
+   launcher then exits 0. Workers get torchrun's grace period (30 s by default; newer torch reads
+   TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from torchllm.config import ConfigError, help_text, load_config
+from torchllm.failures import (
+    LAUNCHER_PID_ENV,
+    STATUS_DIR_ENV,
+    failure_report,
+    read_statuses,
+)
+
+PREFIX = "run_train:"
+
+
+def check_config(train_args: list[str], world_size: int | None):
+    """Everything about the config that can be checked without a process group; ConfigError."""
+    from torchllm import models
+    from torchllm.data.sources import resolve
+    from torchllm.device import resolve_device
+    from torchllm.parallel import build_parallel_dims
+
+    cfg = load_config(train_args)
+    model_args = models.model_args(cfg)
+    device = resolve_device(cfg.training.device)
+    if world_size is not None:
+        build_parallel_dims(cfg, world_size, device.type, model_args)
+    resolve(cfg.data)
+    if cfg.validation.dataset:
+        resolve(dataclasses.replace(cfg.data, dataset=cfg.validation.dataset))
+    return cfg
+
+
+def _world_size(args) -> int | None:
+    """nproc_per_node x nnodes when both are fixed numbers (elastic ranges: unknown)."""
+    try:
+        return int(args.nproc_per_node) * int(args.nnodes)
+    except ValueError:
+        return None
+
+
+def _how(failure) -> str:
+    if failure.exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-failure.exitcode).name}"
+        except ValueError:
+            return f"signal {-failure.exitcode}"
+    return f"exit code {failure.exitcode}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print(f"{PREFIX} usage: python -m torchllm.launch [torchrun options] -- [overrides]",
+              file=sys.stderr)
+        return 2
+    sep = argv.index("--")
+    torchrun_args, train_args = argv[:sep], argv[sep + 1:]
+    if "--help" in train_args or "-h" in train_args:
+        print(help_text())
+        return 0
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args([*torchrun_args, "-m", "torchllm.train", *train_args])
+    try:
+        check_config(train_args, _world_size(args))
+    except ConfigError as e:
+        print(f"{PREFIX} config error: {e}", file=sys.stderr)
+        return 2
+
+    # torchrun's own line per failed or signalled worker: the summary below replaces it.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    status_dir = tempfile.mkdtemp(prefix="torchllm-status-")
+    os.environ[STATUS_DIR_ENV] = status_dir
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process
+    try:
+        run(args)
+        return 0
+    except ChildFailedError as e:
+        failed = {rank: _how(f) for rank, f in e.failures.items()}
+        lines, code = failure_report(read_statuses(status_dir), failed)
+        print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr, flush=True)
+        return code
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        statuses = read_statuses(status_dir)
+        clean = [s for s in statuses if s["code"] == 0]
+        if len(clean) == int(args.nproc_per_node) and len(statuses) == len(clean):
+            print(f"{PREFIX} stopped by {name}: every rank finished its step, saved (if "
+                  "checkpointing is on) and exited cleanly", file=sys.stderr, flush=True)
+            return 0
+        lines, _ = failure_report(statuses, {})
+        done = ", ".join(str(s["rank"]) for s in clean) or "none"
+        print(f"{PREFIX} stopped by {name}, but not every rank exited cleanly (clean: {done})",
+              file=sys.stderr)
+        if any(s["code"] != 0 for s in statuses):
+            print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr)
+        return 128 + e.sigval
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

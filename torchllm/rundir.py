@@ -1,0 +1,109 @@
+"""The run folder: one run per folder, and runs that don't mix.
+
+`prepare_run_dir` runs at the start of every launch, before any data or model work:
+1. rank 0 takes the folder's lock (torchllm.runlock): a second launch into a folder that a live
+   run holds fails here; a lock left by a dead run is taken over with a warning.
+2. A launch that will not resume (no complete checkpoint of its own to load, or checkpointing
+   off) into a folder that holds a previous run's outputs (checkpoints or TensorBoard events)
+   is refused, naming `job.run_name` and `job.overwrite`: starting at step 1 again would write a
+   second set of curves over the first and leave the old checkpoints to be resumed by accident.
+   `--job.overwrite` deletes those outputs (the tokenizer cache stays) and starts afresh.
+   A resumed run continues the same TensorBoard curves (see torchllm.metrics.writers).
+3. rank 0 writes the effective config.toml.
+Every rank learns rank 0's outcome, so all ranks fail with the same one-line error.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torchllm.checkpoint.layout import complete_steps, step_of
+from torchllm.config import ConfigError, JobConfig, to_toml
+from torchllm.log import logger
+from torchllm.metrics.writers import tensorboard_folder
+from torchllm.runlock import RunLock, RunLockedError
+
+
+def run_name(cfg: JobConfig) -> str:
+    if cfg.job.run_name:
+        return cfg.job.run_name
+    return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
+
+
+def previous_outputs(cfg: JobConfig, run_dir: Path) -> list[Path]:
+    """What an earlier run left that a fresh start would mix with: checkpoints, TB events."""
+    found: list[Path] = []
+    ckpt = run_dir / cfg.checkpoint.folder
+    if ckpt.is_dir():
+        found += sorted(p for p in ckpt.iterdir() if p.is_dir() and step_of(p) is not None)
+    tb = tensorboard_folder(cfg, run_name(cfg))
+    if tb.is_dir():
+        found += sorted(tb.rglob("events.out.tfevents.*"))
+    return found
+
+
+def will_resume(cfg: JobConfig, run_dir: Path) -> bool:
+    """Whether the checkpointer will load one of this run's own checkpoints."""
+    return cfg.checkpoint.enable and bool(complete_steps(run_dir / cfg.checkpoint.folder))
+
+
+def check_fresh_start(cfg: JobConfig, run_dir: Path) -> None:
+    """Refuse (or, with job.overwrite, clear) a fresh start over a previous run's outputs."""
+    if will_resume(cfg, run_dir) and not cfg.job.overwrite:
+        return
+    found = previous_outputs(cfg, run_dir)
+    if not found:
+        return
+    if not cfg.job.overwrite:
+        what = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+        resume = ("" if cfg.checkpoint.enable else
+                  " resume it with --checkpoint.enable (if it saved checkpoints),")
+        raise ConfigError(
+            f"run folder {run_dir} holds a previous run's outputs ({what}) and this launch "
+            f"would start again at step 1; choose a new --job.run_name,{resume} or pass "
+            "--job.overwrite to delete them and start over", "job.run_name",
+        )
+    for folder in (run_dir / cfg.checkpoint.folder, tensorboard_folder(cfg, run_name(cfg))):
+        if folder.is_dir():
+            logger.warning("job.overwrite: deleting the previous run's %s", folder)
+            shutil.rmtree(folder)
+
+
+def _agree(error: Exception | None, device: torch.device) -> None:
+    """Raise on every rank if rank 0 failed (same type and message), else return."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        msg = [None if error is None else (isinstance(error, RunLockedError), str(error),
+                                           getattr(error, "key", None))]
+        dist.broadcast_object_list(msg, src=0, device=device if device.type == "cuda" else None)
+        if error is None and msg[0] is not None:
+            locked, text, key = msg[0]
+            raise (RunLockedError if locked else ConfigError)(text, key)
+    if error is not None:
+        raise error
+
+
+def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock | None]:
+    """The run folder, locked by rank 0 and checked (see the module docstring)."""
+    run_dir = Path(cfg.job.dump_folder) / run_name(cfg)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    lock, error = None, None
+    if rank == 0:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(run_dir, stale_s=60 * cfg.job.lock_stale_minutes)
+            lock.acquire()
+            check_fresh_start(cfg, run_dir)
+            (run_dir / "config.toml").write_text(to_toml(cfg))
+        except (ConfigError, OSError) as e:
+            if lock is not None and not isinstance(e, RunLockedError):
+                lock.release()
+            if isinstance(e, OSError):
+                e = ConfigError(f"run folder {run_dir}: {e}", "job.dump_folder")
+            error = e
+    _agree(error, device)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir, lock
