@@ -25,6 +25,7 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device
+from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
@@ -48,7 +49,7 @@ from torchllm.parallel import (
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator)
+CALLBACKS = (Profiler, Evaluator, DownstreamEval)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -314,3 +314,13 @@ class Eval:
     )
     hellaswag_limit: int = opt(500, "Examples scored during training (the first N); -1 = all")
     hellaswag_batch_size: int = opt(4, "Examples per forward pass (each is 4 rows)")
+    tasks: list[str] = opt(
+        [], "Downstream (CORE-style) tasks, 'name' or 'name:K' for K-shot; see docs/evaluation.md"
+    )
+    tasks_freq: int = opt(0, "Run the downstream tasks every N steps during training; 0 = off")
+    tasks_limit: int = opt(100, "Rows scored per task (the first N; the budget knob); -1 = all")
+    tasks_fewshot: int = opt(0, "Solved examples before each question, for tasks without ':K'")
+    tasks_batch_size: int = opt(8, "Task rows per forward pass (each is one row per option)")
+    tasks_data_dir: str = opt(
+        "", "Folder of local task copies (<task>/ from save_to_disk, or <task>.jsonl); '' = Hub"
+    )
