@@ -23,6 +23,7 @@ from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device
 from torchllm.eval.downstream import DownstreamEval
@@ -49,7 +50,7 @@ from torchllm.parallel import (
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator, DownstreamEval)
+CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

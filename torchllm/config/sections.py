@@ -192,6 +192,14 @@ class Float8:
 
 
 @dataclass
+class DataSource:
+    """One weighted source of a mixture: a `[[data.sources]]` table."""
+
+    dataset: str = opt("", "Any data.dataset value (local:, shards:, embedded, ...)")
+    weight: float = opt(1.0, "Share of the training tokens (weights are normalized to sum 1)")
+
+
+@dataclass
 class Data:
     dataset: str = opt(
         "embedded",
@@ -218,6 +226,10 @@ class Data:
     )
     shuffle_windows: bool = opt(
         True, "Shuffle windows within each shard (in-memory corpora: all windows) every epoch"
+    )
+    sources: list[DataSource] = opt(
+        [], "A mixture instead of data.dataset: [[data.sources]] tables of dataset + weight "
+        "(token fractions); CLI: DATASET=WEIGHT,DATASET=WEIGHT. See docs/data.md"
     )
     num_workers: int = opt(0, "Loader worker processes per rank (0 = load in the trainer)")
     prefetch_factor: int = opt(2, "Batches each loader worker prepares ahead")
