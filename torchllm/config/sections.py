@@ -231,6 +231,12 @@ class Data:
         [], "A mixture instead of data.dataset: [[data.sources]] tables of dataset + weight "
         "(token fractions); CLI: DATASET=WEIGHT,DATASET=WEIGHT. See docs/data.md"
     )
+    chat_column: str = opt("messages", "chat: sources: column of [{role, content}] lists")
+    chat_packing: Literal["pack", "pad"] = opt(
+        "pack", "chat: whole conversations per window (pack) or one per window (pad)")
+    chat_tokens: bool = opt(
+        False, "Add the chat tokens (<|user_start|>...) to a tokenizer without a chat template, "
+        "also without chat: sources (so a base model can be fine-tuned on chat later)")
     num_workers: int = opt(0, "Loader worker processes per rank (0 = load in the trainer)")
     prefetch_factor: int = opt(2, "Batches each loader worker prepares ahead")
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.config.sections import DataSource
 from torchllm.data import shards
+from torchllm.data.chat import ChatTokenizer, build_chat_source, has_native_template
 from torchllm.data.hf_stream import HFStreamBatches, text_digest
 from torchllm.data.loader import TrainLoader
 from torchllm.data.mixture import MixtureBatches, StreamSource, normalized_weights, source_config
@@ -51,12 +53,28 @@ def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
     """
+    base = _base_tokenizer(job_config, data_dir)
+    dcfg = job_config.data
+    chat = any(s.dataset.startswith("chat:") for s in dcfg.sources) or is_chat(dcfg.dataset)
+    if (chat or dcfg.chat_tokens) and not has_native_template(base):
+        return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
+    return base
+
+
+def is_chat(dataset: str) -> bool:
+    return dataset.startswith("chat:")
+
+
+def _base_tokenizer(job_config, data_dir: Path) -> Tokenizer:
     dcfg = job_config.data
     if dcfg.sources:  # a mixture: the first source's tokenizer (or corpus, for 'auto')
         dcfg = source_config(dcfg, 0)
-    source = resolve(dcfg)
     if dcfg.tokenizer != "auto":
         return load_tokenizer(dcfg.tokenizer)
+    if is_chat(dcfg.dataset):
+        raise ConfigError("data.tokenizer = 'auto' cannot be trained on conversations; name the "
+                          "tokenizer (e.g. the base model's)", "data.tokenizer")
+    source = resolve(dcfg)
     if source.kind == "shards":
         return load_tokenizer(shards.read_index(source.location)["tokenizer"])
     path = auto_tokenizer_path(dcfg, data_dir)
@@ -95,7 +113,7 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     """
     dcfg, tcfg = job_config.data, job_config.training
     seq_len, batch = tcfg.seq_len, tcfg.local_batch_size
-    if dcfg.sources:
+    if dcfg.sources or is_chat(dcfg.dataset):  # a chat: dataset is a mixture of one
         train, val = build_mixture(job_config, tokenizer, dp_rank, dp_degree)
         return _loaders(job_config, train, val, dp_rank, dp_degree)
     source = resolve(dcfg)
@@ -134,12 +152,21 @@ def build_mixture(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int
     """(MixtureBatches, validation windows) of data.sources: each source's own held-out split,
     one after the other."""
     dcfg, seq_len = job_config.data, job_config.training.seq_len
-    weights = normalized_weights(dcfg.sources)
+    entries = dcfg.sources or [DataSource(dcfg.dataset, 1.0)]
+    weights = normalized_weights(entries)
     sources, vals = [], []
-    for i, entry in enumerate(dcfg.sources):
-        one = source_config(dcfg, i)
-        where = f"data.sources[{i}] ({entry.dataset})"
+    for i, entry in enumerate(entries):
+        one = source_config(dcfg, i) if dcfg.sources else dcfg
+        where = f"data.sources[{i}] ({entry.dataset})" if dcfg.sources else "data.dataset"
+        # Each source its own seed, so equal sources still read in different orders.
+        seed = job_config.job.seed + 1_000_003 * (i + 1)
         try:
+            if is_chat(entry.dataset):
+                source, val = build_chat_source(entry.dataset[len("chat:"):], job_config,
+                                                tokenizer, dp_rank, dp_degree, seed)
+                sources.append(source)
+                vals.append(val)
+                continue
             kind = resolve(one).kind
             if kind == "hf":
                 raise ConfigError("Hugging Face streams cannot be mixed yet; write them to shards "
@@ -150,13 +177,12 @@ def build_mixture(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int
             else:
                 stream = tokenize_corpus(one, tokenizer)
                 stream, val = stream.split(len(stream) - int(len(stream) * dcfg.val_fraction))
-            # Each source its own seed, so equal sources still read in different orders.
-            sources.append(StreamSource(stream, seq_len, job_config.job.seed + 1_000_003 * (i + 1),
-                                        dcfg.shuffle_windows, entry.dataset))
+            sources.append(StreamSource(stream, seq_len, seed, dcfg.shuffle_windows,
+                                        entry.dataset))
         except ConfigError as e:
-            raise ConfigError(f"{where}: {e}", "data.sources") from None
+            raise ConfigError(f"{where}: {e}", e.key or "data.sources") from None
         vals.append(ValWindows(val, seq_len, dp_rank, dp_degree))
-    train = MixtureBatches(sources, [s.dataset for s in dcfg.sources], weights,
+    train = MixtureBatches(sources, [s.dataset for s in entries], weights,
                            job_config.training.local_batch_size, dp_rank, dp_degree)
     return train, torch.utils.data.ConcatDataset(vals)
 
