@@ -165,3 +165,44 @@ def test_chat_source_through_build_data(tmp_path, caplog):
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{bad}", f"--data.tokenizer={tok_path}")
     with pytest.raises(ConfigError, match=r"message 0 must be \{'role': one of system, user"):
         build_data(cfg, build_tokenizer(cfg, tmp_path), 0, 1)
+
+
+REPLIES = {"Name a fruit.": "An apple.", "Name a color.": "Deep blue.",
+           "Name an animal.": "A small cat.", "Name a tool.": "The hammer."}
+
+
+@pytest.mark.slow
+def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
+    """Train through the Trainer on 4 conversations (loss on the replies only), then chat with
+    the checkpoint through `python -m torchllm.generate --chat`: greedy replies are the trained
+    ones, and generation stops at the end-of-turn token."""
+    from torchllm import generate
+    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.tokenizer import train_sentencepiece
+    from torchllm.train import Trainer
+
+    sp = train_sentencepiece(embedded_documents(), 512, tmp_path / "sp512.model")
+    data = write_chat(tmp_path / "sft.jsonl", [
+        [{"role": "system", "content": "Answer in a few words."},
+         {"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        for q, a in REPLIES.items()])
+    cfg = tiny_config(tmp_path, "--job.run_name=sft", f"--data.dataset=chat:{data}",
+                      f"--data.tokenizer={sp}", "--data.chat_packing=pad", "--data.val_fraction=0",
+                      "--training.seq_len=40", "--training.local_batch_size=4",
+                      "--training.steps=60", "--optimizer.lr=3e-3", "--lr_scheduler.warmup_steps=5",
+                      "--metrics.log_freq=20", "--checkpoint.enable=true",
+                      "--checkpoint.interval=60")
+    trainer = Trainer(cfg)
+    batch = trainer.train_loader.dataset.batch(0)
+    kept = batch["targets"] != -100
+    # Only reply tokens (+ <|assistant_end|>) count: the loss is their mean, nothing else's.
+    assert 0 < int(kept.sum()) < int((batch["inputs"] != trainer.tokenizer.eos_id).sum()) // 3
+    losses = trainer.train()
+    assert losses[-1] < 0.05 < losses[0]
+    capsys.readouterr()
+    args = ["--checkpoint", str(tmp_path / "sft"), "--temperature", "0", "--max-new-tokens", "20",
+            "--system", "Answer in a few words."]
+    for q in REPLIES:
+        args += ["--chat", q]
+    assert generate.main(args) == 0
+    assert capsys.readouterr().out.splitlines() == list(REPLIES.values())
