@@ -176,3 +176,40 @@ def test_sources_config_tables_cli_and_round_trip(tmp_path):
     toml.write_text('[[data.sources]]\ndataset = "a"\nweight = "x"\n')
     with pytest.raises(ConfigError, match="key 'weight' must be float, got str 'x'"):
         load_config([f"--job.config_file={toml}"])
+
+
+@pytest.mark.slow
+def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
+    """Pre-train (with chat tokens) -> the mid-training config (a mixture) -> the SFT config (a
+    local chat file instead of the Hub), each stage a new run that takes only the weights."""
+    import json
+
+    from conftest import REPO, shared_path
+    from torchllm.config import load_config
+    from torchllm.train import Trainer
+
+    shared_path("data", "tinyshakespeare.txt")
+    small = ["--training.steps=2", "--training.seq_len=32", "--training.local_batch_size=2",
+             "--metrics.log_freq=1", f"--job.dump_folder={tmp_path}", "--job.print_config=false"]
+    Trainer(load_config(small + ["--job.run_name=debug_model", "--checkpoint.enable=true",
+                                 "--data.chat_tokens=true", "--data.tokenizer_vocab_size=512",
+                                 "--model.flavor=debug"])).train()
+    tok = tmp_path / "debug_model" / "data" / "tokenizer_embedded_sp512.model"
+    assert tok.is_file()
+    mid = Trainer(load_config(small + [
+        f"--job.config_file={REPO / 'train_configs' / 'llama3_debug_midtrain.toml'}",
+        f"--data.tokenizer={tok}", f"--checkpoint.initial_load_path={tmp_path / 'debug_model'}",
+        f"--data.sources=embedded=0.7,local:{REPO.parent / 'shared/data/tinyshakespeare.txt'}=0.3"]))
+    assert mid.step == 0  # weights only: a fresh step counter, optimizer and data order
+    mid.train()
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Count to {i}."},
+        {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))}]}) + "\n"
+        for i in range(1, 30)))
+    sft = Trainer(load_config(small + [
+        f"--job.config_file={REPO / 'train_configs' / 'llama3_debug_sft.toml'}",
+        f"--data.tokenizer={tok}", f"--data.dataset=chat:{chat}",
+        f"--checkpoint.initial_load_path={tmp_path / 'debug_midtrain'}"]))
+    assert sft.step == 0 and sft.model_args.vocab_size == mid.model_args.vocab_size
+    assert all(torch.isfinite(torch.tensor(sft.train())))
