@@ -125,7 +125,8 @@ def test_packing_keeps_conversations_whole_and_truncates_overlong():
         list(range(400, 410)),                             # ... truncated to one window
         [500, 501, 0, 0, 0, 0, 0, 0, 0, 0],
     ]
-    assert mask.sum() == 5 + 4 + 3 + 10 + 2 and positions[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0]
+    assert mask.sum() == 5 + 4 + 3 + 10 + 2
+    assert positions[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0]
     padded, _, _, _ = window_rows(convs, 10, "pad", 0)
     assert len(padded) == 5 and padded[0, 5:].tolist() == [0] * 5
 
@@ -206,3 +207,38 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
         args += ["--chat", q]
     assert generate.main(args) == 0
     assert capsys.readouterr().out.splitlines() == list(REPLIES.values())
+
+
+def test_mixture_of_text_and_conversations(tmp_path):
+    """A chat source mixes with a text source: text windows train on every token, chat windows
+    on the replies only; both come in the same batch format."""
+    from test_data import TOK, corpus_texts, write_jsonl
+
+    text = write_jsonl(tmp_path / "text.jsonl", corpus_texts())
+    chat = write_chat(tmp_path / "chat.jsonl", [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"reply {i}"}]
+        for i in range(40)])
+    cfg = tiny_config(tmp_path, f"--data.sources=local:{text}=0.5,chat:{chat}=0.5",
+                      "--training.seq_len=24", "--training.local_batch_size=4")
+    tok = ChatTokenizer(TOK)
+    loader, val = build_data(cfg, tok, 0, 1)
+    end = tok.added["<|assistant_end|>"]
+    kinds = []
+    for batch in take_batches(loader, 5):
+        assert set(batch) == {"inputs", "targets", "positions"}
+        for inputs, targets in zip(batch["inputs"], batch["targets"]):
+            if (inputs >= 259).any():  # a chat window (it holds chat tokens)
+                kept = targets[targets != -100].tolist()
+                assert kept and set(tok.decode(kept).split("<|assistant_end|>")[:-1]) <= {
+                    f"reply {i}" for i in range(40)} and end in kept
+                kinds.append("chat")
+            else:
+                assert (targets != -100).all()
+                kinds.append("text")
+    assert kinds.count("chat") == kinds.count("text") == 10
+    assert len(val.dataset) > 0
+
+
+def take_batches(loader, k):
+    it = iter(loader)
+    return [next(it) for _ in range(k)]

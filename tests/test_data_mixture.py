@@ -66,7 +66,8 @@ def test_realized_fractions_within_one_percent_over_any_100_batches(tmp_path, co
     loader, _ = build_data(cfg, TOK, 0, 1)
     batches = take(loader, 300)
     src = origins(batches).reshape(300, 4)
-    target = np.array([s.weight for s in cfg.data.sources]) / sum(s.weight for s in cfg.data.sources)
+    target = np.array([s.weight for s in cfg.data.sources])
+    target /= target.sum()
     per_batch = np.stack([(src == s).sum(axis=1) for s in range(len(target))], axis=1)
     run = np.concatenate([np.zeros((1, len(target))), np.cumsum(per_batch, axis=0)])
     fractions = (run[100:] - run[:-100]) / 400  # every 100 consecutive batches
@@ -93,7 +94,8 @@ def test_each_source_has_its_own_epochs_and_wraps_with_a_log_line(tmp_path, corp
     assert len(b) > small and set(b[:small]) == all_b and len(set(b[:small])) == small
     assert b[small:] != b[: len(b) - small]
     assert len(set(a)) == len(a)
-    assert "data source 1 (local:" in caplog.text and "starting epoch 1 in a new order" in caplog.text
+    assert "data source 1 (local:" in caplog.text
+    assert "starting epoch 1 in a new order" in caplog.text
 
 
 def test_ranks_concatenate_to_one_rank(tmp_path, corpora):
@@ -199,7 +201,7 @@ def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
     mid = Trainer(load_config(small + [
         f"--job.config_file={REPO / 'train_configs' / 'llama3_debug_midtrain.toml'}",
         f"--data.tokenizer={tok}", f"--checkpoint.initial_load_path={tmp_path / 'debug_model'}",
-        f"--data.sources=embedded=0.7,local:{REPO.parent / 'shared/data/tinyshakespeare.txt'}=0.3"]))
+        f"--data.sources=embedded=0.7,local:{shared_path('data', 'tinyshakespeare.txt')}=0.3"]))
     assert mid.step == 0  # weights only: a fresh step counter, optimizer and data order
     mid.train()
     chat = tmp_path / "chat.jsonl"

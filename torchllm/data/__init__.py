@@ -172,8 +172,9 @@ def build_mixture(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int
                 raise ConfigError("Hugging Face streams cannot be mixed yet; write them to shards "
                                   "first (python -m torchllm.data.prepare) and mix shards:DIR")
             if kind == "shards":
-                _check_shard_vocab(resolve(one).location, tokenizer)
-                stream, val = (shards.open_split(resolve(one).location, s) for s in ("train", "val"))
+                location = resolve(one).location
+                _check_shard_vocab(location, tokenizer)
+                stream, val = (shards.open_split(location, s) for s in ("train", "val"))
             else:
                 stream = tokenize_corpus(one, tokenizer)
                 stream, val = stream.split(len(stream) - int(len(stream) * dcfg.val_fraction))

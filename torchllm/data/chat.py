@@ -195,7 +195,7 @@ class ChatVal(torch.utils.data.Dataset):
 
 
 def read_conversations(location: str, dcfg) -> list[list[dict]]:
-    """`messages` lists from chat:PATH (local jsonl/parquet: file, glob or folder) or chat:hf:NAME."""
+    """`messages` lists of chat:PATH (jsonl/parquet file, glob or folder) or chat:hf:NAME."""
     from torchllm.data.sources import Source, open_stream
 
     kind, sep, rest = location.partition(":")

@@ -65,8 +65,9 @@ def with_shots(items: list[Item], index: int, shots: int, seed: int) -> Item:
     return Item(tuple(prefix + c for c in item.contexts), item.continuations, item.gold)
 
 
-def encode_options(tokenizer: Tokenizer, item: Item, max_len: int) -> list[tuple[list[int], list[int]]]:
-    """(context ids, continuation ids) per option; contexts lose their oldest tokens past max_len."""
+def encode_options(tokenizer: Tokenizer, item: Item,
+                   max_len: int) -> list[tuple[list[int], list[int]]]:
+    """(context ids, continuation ids) per option; contexts drop their oldest tokens first."""
     rows = []
     for i in range(item.num_options):
         ctx, cont = item.option(i)
@@ -109,7 +110,8 @@ class DownstreamResult:
         return out
 
     def table(self) -> str:
-        lines = [f"{'task':<16}{'type':<8}{'shots':>6}{'n':>7}{'acc':>8}{'chance':>8}{'centered':>10}"]
+        lines = [f"{'task':<16}{'type':<8}{'shots':>6}{'n':>7}{'acc':>8}{'chance':>8}"
+                 f"{'centered':>10}"]
         for t in self.tasks.values():
             lines.append(f"{t.name:<16}{t.kind:<8}{t.shots:>6}{t.n:>7}{t.acc:>8.4f}"
                          f"{t.chance:>8.3f}{t.centered:>10.4f}")

@@ -11,7 +11,8 @@ Task types (one scorer each):
 
 Rows come from, in order: `<data_dir>/<task>` in `datasets.save_to_disk` format (e.g. the copies
 in ../shared/data/evals/), a `<data_dir>/<task>.jsonl` file, or the Hub dataset below (online).
-HellaSwag reads `eval.hellaswag_data` (its official jsonl, or a Hub name) like torchllm.eval.hellaswag.
+HellaSwag reads `eval.hellaswag_data` (its official jsonl, or a Hub name), as
+torchllm.eval.hellaswag does.
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[d
 
 def load_items(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[Item]:
     spec = TASKS[name]
-    items = [spec.to_item(row, i) for i, row in enumerate(load_rows(name, data_dir, hellaswag_data))]
+    rows = load_rows(name, data_dir, hellaswag_data)
+    items = [spec.to_item(row, i) for i, row in enumerate(rows)]
     if not items:
         raise ValueError(f"task {name} has no rows")
     return items
