@@ -242,3 +242,15 @@ def test_mixture_of_text_and_conversations(tmp_path):
 def take_batches(loader, k):
     it = iter(loader)
     return [next(it) for _ in range(k)]
+
+
+def test_generate_chat_needs_a_chat_tokenizer(tmp_path, capfd):
+    from test_eval_loading import write_run
+    from torchllm import generate
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    assert generate.main(["--checkpoint", str(run_dir), "--chat", "Hi"]) == 2
+    out = capfd.readouterr()
+    assert "--chat: this tokenizer has no chat template and no chat tokens" in out.out + out.err
+    with pytest.raises(SystemExit):
+        generate.main(["--checkpoint", str(run_dir), "--chat", "Hi", "--prompt", "x"])
