@@ -4,6 +4,7 @@
         [--prompt ...] [--max-new-tokens N] [--temperature 0] [--top-k K] [--top-p P]
         [--seed S] [--print-ids]
     python -m torchllm.generate --checkpoint outputs/debug_model --interactive
+    python -m torchllm.generate --checkpoint outputs/debug_sft --chat "What is 2 + 2?" [--system S]
 
 Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values.
 --interactive reads one prompt per line from stdin (until end of input, Ctrl-D) and prints each
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torchllm.data.chat import ChatTemplate
 from torchllm.data.tokenizer import readable
 from torchllm.eval.generation import generate, generate_stream
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     add("--prompt", action="append", help="text to complete; repeat for a batch")
     add("--interactive", action="store_true",
         help="read prompts from stdin, one per line, and stream each completion")
+    add("--chat", action="append", help="a user message to answer (chat template); repeatable")
+    add("--system", help="--chat: a system message before each user message")
     add("--max-new-tokens", type=int)
     add("--temperature", type=float, help="0 = greedy")
     add("--top-k", type=int, help="0 = no limit")
@@ -87,8 +91,9 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
     add("--print-ids", action="store_true", help="also print the generated token ids")
     args = parser.parse_args(argv)
-    if not args.prompt and not args.interactive:
-        parser.error("give --prompt TEXT (repeatable) or --interactive")
+    if sum(map(bool, (args.prompt, args.chat, args.interactive))) != 1:
+        parser.error("give one of --prompt TEXT (repeatable), --chat MESSAGE (repeatable) or "
+                     "--interactive")
 
     init_logger()
     try:
@@ -110,14 +115,28 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     if args.interactive:
         interactive(model, tokenizer, sampling, stdin, stdout)
         return 0
-    prompts = [tokenizer.encode(p, bos=True) for p in args.prompt]
+    if args.chat:
+        try:
+            template = ChatTemplate(tokenizer)
+        except ValueError as err:
+            logger.error("error: --chat: %s", err)
+            return 2
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        prompts = [template.prompt(system + [{"role": "user", "content": m}]) for m in args.chat]
+        sampling["eos_id"] = template.end_of_turn  # stop at the end of the assistant's turn
+    else:
+        prompts = [tokenizer.encode(p, bos=True) for p in args.prompt]
     try:
         outputs = generate(model, prompts, **sampling)
     except ValueError as err:
         logger.error("error: %s", err)
         return 2
-    for text, ids in zip(args.prompt, outputs):
-        print(text + readable(tokenizer, ids), file=stdout)
+    for i, ids in enumerate(outputs):
+        if args.chat:  # the reply alone, without its end-of-turn token
+            reply = ids[:-1] if ids and ids[-1] == sampling["eos_id"] else ids
+            print(tokenizer.decode(reply), file=stdout)
+        else:
+            print(args.prompt[i] + readable(tokenizer, ids), file=stdout)
         if args.print_ids:
             print("ids:", " ".join(map(str, ids)), file=stdout)
     return 0

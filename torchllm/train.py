@@ -20,8 +20,10 @@ from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import resolve_device, seed_everything
+from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
 from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
 from torchllm.log import init_logger, logger
@@ -54,7 +56,7 @@ from torchllm.runlock import set_parent_death_signal
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator, MoEStats)
+CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats)
 
 
 class Trainer:

@@ -70,8 +70,8 @@ class JobConfig:
             "training.steps", "training.seq_len", "training.local_batch_size", "training.gc_freq",
             "training.loss_chunk_tokens", "model.vocab_pad_multiple", "metrics.log_freq",
             "checkpoint.interval", "validation.freq", "validation.steps", "validation.max_tokens",
-            "eval.max_new_tokens", "eval.hellaswag_batch_size", "comm.init_timeout_seconds",
-            "comm.train_timeout_seconds",
+            "eval.max_new_tokens", "eval.hellaswag_batch_size", "eval.tasks_batch_size",
+            "comm.init_timeout_seconds", "comm.train_timeout_seconds",
         ]
         at_least_one = ["data.prefetch_factor", "data.tokenizer_vocab_size",
                         "data.tokenizer_train_chars", "metrics.loss_spike_window",
@@ -79,9 +79,9 @@ class JobConfig:
         off_or_more = ["training.stop_after_steps", "training.time_limit_minutes",
                        "checkpoint.keep_latest_k"]
         at_least_zero = ["lr_scheduler.warmup_steps", "eval.sample_freq", "eval.hellaswag_freq",
-                         "eval.top_k", "eval.temperature", "data.val_documents",
-                         "data.num_workers", "metrics.max_consecutive_skips",
-                         "profiling.profiler_warmup"]
+                         "eval.top_k", "eval.temperature", "eval.tasks_freq",
+                         "eval.tasks_fewshot", "data.val_documents", "data.num_workers",
+                         "metrics.max_consecutive_skips", "profiling.profiler_warmup"]
         return [
             *[(k, self.value(k) >= 1, "must be a positive integer") for k in positive],
             *[(k, self.value(k) >= 1, "must be >= 1") for k in at_least_one],
@@ -97,6 +97,8 @@ class JobConfig:
             ("model.dropout", 0.0 <= self.model.dropout < 1.0, "must be in [0, 1)"),
             ("eval.top_p", 0.0 < e.top_p <= 1.0, "must be in (0, 1]"),
             ("eval.hellaswag_limit", e.hellaswag_limit >= 1 or e.hellaswag_limit == -1,
+             "must be >= 1, or -1 for all"),
+            ("eval.tasks_limit", e.tasks_limit >= 1 or e.tasks_limit == -1,
              "must be >= 1, or -1 for all"),
             ("data.val_fraction", 0.0 <= self.data.val_fraction < 1.0, "must be in [0, 1)"),
             ("metrics.loss_spike_factor",

@@ -40,9 +40,38 @@ def describe_type(tp) -> str:
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return f"{describe_type(inner[0])} (optional)"
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        names = ", ".join(f.name for f in dataclasses.fields(args[0]))
+        return f"list of {{{names}}} tables"
     if origin is list:
         return f"list of {describe_type(args[0])} (a,b,c)"
     return getattr(tp, "__name__", str(tp))
+
+
+def _table(value: Any, tp) -> Any:
+    """A TOML table (dict) -> the dataclass `tp`, every key known and type-checked."""
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a list of tables with keys {describe_type(list[tp])}")
+    hints = field_types(tp)
+    unknown = sorted(set(value) - set(hints))
+    if unknown:
+        raise ValueError(f"has unknown key {unknown[0]!r}; table keys are {', '.join(hints)}")
+    checked = {}
+    for k, v in value.items():
+        try:
+            checked[k] = check_value(v, hints[k])
+        except ValueError as e:
+            raise ValueError(f"key {k!r} {e}") from None
+    return tp(**checked)
+
+
+def _table_from_string(text: str, tp) -> Any:
+    """'DATASET=WEIGHT' (the CLI form of a list of tables whose first two fields are these)."""
+    first, second = [f.name for f in dataclasses.fields(tp)][:2]
+    head, sep, tail = text.rpartition("=")
+    if not sep:
+        raise ValueError(f"must be {first.upper()}={second.upper()} items, e.g. local:a.txt=0.7")
+    return _table({first: head, second: parse_string(tail, field_types(tp)[second])}, tp)
 
 
 def parse_string(text: str, tp) -> Any:
@@ -57,6 +86,8 @@ def parse_string(text: str, tp) -> Any:
         if text not in args:
             raise ValueError(f"must be one of {describe_type(tp)}")
         return text
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        return [_table_from_string(p.strip(), args[0]) for p in text.split(",") if p.strip()]
     if origin is list:
         return [parse_string(part.strip(), args[0]) for part in text.split(",") if part.strip()]
     if tp is bool:
@@ -92,6 +123,8 @@ def check_value(value: Any, tp) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise ValueError(f"must be a list ({describe_type(tp)})")
+        if dataclasses.is_dataclass(args[0]):
+            return [_table(v, args[0]) for v in value]
         return [check_value(v, args[0]) for v in value]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -215,6 +248,9 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if dataclasses.is_dataclass(value):  # an inline table
+        return "{" + ", ".join(f"{f.name} = {_toml_value(getattr(value, f.name))}"
+                               for f in dataclasses.fields(value)) + "}"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 

@@ -228,6 +228,14 @@ class Float8:
 
 
 @dataclass
+class DataSource:
+    """One weighted source of a mixture: a `[[data.sources]]` table."""
+
+    dataset: str = opt("", "Any data.dataset value (local:, shards:, embedded, ...)")
+    weight: float = opt(1.0, "Share of the training tokens (weights are normalized to sum 1)")
+
+
+@dataclass
 class Data:
     dataset: str = opt(
         "embedded",
@@ -255,6 +263,16 @@ class Data:
     shuffle_windows: bool = opt(
         True, "Shuffle windows within each shard (in-memory corpora: all windows) every epoch"
     )
+    sources: list[DataSource] = opt(
+        [], "A mixture instead of data.dataset: [[data.sources]] tables of dataset + weight "
+        "(token fractions); CLI: DATASET=WEIGHT,DATASET=WEIGHT. See docs/data.md"
+    )
+    chat_column: str = opt("messages", "chat: sources: column of [{role, content}] lists")
+    chat_packing: Literal["pack", "pad"] = opt(
+        "pack", "chat: whole conversations per window (pack) or one per window (pad)")
+    chat_tokens: bool = opt(
+        False, "Add the chat tokens (<|user_start|>...) to a tokenizer without a chat template, "
+        "also without chat: sources (so a base model can be fine-tuned on chat later)")
     num_workers: int = opt(0, "Loader worker processes per rank (0 = load in the trainer)")
     prefetch_factor: int = opt(2, "Batches each loader worker prepares ahead")
 
@@ -374,3 +392,13 @@ class Eval:
     )
     hellaswag_limit: int = opt(500, "Examples scored during training (the first N); -1 = all")
     hellaswag_batch_size: int = opt(4, "Examples per forward pass (each is 4 rows)")
+    tasks: list[str] = opt(
+        [], "Downstream (CORE-style) tasks, 'name' or 'name:K' for K-shot; see docs/evaluation.md"
+    )
+    tasks_freq: int = opt(0, "Run the downstream tasks every N steps during training; 0 = off")
+    tasks_limit: int = opt(100, "Rows scored per task (the first N; the budget knob); -1 = all")
+    tasks_fewshot: int = opt(0, "Solved examples before each question, for tasks without ':K'")
+    tasks_batch_size: int = opt(8, "Task rows per forward pass (each is one row per option)")
+    tasks_data_dir: str = opt(
+        "", "Folder of local task copies (<task>/ from save_to_disk, or <task>.jsonl); '' = Hub"
+    )

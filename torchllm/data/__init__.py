@@ -17,9 +17,12 @@ import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.config.sections import DataSource
 from torchllm.data import shards
+from torchllm.data.chat import ChatTokenizer, build_chat_source, has_native_template
 from torchllm.data.hf_stream import HFStreamBatches, text_digest
 from torchllm.data.loader import TrainLoader
+from torchllm.data.mixture import MixtureBatches, StreamSource, normalized_weights, source_config
 from torchllm.data.sources import documents, open_stream, resolve
 from torchllm.data.token_stream import TokenStream, pack_documents
 from torchllm.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
@@ -51,10 +54,28 @@ def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
     """
+    base = _base_tokenizer(job_config, data_dir)
     dcfg = job_config.data
-    source = resolve(dcfg)
+    chat = any(s.dataset.startswith("chat:") for s in dcfg.sources) or is_chat(dcfg.dataset)
+    if (chat or dcfg.chat_tokens) and not has_native_template(base):
+        return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
+    return base
+
+
+def is_chat(dataset: str) -> bool:
+    return dataset.startswith("chat:")
+
+
+def _base_tokenizer(job_config, data_dir: Path) -> Tokenizer:
+    dcfg = job_config.data
+    if dcfg.sources:  # a mixture: the first source's tokenizer (or corpus, for 'auto')
+        dcfg = source_config(dcfg, 0)
     if dcfg.tokenizer != "auto":
         return load_tokenizer(dcfg.tokenizer)
+    if is_chat(dcfg.dataset):
+        raise ConfigError("data.tokenizer = 'auto' cannot be trained on conversations; name the "
+                          "tokenizer (e.g. the base model's)", "data.tokenizer")
+    source = resolve(dcfg)
     if source.kind == "shards":
         return load_tokenizer(shards.read_index(source.location)["tokenizer"])
     path = auto_tokenizer_path(dcfg, data_dir)
@@ -125,8 +146,11 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     and starts over, in the same order, each time it is iterated.
     """
     dcfg, tcfg = job_config.data, job_config.training
-    source = resolve(dcfg)
     seq_len, batch = tcfg.seq_len, tcfg.local_batch_size
+    if dcfg.sources or is_chat(dcfg.dataset):  # a chat: dataset is a mixture of one
+        train, val = build_mixture(job_config, tokenizer, dp_rank, dp_degree)
+        return _loaders(job_config, train, val, dp_rank, dp_degree)
+    source = resolve(dcfg)
     if source.kind == "hf":
         # The first val_documents documents are the validation split; training skips them.
         val_texts = [t for t, _ in zip(documents(dcfg), range(dcfg.val_documents))]
@@ -144,14 +168,59 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
             stream, val = stream.split(len(stream) - int(len(stream) * dcfg.val_fraction))
         train = WindowBatches(stream, seq_len, batch, dp_rank, dp_degree, job_config.job.seed,
                               dcfg.shuffle_windows, dcfg.dataset)
+    return _loaders(job_config, train, ValWindows(val, seq_len, dp_rank, dp_degree), dp_rank,
+                    dp_degree)
+
+
+def _loaders(job_config, train, val, dp_rank: int, dp_degree: int):
+    dcfg, tcfg = job_config.data, job_config.training
     pin = tcfg.device != "cpu" and torch.cuda.is_available()
     train_loader = TrainLoader(train, dp_rank, dp_degree, dcfg.num_workers, dcfg.prefetch_factor,
                                pin)
-    val_loader = torch.utils.data.DataLoader(
-        ValWindows(val, seq_len, dp_rank, dp_degree), batch_size=batch, shuffle=False,
-        pin_memory=pin,
-    )
+    val_loader = torch.utils.data.DataLoader(val, batch_size=tcfg.local_batch_size,
+                                             shuffle=False, pin_memory=pin)
     return train_loader, val_loader
 
 
-__all__ = ["Tokenizer", "build_data", "build_tokenizer", "load_tokenizer", "whole_stream"]
+def build_mixture(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
+    """(MixtureBatches, validation windows) of data.sources: each source's own held-out split,
+    one after the other."""
+    dcfg, seq_len = job_config.data, job_config.training.seq_len
+    entries = dcfg.sources or [DataSource(dcfg.dataset, 1.0)]
+    weights = normalized_weights(entries)
+    sources, vals = [], []
+    for i, entry in enumerate(entries):
+        one = source_config(dcfg, i) if dcfg.sources else dcfg
+        where = f"data.sources[{i}] ({entry.dataset})" if dcfg.sources else "data.dataset"
+        # Each source its own seed, so equal sources still read in different orders.
+        seed = job_config.job.seed + 1_000_003 * (i + 1)
+        try:
+            if is_chat(entry.dataset):
+                source, val = build_chat_source(entry.dataset[len("chat:"):], job_config,
+                                                tokenizer, dp_rank, dp_degree, seed)
+                sources.append(source)
+                vals.append(val)
+                continue
+            kind = resolve(one).kind
+            if kind == "hf":
+                raise ConfigError("Hugging Face streams cannot be mixed yet; write them to shards "
+                                  "first (python -m torchllm.data.prepare) and mix shards:DIR")
+            if kind == "shards":
+                location = resolve(one).location
+                _check_shard_vocab(location, tokenizer)
+                stream, val = (shards.open_split(location, s) for s in ("train", "val"))
+            else:
+                stream = tokenize_corpus(one, tokenizer)
+                stream, val = stream.split(len(stream) - int(len(stream) * dcfg.val_fraction))
+            sources.append(StreamSource(stream, seq_len, seed, dcfg.shuffle_windows,
+                                        entry.dataset))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}", e.key or "data.sources") from None
+        vals.append(ValWindows(val, seq_len, dp_rank, dp_degree))
+    train = MixtureBatches(sources, [s.dataset for s in entries], weights,
+                           job_config.training.local_batch_size, dp_rank, dp_degree)
+    return train, torch.utils.data.ConcatDataset(vals)
+
+
+__all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "load_tokenizer",
+           "whole_stream"]

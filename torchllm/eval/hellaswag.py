@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from torchllm.eval.loading import (
     init_distributed,
     load_for_inference,
 )
-from torchllm.eval.reduce import gather_objects, rank_and_world, sum_over_ranks
+from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.log import init_logger, logger
 
 RANDOM_BASELINE = 0.25  # 4 endings
@@ -112,8 +111,13 @@ def score_rows(
     rows: list[tuple[list[int], list[int]]],
     device: torch.device,
     autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed and mean cross-entropy of each row's ending tokens, in one padded forward pass."""
+    greedy_match: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Summed and mean cross-entropy of each row's ending tokens, in one padded forward pass.
+
+    With `greedy_match`, also whether every ending token is the argmax prediction (a bool per
+    row): exactly when greedy decoding from the context reproduces the ending.
+    """
     length = max(len(c) + len(e) for c, e in rows)
     tokens = torch.zeros(len(rows), length, dtype=torch.long)
     mask = torch.zeros(len(rows), length, dtype=torch.bool)
@@ -129,7 +133,10 @@ def score_rows(
     ).view(len(rows), -1)
     target_mask = mask[:, 1:]
     sums = (losses * target_mask).sum(dim=1)
-    return sums, sums / target_mask.sum(dim=1)
+    if not greedy_match:
+        return sums, sums / target_mask.sum(dim=1)
+    hits = (logits[:, :-1].argmax(dim=-1) == tokens[:, 1:]) | ~target_mask
+    return sums, sums / target_mask.sum(dim=1), hits.all(dim=1)
 
 
 @dataclass
@@ -170,16 +177,12 @@ def evaluate(
     result as a single process. Ranks with fewer batches run a discarded extra one, so sharded
     models see the same number of forward passes everywhere.
     """
-    rank, world = rank_and_world(group)
     max_len = model.args.max_seq_len
-    mine = list(range(rank, len(examples), world))
-    n_batches = math.ceil(math.ceil(len(examples) / world) / batch_size)
     was_training = model.training
     model.eval()
     predictions = []
     try:
-        for b in range(n_batches):
-            idx = mine[b * batch_size : (b + 1) * batch_size]
+        for idx in rank_batches(len(examples), batch_size, group):
             batch = [examples[i] for i in idx] or examples[:1]  # a rank out of work: a dummy
             rows = [row for ex in batch for row in render_example(tokenizer, ex, max_len)]
             sums, means = score_rows(model, rows, device, autocast)

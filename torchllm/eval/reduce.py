@@ -13,6 +13,19 @@ def rank_and_world(group=None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def rank_batches(n: int, batch_size: int, group=None) -> list[list[int]]:
+    """This rank's share of items 0..n-1 (item i on rank i % world), in batches.
+
+    Every rank gets the same number of batches: a rank out of work gets empty lists, for which
+    the caller runs a discarded dummy forward, so sharded models see the same number of forward
+    passes everywhere.
+    """
+    rank, world = rank_and_world(group)
+    mine = list(range(rank, n, world))
+    n_batches = -(-(-(-n // world)) // batch_size)
+    return [mine[b * batch_size : (b + 1) * batch_size] for b in range(n_batches)]
+
+
 def sum_over_ranks(values: torch.Tensor, group=None) -> torch.Tensor:
     """Element-wise sum of `values` over the ranks of `group` (a no-op in one process)."""
     if dist.is_initialized() and dist.get_world_size(group) > 1:

@@ -1,0 +1,238 @@
+"""CORE-style downstream evaluation: each scorer against a brute-force reference on real rows,
+deterministic K-shot prompts, 2 ranks == 1, the CLI and the in-loop callback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from torchllm.eval import downstream
+from torchllm.eval.hellaswag import score_rows
+from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
+
+from conftest import shared_path, tiny_args
+from test_eval_hellaswag import tiny_model, tokenizer  # noqa: F401 (fixture)
+
+CPU = torch.device("cpu")
+MAX_LEN = 1024
+
+
+def evals_dir():
+    return str(shared_path("data", "evals"))
+
+
+def short_rows(name: str, count: int, tok, max_tokens: int = 300) -> list[Item]:
+    """The first `count` rows of a real task whose options fit the model without truncation."""
+    items = [it for it in load_items(name, evals_dir())
+             if all(len(tok.encode(c)) + len(tok.encode(x)) < max_tokens
+                    for c in it.contexts for x in it.continuations)]
+    return items[:count]
+
+
+def nll_per_token(model, ctx: list[int], cont: list[int]) -> list[float]:
+    """Independent reference: one unpadded forward, float64 log-probs of the continuation."""
+    with torch.no_grad():
+        logp = F.log_softmax(model(torch.tensor([ctx + cont]))[0].double(), dim=-1)
+    return [-logp[len(ctx) + j - 1, t].item() for j, t in enumerate(cont)]
+
+
+def greedy_decode(model, ctx: list[int], n: int) -> list[int]:
+    """Independent reference: n greedy tokens, one full forward per token (no cache, no batch)."""
+    out = list(ctx)
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
+    return out[len(ctx):]
+
+
+def brute_force(model, tok, item: Item, kind: str) -> tuple[int, list[float]]:
+    """(prediction, mean losses) as the task type defines them, option by option."""
+    means = []
+    for i in range(item.num_options):
+        ctx, cont = item.option(i)
+        nll = nll_per_token(model, tok.encode(ctx, bos=True), tok.encode(cont))
+        means.append(sum(nll) / len(nll))
+    if kind == "lm":
+        ctx, cont = item.option(0)
+        ids = tok.encode(cont)
+        hit = greedy_decode(model, tok.encode(ctx, bos=True), len(ids)) == ids
+        return (0 if hit else -1), means
+    return min(range(len(means)), key=lambda i: (means[i], i)), means
+
+
+@pytest.mark.parametrize("name,kind", [("arc_easy", "mc"), ("winogrande", "schema"),
+                                       ("sciq_lm", "lm"), ("copa", "mc")])
+def test_scorer_matches_brute_force_on_real_rows(tokenizer, name, kind):
+    assert TASKS[name].kind == kind
+    items = short_rows(name, 5, tokenizer)
+    model = tiny_model(max_seq_len=MAX_LEN, seed=1)
+    result = downstream.evaluate_task(model, tokenizer, name, items, 0, CPU, batch_size=2)
+    assert result.n == len(items) == len(result.predictions) == 5
+    correct = 0
+    for i, (item, p) in enumerate(zip(items, result.predictions)):
+        pred, means = brute_force(model, tokenizer, item, kind)
+        assert (p["index"], p["gold"], p["pred"]) == (i, item.gold, pred), f"{name} row {i}"
+        assert p["mean_loss"] == pytest.approx(means, rel=1e-4)
+        correct += pred == item.gold
+    assert result.acc == correct / 5
+    assert result.centered == pytest.approx((result.acc - result.chance) / (1 - result.chance))
+
+
+def test_greedy_match_against_brute_force_decoding(tokenizer):
+    """The lm scorer's exact-match flag (one teacher-forced pass) equals greedy decoding's
+    verdict, on continuations that do and do not match: real sciq contexts, each followed by the
+    model's own greedy tokens (a match), and by those tokens with one changed (no match)."""
+    model = tiny_model(max_seq_len=MAX_LEN, seed=2)
+    rows, expected = [], []
+    for item in short_rows("sciq_lm", 4, tokenizer):
+        ctx = tokenizer.encode(item.contexts[0], bos=True)
+        greedy = greedy_decode(model, ctx, 5)
+        for j in range(len(greedy) + 1):  # j = len: unchanged; else token j altered
+            cont = list(greedy)
+            if j < len(cont):
+                cont[j] = (cont[j] + 1) % 512
+            rows.append((ctx, cont))
+            expected.append(cont == greedy)  # greedy decoding reproduces it iff unchanged
+    _, _, hits = score_rows(model, rows, CPU, greedy_match=True)
+    assert hits.tolist() == expected and any(expected) and not all(expected)
+
+
+def test_fewshot_prompts_are_deterministic_and_exclude_the_row():
+    items = load_items("arc_easy", evals_dir())[:40]
+    a = [downstream.with_shots(items, i, 3, seed=7) for i in range(10)]
+    assert a == [downstream.with_shots(items, i, 3, seed=7) for i in range(10)]
+    assert a != [downstream.with_shots(items, i, 3, seed=8) for i in range(10)]
+    for i, prompt in enumerate(a):
+        shots = downstream.fewshot_indices(len(items), i, 3, 7)
+        assert len(set(shots)) == 3 and i not in shots and all(0 <= j < 40 for j in shots)
+        solved = [items[j].contexts[0] + items[j].continuations[items[j].gold] for j in shots]
+        sep = downstream.SHOT_SEPARATOR
+        assert prompt.contexts == (sep.join(solved) + sep + items[i].contexts[0],)
+        assert (prompt.continuations, prompt.gold) == (items[i].continuations, items[i].gold)
+    for i in range(6):  # 5 shots of 6 rows: exactly the other rows
+        assert sorted(downstream.fewshot_indices(6, i, 5, 1)) == [j for j in range(6) if j != i]
+    # Schema tasks: the solved example is its right context + the shared continuation.
+    wino = load_items("winogrande", evals_dir())[:20]
+    p = downstream.with_shots(wino, 0, 1, seed=0)
+    (j,) = downstream.fewshot_indices(20, 0, 1, 0)
+    shot = wino[j].contexts[wino[j].gold] + wino[j].continuations[0]
+    assert p.contexts == tuple(shot + "\n\n" + c for c in wino[0].contexts)
+    with pytest.raises(ValueError, match="5-shot needs 6 rows; the task has 3"):
+        downstream.fewshot_indices(3, 0, 5, 0)
+
+
+def test_task_names_and_errors(tmp_path):
+    assert parse_task("arc_easy", 2) == ("arc_easy", 2) and parse_task("copa:5", 0) == ("copa", 5)
+    with pytest.raises(ValueError, match="unknown task 'arc'; tasks are"):
+        parse_task("arc", 0)
+    with pytest.raises(ValueError, match="shot count after ':' must be an integer"):
+        parse_task("copa:x", 0)
+    (tmp_path / "copa.jsonl").write_text(json.dumps(
+        {"premise": "It rained.", "choice1": "A.", "choice2": "B.", "question": "effect",
+         "label": 1}) + "\n")
+    assert load_items("copa", str(tmp_path)) == [
+        Item(("It rained therefore",), (" a.", " b."), 1)]
+
+
+def test_every_local_task_loads_with_its_row_count():
+    counts = {"arc_easy": 570, "arc_challenge": 299, "piqa": 1838, "winogrande": 1267,
+              "openbookqa": 500, "boolq": 3270, "copa": 100, "commonsense_qa": 1221,
+              "social_iqa": 1954, "sciq": 1000, "sciq_lm": 1000}
+    for name, n in counts.items():
+        items = load_items(name, evals_dir())
+        assert len(items) == n
+        assert all(0 <= it.gold < it.num_options for it in items), name
+    options = {"piqa": 2, "winogrande": 2, "boolq": 2, "copa": 2, "commonsense_qa": 5,
+               "social_iqa": 3, "sciq": 4, "openbookqa": 4, "sciq_lm": 1}
+    for name, k in options.items():
+        items = load_items(name, evals_dir())
+        assert {it.num_options for it in items} == {k}, name
+        assert chance(TASKS[name].kind, items) == (0.0 if k == 1 else pytest.approx(1 / k))
+    arc = load_items("arc_challenge", evals_dir())
+    assert {it.num_options for it in arc} <= {3, 4, 5}
+    assert chance("mc", arc) == pytest.approx(sum(1 / it.num_options for it in arc) / len(arc))
+
+
+def _worker(rank, world, tmp, tok_path, tasks):
+    from torchllm.data.tokenizer import SentencePieceTokenizer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
+                            world_size=world)
+    try:
+        result = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN),
+                                     SentencePieceTokenizer(tok_path), tasks, CPU, limit=5,
+                                     seed=3, batch_size=2)
+        torch.save(result.to_json(), f"{tmp}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process(tmp_path, tokenizer):
+    tasks = {name: (short_rows(name, 12, tokenizer, 200), shots)
+             for name, shots in (("arc_easy", 1), ("winogrande", 2), ("sciq_lm", 0))}
+    # 5 rows, 2 per batch: rank 1 gets 2 rows and runs one discarded dummy batch.
+    mp.spawn(_worker, args=(2, str(tmp_path), str(tokenizer.path), tasks), nprocs=2)
+    single = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN), tokenizer, tasks, CPU,
+                                 limit=5, seed=3, batch_size=2).to_json()
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert out["core"] == single["core"]
+        for name, t in single["tasks"].items():
+            o = out["tasks"][name]
+            assert (o["n"], o["acc"], o["shots"]) == (t["n"], t["acc"], t["shots"])
+            assert t["n"] == 5
+            assert [p["pred"] for p in o["predictions"]] == [p["pred"] for p in t["predictions"]]
+            for p, q in zip(o["predictions"], t["predictions"]):
+                assert p["mean_loss"] == pytest.approx(q["mean_loss"], rel=1e-5)
+
+
+def test_cli_prints_table_and_writes_json(tmp_path, capsys):
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    out = tmp_path / "core.json"
+    assert downstream.main(["--checkpoint", str(run_dir), "--tasks", "copa:1,winogrande",
+                            "--data-dir", evals_dir(), "--limit", "4", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "CORE (mean centered accuracy over 2 tasks)" in printed
+    result = json.loads(out.read_text())
+    assert set(result["tasks"]) == {"copa", "winogrande"}
+    centered = []
+    for t in result["tasks"].values():
+        preds = t["predictions"]
+        assert t["n"] == len(preds) == 4 and t["chance"] == 0.5
+        assert t["acc"] == sum(p["pred"] == p["gold"] for p in preds) / 4
+        centered.append((t["acc"] - 0.5) / 0.5)
+    assert result["tasks"]["copa"]["shots"] == 1
+    assert result["core"] == pytest.approx(sum(centered) / 2)
+    assert downstream.main(["--checkpoint", str(run_dir), "--tasks", "nope"]) == 2
+
+
+def test_in_training_callback_logs_scalars(tmp_path, caplog):
+    from torchllm.train import Trainer, load_config
+
+    cfg = load_config(tiny_args(tmp_path, "--eval.tasks=copa,sciq_lm", "--eval.tasks_freq=2",
+                                "--eval.tasks_limit=3", f"--eval.tasks_data_dir={evals_dir()}",
+                                "--training.seq_len=128"))
+    trainer = Trainer(cfg)
+    cb = trainer.callback(downstream.DownstreamEval)
+    assert cb is not None
+    assert cb.on_step_end(trainer, 1, {}) is None
+    with caplog.at_level("INFO"):
+        report = cb.on_step_end(trainer, 2, {})
+    assert set(report.scalars) == {"downstream/core", "downstream/copa/acc",
+                                   "downstream/copa/centered", "downstream/sciq_lm/acc",
+                                   "downstream/sciq_lm/centered"}
+    assert "downstream step 2: CORE" in caplog.text
+    s = report.scalars
+    assert s["downstream/core"] == pytest.approx(
+        (s["downstream/copa/centered"] + s["downstream/sciq_lm/centered"]) / 2)
+    with pytest.raises(Exception, match="eval.tasks: unknown task 'nope'"):
+        Trainer(load_config(tiny_args(tmp_path, "--eval.tasks=nope", "--eval.tasks_freq=2")))

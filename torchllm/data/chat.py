@@ -1,0 +1,232 @@
+"""Conversations: chat templates with an assistant-only loss mask, and `chat:` window sources.
+
+A conversation is a list of {"role": "system" | "user" | "assistant", "content": str} (the
+common `messages` column of jsonl/parquet/Hugging Face datasets). It is rendered to token ids
+with a template:
+
+    llama3   the tokenizer's own (Llama 3 tiktoken or tokenizer.json with its header tokens):
+             <|begin_of_text|> then per message
+             <|start_header_id|>ROLE<|end_header_id|>\\n\\n CONTENT <|eot_id|>
+    tokens   every other tokenizer (SentencePiece, GPT-2, ...): BOS then per message
+             <|ROLE_start|> CONTENT <|ROLE_end|>, the 6 special tokens added to the vocabulary
+             after the base tokenizer's ids (`ChatTokenizer`)
+
+Only the assistant's content and its end-of-turn token are targets; every other token (BOS,
+headers, system and user turns) is ignored in the loss (-100). Generation stops at the
+end-of-turn token (<|eot_id|> or <|assistant_end|>).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
+
+IGNORE = -100  # the loss's ignore index (torchllm.loss.IGNORE_INDEX; no upward import)
+ROLES = ("system", "user", "assistant")
+ADDED_TOKENS = tuple(f"<|{role}_{edge}|>" for role in ROLES for edge in ("start", "end"))
+LLAMA3_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+
+def special_id(tokenizer, name: str) -> int | None:
+    """The id of special token `name` in a tiktoken or tokenizer.json tokenizer, else None."""
+    enc = getattr(tokenizer, "enc", None)
+    if enc is not None:
+        return enc.encode_single_token(name) if name in enc.special_tokens_set else None
+    tok = getattr(tokenizer, "tok", None)  # HFTokenizer
+    if tok is not None:
+        return tok.token_to_id(name)
+    return None
+
+
+def has_native_template(tokenizer) -> bool:
+    return all(special_id(tokenizer, t) is not None for t in LLAMA3_TOKENS)
+
+
+class ChatTokenizer:
+    """A base tokenizer plus the 6 <|ROLE_start|> / <|ROLE_end|> tokens, ids after its own."""
+
+    def __init__(self, base):
+        self.base = base
+        self.added = {name: base.vocab_size + i for i, name in enumerate(ADDED_TOKENS)}
+        self.names = {i: name for name, i in self.added.items()}
+        self.vocab_size = base.vocab_size + len(ADDED_TOKENS)
+        self.bos_id, self.eos_id = base.bos_id, base.eos_id
+
+    def __getattr__(self, name):  # path, sp, ...: the base tokenizer's
+        return getattr(self.base, name)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        return self.base.encode(text, bos=bos, eos=eos)  # text never becomes an added token
+
+    def decode(self, ids) -> str:
+        out, run = [], []
+        for i in ids:
+            if int(i) in self.names:
+                out += [self.base.decode(run), self.names[int(i)]]
+                run = []
+            else:
+                run.append(int(i))
+        return "".join(out + [self.base.decode(run)])
+
+
+@dataclass(frozen=True)
+class Rendered:
+    ids: list[int]
+    trained: list[bool]  # whether token i is a target (assistant content or its end of turn)
+
+
+class ChatTemplate:
+    """Render conversations (and generation prompts) for one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        if has_native_template(tokenizer):
+            self.kind = "llama3"
+            self.start_header, self.end_header, self.eot = (special_id(tokenizer, t)
+                                                            for t in LLAMA3_TOKENS)
+            self.end_of_turn = self.eot
+        elif isinstance(tokenizer, ChatTokenizer):
+            self.kind = "tokens"
+            self.end_of_turn = tokenizer.added["<|assistant_end|>"]
+        else:
+            raise ConfigError(
+                "this tokenizer has no chat template and no chat tokens; conversations need "
+                "data.chat_tokens = true (adds <|user_start|> ... to the vocab) or a tokenizer "
+                "with Llama 3's header tokens", "data.chat_tokens")
+
+    def header(self, role: str) -> list[int]:
+        if self.kind == "llama3":
+            return ([self.start_header] + self.tokenizer.encode(role) + [self.end_header]
+                    + self.tokenizer.encode("\n\n"))
+        return [self.tokenizer.added[f"<|{role}_start|>"]]
+
+    def footer(self, role: str) -> list[int]:
+        return [self.eot] if self.kind == "llama3" else [self.tokenizer.added[f"<|{role}_end|>"]]
+
+    def render(self, messages: list[dict]) -> Rendered:
+        ids, trained = [self.tokenizer.bos_id], [False]
+        for k, m in enumerate(messages):
+            role, content = m.get("role"), m.get("content")
+            if role not in ROLES or not isinstance(content, str):
+                raise ValueError(f"message {k} must be {{'role': one of {', '.join(ROLES)}, "
+                                 f"'content': str}}, got {m!r}")
+            head, body, foot = self.header(role), self.tokenizer.encode(content), self.footer(role)
+            ids += head + body + foot
+            trained += [False] * len(head) + [role == "assistant"] * (len(body) + len(foot))
+        return Rendered(ids, trained)
+
+    def prompt(self, messages: list[dict]) -> list[int]:
+        """Ids of a conversation so far plus the assistant's header: generate from here."""
+        return self.render(messages).ids + self.header("assistant")
+
+
+def window_rows(convs: list[Rendered], window: int, packing: str, pad_id: int):
+    """Pack rendered conversations into windows of `window` tokens (seq_len + 1).
+
+    packing "pack": in order, as many whole conversations per window as fit (a conversation
+    that fits a window is never split; the rest of the window is padding); "pad": one per
+    window. Longer conversations are truncated to one window. Returns (tokens, trained,
+    positions) arrays [n, window] and the number of truncated conversations.
+    """
+    rows, current, truncated = [], [], 0
+    for c in convs:
+        ids, trained = c.ids, c.trained
+        if len(ids) > window:
+            ids, trained, truncated = ids[:window], trained[:window], truncated + 1
+        used = sum(len(x[0]) for x in current)
+        if current and (packing == "pad" or used + len(ids) > window):
+            rows.append(current)
+            current = []
+        current.append((ids, trained))
+    if current:
+        rows.append(current)
+    tokens = np.full((len(rows), window), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), window), dtype=bool)
+    positions = np.zeros((len(rows), window), dtype=np.int64)
+    for r, row in enumerate(rows):
+        at = 0
+        for ids, trained in row:
+            tokens[r, at : at + len(ids)] = ids
+            mask[r, at : at + len(ids)] = trained
+            positions[r, at : at + len(ids)] = np.arange(len(ids))
+            at += len(ids)
+    return tokens, mask, positions, truncated
+
+
+class ChatSource:
+    """Conversations packed into windows once, read in a seeded order per epoch (a mixture
+    source; also the whole dataset for data.dataset = "chat:...")."""
+
+    def __init__(self, tokens, mask, positions, seed: int):
+        self.tokens, self.mask, self.positions = tokens, mask, positions
+        self.windows_per_epoch, self.seed = len(tokens), seed
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.windows_per_epoch)
+
+    def read(self, ids) -> dict[str, torch.Tensor]:
+        ids = np.asarray(ids, dtype=np.int64)
+        tokens = torch.from_numpy(self.tokens[ids])
+        targets = tokens[:, 1:].clone()
+        targets[~torch.from_numpy(self.mask[ids][:, 1:])] = IGNORE  # only assistant tokens
+        return {"inputs": tokens[:, :-1], "targets": targets,
+                "positions": torch.from_numpy(self.positions[ids][:, :-1])}
+
+
+class ChatVal(torch.utils.data.Dataset):
+    """Held-out windows of a ChatSource, rank r taking the r-th contiguous share."""
+
+    def __init__(self, source: ChatSource, first: int, count: int, dp_rank: int, dp_degree: int):
+        self.source, self.count = source, count // dp_degree
+        self.first = first + dp_rank * self.count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        return {k: v[0] for k, v in self.source.read([self.first + i]).items()}
+
+
+def read_conversations(location: str, dcfg) -> list[list[dict]]:
+    """`messages` lists of chat:PATH (jsonl/parquet file, glob or folder) or chat:hf:NAME."""
+    from torchllm.data.sources import Source, open_stream
+
+    kind, sep, rest = location.partition(":")
+    if sep and kind == "hf":
+        source = Source("hf", rest, dcfg.hf_subset or None, dcfg.hf_split or "train")
+    else:
+        source = Source("local", location)
+    ds, column = open_stream(source, dcfg.chat_column)
+    return [list(row[column]) for row in ds]
+
+
+def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_degree: int,
+                      seed: int):
+    """(ChatSource of the training windows, ChatVal) for chat:LOCATION."""
+    dcfg, window = job_config.data, job_config.training.seq_len + 1
+    template = ChatTemplate(tokenizer)
+    convs = read_conversations(location, dcfg)
+    try:
+        rendered = [template.render(c) for c in convs]
+    except ValueError as e:
+        raise ConfigError(f"chat:{location}: {e}", "data.dataset") from None
+    tokens, mask, positions, truncated = window_rows(rendered, window, dcfg.chat_packing,
+                                                     tokenizer.eos_id)
+    if dp_rank == 0:
+        logger.info("chat:%s: %d conversations (%s template) in %d windows of %d tokens (%s); "
+                    "%d truncated to one window", location, len(convs), template.kind,
+                    len(tokens), window, dcfg.chat_packing, truncated)
+    n_val = int(len(tokens) * dcfg.val_fraction)
+    source = ChatSource(tokens, mask, positions, seed)
+    source.windows_per_epoch = len(tokens) - n_val  # the last n_val windows are held out
+    if source.windows_per_epoch < 1:
+        raise ConfigError(f"chat:{location} has no training windows ({len(tokens)} in all)",
+                          "data.dataset")
+    return source, ChatVal(source, len(tokens) - n_val, n_val, dp_rank, dp_degree)
