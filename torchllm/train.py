@@ -29,6 +29,7 @@ from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
+from torchllm.models.attention import TokenLayout
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
@@ -221,15 +222,17 @@ class Trainer:
         for i, batch in enumerate(micro_batches):
             inputs = batch["inputs"].to(self.device, non_blocking=True)
             targets = batch["targets"].to(self.device, non_blocking=True)
+            # Where tokens sit in their documents (block_causal masks, per-document positions).
+            layout = TokenLayout.from_positions(batch.get("positions")).to(self.device)
             # Gradients are reduced across dp ranks on the last micro-step only.
             with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
                     with self.autocast():
-                        loss = self.model(inputs, targets=targets,
+                        loss = self.model(inputs, targets=targets, layout=layout,
                                           loss_chunk_tokens=self.cfg.training.loss_chunk_tokens)
                 else:
                     with self.autocast():
-                        logits = self.model(inputs)
+                        logits = self.model(inputs, layout=layout)
                     loss = self.loss_fn(logits, targets)  # float32, outside autocast
                     del logits
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the

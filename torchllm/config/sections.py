@@ -44,6 +44,21 @@ class Model:
     rope_theta: Optional[float] = opt(None, "Override the flavor's RoPE base frequency")
     rope_scaling: Optional[bool] = opt(None, "Override Llama-3.1 RoPE frequency scaling on/off")
     tie_embeddings: Optional[bool] = opt(None, "Override the flavor's tied input/output embedding")
+    attn_mask_type: Literal["causal", "block_causal"] = opt(
+        "causal", "causal | block_causal (a token attends only within its own document of the "
+        "packed window)"
+    )
+    attention: Literal["sdpa", "flex"] = opt(
+        "sdpa", "Attention kernel: sdpa (every device; causal fast path, boolean mask otherwise) "
+        "| flex (FlexAttention with a block mask, compiled; CUDA only)"
+    )
+    sliding_window: list[int] = opt(
+        [], "Sliding-window attention: [] = off, [W] = every layer sees the last W tokens, or "
+        "one entry per layer (0 = full attention for that layer)"
+    )
+    restart_positions_per_document: bool = opt(
+        False, "RoPE (GPT-2: learned) positions restart at 0 at each document of a packed window"
+    )
 
 
 @dataclass

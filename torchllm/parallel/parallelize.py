@@ -55,6 +55,12 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "gloo path); use 'fp16' or 'none' on CPU",
             "parallelism.ddp_comm_hook",
         )
+    if job_config.model.attention == "flex" and device_type != "cuda":
+        raise ConfigError(
+            "model.attention = 'flex' needs CUDA (FlexAttention has no CPU backward); use "
+            "model.attention = 'sdpa', which trains block_causal and sliding windows on every "
+            "device with a boolean mask", "model.attention",
+        )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
     check_float8_hardware(job_config.float8, device_type)
