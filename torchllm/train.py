@@ -29,12 +29,12 @@ from torchllm.eval.in_training import Evaluator
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, TrainingStopped, rank
-from torchllm.models.attention import TokenLayout
 from torchllm.metrics.flops import flops_per_token, parameter_counts, peak_flops
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
     any_rank,
+    ContextParallel,
     build_loss_fn,
     build_parallel_dims,
     clip_grad_norm_,
@@ -84,6 +84,7 @@ class Trainer:
         self.parallel_dims.build_mesh(self.device)
         self.dp_degree = self.parallel_dims.dp_degree
         self.dp_rank = self.parallel_dims.dp_rank
+        self.cp = ContextParallel.from_dims(self.parallel_dims)  # splits sequences (cp > 1)
 
         # Global batch = local batch x dp degree x accumulation steps.
         per_pass = tcfg.local_batch_size * self.dp_degree
@@ -222,8 +223,11 @@ class Trainer:
         for i, batch in enumerate(micro_batches):
             inputs = batch["inputs"].to(self.device, non_blocking=True)
             targets = batch["targets"].to(self.device, non_blocking=True)
-            # Where tokens sit in their documents (block_causal masks, per-document positions).
-            layout = TokenLayout.from_positions(batch.get("positions")).to(self.device)
+            positions = batch.get("positions")
+            positions = None if positions is None else positions.to(self.device, non_blocking=True)
+            # Where tokens sit in their documents (block_causal masks, per-document positions);
+            # under context parallelism, this rank's share of the tokens.
+            inputs, targets, layout = self.cp.shard(inputs, targets, positions)
             # Gradients are reduced across dp ranks on the last micro-step only.
             with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
@@ -237,10 +241,11 @@ class Trainer:
                     del logits
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the
                 # gradient is exactly that of the global mean.
-                (loss * (self.dp_degree / global_tokens)).backward()
+                # (FSDP2 also averages over the cp ranks, each holding part of the tokens.)
+                (loss * (self.dp_degree * self.cp.degree / global_tokens)).backward()
             loss_sum += loss.detach()
             del loss
-        return loss_sum, n_tokens
+        return self.cp.reduce_loss(loss_sum), n_tokens
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over grad_accum_steps micro-batches; returns its metrics."""

@@ -146,6 +146,10 @@ class Parallelism:
         -1, "FSDP2 shard degree; -1 = what is left of the world after replicate x tensor_parallel"
     )
     tensor_parallel_degree: int = opt(1, "Tensor-parallel degree (divides heads and KV heads)")
+    context_parallel_degree: int = opt(
+        1, "Context-parallel degree: each sequence is split over this many ranks (head-tail "
+        "load-balanced); keys/values are all-gathered; FSDP2 shards over dp_shard x cp"
+    )
     dp_mode: Literal["fsdp", "ddp"] = opt(
         "fsdp", "A data-parallel-only run: shard with FSDP2, or replicate with DDP (no sharding)"
     )

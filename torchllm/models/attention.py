@@ -144,6 +144,11 @@ def build_masks(windows: list[int], seqlen: int, device, *, mask_type: str = "ca
     return masks
 
 
+def more_keys_than_queries(mask, seqlen: int) -> bool:
+    """True for a mask built over gathered keys (context parallelism): gather k/v first."""
+    return mask is not None and not isinstance(mask, str) and mask.shape[-1] > seqlen
+
+
 def decode_mask(start: int, seqlen: int, total: int, window: int, device) -> torch.Tensor | None:
     """Mask of `seqlen` new tokens at positions start.. over `total` cached keys (KV cache)."""
     if seqlen == 1 and (not window or total <= window):

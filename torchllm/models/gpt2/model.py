@@ -23,6 +23,7 @@ from torchllm.models.attention import (
     build_masks,
     decode_mask,
     layer_windows,
+    more_keys_than_queries,
 )
 from torchllm.models.head import lm_head
 from torchllm.models.gpt2.args import GPT2Args
@@ -64,7 +65,7 @@ class Attention(nn.Module):
             start = cache.pos
             k, v = cache.update(self, k, v)
             mask = decode_mask(start, seqlen, k.shape[1], self.window, x.device)
-        elif self.kv_gather is not None:
+        elif self.kv_gather is not None and more_keys_than_queries(mask, seqlen):
             k, v = self.kv_gather(k, 1), self.kv_gather(v, 1)
         out = attend(q, k, v, mask)
         return self.wo(out.reshape(bsz, seqlen, -1))
@@ -154,7 +155,9 @@ class GPT2(nn.Module):
         if cache is None:
             masks = build_masks(self.windows, tokens.shape[1], tokens.device, layout=layout,
                                 mask_type=self.args.attn_mask_type,
-                                backend=self.args.attn_backend, kv_gather=self.kv_gather)
+                                backend=self.args.attn_backend,
+                                kv_gather=self.kv_gather if layout and layout.index is not None
+                                else None)
         h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for name, layer in self.layers.items():
             h = layer(h, cache=cache, mask=masks.get(self.windows[int(name)]))

@@ -20,6 +20,7 @@ from torchllm.models.attention import (
     build_masks,
     decode_mask,
     layer_windows,
+    more_keys_than_queries,
 )
 from torchllm.models.head import lm_head
 from torchllm.models.llama.args import LlamaArgs
@@ -144,7 +145,7 @@ class Attention(nn.Module):
             start = cache.pos
             k, v = cache.update(self, k, v)
             mask = decode_mask(start, seqlen, k.shape[1], self.window, x.device)
-        elif self.kv_gather is not None:
+        elif self.kv_gather is not None and more_keys_than_queries(mask, seqlen):
             k, v = self.kv_gather(k, 1), self.kv_gather(v, 1)
         # Grouped-query attention (fewer KV heads) is handled inside attend.
         out = attend(q, k, v, mask)
@@ -246,7 +247,9 @@ class Transformer(nn.Module):
         if cache is None:
             masks = build_masks(self.windows, seqlen, tokens.device, layout=layout,
                                 mask_type=self.args.attn_mask_type,
-                                backend=self.args.attn_backend, kv_gather=self.kv_gather)
+                                backend=self.args.attn_backend,
+                                kv_gather=self.kv_gather if layout and layout.index is not None
+                                else None)
         h = self.tok_embeddings(tokens)
         for name, layer in self.layers.items():
             h = layer(h, rope, cache=cache, mask=masks.get(self.windows[int(name)]))
