@@ -176,6 +176,11 @@ def test_attention_config_errors(tmp_path):
     cfg = load_config(tiny_args(tmp_path, "--model.attention=flex"))
     with pytest.raises(ConfigError, match="model.attention = 'sdpa'"):
         build_parallel_dims(cfg, 1, "cpu", model_args(cfg))
+    cfg = load_config(tiny_args(tmp_path, "--model.name=gpt2", "--model.tie_embeddings=false",
+                                "--model.restart_positions_per_document=true",
+                                "--parallelism.tensor_parallel_degree=2"))
+    with pytest.raises(ConfigError, match="not supported for GPT-2"):
+        build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
 
 
 def test_train_block_causal_sliding_window(tmp_path):

@@ -34,6 +34,14 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         )
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
+    if (dims.tp_enabled and job_config.model.restart_positions_per_document
+            and not hasattr(model_args, "rope_theta")):  # learned positions (GPT-2)
+        raise ConfigError(
+            "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "
+            "supported for GPT-2 (TP shards its learned position table along one shared "
+            "sequence); use Llama (RoPE), or turn one of them off",
+            "model.restart_positions_per_document",
+        )
     if dims.tp_enabled and job_config.float8.enable:
         raise ConfigError(
             "float8.enable with tensor_parallel_degree > 1 is not supported: float8 swaps the "
