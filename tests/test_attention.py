@@ -193,3 +193,39 @@ def test_train_block_causal_sliding_window(tmp_path):
     )))
     losses = trainer.train()
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+def test_flex_block_mask_equals_dense_mask(monkeypatch):
+    """The FlexAttention mask_mod encodes the same rule as the boolean mask (forward only, eager
+    flex on CPU: training with flex needs CUDA), including keys gathered from other tokens."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from torchllm.models import attention
+
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: flex_attention)
+    q, k, v = qkv(seq=16, heads=4, kv_heads=2)
+    positions = torch.cat([POSITIONS, torch.tensor([[3, 4, 5, 6], [0, 1, 0, 1]])], dim=1)
+    layout = TokenLayout.from_positions(positions)
+    # Queries of a head-tail share (tokens 0-3 and 12-15) over all 16 keys, as under cp = 2.
+    index = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15])
+    local = TokenLayout(doc_ids=layout.doc_ids[:, index], index=index)
+
+    def gather(t, dim):  # the other rank's share, then rank order: [own, other]
+        other = torch.tensor([4, 5, 6, 7, 8, 9, 10, 11])
+        full = layout.doc_ids if dim == 1 else torch.arange(16)
+        return torch.cat([full[:, index], full[:, other]] if dim == 1 else [index, other], dim)
+
+    order = torch.cat([index, torch.tensor([4, 5, 6, 7, 8, 9, 10, 11])])
+    for window in (0, 5):
+        kwargs = dict(mask_type="block_causal", layout=local, kv_gather=gather)
+        flex = build_masks([window], 8, "cpu", backend="flex", **kwargs)[window]
+        dense = build_masks([window], 8, "cpu", backend="sdpa", **kwargs)[window]
+        with torch.no_grad():
+            got = attend(q[:, index], k[:, order], v[:, order], flex)
+            expected = attend(q[:, index], k[:, order], v[:, order], dense)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        # And the dense mask under this layout is the brute-force rule on global indices.
+        doc = layout.doc_ids
+        ref = reference_attention(q, k, v, lambda b, i, j: j <= i and bool(doc[b, i] == doc[b, j])
+                                  and (not window or i - j < window))
+        torch.testing.assert_close(expected, ref[:, index], atol=1e-5, rtol=1e-5)
