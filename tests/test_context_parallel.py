@@ -3,19 +3,25 @@ and the checks that run before any process group."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from conftest import tiny_config
 from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
 from torchllm.config import ConfigError
+from torchllm.data import build_data
 from torchllm.models import model_args
 from torchllm.parallel import ContextParallel, build_parallel_dims
 from torchllm.parallel.context_parallel import head_tail_index
 from torchllm.train import Trainer
 
 CP = "--parallelism.context_parallel_degree=2"
-DOCS = ("--model.attn_mask_type=block_causal", "--model.restart_positions_per_document=true")
+# Short documents (lines of the embedded corpus): the 16-token windows hold several of them.
+SHORT_DOCS = "--data.dataset=local:{tmp}/short_docs.jsonl"
+DOCS = ("--model.attn_mask_type=block_causal", "--model.restart_positions_per_document=true",
+        SHORT_DOCS)
 WINDOW = ("--model.sliding_window=5",)
 GPT2 = ("--model.name=gpt2", "--model.tie_embeddings=false")
 TWO = {
@@ -78,13 +84,33 @@ def test_cp_validates_and_resolves_dp_shard(tmp_path):
     assert (dims.dp_shard, dims.cp, dims.dp_degree, dims.fsdp_enabled) == (2, 2, 2, True)
 
 
+def write_short_docs(path) -> None:
+    from torchllm.data.embedded import embedded_documents
+
+    lines = [line.strip() for doc in embedded_documents() for line in doc.split("\n")]
+    with open(path, "w") as f:
+        for line in lines:
+            if 10 <= len(line) <= 30:
+                f.write(json.dumps({"text": line}) + "\n")
+
+
+def fill(args, tmp):
+    return [a.format(tmp=tmp) for a in args]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cp")
+    write_short_docs(tmp / "short_docs.jsonl")
     by_args = {}
     for extra in set(REFERENCE.values()):
-        trainer = Trainer(tiny_config(
-            tmp, *COMMON, f"--training.local_batch_size={GLOBAL_BATCH}", *extra))
+        cfg = tiny_config(tmp, *COMMON, f"--training.local_batch_size={GLOBAL_BATCH}",
+                          *fill(extra, tmp))
+        trainer = Trainer(cfg)
+        if SHORT_DOCS in extra:  # the block_causal runs really see several documents a window
+            loader, _ = build_data(cfg, trainer.tokenizer, 0, 1)  # (not the trainer's own)
+            positions = next(iter(loader))["positions"]
+            assert (positions[:, 1:] == 0).sum() >= positions.shape[0]
         metrics = [trainer.train_step() for _ in range(STEPS)]
         by_args[extra] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
     return tmp, {name: by_args[extra] for name, extra in REFERENCE.items()}
@@ -95,6 +121,8 @@ def test_cp_layouts_match_single_process(reference):
     """CP=2 (causal, block_causal, sliding window, GPT-2) on 2 ranks and CP x FSDP2 / HSDP / TP
     on 4 ranks: 10 steps' losses equal one process's (rel 1e-4)."""
     tmp, refs = reference
-    results = {**launch(tmp, 2, TWO), **launch(tmp, 4, FOUR)}
+    two = {name: fill(args, tmp) for name, args in TWO.items()}
+    four = {name: fill(args, tmp) for name, args in FOUR.items()}
+    results = {**launch(tmp, 2, two), **launch(tmp, 4, four)}
     for name in REFERENCE:
         assert_matches(results[name], refs[name], loose=False)
