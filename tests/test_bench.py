@@ -32,6 +32,9 @@ def test_layouts_become_parallelism_overrides():
     assert "--parallelism.data_parallel_shard_degree=4" in hsdp
     assert "hsdp needs" in Variant("hsdp").unsupported(2)
     assert Variant("hsdp").unsupported(4) is None and Variant("ddp").unsupported(2) is None
+    assert "--parallelism.context_parallel_degree=2" in Variant("cp").overrides(4)
+    assert "cp needs an even world" in Variant("cp").unsupported(3)
+    assert Variant("cp").unsupported(2) is None
 
 
 def test_bad_lists_and_flags_are_errors():

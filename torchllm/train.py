@@ -38,6 +38,7 @@ from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
     any_rank,
+    ContextParallel,
     build_loss_fn,
     build_parallel_dims,
     clip_grad_norm_,
@@ -71,6 +72,7 @@ class Trainer:
         self.parallel_dims.build_mesh(self.device, cfg.comm.init_timeout_seconds)
         self.dp_degree = self.parallel_dims.dp_degree
         self.dp_rank = self.parallel_dims.dp_rank
+        self.cp = ContextParallel.from_dims(self.parallel_dims)  # splits sequences (cp > 1)
 
         # Global batch = local batch x dp degree x accumulation steps.
         per_pass = tcfg.local_batch_size * self.dp_degree
@@ -201,22 +203,25 @@ class Trainer:
         # Normalize by the token count of the whole global batch, so that the step's loss is
         # the mean over all its tokens however it is split into micro-batches. The count stays
         # on the device (its all-reduce queues behind nothing the host must wait for).
-        batches = [{k: b[k].to(self.device, non_blocking=True) for k in ("inputs", "targets")}
-                   for b in micro_batches]
+        batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()
+                    if k in ("inputs", "targets", "positions")} for b in micro_batches]
         n_tokens = sum((b["targets"] != IGNORE_INDEX).sum() for b in batches)
         global_tokens = dp_sum(n_tokens, self.parallel_dims)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            inputs, targets = batch["inputs"], batch["targets"]
+            # Where tokens sit in their documents (block_causal masks, per-document positions);
+            # under context parallelism, this rank's share of the tokens.
+            inputs, targets, layout = self.cp.shard(batch["inputs"], batch["targets"],
+                                                    batch.get("positions"))
             # Gradients are reduced across dp ranks on the last micro-step only.
             with gradient_sync(self.model, enabled=i == len(batches) - 1):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
                     with self.autocast():
-                        loss = self.model(inputs, targets=targets,
+                        loss = self.model(inputs, targets=targets, layout=layout,
                                           loss_chunk_tokens=self.cfg.training.loss_chunk_tokens)
                 else:
                     with self.autocast():
-                        logits = self.model(inputs)
+                        logits = self.model(inputs, layout=layout)
                     loss = self.loss_fn(logits, targets)  # float32, outside autocast
                     del logits
                 # MoE load balancing: the layers' auxiliary losses, weighted by this micro-batch's
@@ -226,10 +231,11 @@ class Trainer:
                 total = loss if aux is None else loss + aux * (targets != IGNORE_INDEX).sum()
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the
                 # gradient is exactly that of the global mean.
-                (total * (self.dp_degree / global_tokens)).backward()
+                # (FSDP2 also averages over the cp ranks, each holding part of the tokens.)
+                (total * (self.dp_degree * self.cp.degree / global_tokens)).backward()
             loss_sum += loss.detach()
             del loss, total
-        return loss_sum, n_tokens
+        return self.cp.reduce_loss(loss_sum), n_tokens
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over grad_accum_steps micro-batches; returns its metrics.

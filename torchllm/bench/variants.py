@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-# Data-parallel layouts, as overrides of [parallelism] (hsdp's degrees depend on the world).
-LAYOUTS = ("ddp", "fsdp2", "fsdp2_noreshard", "hsdp")
+# Layouts, as overrides of [parallelism] (hsdp's and cp's degrees depend on the world).
+# cp = context parallelism 2 x FSDP2 over the rest (sequences split in two; seq_len % 4 == 0).
+LAYOUTS = ("ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "cp")
 AC_MODES = ("none", "full", "selective")
 COMPILE = ("off", "on")
 FLOAT8 = ("off", "tensorwise", "rowwise")
@@ -37,6 +38,8 @@ class Variant:
         if self.layout == "hsdp" and (nproc < 4 or nproc % 2):
             return (f"hsdp needs an even world of >= 4 ranks (2 replicas x >= 2 shards); "
                     f"--nproc is {nproc}")
+        if self.layout == "cp" and nproc % 2:
+            return f"cp needs an even world (context_parallel_degree 2); --nproc is {nproc}"
         return None
 
     def overrides(self, nproc: int) -> list[str]:
@@ -53,6 +56,9 @@ class Variant:
             "hsdp": ["--parallelism.dp_mode=fsdp",
                      f"--parallelism.data_parallel_shard_degree={nproc // 2}",
                      "--parallelism.data_parallel_replicate_degree=2"],
+            "cp": ["--parallelism.dp_mode=fsdp", "--parallelism.context_parallel_degree=2",
+                   "--parallelism.data_parallel_shard_degree=-1",
+                   "--parallelism.data_parallel_replicate_degree=1"],
         }[self.layout]
         o.append(f"--activation_checkpoint.mode={self.ac}")
         o.append(f"--compile.enable={'true' if self.compile == 'on' else 'false'}")

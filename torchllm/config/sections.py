@@ -65,6 +65,21 @@ class Model:
         0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss"
     )
     moe_z_loss_coef: float = opt(0.0, "MoE models: weight of the router z-loss; 0 = off")
+    attn_mask_type: Literal["causal", "block_causal"] = opt(
+        "causal", "causal | block_causal (a token attends only within its own document of the "
+        "packed window)"
+    )
+    attention: Literal["sdpa", "flex"] = opt(
+        "sdpa", "Attention kernel: sdpa (every device; causal fast path, boolean mask otherwise) "
+        "| flex (FlexAttention with a block mask, compiled; CUDA only)"
+    )
+    sliding_window: list[int] = opt(
+        [], "Sliding-window attention: [] = off, [W] = every layer sees the last W tokens, or "
+        "one entry per layer (0 = full attention for that layer)"
+    )
+    restart_positions_per_document: bool = opt(
+        False, "RoPE (GPT-2: learned) positions restart at 0 at each document of a packed window"
+    )
 
 
 @dataclass
@@ -153,6 +168,10 @@ class Parallelism:
         -1, "FSDP2 shard degree; -1 = what is left of the world after replicate x tensor_parallel"
     )
     tensor_parallel_degree: int = opt(1, "Tensor-parallel degree (divides heads and KV heads)")
+    context_parallel_degree: int = opt(
+        1, "Context-parallel degree: each sequence is split over this many ranks (head-tail "
+        "load-balanced); keys/values are all-gathered; FSDP2 shards over dp_shard x cp"
+    )
     dp_mode: Literal["fsdp", "ddp"] = opt(
         "fsdp", "A data-parallel-only run: shard with FSDP2, or replicate with DDP (no sharding)"
     )

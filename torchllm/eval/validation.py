@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from torchllm.eval.reduce import sum_over_ranks
+from torchllm.models.attention import TokenLayout
 from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
 
 
@@ -24,8 +25,8 @@ def validate(
 ) -> dict[str, float]:
     """Mean token loss over the first `steps` batches of `batches`, over all ranks of `group`.
 
-    `batches` yields dicts with "inputs" and "targets" ("positions" is ignored: the model does
-    not take it yet); iterating it again must start over, so every validation sees the same
+    `batches` yields dicts with "inputs", "targets" and optionally "positions" (where tokens sit
+    in their documents: block_causal masks, per-document positions); iterating it again must start over, so every validation sees the same
     data. Every rank must yield the same number of batches (sharded models run collectives in
     forward). The model is put in eval mode and returned to its previous mode.
     Returns TensorBoard-ready scalars: val/loss (token-weighted mean), val/perplexity, val/tokens.
@@ -37,8 +38,9 @@ def validate(
         for _, batch in zip(range(steps), batches):
             inputs = batch["inputs"].to(device, non_blocking=True)
             targets = batch["targets"].to(device, non_blocking=True)
+            layout = TokenLayout.from_positions(batch.get("positions")).to(device)
             with autocast():
-                logits = model(inputs)
+                logits = model(inputs, layout=layout)
             totals[0] += cross_entropy_sum(logits, targets).double()
             totals[1] += (targets != IGNORE_INDEX).sum()
     finally:

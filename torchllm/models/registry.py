@@ -73,7 +73,19 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
         "rope_scaling": mcfg.rope_scaling,
         "tie_embeddings": mcfg.tie_embeddings,
         "dropout": mcfg.dropout,
+        "attn_mask_type": mcfg.attn_mask_type,
+        "attn_backend": mcfg.attention,
+        "sliding_window": tuple(mcfg.sliding_window),
+        "restart_positions_per_document": mcfg.restart_positions_per_document,
     }
+    windows = mcfg.sliding_window
+    if (len(windows) not in (0, 1, args.n_layers) or any(w < 0 for w in windows)
+            or len(windows) == 1 and windows[0] == 0):
+        raise ConfigError(
+            f"model.sliding_window = {windows}: give [] (off), one window W >= 1 for every layer, "
+            f"or {args.n_layers} entries (one per layer of {mcfg.name}/{mcfg.flavor}, 0 = full "
+            "attention)", "model.sliding_window"
+        )
     known = {f.name for f in dataclasses.fields(args)}
     return dataclasses.replace(
         args, **{k: v for k, v in changes.items() if v is not None and k in known}

@@ -1,6 +1,7 @@
 """Parallel dimensions and the functions that apply them to a model."""
 
 from torchllm.parallel.compile import build_loss_fn
+from torchllm.parallel.context_parallel import ContextParallel, apply_cp
 from torchllm.parallel.dims import ParallelDims, destroy_distributed
 from torchllm.parallel.distributed import (
     FirstCollectiveError,
@@ -18,6 +19,8 @@ from torchllm.parallel.parallelize import build_parallel_dims, parallelize_llama
 
 __all__ = [
     "FirstCollectiveError",
+    "ContextParallel",
+    "apply_cp",
     "ParallelDims",
     "any_rank",
     "build_loss_fn",

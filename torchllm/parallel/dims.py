@@ -23,9 +23,11 @@ class ParallelDims:
     tp: int
     world_size: int
     dp_mode: str = "fsdp"
+    cp: int = 1
     device_type: str = "cpu"  # set by build_mesh
     mesh: object = field(default=None, repr=False)  # DeviceMesh once build_mesh ran (world > 1)
     dp_flat_mesh: object = field(default=None, repr=False)  # its flattened "dp" dim
+    dp_shard_cp_mesh: object = field(default=None, repr=False)  # flattened dp_shard x cp
 
     @classmethod
     def from_config(cls, pcfg, world_size: int) -> "ParallelDims":
@@ -35,6 +37,7 @@ class ParallelDims:
             tp=pcfg.tensor_parallel_degree,
             world_size=world_size,
             dp_mode=pcfg.dp_mode,
+            cp=pcfg.context_parallel_degree,
         )
         dims.validate()
         return dims
@@ -42,23 +45,31 @@ class ParallelDims:
     def validate(self) -> None:
         """Resolve dp_shard = -1, check the product and the supported combinations."""
         for name, value in (("data_parallel_replicate_degree", self.dp_replicate),
-                            ("tensor_parallel_degree", self.tp)):
+                            ("tensor_parallel_degree", self.tp),
+                            ("context_parallel_degree", self.cp)):
             if value < 1:
                 raise ConfigError(f"parallelism.{name} = {value}: must be >= 1",
                                   f"parallelism.{name}")
         if self.dp_shard == -1:
-            self.dp_shard = max(self.world_size // (self.dp_replicate * self.tp), 1)
+            self.dp_shard = max(self.world_size // (self.dp_replicate * self.cp * self.tp), 1)
         elif self.dp_shard < 1:
             raise ConfigError(
                 f"parallelism.data_parallel_shard_degree = {self.dp_shard}: must be >= 1 or -1",
                 "parallelism.data_parallel_shard_degree",
             )
-        product = self.dp_replicate * self.dp_shard * self.tp
+        product = self.dp_replicate * self.dp_shard * self.cp * self.tp
         if product != self.world_size:
             raise ConfigError(
                 f"parallelism degrees replicate={self.dp_replicate} x shard={self.dp_shard} x "
-                f"tp={self.tp} = {product}, but the world size is {self.world_size}; make the "
-                "product equal the number of processes (NGPU x NNODES)"
+                f"cp={self.cp} x tp={self.tp} = {product}, but the world size is "
+                f"{self.world_size}; make the product equal the number of processes "
+                "(NGPU x NNODES)"
+            )
+        if self.dp_mode == "ddp" and self.cp > 1:
+            raise ConfigError(
+                "parallelism.dp_mode = 'ddp' does not compose with context_parallel_degree > 1: "
+                "the cp ranks' gradients are reduced by FSDP2 over dp_shard x cp; use "
+                "dp_mode = 'fsdp'", "parallelism.dp_mode",
             )
         if self.dp_mode == "ddp":
             if self.dp_replicate > 1 and self.dp_shard > 1:
@@ -70,7 +81,7 @@ class ParallelDims:
                 )
             # DDP replicates over every data-parallel rank: the dp degree lives on dp_replicate.
             self.dp_replicate, self.dp_shard = self.dp_replicate * self.dp_shard, 1
-        if self.tp > 1 and self.dp_replicate > 1 and self.dp_shard == 1:
+        if self.tp > 1 and self.dp_replicate > 1 and self.dp_shard * self.cp == 1:
             raise ConfigError(
                 f"DDP (data_parallel_replicate_degree = {self.dp_replicate}) does not compose "
                 "with tensor_parallel_degree > 1; use FSDP2 + TP instead "
@@ -121,21 +132,27 @@ class ParallelDims:
         return self.tp > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
     def fsdp_enabled(self) -> bool:
-        """FSDP2 (HSDP when replicate > 1 too) shards the model over dp_shard."""
-        return self.dp_shard_enabled
+        """FSDP2 (HSDP when replicate > 1 too) shards the model over dp_shard x cp."""
+        return self.dp_shard * self.cp > 1
 
     @property
     def ddp_enabled(self) -> bool:
-        return self.dp_replicate_enabled and not self.dp_shard_enabled
+        return self.dp_replicate_enabled and not self.fsdp_enabled
 
     # -- the mesh ---------------------------------------------------------------------------
     def build_mesh(self, device: torch.device, timeout_s: float | None = None):
         """Init the process group (once; collectives time out after `timeout_s`, default
         torch's) and the named mesh; a no-op for a single process.
 
-        Dims: dp_replicate x dp_shard x tp (size-1 dims included so names always resolve),
-        plus `dp` = dp_replicate x dp_shard flattened, for data loading and loss reduction.
+        Dims: dp_replicate x dp_shard x cp x tp (size-1 dims included so names always
+        resolve), plus flattened ones: `dp` = dp_replicate x dp_shard (data loading, loss
+        reduction: cp ranks read the same batch) and `dp_shard_cp` = dp_shard x cp (FSDP2
+        shards over it, so gradients are also reduced over cp, as TorchTitan does).
         """
         self.device_type = device.type
         if self.world_size == 1:
@@ -151,10 +168,11 @@ class ParallelDims:
                 dist.init_process_group("gloo", **kwargs)
         self.mesh = init_device_mesh(
             device.type,
-            (self.dp_replicate, self.dp_shard, self.tp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+            (self.dp_replicate, self.dp_shard, self.cp, self.tp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"),
         )
         self.dp_flat_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")
+        self.dp_shard_cp_mesh = self.mesh["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
         if timeout_s is not None:  # the mesh's own groups do not inherit the default's timeout
             self.set_timeout(timeout_s)
         return self.mesh
@@ -163,7 +181,8 @@ class ParallelDims:
         """Set the collective timeout of the default group and every group of the mesh."""
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
-        groups = [None, self.dp_group, *(self.mesh.get_group(d) for d in range(self.mesh.ndim))]
+        groups = [None, self.dp_group, self.dp_shard_cp_mesh.get_group(),
+                  *(self.mesh.get_group(d) for d in range(self.mesh.ndim))]
         for group in groups:
             _set_pg_timeout(timedelta(seconds=seconds), group)
 
@@ -176,11 +195,19 @@ class ParallelDims:
         """The data-parallel process group (size 1 under pure TP); None for a single process."""
         return self.dp_flat_mesh.get_group() if self.mesh is not None else None
 
+    @property
+    def cp_group(self):
+        """The context-parallel process group; None without context parallelism."""
+        return self.mesh["cp"].get_group() if self.mesh is not None and self.cp > 1 else None
+
     def fsdp_mesh(self):
-        """The mesh FSDP2 shards over: 2-D (replicate, shard) for HSDP, else dp_shard."""
+        """The mesh FSDP2 shards over: 2-D (replicate, shard x cp) for HSDP, else shard x cp."""
+        if not self.cp_enabled:
+            return self.mesh["dp_replicate", "dp_shard"] if self.dp_replicate_enabled \
+                else self.mesh["dp_shard"]
         if self.dp_replicate_enabled:
-            return self.mesh["dp_replicate", "dp_shard"]
-        return self.mesh["dp_shard"]
+            return self.mesh["dp_replicate", "dp_shard_cp"]
+        return self.dp_shard_cp_mesh
 
 
 def destroy_distributed() -> None:

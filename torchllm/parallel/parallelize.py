@@ -9,6 +9,7 @@ from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.parallel.ac import apply_ac, parse_selective_option
 from torchllm.parallel.compile import apply_compile, check_components
+from torchllm.parallel.context_parallel import apply_cp
 from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.float8 import apply_float8, check_float8_hardware
@@ -26,6 +27,16 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             f"training.seq_len = {job_config.training.seq_len} is not a multiple of "
             f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
             "training.seq_len",
+        )
+    if dims.cp_enabled:
+        check_cp_lengths(job_config.training, dims.cp, dims.tp)
+    if (dims.tp_enabled and job_config.model.restart_positions_per_document
+            and not hasattr(model_args, "rope_theta")):  # learned positions (GPT-2)
+        raise ConfigError(
+            "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "
+            "supported for GPT-2 (TP shards its learned position table along one shared "
+            "sequence); use Llama (RoPE), or turn one of them off",
+            "model.restart_positions_per_document",
         )
     if dims.tp_enabled and job_config.float8.enable:
         raise ConfigError(
@@ -51,6 +62,12 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "gloo path); use 'fp16' or 'none' on CPU",
             "parallelism.ddp_comm_hook",
         )
+    if job_config.model.attention == "flex" and device_type != "cuda":
+        raise ConfigError(
+            "model.attention = 'flex' needs CUDA (FlexAttention has no CPU backward); use "
+            "model.attention = 'sdpa', which trains block_causal and sliding windows on every "
+            "device with a boolean mask", "model.attention",
+        )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
     check_float8_hardware(job_config.float8, device_type)
@@ -58,10 +75,28 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     return dims
 
 
+def check_cp_lengths(tcfg, cp: int, tp: int) -> None:
+    """Context parallelism cuts every sequence into 2·cp equal chunks (and TP splits a rank's
+    share again): every sequence length of the run must be a multiple of 2·cp·tp."""
+    from torchllm.data.seq_len_schedule import parse_seq_len_schedule
+
+    need = 2 * cp * tp
+    for length, _ in parse_seq_len_schedule(tcfg.seq_len_schedule, tcfg.seq_len):
+        if length % need:
+            key = "training.seq_len_schedule" if tcfg.seq_len_schedule else "training.seq_len"
+            raise ConfigError(
+                f"{key}: sequence length {length} is not a multiple of 2 x "
+                f"context_parallel_degree ({cp}) x tensor_parallel_degree ({tp}) = {need} "
+                "(head-tail chunks per cp rank); use a multiple of it", key,
+            )
+
+
 def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
-    """Apply, in place, on the meta-device model: TP -> float8 -> AC -> compile -> FSDP2 | DDP.
+    """Apply, in place, on the meta-device model: CP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
 
     The order is forced by what each step wraps or replaces:
+    - CP only tells each attention module how to gather keys/values over the cp ranks; it must
+      reach the plain modules before AC/compile wrap them. (The trainer splits the batch.)
     - TP first: it rewrites Linear weights into DTensors and hooks their inputs/outputs, so it
       needs the plain modules, and every later step must see its sharded shapes.
     - float8 swaps nn.Linear for Float8Linear; AC and compile must wrap/trace the swapped
@@ -76,6 +111,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
     """
     pcfg, applied = job_config.parallelism, []
     compiled = job_config.compile.enable and "model" in job_config.compile.components
+    if parallel_dims.cp_enabled:
+        apply_cp(model, parallel_dims.cp_group)
+        applied.append(f"CP {parallel_dims.cp} (all-gather K/V, head-tail chunks)")
     if parallel_dims.tp_enabled:
         apply_tp(model, parallel_dims.mesh["tp"])
         applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
@@ -99,8 +137,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
             cpu_offload=pcfg.fsdp_cpu_offload,
         )
         kind = "HSDP" if parallel_dims.dp_replicate_enabled else "FSDP2"
+        cp = f" x cp={parallel_dims.cp}" if parallel_dims.cp_enabled else ""
         applied.append(
-            f"{kind} replicate={parallel_dims.dp_replicate} shard={parallel_dims.dp_shard} "
+            f"{kind} replicate={parallel_dims.dp_replicate} shard={parallel_dims.dp_shard}{cp} "
             f"(reshard {pcfg.fsdp_reshard_after_forward}, params {'bf16' if bf16 else 'fp32'}, "
             f"reduce {pcfg.fsdp_reduce_dtype})"
         )

@@ -82,7 +82,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     device = tcfg.device if tcfg.device != "auto" else resolve_device("auto").type
     bf16 = use_bf16(tcfg.mixed_precision, device)
     act = 2 if bf16 else FP32
-    shard = dims.dp_shard * dims.tp
+    shard = dims.dp_shard * dims.cp * dims.tp  # FSDP2 shards over dp_shard x cp
     n_layers = model_args.n_layers
     block_params = sum(p.numel() for p in model.layers["0"].parameters())
 
@@ -102,7 +102,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     else:
         terms["gathered_params"] = block_backward_extra = 0
 
-    tokens = tcfg.local_batch_size * tcfg.seq_len
+    tokens = tcfg.local_batch_size * tcfg.seq_len // dims.cp  # cp splits every sequence
     ac = cfg.activation_checkpoint
     per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option)
     if ac.mode == "selective" and ac.selective_option.isdigit():
@@ -146,6 +146,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         "dp_shard": dims.dp_shard,
         "dp_replicate": dims.dp_replicate,
         "tp": dims.tp,
+        "cp": dims.cp,
         "tokens_per_rank": tokens,
         "activation_bytes": act,
         **counts,

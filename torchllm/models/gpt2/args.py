@@ -18,6 +18,11 @@ class GPT2Args:
     max_seq_len: int = 1024  # rows of the learned position table (GPT-2's n_positions)
     tie_embeddings: bool = True
     dropout: float = 0.0  # attention probabilities and residual branches, training only
+    # Attention (torchllm.models.attention): mask, backend, per-layer sliding windows.
+    attn_mask_type: str = "causal"  # causal | block_causal (attend within the document only)
+    attn_backend: str = "sdpa"  # sdpa | flex
+    sliding_window: tuple = ()  # () = off; (w,) = every layer; one per layer (0 = full)
+    restart_positions_per_document: bool = False  # RoPE / learned positions restart per document
 
     def __post_init__(self):
         if self.dim % self.n_heads:

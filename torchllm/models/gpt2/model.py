@@ -16,6 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchllm.models.attention import (
+    CAUSAL,
+    TokenLayout,
+    attend,
+    build_masks,
+    decode_mask,
+    layer_windows,
+    more_keys_than_queries,
+)
 from torchllm.models.head import lm_head
 from torchllm.models.gpt2.args import GPT2Args
 
@@ -36,33 +45,32 @@ def _reset_norm(norm: nn.LayerNorm) -> None:
 class Attention(nn.Module):
     """Causal multi-head self-attention; heads are inferred from shapes (TP shards them)."""
 
-    def __init__(self, args: GPT2Args):
+    def __init__(self, args: GPT2Args, window: int = 0):
         super().__init__()
         self.head_dim = args.head_dim
+        self.window = window  # sliding window of this layer (0 = full causal)
         self.wq = nn.Linear(args.dim, args.dim)
         self.wk = nn.Linear(args.dim, args.dim)
         self.wv = nn.Linear(args.dim, args.dim)
         self.dropout = args.dropout
         self.wo = nn.Linear(args.dim, args.dim)
+        # Context parallelism sets this: gathers keys/values of every rank's tokens (dim 1).
+        self.kv_gather = None
 
-    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, cache=None, mask=CAUSAL) -> torch.Tensor:
+        """`mask` comes from attention.build_masks (training); with a cache it is built here."""
         bsz, seqlen, _ = x.shape
         q, k, v = (w(x).view(bsz, seqlen, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        mask = None
         if cache is not None:
             # Decoding: attend to every cached key plus the new ones, causally among the new.
             start = cache.pos
             k, v = cache.update(self, k, v)
-            if seqlen > 1:
-                query_pos = torch.arange(start, start + seqlen, device=x.device)
-                mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if cache is None:
-            p = self.dropout if self.training else 0.0  # nanoGPT-style dropout (model.dropout)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+            mask = decode_mask(start, seqlen, k.shape[1], self.window, x.device)
+        elif self.kv_gather is not None and more_keys_than_queries(mask, seqlen):
+            k, v = self.kv_gather(k, 1), self.kv_gather(v, 1)
+        p = self.dropout if self.training and cache is None else 0.0  # model.dropout
+        out = attend(q, k, v, mask, p)
+        return self.wo(out.reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -91,7 +99,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = Attention(args, layer_windows(args.sliding_window, args.n_layers)[layer_id])
         self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         # GPT-2 scales the residual projections' init by 1/sqrt(2·n_layers): two residual adds
@@ -99,9 +107,9 @@ class TransformerBlock(nn.Module):
         self.out_std = INIT_STD / math.sqrt(2 * args.n_layers)
         self.dropout = args.dropout  # on each residual branch (and attention probabilities)
 
-    def forward(self, x: torch.Tensor, *, cache=None) -> torch.Tensor:
-        h = x + F.dropout(self.attention(self.attention_norm(x), cache=cache), self.dropout,
-                          self.training)
+    def forward(self, x: torch.Tensor, *, cache=None, mask=CAUSAL) -> torch.Tensor:
+        h = x + F.dropout(self.attention(self.attention_norm(x), cache=cache, mask=mask),
+                          self.dropout, self.training)
         return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
 
     def init_weights(self) -> None:
@@ -125,20 +133,38 @@ class GPT2(nn.Module):
         self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         # Tied: the head reads the embedding table directly, as in the Llama model.
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
+        self.windows = layer_windows(args.sliding_window, args.n_layers)
+        # Context parallelism sets this (and each attention's): gathers a tensor over the cp ranks.
+        self.kv_gather = None
 
     def forward(self, tokens: torch.Tensor, cache=None, targets: torch.Tensor | None = None,
-                loss_chunk_tokens: int = 4096) -> torch.Tensor:
+                loss_chunk_tokens: int = 4096, layout: TokenLayout | None = None) -> torch.Tensor:
         """Training passes no cache. With a KV cache, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
-        returns the summed token cross entropy instead of the logits (training.chunked_loss)."""
+        returns the summed token cross entropy instead of the logits (training.chunked_loss).
+        `layout` says where the tokens sit (documents, window index; attention.TokenLayout)."""
         start = 0 if cache is None else cache.pos
         end = start + tokens.shape[1]
         if end > self.args.max_seq_len:
             raise ValueError(f"sequence length {end} > model max_seq_len {self.args.max_seq_len}")
-        positions = torch.arange(start, end, device=tokens.device)
+        masks = {}
+        if cache is not None or layout is None:
+            positions = torch.arange(start, end, device=tokens.device)
+        elif self.args.restart_positions_per_document and layout.positions is not None:
+            positions = layout.positions  # [B, S]
+        elif layout.index is not None:
+            positions = layout.index
+        else:
+            positions = torch.arange(end, device=tokens.device)
+        if cache is None:
+            masks = build_masks(self.windows, tokens.shape[1], tokens.device, layout=layout,
+                                mask_type=self.args.attn_mask_type,
+                                backend=self.args.attn_backend,
+                                kv_gather=self.kv_gather if layout and layout.index is not None
+                                else None)
         h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
-        for layer in self.layers.values():
-            h = layer(h, cache=cache)
+        for name, layer in self.layers.items():
+            h = layer(h, cache=cache, mask=masks.get(self.windows[int(name)]))
         if cache is not None:
             cache.pos = end
         h = self.norm(h)

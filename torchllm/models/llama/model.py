@@ -13,6 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchllm.models.attention import (
+    CAUSAL,
+    TokenLayout,
+    attend,
+    build_masks,
+    decode_mask,
+    layer_windows,
+    more_keys_than_queries,
+)
 from torchllm.models.head import lm_head
 from torchllm.models.llama.args import LlamaArgs
 
@@ -76,11 +85,13 @@ class KVCache:
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate consecutive pairs (x0, x1) of each head by the position's angle, in float32.
 
-    x: [batch, seq, heads, head_dim]; table: [seq, head_dim/2, 2].
+    x: [batch, seq, heads, head_dim]; table: [seq, head_dim/2, 2], or [batch, seq, head_dim/2, 2]
+    when positions differ per sequence (RoPE restarting at each document).
     """
     pairs = x.float().unflatten(-1, (-1, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
-    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    table = table[None] if table.dim() == 3 else table
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
     rotated = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -108,42 +119,39 @@ def _init_linear(linear: nn.Linear, scale: float = 1.0) -> None:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, window: int = 0):
         super().__init__()
         self.head_dim = args.head_dim
-        self.n_rep = args.n_heads // args.n_kv_heads
+        self.window = window  # sliding window of this layer (0 = full causal)
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.dropout = args.dropout
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        # Context parallelism sets this: gathers keys/values of every rank's tokens (dim 1).
+        self.kv_gather = None
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None,
+        mask=CAUSAL,
     ) -> torch.Tensor:
+        """`mask` comes from attention.build_masks (training); with a cache it is built here."""
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        mask = None
         if cache is not None:
             # Decoding: attend to every cached key plus the new ones, causally among the new.
             start = cache.pos
             k, v = cache.update(self, k, v)
-            if seqlen > 1:
-                query_pos = torch.arange(start, start + seqlen, device=x.device)
-                mask = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos[:, None]
-        # Grouped-query attention: each KV head serves n_rep query heads.
-        k = k.repeat_interleave(self.n_rep, dim=2)
-        v = v.repeat_interleave(self.n_rep, dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if cache is None:
-            p = self.dropout if self.training else 0.0  # nanoGPT-style dropout (model.dropout)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+            mask = decode_mask(start, seqlen, k.shape[1], self.window, x.device)
+        elif self.kv_gather is not None and more_keys_than_queries(mask, seqlen):
+            k, v = self.kv_gather(k, 1), self.kv_gather(v, 1)
+        # Grouped-query attention (fewer KV heads) is handled inside attend.
+        p = self.dropout if self.training and cache is None else 0.0  # model.dropout
+        out = attend(q, k, v, mask, p)
+        return self.wo(out.reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_scale: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -174,7 +182,8 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = Attention(args)
+        window = layer_windows(args.sliding_window, args.n_layers)[layer_id]
+        self.attention = Attention(args, window)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         # Residual-branch outputs are scaled down so the residual stream's variance stays O(1).
@@ -182,11 +191,11 @@ class TransformerBlock(nn.Module):
         self.dropout = args.dropout  # on each residual branch (and attention probabilities)
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None
+        self, x: torch.Tensor, rope: torch.Tensor, *, cache: KVCache | None = None, mask=CAUSAL
     ) -> torch.Tensor:
-        # The cache is a keyword argument: positional inputs stay (x, rope), as hooks that
-        # re-lay-out module inputs (tensor parallelism) expect.
-        h = x + F.dropout(self.attention(self.attention_norm(x), rope, cache=cache),
+        # The cache and mask are keyword arguments: positional inputs stay (x, rope), as hooks
+        # that re-lay-out module inputs (tensor parallelism) expect.
+        h = x + F.dropout(self.attention(self.attention_norm(x), rope, cache=cache, mask=mask),
                           self.dropout, self.training)
         return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
 
@@ -213,22 +222,41 @@ class Transformer(nn.Module):
         # shared between two modules (sharing breaks under to_empty and per-module sharding).
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
         self.register_buffer("rope_cache", rope_table(args), persistent=False)
+        self.windows = layer_windows(args.sliding_window, args.n_layers)
+        # Context parallelism sets this (and each attention's): gathers a tensor over the cp ranks.
+        self.kv_gather = None
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
-                targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096) -> torch.Tensor:
+                targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096,
+                layout: TokenLayout | None = None) -> torch.Tensor:
         """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
-        returns the summed token cross entropy instead of the logits (training.chunked_loss)."""
+        returns the summed token cross entropy instead of the logits (training.chunked_loss).
+        `layout` says where the tokens sit (documents, window index; attention.TokenLayout)."""
         start = 0 if cache is None else cache.pos
         seqlen = tokens.shape[1]
         if start + seqlen > self.args.max_seq_len:
             raise ValueError(
                 f"sequence length {start + seqlen} > model max_seq_len {self.args.max_seq_len}"
             )
-        rope = self.rope_cache[start : start + seqlen]
+        masks = {}
+        if cache is not None or layout is None:
+            rope = self.rope_cache[start : start + seqlen]
+        elif self.args.restart_positions_per_document and layout.positions is not None:
+            rope = self.rope_cache[layout.positions]  # [B, S, head_dim/2, 2]
+        elif layout.index is not None:
+            rope = self.rope_cache[layout.index]
+        else:
+            rope = self.rope_cache[:seqlen]
+        if cache is None:
+            masks = build_masks(self.windows, seqlen, tokens.device, layout=layout,
+                                mask_type=self.args.attn_mask_type,
+                                backend=self.args.attn_backend,
+                                kv_gather=self.kv_gather if layout and layout.index is not None
+                                else None)
         h = self.tok_embeddings(tokens)
-        for layer in self.layers.values():
-            h = layer(h, rope, cache=cache)
+        for name, layer in self.layers.items():
+            h = layer(h, rope, cache=cache, mask=masks.get(self.windows[int(name)]))
         if cache is not None:
             cache.pos += seqlen
         h = self.norm(h)

@@ -1,0 +1,102 @@
+"""Context parallelism: every sequence is split over the cp ranks; attention sees all keys.
+
+Layout (load-balanced for causal attention): the window is cut into 2·cp chunks and cp rank r
+keeps chunks r and 2·cp-1-r, so each rank holds early and late tokens and does the same amount
+of causal-attention work. Everything but attention is per token and runs on the local chunk.
+
+Attention (the all-gather scheme of the Llama 3 paper, used for its 128k training): each layer
+all-gathers keys and values over the cp group with autograd-aware functional collectives (their
+backward is a reduce-scatter of the key/value gradients), and each rank attends its queries
+over the gathered keys with a mask built from the global token indices and document ids of both
+sides (attention.build_masks), so causal, block_causal and sliding-window masks stay exact.
+This runs on CPU/gloo as on CUDA/NCCL. (torch's `context_parallel` ring attention has no CPU
+path, and no document masks for SDPA.)
+
+Gradients: FSDP2 shards over dp_shard x cp (ParallelDims.fsdp_mesh), so its reduce-scatter
+averages over the cp ranks as over the dp ranks; the trainer scales the loss by dp x cp / tokens
+and sums the cp ranks' partial losses for reporting (ContextParallel.reduce_loss).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+
+def head_tail_index(seqlen: int, cp: int, rank: int, device=None) -> torch.Tensor:
+    """Window indices held by cp rank `rank`: chunks rank and 2·cp-1-rank of 2·cp."""
+    chunk = seqlen // (2 * cp)
+    first = torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
+    last = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, device=device)
+    return torch.cat([first, last])
+
+
+def gather_sequence(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Concatenate every cp rank's `t` along `dim` (in rank order); differentiable."""
+    from torch.distributed import _functional_collectives as funcol
+
+    # torch 2.13 renamed all_gather_tensor(_autograd) to all_gather_single (autograd-aware).
+    if hasattr(funcol, "all_gather_single"):
+        out = funcol.all_gather_single(t.contiguous(), dim, group)
+    elif t.is_floating_point():
+        out = funcol.all_gather_tensor_autograd(t.contiguous(), gather_dim=dim, group=group)
+    else:
+        out = funcol.all_gather_tensor(t.contiguous(), gather_dim=dim, group=group)
+    return funcol.wait_tensor(out) if not t.is_floating_point() else out
+
+
+def apply_cp(model: nn.Module, cp_group) -> None:
+    """Make every attention of `model` gather keys/values over `cp_group` (in place).
+
+    Sets `kv_gather` on the model (for the mask's key indices) and on each block's attention;
+    attention gathers only when its mask has more keys than it has queries, so unsplit
+    forwards (validation, evals) still run as on one rank.
+    """
+    gather = functools.partial(gather_sequence, group=cp_group)
+    model.kv_gather = gather
+    for block in model.layers.values():
+        block.attention.kv_gather = gather
+
+
+class ContextParallel:
+    """What the training step does differently under cp: split, scale, reduce."""
+
+    def __init__(self, degree: int = 1, rank: int = 0, group=None):
+        self.degree, self.rank, self.group = degree, rank, group
+
+    @classmethod
+    def from_dims(cls, parallel_dims) -> "ContextParallel":
+        if not parallel_dims.cp_enabled:
+            return cls()
+        group = parallel_dims.cp_group
+        return cls(parallel_dims.cp, dist.get_rank(group), group)
+
+    def shard(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None):
+        """(inputs, targets, layout) of this rank's tokens; the identity without cp."""
+        # (Imported here: torchllm.models imports this package to register parallelize_fns.)
+        from torchllm.models.attention import TokenLayout
+
+        if self.degree == 1:
+            return inputs, targets, TokenLayout.from_positions(positions)
+        seqlen = inputs.shape[1]
+        if positions is None:  # one document per window
+            positions = torch.arange(seqlen, device=inputs.device).expand_as(inputs)
+        full = TokenLayout.from_positions(positions)  # documents are found on the whole window
+        index = head_tail_index(seqlen, self.degree, self.rank, inputs.device)
+        layout = TokenLayout(positions=full.positions[:, index], doc_ids=full.doc_ids[:, index],
+                             index=index)
+        return inputs[:, index], targets[:, index], layout
+
+    def reduce_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """Sum the cp ranks' partial loss sums (each rank scored only its tokens)."""
+        if self.degree == 1:
+            return loss_sum
+        dist.all_reduce(loss_sum, group=self.group)
+        return loss_sum
+
+
+__all__ = ["ContextParallel", "apply_cp", "gather_sequence", "head_tail_index"]
