@@ -114,9 +114,9 @@ class Qwen3Adapter:
             for a, b in ATTENTION.items():
                 out[theirs + b] = sd[ours + a]
             if args.is_moe_layer(i):
-                out[theirs + "mlp.gate.weight"] = sd[ours + "moe.gate.weight"]
+                out[theirs + "mlp.gate.weight"] = sd[ours + "feed_forward.gate.weight"]
                 for w, name in EXPERT.items():
-                    stacked = sd[f"{ours}moe.experts.{w}"]
+                    stacked = sd[f"{ours}feed_forward.experts.{w}"]
                     for e in range(args.n_experts):
                         out[f"{theirs}mlp.experts.{e}.{name}.weight"] = stacked[e]
             else:
@@ -136,14 +136,14 @@ class Qwen3Adapter:
             for a, b in ATTENTION.items():
                 out[ours + a] = hf_sd[theirs + b]
             if args.is_moe_layer(i):
-                out[ours + "moe.gate.weight"] = hf_sd[theirs + "mlp.gate.weight"]
+                out[ours + "feed_forward.gate.weight"] = hf_sd[theirs + "mlp.gate.weight"]
                 fused = hf_sd.get(theirs + "mlp.experts.gate_up_proj")
                 if fused is not None:  # transformers 5's layout
-                    out[ours + "moe.experts.w1"], out[ours + "moe.experts.w3"] = fused.chunk(2, 1)
-                    out[ours + "moe.experts.w2"] = hf_sd[theirs + "mlp.experts.down_proj"]
+                    out[ours + "feed_forward.experts.w1"], out[ours + "feed_forward.experts.w3"] = fused.chunk(2, 1)
+                    out[ours + "feed_forward.experts.w2"] = hf_sd[theirs + "mlp.experts.down_proj"]
                     continue
                 for w, name in EXPERT.items():
-                    out[f"{ours}moe.experts.{w}"] = torch.stack([
+                    out[f"{ours}feed_forward.experts.{w}"] = torch.stack([
                         hf_sd[f"{theirs}mlp.experts.{e}.{name}.weight"]
                         for e in range(args.n_experts)])
             else:

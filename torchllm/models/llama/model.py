@@ -140,7 +140,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = self.position(q, k, rope)
         if cache is not None:
             # Decoding: attend to every cached key plus the new ones, causally among the new.
             start = cache.pos
@@ -152,6 +152,10 @@ class Attention(nn.Module):
         p = self.dropout if self.training and cache is None else 0.0  # model.dropout
         out = attend(q, k, v, mask, p)
         return self.wo(out.reshape(bsz, seqlen, -1))
+
+    def position(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor):
+        """Rotate queries and keys by their positions (families override, e.g. QK-norm)."""
+        return apply_rope(q, rope), apply_rope(k, rope)
 
     def init_weights(self, out_scale: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -178,14 +182,16 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    attention_cls = Attention  # families subclass the block with their own attention / MLP
+
     def __init__(self, layer_id: int, args: LlamaArgs):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         window = layer_windows(args.sliding_window, args.n_layers)[layer_id]
-        self.attention = Attention(args, window)
+        self.attention = self.attention_cls(args, window)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        self.feed_forward = self.build_mlp(layer_id, args)
         # Residual-branch outputs are scaled down so the residual stream's variance stays O(1).
         self.out_scale = 1.0 / math.sqrt(2 * args.n_layers)
         self.dropout = args.dropout  # on each residual branch (and attention probabilities)
@@ -199,6 +205,9 @@ class TransformerBlock(nn.Module):
                           self.dropout, self.training)
         return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
 
+    def build_mlp(self, layer_id: int, args) -> nn.Module:
+        return FeedForward(args.dim, args.ffn_hidden_dim)
+
     def init_weights(self) -> None:
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
@@ -209,19 +218,22 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
 
+    block_cls = TransformerBlock  # a family that reuses this skeleton sets its own block
+    rope_table = staticmethod(rope_table)  # ... and RoPE table
+
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         # A dict (not a list) keeps parameter names stable when layers are wrapped or removed.
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+            {str(i): self.block_cls(i, args) for i in range(args.n_layers)}
         )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # Tied: the output projection reads the embedding table directly, so no parameter is
         # shared between two modules (sharing breaks under to_empty and per-module sharding).
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
-        self.register_buffer("rope_cache", rope_table(args), persistent=False)
+        self.register_buffer("rope_cache", self.rope_table(args), persistent=False)
         self.windows = layer_windows(args.sliding_window, args.n_layers)
         # Context parallelism sets this (and each attention's): gathers a tensor over the cp ranks.
         self.kv_gather = None
@@ -266,7 +278,7 @@ class Transformer(nn.Module):
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialize every parameter and buffer in place (after `to_empty`)."""
         device = buffer_device or self.rope_cache.device
-        self.rope_cache = rope_table(self.args, device=device)
+        self.rope_cache = self.rope_table(self.args, device=device)
         nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
         for layer in self.layers.values():
             layer.init_weights()

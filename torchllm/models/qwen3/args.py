@@ -26,6 +26,13 @@ class Qwen3Args:
     moe_hidden_dim: int = 768
     norm_topk_prob: bool = True
     moe_every: int = 1
+    # What Llama's shared code reads (attention masks and kernels, RoPE, dropout).
+    rope_scaling: bool = False
+    dropout: float = 0.0
+    attn_mask_type: str = "causal"
+    attn_backend: str = "sdpa"
+    sliding_window: tuple = ()
+    restart_positions_per_document: bool = False
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
