@@ -30,6 +30,10 @@ COMMON = (
 
 FLOAT8 = ("--float8.enable", "--float8.emulate")
 GPT2 = ("--model.name=gpt2", "--model.tie_embeddings=false")  # TP needs an untied head
+QWEN3 = ("--model.name=qwen3", "--model.tie_embeddings=false")
+# The load-balancing loss is a per-micro-batch statistic (like every token-choice MoE's), so a
+# different split of the batch optimizes a slightly different objective: parity runs without it.
+QWEN3_MOE = ("--model.name=qwen3_moe", "--model.moe_aux_loss_coef=0")
 TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     "ddp_accumulate": ["--parallelism.dp_mode=ddp", "--training.local_batch_size=2"],
     "ddp_fp16_hook": ["--parallelism.data_parallel_replicate_degree=2",
@@ -44,6 +48,10 @@ TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     # The registry's second family under the same apply_* functions.
     "gpt2_fsdp": [*GPT2, "--training.local_batch_size=4"],
     "gpt2_tp": [*GPT2, "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
+    # A family that is not Llama-shaped (QK-norm, explicit head_dim), dense and MoE.
+    "qwen3_fsdp": [*QWEN3, "--training.local_batch_size=4"],
+    "qwen3_tp": [*QWEN3, "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
+    "qwen3_moe_fsdp": [*QWEN3_MOE, "--training.local_batch_size=4"],
     # The composition order: checkpoint wrapper inside the compiled block inside FSDP2.
     "fsdp_ac_op_compiled": ["--activation_checkpoint.mode=selective", "--compile.enable",
                             "--compile.backend=aot_eager", "--training.local_batch_size=4"],
@@ -99,7 +107,9 @@ def reference(tmp_path_factory):
     # Also trains and caches the tokenizer every worker run then reads.
     return tmp, {"untied": run_reference(tmp),
                  "tied": run_reference(tmp, "--model.tie_embeddings=true"),
-                 "gpt2": run_reference(tmp, *GPT2)}
+                 "gpt2": run_reference(tmp, *GPT2),
+                 "qwen3": run_reference(tmp, *QWEN3),
+                 "qwen3_moe": run_reference(tmp, *QWEN3_MOE)}
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +135,8 @@ def assert_matches(got: dict, ref: dict, loose: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(TWO) - FLOAT8_RUNS - BF16_RUNS))
 def test_two_process_layout_matches_single_process(name, reference, two_process):
-    family = "gpt2" if name.startswith("gpt2") else "tied" if "tied" in name else "untied"
+    family = next((f for f in ("gpt2", "qwen3_moe", "qwen3") if name.startswith(f)),
+                  "tied" if "tied" in name else "untied")
     ref = reference[1][family]
     assert_matches(two_process[name], ref, name in LOOSE)
 

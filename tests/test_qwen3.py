@@ -197,3 +197,31 @@ def test_moe_stats_reach_tensorboard_scalars(tmp_path):
     shares = [s[f"moe/tokens_per_expert/e{e}"] for e in range(n_experts)]
     assert sum(shares) == pytest.approx(1.0)
     assert s["moe/max_load"] >= 1.0 and s["moe/aux_loss"] > 0 and s["moe/dropped_fraction"] == 0
+
+
+def test_kv_cache_decoding_equals_full_forward():
+    """Llama's KV cache under Qwen3's QK-norm and half-split RoPE: decoding token by token gives
+    the logits of one full forward (dense and MoE)."""
+    from torchllm.models.llama.model import KVCache
+
+    for case in ("dense-untied", "moe"):
+        args = CASES[case][1]
+        model = ours(args)
+        x = tokens()[:, :12]
+        with torch.no_grad():
+            full = model(x)
+            cache = KVCache(max_len=16)
+            steps = [model(x[:, :5], cache=cache)] + [model(x[:, i:i + 1], cache=cache)
+                                                      for i in range(5, 12)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_parallel_moe_is_a_clear_error(tmp_path):
+    from torchllm.config import ConfigError
+    from torchllm.parallel import build_parallel_dims
+    from torchllm import models
+
+    cfg = tiny_config(tmp_path, "--model.name=qwen3_moe", "--parallelism.tensor_parallel_degree=2",
+                      "--parallelism.data_parallel_shard_degree=1")
+    with pytest.raises(ConfigError, match="expert layers are not tensor-parallel"):
+        build_parallel_dims(cfg, 2, "cpu", models.model_args(cfg))

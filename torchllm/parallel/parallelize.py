@@ -28,6 +28,13 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
             "training.seq_len",
         )
+    if dims.tp_enabled and getattr(model_args, "n_experts", 0):
+        raise ConfigError(
+            f"tensor_parallel_degree = {dims.tp} with a mixture-of-experts model "
+            f"({job_config.model.name}): expert layers are not tensor-parallel; shard the model "
+            "with FSDP2 (data_parallel_shard_degree) instead",
+            "parallelism.tensor_parallel_degree",
+        )
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
     if (dims.tp_enabled and job_config.model.restart_positions_per_document
