@@ -99,20 +99,20 @@ def test_async_save_equals_sync_save(tmp_path):
     sync = trainer(tmp_path / "s", *args)
     sync_losses = sync.train()
     asyn = trainer(tmp_path / "a", *args, "--checkpoint.async_mode=async")
-    stage = asyn.checkpointer.stager._stage
     stepped = threading.Event()  # an optimizer step finished
     asyn.optimizer.register_step_post_hook(lambda *_: stepped.set())
     staged_at = []
 
-    def slow_stage(state_dict, **kwargs):
-        # Copy only after the next optimizer step, if it does not wait for us (the bug), else
-        # after 1.5 s, by when the next step's forward and backward have run.
-        stepped.clear()
-        stepped.wait(timeout=1.5)
-        staged_at.append(asyn.step)  # the step running when the copy was made
-        return stage(state_dict, **kwargs)
+    class SlowStager(asyn.checkpointer._stager_cls):  # the checkpointer makes one per save
+        def _stage(self, state_dict, **kwargs):
+            # Copy only after the next optimizer step, if it does not wait for us (the bug),
+            # else after 1.5 s, by when the next step's forward and backward have run.
+            stepped.clear()
+            stepped.wait(timeout=1.5)
+            staged_at.append(asyn.step)  # the step running when the copy was made
+            return super()._stage(state_dict, **kwargs)
 
-    asyn.checkpointer.stager._stage = slow_stage
+    asyn.checkpointer._stager_cls = SlowStager
     assert asyn.train() == sync_losses
     assert staged_at == [3, 5, 5]  # saves of steps 2 and 4 overlapped the next step
     for step in (2, 4, 5):

@@ -112,7 +112,8 @@ def test_write_error_stops_with_exit_4_or_continues_and_retries(tmp_path, monkey
     fail["left"] = 1
     shutil.rmtree(tmp_path / "run")
     with caplog.at_level(logging.ERROR, logger="torchllm"):
-        t = trainer(tmp_path, "--checkpoint.interval=2", "--checkpoint.on_save_error=continue")
+        t = trainer(tmp_path, "--checkpoint.interval=2", "--checkpoint.on_save_error=continue",
+                    "--job.overwrite")  # the failed run left its TensorBoard events
         assert len(t.train()) == 4
     assert "training continues" in caplog.text
     assert complete_steps(folder(tmp_path)) == [4]

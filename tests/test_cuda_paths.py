@@ -199,7 +199,7 @@ def test_in_training_samples_use_the_trainers_device(monkeypatch):
         return [[] for _ in prompts]
 
     class Tok:
-        eos_id = 0
+        bos_id, eos_id = 1, 0
 
         def encode(self, text, bos=False):
             return [1, 2]

@@ -176,6 +176,8 @@ FREE_FORM = {
     "data.hf_split", "metrics.tb_folder", "metrics.wandb_project", "profiling.traces_folder",
     "profiling.memory_snapshot_folder", "checkpoint.folder", "checkpoint.initial_load_path",
     "validation.dataset", "validation.split", "eval.prompts", "eval.hellaswag_data",
+    "data.chat_column", "eval.tasks_data_dir",
+    "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream
 }
 
 
