@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -148,18 +150,21 @@ def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
          "-m", "torchllm.train", *args], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
+    lines: list[str] = []  # read in a thread: a hung rank must not block the test on a read
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     try:
-        lines = []
-        for line in proc.stdout:  # wait until both ranks are training
-            lines.append(line)
-            if "step     3/" in line:
-                break
+        deadline = time.monotonic() + 300
+        while not any("step     3/" in line for line in list(lines)):  # both ranks training
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-6000:]
+            time.sleep(0.2)
         os.kill(worker_pid(proc.pid, rank=1), signal.SIGTERM)
-        out = "".join(lines) + proc.stdout.read()
         code = proc.wait(timeout=300)
+        reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the ranks disagreed and hang: fail, not hang
+    out = "".join(lines)
     assert code == 0, out[-6000:]
     assert "another rank is stopping" in out, out[-6000:]  # rank 0 logs; rank 1 got the signal
     stopped_at = int(out.split("stopping at step ")[1].split(":")[0])
