@@ -166,6 +166,11 @@ class ParallelDims:
                 dist.init_process_group("nccl", device_id=device, **kwargs)
             else:
                 dist.init_process_group("gloo", **kwargs)
+            # The first collective: a network that cannot connect the ranks fails here, with a
+            # message naming the NCCL settings to check, instead of hanging in the first step.
+            from torchllm.parallel.distributed import first_collective
+
+            first_collective(device, timeout_s if timeout_s is not None else 1800.0)
         self.mesh = init_device_mesh(
             device.type,
             (self.dp_replicate, self.dp_shard, self.cp, self.tp),
