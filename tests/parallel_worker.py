@@ -79,6 +79,7 @@ def main(spec_path: str, out_path: str) -> None:
             }
             results["host_syncs"] = results.get("host_syncs", {})
             results["host_syncs"][name] = step_events(trainer)
+        trainer.close()
         del trainer
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:

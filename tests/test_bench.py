@@ -102,7 +102,8 @@ def test_two_rank_matrix_end_to_end(tmp_path):
            "--matrix", "ddp,fsdp2,hsdp", "--float8", "off,tensorwise", "--steps", "2",
            "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
            "--training.seq_len=32", "--training.local_batch_size=2",
-           "--data.tokenizer_vocab_size=512", "--training.device=cpu"]
+           "--data.tokenizer_vocab_size=512", "--training.device=cpu",
+           "--training.mixed_precision=none"]  # layouts compared in fp32 (auto: bf16 here)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # some rows failed

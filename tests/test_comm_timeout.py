@@ -18,7 +18,7 @@ from torchllm.parallel import ParallelDims, set_comm_timeout
 
 def timeouts(dims: ParallelDims) -> list[float]:
     """The collective timeout (seconds) of the default group and of each mesh group."""
-    groups = [dist.group.WORLD, dims.dp_group,
+    groups = [dist.group.WORLD, dims.dp_group, dims.dp_shard_cp_mesh.get_group(),
               *(dims.mesh.get_group(d) for d in range(dims.mesh.ndim))]
     return [g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
             for g in groups]
@@ -57,8 +57,9 @@ def test_init_then_train_timeout_on_every_group(tmp_path):
     mp.spawn(worker, args=(tmp_path, port), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in results:
-        assert r["init"] == [77.0] * 5
-        assert r["train"] == [2.0] * 5
+        n = 3 + 4  # world, dp, dp_shard x cp, and the mesh's 4 dims
+        assert r["init"] == [77.0] * n
+        assert r["train"] == [2.0] * n
     assert results[0]["late_rank"].startswith("failed"), results[0]
     assert results[0]["seconds"] < 5.5, results[0]
 

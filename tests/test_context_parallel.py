@@ -112,6 +112,7 @@ def reference(tmp_path_factory):
             positions = next(iter(loader))["positions"]
             assert (positions[:, 1:] == 0).sum() >= positions.shape[0]
         metrics = [trainer.train_step() for _ in range(STEPS)]
+        trainer.close()  # frees the run folder for the ranks' runs
         by_args[extra] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
     return tmp, {name: by_args[extra] for name, extra in REFERENCE.items()}
 

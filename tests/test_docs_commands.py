@@ -193,6 +193,10 @@ def fixtures(clone: Path) -> None:
         (clone / "corpus" / f"{i:03d}.txt").write_text(text)
     (clone / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[30:40]))
     write_tiny_jsonl(clone / "hellaswag_val.jsonl")
+    # The docs name ../shared (the tokenizers and eval sets beside the checkout), as a checkout has.
+    shared, beside = REPO.parent / "shared", clone.parent / "shared"
+    if shared.exists() and not beside.exists():
+        beside.symlink_to(shared)
 
 
 def run_document(path: Path, clone: Path) -> list[tuple[str, str]]:

@@ -77,6 +77,7 @@ def run_reference(tmp_path, *extra):
     trainer = Trainer(tiny_config(
         tmp_path, *COMMON, f"--training.local_batch_size={GLOBAL_BATCH}", *extra))
     metrics = [trainer.train_step() for _ in range(STEPS)]
+    trainer.close()  # frees the run folder for the ranks' runs
     return {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
 
 

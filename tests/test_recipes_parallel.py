@@ -43,6 +43,7 @@ def run_steps(trainer) -> list[float]:
     for step in range(1, STEPS + 1):
         trainer.train_state.step = step
         losses.append(trainer.train_step()["loss"])
+    trainer.close()  # frees the run folder for the next run
     return losses
 
 

@@ -162,6 +162,14 @@ class Trainer:
         self.stop_signal: int | None = None
         self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
 
+    def close(self) -> None:
+        """Finish pending saves, close the writers, free the run folder for the next launch.
+        train() calls it; code that drives train_step() itself (tests, benchmarks) should too."""
+        self.metrics.close()
+        self.checkpointer.close()
+        if self.run_lock is not None:
+            self.run_lock.release()
+
     def callback(self, cls):
         """The attached callback of class `cls` (e.g. trainer.callback(Evaluator)), or None."""
         return next((cb for cb in self.callbacks if isinstance(cb, cls)), None)
@@ -358,10 +366,7 @@ class Trainer:
                 signal.signal(s, handler)
             for cb in self.callbacks:
                 cb.on_train_end(self)
-            self.metrics.close()
-            self.checkpointer.close()
-            if self.run_lock is not None:  # the folder is free for the next launch
-                self.run_lock.release()
+            self.close()
         if losses:
             elapsed = time.perf_counter() - start
             tokens = self.train_state.tokens_seen - tokens_before
