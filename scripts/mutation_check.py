@@ -132,7 +132,7 @@ MUTANTS = [
     ),
     Mutant(
         "time_limit_ignored", "training.time_limit_minutes never stops the run",
-        "torchllm/train.py",
+        "torchllm/stopping.py",
         "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
         "            if False:",
         ("tests/test_train.py::test_time_limit_saves_and_stops_before_the_limit",),
@@ -146,7 +146,7 @@ MUTANTS = [
     ),
     Mutant(
         "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
-        "torchllm/train.py",
+        "torchllm/stopping.py",
         "        if any_rank(reason is not None, self.device) and reason is None:",
         "        if False:",
         ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),

@@ -227,12 +227,12 @@ def test_one_ctrl_c_delivered_twice_is_one_stop_request():
     import signal
     import types
 
-    from torchllm.train import Trainer
+    from torchllm.stopping import StopConditions
 
-    t = types.SimpleNamespace(stop_signal=None)
-    Trainer._on_signal(t, signal.SIGINT, None)  # from the terminal
-    Trainer._on_signal(t, signal.SIGINT, None)  # the same Ctrl-C, forwarded by torchrun
+    t = StopConditions(types.SimpleNamespace(), None, 0.0)
+    t.on_signal(signal.SIGINT, None)  # from the terminal
+    t.on_signal(signal.SIGINT, None)  # the same Ctrl-C, forwarded by torchrun
     assert t.stop_signal == signal.SIGINT
     t.stop_signal_time -= 2  # a second Ctrl-C, later: stop now
     with pytest.raises(KeyboardInterrupt):
-        Trainer._on_signal(t, signal.SIGINT, None)
+        t.on_signal(signal.SIGINT, None)

@@ -196,7 +196,7 @@ def test_time_limit_saves_and_stops_before_the_limit(tmp_path, caplog):
     def slow_step():
         m = step()
         if trainer.step == 3:
-            trainer.start_time -= 3600
+            trainer.stops.start_time -= 3600
         return m
 
     trainer.train_step = slow_step

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import signal
 import sys
 import time
 
@@ -37,7 +36,6 @@ from torchllm.models.moe import auxiliary_loss
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
-    any_rank,
     ContextParallel,
     build_loss_fn,
     build_parallel_dims,
@@ -53,6 +51,7 @@ from torchllm.parallel import (
 from torchllm.precision import resolve_bf16
 from torchllm.rundir import prepare_run_dir, run_name
 from torchllm.runlock import set_parent_death_signal
+from torchllm.stopping import StopConditions
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
@@ -159,7 +158,8 @@ class Trainer:
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
-        self.stop_signal: int | None = None
+        # Signals, step budget, time limit: when this launch stops early (ranks agree).
+        self.stops = StopConditions(tcfg, self.device, self.start_time)
         self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
 
     def close(self) -> None:
@@ -285,37 +285,6 @@ class Trainer:
         self.lr_scheduler.step()
         self.checkpointer.save(step)
 
-    def _on_signal(self, signum, frame) -> None:
-        """Preemption (SIGTERM) or Ctrl-C: finish the current step, save, exit 0."""
-        if self.stop_signal is not None and signum == signal.SIGINT:
-            # One Ctrl-C reaches a worker twice (from the terminal, and forwarded by torchrun).
-            if time.monotonic() - self.stop_signal_time > 1.0:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now
-            return
-        self.stop_signal, self.stop_signal_time = signum, time.monotonic()
-        logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
-
-    def stop_reason(self, steps_this_launch: int, slowest_step: float) -> str | None:
-        """Why this launch should stop early (signal, step budget, time limit), if it should.
-
-        Ranks see signals and clocks at slightly different moments; they agree (any rank
-        stopping stops all) so that every rank saves the same step and none waits forever.
-        """
-        tcfg = self.cfg.training
-        reason = None
-        if self.stop_signal is not None:
-            reason = f"signal {signal.Signals(self.stop_signal).name}"
-        elif tcfg.stop_after_steps and steps_this_launch >= tcfg.stop_after_steps:
-            reason = f"training.stop_after_steps = {tcfg.stop_after_steps} reached"
-        elif tcfg.time_limit_minutes:
-            # Leave room for two more slow steps and the final save before the limit.
-            elapsed = time.perf_counter() - self.start_time
-            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:
-                reason = f"training.time_limit_minutes = {tcfg.time_limit_minutes} nearly reached"
-        if any_rank(reason is not None, self.device) and reason is None:
-            reason = "another rank is stopping"
-        return reason
-
     def train(self) -> list[float]:
         """Run up to training.steps optimizer steps; returns the loss of every step run here."""
         tcfg = self.cfg.training
@@ -326,7 +295,8 @@ class Trainer:
         losses: list[float] = []
         slowest_step = 0.0
         tokens_before = self.train_state.tokens_seen
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # SIGTERM (preemption) / Ctrl-C: finish the current step, save, exit 0.
+        restore_signals = self.stops.install_signal_handlers()
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
         for cb in self.callbacks:
@@ -350,7 +320,7 @@ class Trainer:
 
                 self.checkpointer.poll()
                 last = self.step == tcfg.steps
-                reason = None if last else self.stop_reason(len(losses), slowest_step)
+                reason = None if last else self.stops.reason(len(losses), slowest_step)
                 if reason or self.checkpointer.should_save(self.step, last=last):
                     self.checkpointer.save(self.step, last=last)
                 if reason:
@@ -362,8 +332,7 @@ class Trainer:
             raise
         finally:
             gc.enable()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            restore_signals()
             for cb in self.callbacks:
                 cb.on_train_end(self)
             self.close()
