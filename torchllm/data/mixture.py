@@ -24,7 +24,7 @@ import torch
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config.job_config import ConfigError
-from torchllm.data.windows import WindowBatches, window_batch
+from torchllm.data.windows import IndexedBatches, WindowBatches, window_batch
 from torchllm.log import logger
 
 PERIOD = 10_000  # slots per period of the source schedule (weights are rounded to 1/PERIOD)
@@ -57,7 +57,7 @@ def source_schedule(weights: np.ndarray, period: int = PERIOD) -> np.ndarray:
     return schedule
 
 
-class MixtureBatches(torch.utils.data.IterableDataset):
+class MixtureBatches(IndexedBatches):
     """Endless batches for one data-parallel rank from several window sources (module doc).
 
     `sources` are objects with `windows_per_epoch`, `epoch_order(epoch)` (window ids) and
@@ -112,20 +112,6 @@ class MixtureBatches(torch.utils.data.IterableDataset):
             for r, i in enumerate(idx):
                 rows[i] = {k: v[r] for k, v in part.items()}
         return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        while True:
-            n = worker + self.yielded * workers
-            self.yielded += 1
-            yield self.batch(n)
-
-    def state_dict(self) -> dict:
-        return {"yielded": self.yielded}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.yielded = int(state["yielded"])
 
 
 class StreamSource:

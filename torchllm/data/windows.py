@@ -28,12 +28,35 @@ def window_batch(stream: TokenStream, window_ids, window: int) -> dict[str, torc
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "positions": positions[:, :-1]}
 
 
-class WindowBatches(torch.utils.data.IterableDataset):
-    """Endless batches for one data-parallel rank; epochs continue inside (see module doc).
+class IndexedBatches(torch.utils.data.IterableDataset):
+    """Endless batches where batch n is a pure function `batch(n)` of its index.
 
     With loader workers, worker w of W produces the run's batches w, w + W, ... and the
-    StatefulDataLoader returns them in order. Its state is the number of batches it yielded.
+    StatefulDataLoader returns them in order. The state is the number of batches yielded.
     """
+
+    yielded = 0
+
+    def batch(self, n: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        while True:
+            n = worker + self.yielded * workers
+            self.yielded += 1
+            yield self.batch(n)
+
+    def state_dict(self) -> dict:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.yielded = int(state["yielded"])
+
+
+class WindowBatches(IndexedBatches):
+    """Endless batches for one data-parallel rank; epochs continue inside (see module doc)."""
 
     def __init__(self, stream: TokenStream, seq_len: int, batch_size: int, dp_rank: int,
                  dp_degree: int, seed: int, shuffle_windows: bool, name: str):
@@ -70,20 +93,6 @@ class WindowBatches(torch.utils.data.IterableDataset):
             self._epoch, self._order = epoch, self.epoch_order(epoch)
         first = (k * self.dp_degree + self.dp_rank) * self.batch_size
         return window_batch(self.stream, self._order[first : first + self.batch_size], self.window)
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        while True:
-            n = worker + self.yielded * workers
-            self.yielded += 1
-            yield self.batch(n)
-
-    def state_dict(self) -> dict:
-        return {"yielded": self.yielded}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.yielded = int(state["yielded"])
 
 
 class ValWindows(torch.utils.data.Dataset):
