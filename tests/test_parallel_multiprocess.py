@@ -50,7 +50,6 @@ TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     "gpt2_tp": [*GPT2, "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
     # A family that is not Llama-shaped (QK-norm, explicit head_dim), dense and MoE.
     "qwen3_fsdp": [*QWEN3, "--training.local_batch_size=4"],
-    "qwen3_tp": [*QWEN3, "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"],
     "qwen3_moe_fsdp": [*QWEN3_MOE, "--training.local_batch_size=4"],
     # The composition order: checkpoint wrapper inside the compiled block inside FSDP2.
     "fsdp_ac_op_compiled": ["--activation_checkpoint.mode=selective", "--compile.enable",

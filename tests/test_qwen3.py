@@ -216,12 +216,14 @@ def test_kv_cache_decoding_equals_full_forward():
         torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
 
 
-def test_tensor_parallel_moe_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_tensor_parallel_qwen3_is_a_clear_error(tmp_path, name):
+    from torchllm import models
     from torchllm.config import ConfigError
     from torchllm.parallel import build_parallel_dims
-    from torchllm import models
 
-    cfg = tiny_config(tmp_path, "--model.name=qwen3_moe", "--parallelism.tensor_parallel_degree=2",
+    cfg = tiny_config(tmp_path, f"--model.name={name}", "--model.tie_embeddings=false",
+                      "--parallelism.tensor_parallel_degree=2",
                       "--parallelism.data_parallel_shard_degree=1")
-    with pytest.raises(ConfigError, match="expert layers are not tensor-parallel"):
+    with pytest.raises(ConfigError, match="not tensor-parallel"):
         build_parallel_dims(cfg, 2, "cpu", models.model_args(cfg))

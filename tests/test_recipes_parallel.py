@@ -33,7 +33,10 @@ RUNS = {  # name: (2-rank args, reference args, relative tolerance)
                          SCHEDULES, 2e-2),
     "ddp_fp16_hook_schedules": ([*SCHEDULES, *DDP, "--parallelism.ddp_comm_hook=fp16"],
                                 SCHEDULES, 2e-2),
-    "ddp_muon": ([*DDP, "--optimizer.name=muon"], ("--optimizer.name=muon",), 1e-4),
+    # Muon's Newton-Schulz iteration amplifies last-bit differences of the all-reduced gradient
+    # (measured rel 2e-4 over 10 steps, on the old base too): a looser band, still far below
+    # what a wrong update (e.g. a missing orthogonalization) moves the loss.
+    "ddp_muon": ([*DDP, "--optimizer.name=muon"], ("--optimizer.name=muon",), 1e-3),
     "fsdp_muon": ([*FSDP, "--optimizer.name=muon"], None, None),  # refused, with the reason
 }
 

@@ -28,6 +28,13 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
             "training.seq_len",
         )
+    if dims.tp_enabled and getattr(model_args, "qk_norm", False):
+        raise ConfigError(
+            f"tensor_parallel_degree = {dims.tp} with {job_config.model.name}: the per-head "
+            "QK-norm weights are not tensor-parallel yet (their gradients would need a TP "
+            "all-reduce); shard the model with FSDP2 (data_parallel_shard_degree) instead",
+            "parallelism.tensor_parallel_degree",
+        )
     if dims.tp_enabled and getattr(model_args, "n_experts", 0):
         raise ConfigError(
             f"tensor_parallel_degree = {dims.tp} with a mixture-of-experts model "

@@ -26,6 +26,7 @@ class Qwen3Args:
     moe_hidden_dim: int = 768
     norm_topk_prob: bool = True
     moe_every: int = 1
+    qk_norm: bool = True  # RMSNorm on each query/key head (always, in Qwen3)
     # What Llama's shared code reads (attention masks and kernels, RoPE, dropout).
     rope_scaling: bool = False
     dropout: float = 0.0
