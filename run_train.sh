@@ -25,6 +25,8 @@ if [ -z "${NGPU:-}" ]; then
     fi
 fi
 LOG_RANK=${LOG_RANK:-0}
+# torchrun sets 1 thread per worker anyway when several run on a node, with a banner; say it here.
+if [ "$NGPU" -gt 1 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
 NNODES=${NNODES:-1}
 
 launch=(--nproc_per_node="$NGPU" --nnodes="$NNODES" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3)
