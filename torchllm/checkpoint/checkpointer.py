@@ -32,6 +32,7 @@ from torchllm.checkpoint.integrity import (
     tensors_of,
 )
 from torchllm.checkpoint.layout import (
+    EXPORT_DTYPES,
     complete_steps,
     mark_complete,
     mark_nonfinite,
@@ -43,7 +44,6 @@ from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, 
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
-EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 
 

@@ -20,8 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchllm.checkpoint.checkpointer import EXPORT_DTYPES
-from torchllm.checkpoint.layout import mark_complete, resolve_checkpoint, step_of
+from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, resolve_checkpoint, step_of
 
 PREFIX = "model."
 

@@ -28,10 +28,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.checkpointer import EXPORT_DTYPES
 from torchllm.checkpoint.convert import load_dcp_weights
 from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
-from torchllm.checkpoint.layout import mark_complete, resolve_checkpoint, step_of
+from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, resolve_checkpoint, step_of
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
 

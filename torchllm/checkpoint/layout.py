@@ -18,7 +18,12 @@ import re
 import time
 from pathlib import Path
 
+import torch
+
 from torchllm.log import logger
+
+# Dtypes a checkpoint's weights can be exported in (checkpoint.export_dtype, convert, hf).
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 MARKER = "COMPLETE"
 NONFINITE = "NONFINITE"
