@@ -10,7 +10,7 @@ from conftest import build_model, tiny_config
 from test_hf_parity import SEQ, TOL, VOCAB, randomize, tokens
 from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
 from torchllm.checkpoint.hf_qwen3 import Qwen3Adapter, Qwen3MoeAdapter
-from torchllm.models.moe import MoE, auxiliary_loss, load_balancing_loss
+from torchllm.models.moe import MoE, auxiliary_loss, load_balancing_loss, moe_layers
 from torchllm.models.qwen3 import Qwen3, Qwen3Args
 
 transformers = pytest.importorskip("transformers")
@@ -123,12 +123,12 @@ def test_auxiliary_loss_is_the_mean_over_layers_and_trains_the_router():
     model(tokens() % 128)
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     expected = sum(0.01 * m.aux_loss + 0.001 * m.z_loss for m in layers) / len(layers)
-    aux = auxiliary_loss(model, 0.01, 0.001)
+    aux = auxiliary_loss(moe_layers(model), 0.01, 0.001)
     assert aux.item() == pytest.approx(expected.item())
     aux.backward()
     assert all(m.gate.weight.grad is not None and m.gate.weight.grad.abs().sum() > 0
                for m in layers)
-    assert auxiliary_loss(model, 0.01, 0.001) is None  # consumed
+    assert auxiliary_loss(moe_layers(model), 0.01, 0.001) is None  # consumed
 
 
 @pytest.mark.slow

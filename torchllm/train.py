@@ -32,7 +32,7 @@ from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.header import trainer_header
 from torchllm.metrics.moe_stats import MoEStats
 from torchllm.metrics.reduce import to_host
-from torchllm.models.moe import auxiliary_loss
+from torchllm.models.moe import auxiliary_loss, moe_layers
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp
 from torchllm.parallel import (
@@ -121,6 +121,7 @@ class Trainer:
         init_model_weights(self.model, lambda: spec.build(self.model_args), self.device,
                            cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
         self.model.train()
+        self.moe_layers = moe_layers(self.model)  # [] unless the model has MoE blocks
         self.loss_fn = build_loss_fn(cfg.compile)
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
@@ -234,7 +235,7 @@ class Trainer:
                     del logits
                 # MoE load balancing: the layers' auxiliary losses, weighted by this micro-batch's
                 # tokens so that the step optimizes their token-weighted mean (None: no MoE).
-                aux = auxiliary_loss(self.model, self.cfg.model.moe_aux_loss_coef,
+                aux = auxiliary_loss(self.moe_layers, self.cfg.model.moe_aux_loss_coef,
                                      self.cfg.model.moe_z_loss_coef)
                 total = loss if aux is None else loss + aux * (targets != IGNORE_INDEX).sum()
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the

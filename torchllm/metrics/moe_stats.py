@@ -27,7 +27,7 @@ class MoEStats(Callback):
 
     @classmethod
     def from_trainer(cls, trainer) -> "MoEStats | None":
-        layers = [m for m in trainer.model.modules() if isinstance(m, MoE)]
+        layers = trainer.moe_layers
         if not layers:
             return None
         return cls(layers, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,

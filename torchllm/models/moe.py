@@ -129,10 +129,15 @@ def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: 
     return n_experts * torch.sum(f * probs.mean(dim=0))
 
 
-def auxiliary_loss(model: nn.Module, aux_coef: float, z_coef: float) -> torch.Tensor | None:
-    """The mean over MoE layers of the last forward's aux (and z) losses, weighted; None for a
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The model's MoE layers (found once: the trainer keeps the list for every micro-batch)."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def auxiliary_loss(layers: list[MoE], aux_coef: float, z_coef: float) -> torch.Tensor | None:
+    """The mean over MoE `layers` of the last forward's aux (and z) losses, weighted; None for a
     model without MoE layers. The trainer adds it to the loss of each micro-batch."""
-    layers = [m for m in model.modules() if isinstance(m, MoE) and m.aux_loss is not None]
+    layers = [m for m in layers if m.aux_loss is not None]
     if not layers:
         return None
     total = sum(aux_coef * m.aux_loss + z_coef * m.z_loss for m in layers)
