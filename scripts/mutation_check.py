@@ -44,15 +44,16 @@ MUTANTS = [
     Mutant(
         "clipping_ignored", "the Trainer never clips (max_norm ignored)",
         "torchllm/train.py",
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm)',
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), 0.0)',
+        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm,',
+        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), 0.0,',
         ("tests/test_train.py::test_matches_plain_pytorch_reference_loop",),
     ),
     Mutant(
-        "loss_upcast_removed", "the cross entropy runs on bf16 logits (no float32 upcast)",
+        "loss_upcast_removed",
+        "the trainer's (fused) cross entropy takes a bf16 log-softmax of bf16 logits",
         "torchllm/loss.py",
-        "logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,",
-        "logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,",
+        "logp = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32)",
+        "logp = torch.log_softmax(logits[start:end], dim=-1).float()",
         ("tests/test_train.py::test_loss_is_float32_under_bf16_autocast",),
     ),
     Mutant(

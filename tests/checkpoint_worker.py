@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed
+from torchllm.process_exit import exit_process
 from torchllm.train import Trainer
 
 
@@ -39,3 +40,4 @@ def main(out: str, args: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2:])
+    exit_process(0)  # not sys.exit: see torchllm.process_exit

@@ -4,8 +4,9 @@ process group, so that the cost of starting N Python processes is paid once.
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
 SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...],
-"record_dtypes": [name, ...]}. OUT (rank 0): {name: {"loss": [...], "grad_norm": [...],
-"all_reduce_dtypes": {dtype: calls} (record_dtypes runs)}, "sync_counts": {name: {...}},
+"record_dtypes": [name, ...], "record_qk_norm": [name, ...]}. OUT (rank 0): {name: {"loss":
+[...], "grad_norm": [...], "all_reduce_dtypes": {dtype: calls} (record_dtypes runs),
+"qk_norm": [{param: values} per rank] (record_qk_norm runs)}, "sync_counts": {name: {...}},
 "host_syncs": {name: [event, ...]}} (see test_host_syncs.step_events).
 """
 
@@ -22,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed, gradient_sync
+from torchllm.process_exit import exit_process
 from torchllm.train import Trainer
 
 from test_host_syncs import step_events
@@ -58,6 +60,12 @@ def recording_all_reduce_dtypes(counts: Counter):
     return mock.patch.object(dist, "all_reduce", recording)
 
 
+def qk_norm_weights(model) -> dict[str, list[float]]:
+    """The QK-norm weights as this rank holds them (a TP Replicate DTensor's local copy)."""
+    return {name: (p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
+            for name, p in model.named_parameters() if "q_norm" in name or "k_norm" in name}
+
+
 def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     results: dict = {"sync_counts": {}}
@@ -71,6 +79,11 @@ def main(spec_path: str, out_path: str) -> None:
         results[name]["precision"] = trainer.precision_name()
         if name in spec.get("record_dtypes", []):
             results[name]["all_reduce_dtypes"] = dict(dtypes)
+        if name in spec.get("record_qk_norm", []):  # every rank's copy of the replicated weights
+            mine = qk_norm_weights(trainer.model)
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, mine)
+            results[name]["qk_norm"] = ranks
         if name in spec.get("count_sync", []):
             results["sync_counts"][name] = {
                 "one_micro_step": reduce_collectives(trainer, 1),
@@ -89,3 +102,4 @@ def main(spec_path: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    exit_process(0)  # not sys.exit: see torchllm.process_exit

@@ -130,7 +130,10 @@ def test_block_causal_equals_each_document_alone(family):
             (doc_logits * weights[b : b + 1, start:end]).sum().backward()
     grads = dict(alone.named_parameters())
     for name, p in packed.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4)
+        # float32 sums of many terms: the absolute tolerance follows the gradient's scale (the
+        # tied table's reaches ~700 here, where one rounding of the sum order is ~1e-4).
+        scale = max(1.0, p.grad.abs().max().item())
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6 * scale + 1e-5, rtol=1e-4)
 
 
 def test_llama_block_causal_needs_no_position_restart():

@@ -35,6 +35,9 @@ def test_layouts_become_parallelism_overrides():
     assert "--parallelism.context_parallel_degree=2" in Variant("cp").overrides(4)
     assert "cp needs an even world" in Variant("cp").unsupported(3)
     assert Variant("cp").unsupported(2) is None
+    assert "--parallelism.pipeline_parallel_degree=2" in Variant("pp").overrides(4)
+    assert "pp needs an even world" in Variant("pp").unsupported(3)
+    assert Variant("pp").unsupported(2) is None
 
 
 def test_bad_lists_and_flags_are_errors():

@@ -57,7 +57,7 @@ def test_init_then_train_timeout_on_every_group(tmp_path):
     mp.spawn(worker, args=(tmp_path, port), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in results:
-        n = 3 + 4  # world, dp, dp_shard x cp, and the mesh's 4 dims
+        n = 3 + 5  # world, dp, dp_shard x cp, and the mesh's 5 dims (pp dp_replicate dp_shard cp tp)
         assert r["init"] == [77.0] * n
         assert r["train"] == [2.0] * n
     assert results[0]["late_rank"].startswith("failed"), results[0]

@@ -216,7 +216,8 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
 
 
 def test_in_training_callback_logs_scalars(tmp_path, caplog):
-    from torchllm.train import Trainer, load_config
+    from torchllm.config import load_config
+    from torchllm.train import Trainer
 
     cfg = load_config(tiny_args(tmp_path, "--eval.tasks=copa,sciq_lm", "--eval.tasks_freq=2",
                                 "--eval.tasks_limit=3", f"--eval.tasks_data_dir={evals_dir()}",

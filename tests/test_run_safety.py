@@ -178,6 +178,7 @@ FREE_FORM = {
     "validation.dataset", "validation.split", "eval.prompts", "eval.hellaswag_data",
     "data.chat_column", "eval.tasks_data_dir",
     "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream
+    "parallelism.pipeline_parallel_split_points",  # block names: checked by check_pipeline
 }
 
 

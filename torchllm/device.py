@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import random
 
 import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
 
 
 def resolve_device(name: str, key: str = "training.device") -> torch.device:
@@ -47,3 +50,38 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
 
+
+
+# mallopt(3) parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def keep_freed_memory(enabled: bool, device: torch.device) -> str:
+    """On CPU with glibc, keep freed memory for reuse; returns what was done, for the log.
+
+    glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh mmap and
+    unmaps it on free, so each step's logits, float32 loss buffers and their gradients (hundreds
+    of MiB at a 32k vocab) are page-faulted in again, zero-filled by the kernel, every step:
+    measured at ~2.5x the cost of the cross entropy itself on this project's CPU. Serving large
+    blocks from the heap and never trimming it makes a step reuse the previous step's pages.
+    The process keeps its peak memory (the usual steady state of a training loop).
+    """
+    if not enabled or device.type != "cpu":
+        return ""
+    if platform.libc_ver()[0] != "glibc":
+        return "C library is not glibc: its allocator is left as is"
+    libc = ctypes.CDLL(None)  # the C library this process already runs on
+    if libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1):
+        return "freed memory is kept for reuse (training.cpu_keep_freed_memory)"
+    return "mallopt refused; the C library's defaults stay"
+
+
+def configure_device(device: torch.device, tcfg) -> None:
+    """Process-wide settings for training on `device` (after seeding, before the model)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # TF32 keeps fp32 range with a 10-bit mantissa: ~8x faster matmuls on Ampere+.
+        torch.backends.cuda.matmul.allow_tf32 = tcfg.tf32
+        torch.backends.cudnn.allow_tf32 = tcfg.tf32
+    if how := keep_freed_memory(tcfg.cpu_keep_freed_memory, device):
+        logger.info("CPU memory: %s", how)  # no page faults on each step's large buffers

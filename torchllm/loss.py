@@ -10,7 +10,8 @@ IGNORE_INDEX = -100  # targets with this id (padding) contribute nothing to loss
 
 
 def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed token cross entropy, computed from float32 logits.
+    """Summed token cross entropy, computed from float32 logits (the reference formulation:
+    what `torch.compile` fuses, and what `fused_cross_entropy_sum` must equal).
 
     Call it outside autocast: a bf16 log-softmax over a large vocab loses enough precision to
     make training silently diverge. Returns a sum so that callers can divide by the token count
@@ -20,6 +21,67 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
         logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
+
+
+# Rows of logits per chunk of the fused loss: ~4 MiB of float32 per chunk, so that a chunk's
+# float32 copy, exponentials and gradient stay in cache between the kernels that use them.
+_CHUNK_BYTES = 4 << 20
+
+
+class _FusedCrossEntropy(torch.autograd.Function):
+    """cross_entropy_sum without the two [tokens, vocab] float32 buffers eager autograd keeps.
+
+    `F.cross_entropy(logits.float())` writes a float32 copy of the logits, a float32
+    log-softmax (saved for backward), then in backward a float32 zero-filled gradient and its
+    cast back to the logits' dtype: four full passes over tokens x vocab memory, each freshly
+    allocated (on CPU that is page faults as much as bandwidth). Here the logits are read a
+    chunk of rows at a time: forward keeps only the summed loss; backward
+    recomputes softmax - onehot per chunk in float32 and writes the gradient once, in the
+    logits' dtype. Same float32 math, same result up to summation order.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        rows = max(1, _CHUNK_BYTES // (4 * logits.shape[-1]))
+        picked = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
+        safe = targets.clamp(min=0).unsqueeze(-1)
+        for start in range(0, logits.shape[0], rows):
+            end = start + rows
+            # log_softmax in float32, one fused kernel per chunk; keep the targets' entries.
+            logp = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32)
+            picked[start:end] = logp.gather(-1, safe[start:end]).squeeze(-1)
+        total = -(picked * (targets != IGNORE_INDEX)).sum()
+        ctx.save_for_backward(logits, targets)
+        ctx.rows = rows
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        logits, targets = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        valid = (targets != IGNORE_INDEX).unsqueeze(-1)
+        safe = targets.clamp(min=0).unsqueeze(-1)
+        for start in range(0, logits.shape[0], ctx.rows):
+            end = start + ctx.rows
+            # (softmax - onehot) x upstream on valid rows, 0 on ignored ones (masked ops only:
+            # no host sync), in the order log_softmax's own backward rounds it: exp(log p)
+            # scaled, then the target's entry lowered by the scale.
+            scale = valid[start:end] * grad_total
+            g = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32).exp_()
+            g.mul_(scale).scatter_add_(-1, safe[start:end], -scale)
+            grad[start:end] = g
+        return grad, None
+
+
+def fused_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Equals `cross_entropy_sum(logits, targets)` in value and gradient (float32 math); for bf16
+    logits it reads them chunk by chunk instead of materializing float32 copies (the eager
+    default)."""
+    # float32 logits need no copies, and there the plain kernels are as fast (measured) and
+    # round exactly like every reference loop; vocab-sharded DTensor logits have their own path.
+    if logits.dtype == torch.float32 or isinstance(logits, DTensor):
+        return cross_entropy_sum(logits, targets)
+    return _FusedCrossEntropy.apply(logits.flatten(0, -2), targets.flatten())
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):

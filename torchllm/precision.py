@@ -36,8 +36,11 @@ def matmul_flops(dtype: torch.dtype, size: int = 512, trials: int = 5,
                  seconds: float = 0.04) -> float:
     """This CPU's matmul FLOP/s in `dtype` with the current thread count: the best of several
     short trials, so that a moment of load from other processes does not set the number."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+    # A private generator: the peak is re-measured whenever a step beats it (timing-dependent),
+    # and drawing from the global RNG would make training's random state depend on load.
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, dtype=dtype, generator=gen)
+    b = torch.randn(size, size, dtype=dtype, generator=gen)
     torch.mm(a, b)  # warm-up (packing, thread pool)
     best = 0.0
     for _ in range(trials):

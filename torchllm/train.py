@@ -14,49 +14,47 @@ import time
 
 import torch
 
-from torchllm import models
+from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
-from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_toml
+from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
-from torchllm.device import resolve_device, seed_everything
+from torchllm.device import configure_device, resolve_device, seed_everything
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
-from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
-from torchllm.log import init_logger, logger
+from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.header import trainer_header
-from torchllm.metrics.moe_stats import MoEStats
+from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
 from torchllm.models.moe import auxiliary_loss, moe_layers
 from torchllm.optim import build_lr_scheduler, build_optimizer
-from torchllm.optim.batch_ramp import BatchSizeRamp
+from torchllm.optim.batch_ramp import BatchSizeRamp, global_batch_size
 from torchllm.parallel import (
     ContextParallel,
     build_loss_fn,
+    build_model,
     build_parallel_dims,
     clip_grad_norm_,
-    destroy_distributed,
     dp_sum,
     gradient_sync,
-    init_model_weights,
     rank_zero_first,
     register_float8_scale_precompute,
     set_comm_timeout,
 )
 from torchllm.precision import resolve_bf16
+from torchllm.process_exit import exit_process
 from torchllm.rundir import prepare_run_dir, run_name
-from torchllm.runlock import set_parent_death_signal
 from torchllm.stopping import StopConditions
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats)
+CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats, MoEBiasBalancer)
 
 
 class Trainer:
@@ -75,25 +73,14 @@ class Trainer:
 
         # Global batch = local batch x dp degree x accumulation steps.
         per_pass = tcfg.local_batch_size * self.dp_degree
-        global_batch = per_pass if tcfg.global_batch_size == -1 else tcfg.global_batch_size
-        if global_batch % per_pass:
-            raise ConfigError(
-                f"training.global_batch_size = {global_batch} is not a multiple of "
-                f"local_batch_size ({tcfg.local_batch_size}) x data-parallel degree "
-                f"({self.dp_degree}) = {per_pass}", "training.global_batch_size",
-            )
+        self.global_batch = global_batch = global_batch_size(tcfg, self.dp_degree)
         self.grad_accum_steps = global_batch // per_pass
-        self.global_batch = global_batch
         # Recipes: micro-steps per step (batch-size ramp) and sequence length per step.
         self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
         self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
         seed_everything(cfg.job.seed, cfg.job.deterministic)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            # TF32 keeps fp32 range with a 10-bit mantissa: ~8x faster matmuls on Ampere+.
-            torch.backends.cuda.matmul.allow_tf32 = tcfg.tf32
-            torch.backends.cudnn.allow_tf32 = tcfg.tf32
+        configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
         self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type)
         logger.info("precision: %s (%s)", "bf16" if self.bf16 else "fp32", why)
@@ -110,19 +97,16 @@ class Trainer:
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
 
-        # Model: built on the meta device (no memory), parallelized, then materialized.
         spec = models.get(cfg.model.name)
         self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
         self.start_time = time.perf_counter()
-        with torch.device("meta"):
-            self.model = spec.build(self.model_args)
-        spec.parallelize_fn(self.model, self.parallel_dims, cfg)
-        # Sharded or not, the initial weights equal a single CPU process's with this seed.
-        init_model_weights(self.model, lambda: spec.build(self.model_args), self.device,
-                           cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
+        self.loss_fn = build_loss_fn(cfg.compile)
+        # Model: built on meta, parallelized, materialized with a single process's initial
+        # weights; under pipeline parallelism, this rank's stages (and their schedule).
+        self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims, cfg,
+                                                self.device, self.loss_fn)
         self.model.train()
         self.moe_layers = moe_layers(self.model)  # [] unless the model has MoE blocks
-        self.loss_fn = build_loss_fn(cfg.compile)
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, tcfg.steps,
@@ -131,7 +115,9 @@ class Trainer:
                                          self.parallel_dims.fsdp_enabled)
 
         counts = parameter_counts(self.model)
-        self.flops_per_token = flops_per_token(self.model, tcfg.seq_len)
+        # MFU counts the whole model's FLOPs over all ranks (under PP: not one rank's stages).
+        self.flops_per_token = flops_per_token(
+            self.pipeline.whole if self.pipeline else self.model, tcfg.seq_len)
         self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
         logger.info(trainer_header(self, counts))  # config changes, model, layout, data
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
@@ -216,6 +202,9 @@ class Trainer:
                     if k in ("inputs", "targets", "positions")} for b in micro_batches]
         n_tokens = sum((b["targets"] != IGNORE_INDEX).sum() for b in batches)
         global_tokens = dp_sum(n_tokens, self.parallel_dims)
+        if self.pipeline is not None:  # the schedule runs every micro-batch through the stages
+            return self.pipeline.forward_backward(batches, self.dp_degree / global_tokens,
+                                                  self.autocast), n_tokens
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             # Where tokens sit in their documents (block_causal masks, per-document positions);
@@ -262,7 +251,8 @@ class Trainer:
         m = self.metrics.before_clip(self.step)
 
         max_norm = self.cfg.training.max_norm
-        stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm)  # DTensor-aware
+        stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm,  # DTensor-aware
+                                             pp_group=self.parallel_dims.pp_group)
         m.update(to_host(stats))  # the step's one device-to-host copy
         m.update(tokens=int(m["tokens"]), lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
@@ -351,42 +341,13 @@ class Trainer:
 
 def trainer_from_args(argv: list[str]) -> Trainer | None:
     """A Trainer from CLI overrides, or None after logging a config error (exit code 2)."""
-    try:
-        return Trainer(load_config(argv))
-    except ConfigError as e:
-        logger.error("config error: %s", e)
-        destroy_distributed()
-        return None
+    return process.trainer_from_args(Trainer, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
-    2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
-    argv = sys.argv[1:] if argv is None else argv
-    init_logger()
-    if "--help" in argv or "-h" in argv:
-        print(help_text())
-        return 0
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: die with it
-        launcher = os.environ.get(LAUNCHER_PID_ENV)
-        set_parent_death_signal(int(launcher) if launcher else None)
-    trainer, error = None, None
-    try:
-        trainer = Trainer(load_config(argv))
-        trainer.train()
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - logged, then an exit code
-        error = e
-        log_failure(e, trainer.step if trainer else 0)
-    finally:
-        code = exit_code(error)
-        # For torchllm.launch, which prints the first error once; written before leaving the
-        # process group, which makes the other ranks fail too.
-        write_status(code, error)
-        destroy_distributed()
-        if trainer is not None and trainer.run_lock is not None:
-            trainer.run_lock.release()
-    return code
+    """Train; returns the exit code (see torchllm.process.main)."""
+    return process.main(Trainer, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 # Layouts, as overrides of [parallelism] (hsdp's and cp's degrees depend on the world).
 # cp = context parallelism 2 x FSDP2 over the rest (sequences split in two; seq_len % 4 == 0).
-LAYOUTS = ("ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "cp")
+# pp = pipeline parallelism 2 (1F1B, micro-batches of one sequence) x FSDP2 over the rest.
+LAYOUTS = ("ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "cp", "pp")
 AC_MODES = ("none", "full", "selective")
 COMPILE = ("off", "on")
 FLOAT8 = ("off", "tensorwise", "rowwise")
@@ -38,8 +39,10 @@ class Variant:
         if self.layout == "hsdp" and (nproc < 4 or nproc % 2):
             return (f"hsdp needs an even world of >= 4 ranks (2 replicas x >= 2 shards); "
                     f"--nproc is {nproc}")
-        if self.layout == "cp" and nproc % 2:
-            return f"cp needs an even world (context_parallel_degree 2); --nproc is {nproc}"
+        if self.layout in ("cp", "pp") and nproc % 2:
+            dim = "context" if self.layout == "cp" else "pipeline"
+            return (f"{self.layout} needs an even world ({dim}_parallel_degree 2); --nproc is "
+                    f"{nproc}")
         return None
 
     def overrides(self, nproc: int) -> list[str]:
@@ -57,6 +60,11 @@ class Variant:
                      f"--parallelism.data_parallel_shard_degree={nproc // 2}",
                      "--parallelism.data_parallel_replicate_degree=2"],
             "cp": ["--parallelism.dp_mode=fsdp", "--parallelism.context_parallel_degree=2",
+                   "--parallelism.data_parallel_shard_degree=-1",
+                   "--parallelism.data_parallel_replicate_degree=1"],
+            "pp": ["--parallelism.dp_mode=fsdp", "--parallelism.pipeline_parallel_degree=2",
+                   "--parallelism.pipeline_parallel_schedule=1F1B",
+                   "--parallelism.pipeline_parallel_microbatch_size=1",
                    "--parallelism.data_parallel_shard_degree=-1",
                    "--parallelism.data_parallel_replicate_degree=1"],
         }[self.layout]

@@ -24,6 +24,7 @@ from torchllm.log import init_logger
 from torchllm.metrics import rank
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed
+from torchllm.process_exit import exit_process
 from torchllm.tools.estimate_memory import estimate_memory
 from torchllm.train import Trainer, trainer_from_args
 
@@ -123,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -15,6 +15,7 @@ import torch
 from torchllm.checkpoint.hf_adapters import (
     ConfigError, Weights, _check_tied, _check_vocab, _expect, pad_vocab, trim_vocab,
 )
+from torchllm.log import logger
 from torchllm.models.qwen3 import Qwen3, Qwen3Args
 
 ATTENTION = {
@@ -115,6 +116,11 @@ class Qwen3Adapter:
                 out[theirs + b] = sd[ours + a]
             if args.is_moe_layer(i):
                 out[theirs + "mlp.gate.weight"] = sd[ours + "feed_forward.gate.weight"]
+                bias = sd.get(ours + "feed_forward.expert_bias")
+                if bias is not None and bias.abs().max() > 0:  # Qwen3MoE routes without one
+                    logger.warning("%s: the routing bias of aux-loss-free balancing has no "
+                                   "place in Qwen3MoE; the export routes by the unbiased "
+                                   "probabilities", ours + "feed_forward.expert_bias")
                 for w, name in EXPERT.items():
                     stacked = sd[f"{ours}feed_forward.experts.{w}"]
                     for e in range(args.n_experts):
@@ -137,6 +143,8 @@ class Qwen3Adapter:
                 out[ours + a] = hf_sd[theirs + b]
             if args.is_moe_layer(i):
                 out[ours + "feed_forward.gate.weight"] = hf_sd[theirs + "mlp.gate.weight"]
+                if args.moe_bias_update_rate > 0:  # balancing starts from no bias
+                    out[ours + "feed_forward.expert_bias"] = torch.zeros(args.n_experts)
                 fused = hf_sd.get(theirs + "mlp.experts.gate_up_proj")
                 if fused is not None:  # transformers 5's layout
                     out[ours + "feed_forward.experts.w1"], out[ours + "feed_forward.experts.w3"] = fused.chunk(2, 1)

@@ -77,7 +77,7 @@ class JobConfig:
                         "data.tokenizer_train_chars", "metrics.loss_spike_window",
                         "profiling.profile_freq"]
         off_or_more = ["training.stop_after_steps", "training.time_limit_minutes",
-                       "checkpoint.keep_latest_k"]
+                       "checkpoint.keep_latest_k", "model.moe_bias_update_rate"]
         at_least_zero = ["lr_scheduler.warmup_steps", "eval.sample_freq", "eval.hellaswag_freq",
                          "eval.top_k", "eval.temperature", "eval.tasks_freq",
                          "eval.tasks_fewshot", "data.val_documents", "data.num_workers",

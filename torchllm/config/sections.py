@@ -60,6 +60,11 @@ class Model:
         0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss"
     )
     moe_z_loss_coef: float = opt(0.0, "MoE models: weight of the router z-loss; 0 = off")
+    moe_bias_update_rate: float = opt(
+        0.0, "MoE models: auxiliary-loss-free balancing (DeepSeek-V3): after each step every "
+        "expert's routing bias moves by this much towards balance (+ if underloaded, - if "
+        "overloaded); the bias steers top-k selection only, not the gate weights; 0 = off"
+    )
     attn_mask_type: Literal["causal", "block_causal"] = opt(
         "causal", "causal | block_causal (a token attends only within its own document of the "
         "packed window)"
@@ -92,6 +97,11 @@ class Training:
         "and on CPUs with native bf16 (AVX512_BF16/AMX, confirmed by a timed probe), else none (fp32)"
     )
     tf32: bool = opt(True, "Allow TF32 matmuls/convolutions on CUDA (ignored on CPU)")
+    cpu_keep_freed_memory: bool = opt(
+        True, "CPU with glibc: keep freed memory in the process for the next step (no mmap for "
+        "large blocks, no trimming) instead of page-faulting logits-sized buffers back every "
+        "step; false = the C library's defaults (memory returns to the OS sooner)"
+    )
     gc_freq: int = opt(50, "Run Python garbage collection every N steps (automatic GC is off)")
     stop_after_steps: int = opt(
         0, "Run at most this many steps in this launch, save and exit 0; 0 = no limit"
@@ -166,6 +176,33 @@ class Parallelism:
     context_parallel_degree: int = opt(
         1, "Context-parallel degree: each sequence is split over this many ranks (head-tail "
         "load-balanced); keys/values are all-gathered; FSDP2 shards over dp_shard x cp"
+    )
+    expert_parallel_degree: int = opt(
+        1, "Expert parallelism (MoE models): experts sharded over this many ranks, tokens sent to "
+        "them by all-to-all; borrows ranks from data_parallel_shard_degree x context_parallel_degree"
+    )
+    # -- pipeline parallelism (torchllm.parallel.pipeline) --
+    pipeline_parallel_degree: int = opt(
+        1, "Pipeline stages' ranks: the model's blocks are split over this many ranks (the "
+        "outermost mesh dim)"
+    )
+    pipeline_parallel_schedule: Literal[
+        "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble", "InterleavedZeroBubble"
+    ] = opt(
+        "1F1B", "torch.distributed.pipelining schedule; Interleaved1F1B, InterleavedZeroBubble "
+        "and ZBVZeroBubble run 2 stages per rank"
+    )
+    pipeline_parallel_microbatch_size: int = opt(
+        1, "Sequences per pipeline micro-batch; local_batch_size / this = micro-batches per "
+        "pipeline step"
+    )
+    pipeline_parallel_layers_per_stage: int = opt(
+        0, "Blocks per stage (the embedding and the output head count as one block each, on "
+        "the first and last stage); 0 = automatic, balanced"
+    )
+    pipeline_parallel_split_points: list[str] = opt(
+        [], "Explicit stage boundaries: the blocks that start stages 1.., e.g. ['layers.2']; "
+        "overrides layers_per_stage"
     )
     dp_mode: Literal["fsdp", "ddp"] = opt(
         "fsdp", "A data-parallel-only run: shard with FSDP2, or replicate with DDP (no sharding)"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, init_distri
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 from torchllm.log import init_logger, logger
+from torchllm.process_exit import exit_process
 
 SHOT_SEPARATOR = "\n\n"
 
@@ -278,4 +278,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
@@ -31,6 +30,7 @@ from torchllm.eval.loading import (
 )
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.log import init_logger, logger
+from torchllm.process_exit import exit_process
 
 RANDOM_BASELINE = 0.25  # 4 endings
 REQUIRED_KEYS = ("ctx", "endings", "label")
@@ -252,4 +252,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -70,7 +70,8 @@ class Evaluator(Callback):
         val_batches, val_steps = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
                                                    trainer.dp_rank, trainer.dp_degree)
         return cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
-                   trainer.autocast, group=trainer.parallel_dims.dp_group, val_steps=val_steps)
+                   trainer.autocast, group=trainer.parallel_dims.dp_group, val_steps=val_steps,
+                   pipeline=trainer.pipeline)
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
@@ -89,8 +90,11 @@ class Evaluator(Callback):
         autocast: Callable[[], ContextManager] = contextlib.nullcontext,
         group=None,
         val_steps: int | None = None,
+        pipeline=None,
     ):
-        """`val_steps`: batches per validation (default validation.steps)."""
+        """`val_steps`: batches per validation (default validation.steps); `pipeline`: the
+        trainer's pipeline stages (pp > 1), which compute the validation loss."""
+        self.pipeline = pipeline
         self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
         self.val_batches, self.autocast, self.group = val_batches, autocast, group
         self.val_steps = cfg.validation.steps if val_steps is None else val_steps
@@ -125,7 +129,7 @@ class Evaluator(Callback):
     def validation(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         m = validate(self.model, self.val_batches, self.val_steps, self.device,
-                     self.group, self.autocast)
+                     self.group, self.autocast, self.pipeline)
         logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
                     m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
                     time.perf_counter() - t0)

@@ -11,7 +11,7 @@ from torch import nn
 
 from torchllm.eval.reduce import sum_over_ranks
 from torchllm.models.attention import TokenLayout
-from torchllm.loss import IGNORE_INDEX, cross_entropy_sum
+from torchllm.loss import IGNORE_INDEX, fused_cross_entropy_sum
 
 
 @torch.no_grad()
@@ -22,6 +22,7 @@ def validate(
     device: torch.device,
     group=None,
     autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+    pipeline=None,
 ) -> dict[str, float]:
     """Mean token loss over the first `steps` batches of `batches`, over all ranks of `group`.
 
@@ -29,6 +30,8 @@ def validate(
     in their documents: block_causal masks, per-document positions); iterating it again must start over, so every validation sees the same
     data. Every rank must yield the same number of batches (sharded models run collectives in
     forward). The model is put in eval mode and returned to its previous mode.
+    With pipeline parallelism, `pipeline` (torchllm.parallel.Pipeline) runs the batches through
+    the stages and returns their summed loss on every pp rank.
     Returns TensorBoard-ready scalars: val/loss (token-weighted mean), val/perplexity, val/tokens.
     """
     was_training = model.training
@@ -38,10 +41,16 @@ def validate(
         for _, batch in zip(range(steps), batches):
             inputs = batch["inputs"].to(device, non_blocking=True)
             targets = batch["targets"].to(device, non_blocking=True)
+            if pipeline is not None:
+                positions = batch.get("positions")
+                positions = None if positions is None else positions.to(device)
+                totals[0] += pipeline.eval_loss(inputs, targets, positions, autocast).double()
+                totals[1] += (targets != IGNORE_INDEX).sum()
+                continue
             layout = TokenLayout.from_positions(batch.get("positions")).to(device)
             with autocast():
                 logits = model(inputs, layout=layout)
-            totals[0] += cross_entropy_sum(logits, targets).double()
+            totals[0] += fused_cross_entropy_sum(logits, targets).double()
             totals[1] += (targets != IGNORE_INDEX).sum()
     finally:
         model.train(was_training)

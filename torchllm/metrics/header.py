@@ -132,13 +132,21 @@ def run_header(cfg: JobConfig, *, run_dir: Path, model_line: str, parallel_line:
     return "\n".join(lines)
 
 
+def active_params(counts: dict[str, int]) -> str:
+    """MoE models: ", N active per token" (top-k of the experts; FLOPs/MFU count these)."""
+    if "active_params" not in counts:
+        return ""
+    return f", {counts['active_params']:,} active per token"
+
+
 def trainer_header(trainer, counts: dict[str, int]) -> str:
     """The header of a built Trainer (duck-typed: its config, model, loaders and layout)."""
     cfg, tcfg = trainer.cfg, trainer.cfg.training
     return run_header(
         cfg, run_dir=trainer.run_dir,
         model_line=(f"{cfg.model.name}/{cfg.model.flavor}: {counts['params']:,} params "
-                    f"({counts['non_embedding_params']:,} non-embedding), vocab "
+                    f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
+                    "vocab "
                     f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"),
         parallel_line=parallel_summary(trainer.parallel_dims, trainer.device,
                                        trainer.precision_name(), cfg),

@@ -1,4 +1,5 @@
-"""MoE routing statistics in TensorBoard: load balance, auxiliary losses, dropped tokens.
+"""MoE routing statistics in TensorBoard (load balance, auxiliary losses, dropped tokens), and
+the auxiliary-loss-free balancing that acts on the same statistics after each step.
 
 A training-loop callback, attached only when the model has MoE layers. On logging steps it
 writes, summed over the data-parallel ranks' last micro-batch:
@@ -8,6 +9,10 @@ writes, summed over the data-parallel ranks' last micro-batch:
                                         limit in torchllm's MoE)
   moe/tokens_per_expert/e<i>            fraction of assignments per expert, all layers
                                         summed (only for models with <= 16 experts)
+With model.moe_bias_update_rate > 0, `MoEBiasBalancer` updates the routing biases after every
+optimizer step (models/moe.update_expert_bias) and logs them:
+  moe/expert_bias_absmax                largest |bias| over layers and experts
+  moe/expert_bias/e<i>                  bias of expert i, mean over layers (<= 16 experts)
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torchllm.callbacks import Callback, StepReport
-from torchllm.models.moe import MoE
+from torchllm.models.moe import MoE, update_expert_bias
 
 PER_EXPERT_MAX = 16
 
@@ -56,4 +61,43 @@ class MoEStats(Callback):
             total = counts.sum(dim=0)
             for e, share in enumerate((total / total.sum()).tolist()):
                 scalars[f"moe/tokens_per_expert/e{e}"] = share
+        return StepReport(scalars=scalars)
+
+
+class MoEBiasBalancer(Callback):
+    """Aux-loss-free load balancing: after each optimizer step, every MoE layer's routing bias
+    moves towards balance by the step's token counts summed over the data-parallel ranks and
+    the context-parallel ones (each holds other tokens; TP ranks route the same tokens, so
+    their counts are not added again). A step the loss guard dropped changes no bias (its
+    counts are discarded)."""
+
+    def __init__(self, layers: list[MoE], rate: float, log_freq: int, total_steps: int,
+                 groups=()):
+        self.layers, self.rate, self.groups = layers, rate, groups
+        self.log_freq, self.total_steps = log_freq, total_steps
+
+    @classmethod
+    def from_trainer(cls, trainer) -> "MoEBiasBalancer | None":
+        rate = trainer.cfg.model.moe_bias_update_rate
+        layers = [m for m in trainer.moe_layers if m.expert_bias is not None]
+        if rate <= 0 or not layers:
+            return None
+        dims = trainer.parallel_dims
+        groups = [g for g in (dims.dp_group, dims.cp_group) if g is not None]
+        return cls(layers, rate, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
+                   groups)
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+        if metrics.get("skipped"):
+            for m in self.layers:
+                m.expert_load.zero_()
+            return None
+        update_expert_bias(self.layers, self.rate, self.groups)
+        if not (step % self.log_freq == 0 or step in (1, self.total_steps)):
+            return None
+        bias = torch.stack([m.expert_bias for m in self.layers])  # [layers, E]
+        scalars = {"moe/expert_bias_absmax": float(bias.abs().max())}
+        if bias.shape[1] <= PER_EXPERT_MAX:
+            for e, value in enumerate(bias.mean(dim=0).tolist()):
+                scalars[f"moe/expert_bias/e{e}"] = value
         return StepReport(scalars=scalars)

@@ -13,6 +13,14 @@ Load balancing: the Switch-Transformer auxiliary loss of each MoE layer,
 (1 when perfectly balanced with top-1, k with top-k), and an optional router z-loss
 (mean of logsumexp(logits)^2). The layer keeps both, with their gradients, in `self.aux_loss`
 for the trainer to add (see `auxiliary_loss`), and detached routing statistics for logging.
+
+Auxiliary-loss-free balancing (DeepSeek-V3), with `expert_bias=True`: a per-expert bias (a
+buffer, so checkpoints save and reshard it) is added to the router probabilities to pick the
+top-k experts only; the gate weights stay the unbiased probabilities. The layer sums its
+tokens per expert over a step's micro-batches (`expert_load`); after the optimizer step
+`update_expert_bias` sums those over the data-parallel ranks and moves each bias by
+rate * sign(mean load - load). The update depends only on the loads' ratios, so counting a
+forward twice (activation checkpointing recomputes it) changes nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 class GroupedExperts(nn.Module):
@@ -34,15 +44,21 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))  # down
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, dim] sorted by expert; counts: [E] tokens per expert (sums to tokens)."""
+        """x: [tokens, dim] sorted by expert; counts: [E] tokens per expert (sums to tokens).
+
+        Under expert parallelism (torchllm.parallel.expert_parallel) the weights are DTensors
+        sharded on the expert dim and hooks around this call exchange the tokens, so x and
+        counts here are those of this rank's experts, computed with the local shards."""
+        w1, w2, w3 = local(self.w1), local(self.w2), local(self.w3)
         if use_grouped_mm(x):
             offsets = torch.cumsum(counts, 0).to(torch.int32)
-            gate = torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offsets)
-            up = torch._grouped_mm(x, self.w3.transpose(-2, -1), offs=offsets)
-            return torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offsets)
-        return self._padded(x, counts)
+            gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
+            up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
+            return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offsets)
+        return self._padded(x, counts, w1, w2, w3)
 
-    def _padded(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _padded(x: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
         n_experts = counts.shape[0]
         capacity = max(int(counts.max()), 1)  # one host sync per layer on this path
         starts = torch.cumsum(counts, 0) - counts
@@ -51,9 +67,8 @@ class GroupedExperts(nn.Module):
         slot = torch.arange(x.shape[0], device=x.device) - starts[expert]
         padded = x.new_zeros(n_experts, capacity, x.shape[-1])
         padded = padded.index_put((expert, slot), x)
-        h = (F.silu(torch.bmm(padded, self.w1.transpose(1, 2)))
-             * torch.bmm(padded, self.w3.transpose(1, 2)))
-        out = torch.bmm(h, self.w2.transpose(1, 2))
+        h = F.silu(torch.bmm(padded, w1.transpose(1, 2))) * torch.bmm(padded, w3.transpose(1, 2))
+        out = torch.bmm(h, w2.transpose(1, 2))
         return out[expert, slot]
 
     def init_weights(self, out_scale: float) -> None:
@@ -62,6 +77,13 @@ class GroupedExperts(nn.Module):
                                  (self.w2, hidden, out_scale)):
             std = scale / math.sqrt(fan_in)
             nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def local(w: torch.Tensor) -> torch.Tensor:
+    """A weight as a plain tensor: tensor parallelism replicates the MoE's weights as DTensors,
+    but routing has data-dependent shapes that DTensor cannot express, so the layer computes on
+    the local copy (to_local's backward hands the, identical on every rank, gradient back)."""
+    return w.to_local() if isinstance(w, DTensor) else w
 
 
 def use_grouped_mm(x: torch.Tensor) -> bool:
@@ -75,7 +97,7 @@ class MoE(nn.Module):
     """Router + grouped experts. Input and output [batch, seq, dim]."""
 
     def __init__(self, dim: int, hidden_dim: int, n_experts: int, top_k: int,
-                 norm_topk_prob: bool = True):
+                 norm_topk_prob: bool = True, expert_bias: bool = False):
         super().__init__()
         self.n_experts, self.top_k, self.norm_topk_prob = n_experts, top_k, norm_topk_prob
         self.gate = nn.Linear(dim, n_experts, bias=False)  # the router
@@ -85,12 +107,21 @@ class MoE(nn.Module):
         self.tokens_per_expert: torch.Tensor | None = None  # detached, last forward
         self.last_aux_loss: torch.Tensor | None = None  # detached, for logging
         self.last_z_loss: torch.Tensor | None = None
+        if expert_bias:  # aux-loss-free balancing: selection bias, and the step's loads for it
+            self.register_buffer("expert_bias", torch.zeros(n_experts))
+            self.register_buffer("expert_load", torch.zeros(n_experts), persistent=False)
+        else:
+            self.expert_bias = self.expert_load = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [tokens, dim] -> (router logits, top-k weights, top-k expert ids)."""
-        logits = self.gate(x)
+        logits = F.linear(x, local(self.gate.weight))
         probs = torch.softmax(logits.float(), dim=-1)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.expert_bias is None:
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        else:  # the bias picks the experts; the gates are the unbiased probabilities
+            experts = torch.topk(probs + self.expert_bias, self.top_k, dim=-1).indices
+            weights = probs.gather(-1, experts)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return logits, weights, experts
@@ -109,6 +140,8 @@ class MoE(nn.Module):
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         out = out.index_add(0, token, contrib).to(x.dtype)
         self.tokens_per_expert = counts.detach()
+        if self.training and self.expert_bias is not None:
+            self.expert_load.add_(counts.detach())
         if self.training:
             self.aux_loss = load_balancing_loss(logits, experts, self.n_experts)
             self.z_loss = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
@@ -119,6 +152,26 @@ class MoE(nn.Module):
         std = 1.0 / math.sqrt(self.gate.in_features)
         nn.init.trunc_normal_(self.gate.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
         self.experts.init_weights(out_scale)
+        if self.expert_bias is not None:
+            self.expert_bias.zero_()
+            self.expert_load.zero_()
+
+
+@torch.no_grad()
+def update_expert_bias(layers: list[MoE], rate: float, groups=()) -> torch.Tensor:
+    """Aux-loss-free balancing, after an optimizer step: each layer's bias moves by
+    rate * sign(mean load - load), its loads (summed over the step's micro-batches, then over
+    the ranks of each of `groups` in turn, so every rank applies the same update) reset.
+    Returns the loads [L, E]."""
+    layers = [m for m in layers if m.expert_bias is not None]
+    loads = torch.stack([m.expert_load for m in layers])
+    for group in groups if dist.is_initialized() else ():
+        dist.all_reduce(loads, group=group)
+    step = rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
+    for m, delta in zip(layers, step):
+        m.expert_bias.add_(delta)
+        m.expert_load.zero_()
+    return loads
 
 
 def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int):

@@ -77,6 +77,7 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
         "attn_backend": mcfg.attention,
         "sliding_window": tuple(mcfg.sliding_window),
         "restart_positions_per_document": mcfg.restart_positions_per_document,
+        "moe_bias_update_rate": mcfg.moe_bias_update_rate,
     }
     windows = mcfg.sliding_window
     if (len(windows) not in (0, 1, args.n_layers) or any(w < 0 for w in windows)

@@ -12,6 +12,20 @@ import math
 from torchllm.config.job_config import ConfigError
 
 
+def global_batch_size(tcfg, dp_degree: int) -> int:
+    """Sequences per optimizer step: training.global_batch_size, or -1 = one pass (local batch x
+    dp degree); a multiple of one pass (the rest is gradient accumulation)."""
+    per_pass = tcfg.local_batch_size * dp_degree
+    global_batch = per_pass if tcfg.global_batch_size == -1 else tcfg.global_batch_size
+    if global_batch % per_pass:
+        raise ConfigError(
+            f"training.global_batch_size = {global_batch} is not a multiple of "
+            f"local_batch_size ({tcfg.local_batch_size}) x data-parallel degree "
+            f"({dp_degree}) = {per_pass}", "training.global_batch_size",
+        )
+    return global_batch
+
+
 class BatchSizeRamp:
     """Global batch, micro-steps and LR multiplier of every step (1-based).
 

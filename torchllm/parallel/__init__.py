@@ -1,5 +1,6 @@
 """Parallel dimensions and the functions that apply them to a model."""
 
+from torchllm.parallel.build import build_model
 from torchllm.parallel.compile import build_loss_fn
 from torchllm.parallel.context_parallel import ContextParallel, apply_cp
 from torchllm.parallel.dims import ParallelDims, destroy_distributed
@@ -16,14 +17,17 @@ from torchllm.parallel.distributed import (
 from torchllm.parallel.float8 import register_float8_scale_precompute
 from torchllm.parallel.init import init_model_weights
 from torchllm.parallel.parallelize import build_parallel_dims, parallelize_llama
+from torchllm.parallel.pipeline_schedule import Pipeline
 
 __all__ = [
     "FirstCollectiveError",
     "ContextParallel",
     "apply_cp",
     "ParallelDims",
+    "Pipeline",
     "any_rank",
     "build_loss_fn",
+    "build_model",
     "build_parallel_dims",
     "clip_grad_norm_",
     "destroy_distributed",

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from torchllm.config.job_config import ConfigError
-from torchllm.loss import cross_entropy_sum
+from torchllm.loss import cross_entropy_sum, fused_cross_entropy_sum
 
 COMPONENTS = ("model", "loss")
 
@@ -34,7 +34,9 @@ def apply_compile(model: nn.Module, ccfg) -> int:
 
 
 def build_loss_fn(ccfg):
-    """The training loss (summed float32 cross entropy), compiled when asked."""
+    """The training loss (summed float32 cross entropy): compiled when asked (inductor fuses
+    the float32 log-softmax into one pass), else the eager fused version, which reads the
+    logits a chunk at a time instead of writing float32 copies of them (loss.py)."""
     if ccfg.enable and "loss" in ccfg.components:
         return torch.compile(cross_entropy_sum, backend=ccfg.backend)
-    return cross_entropy_sum
+    return fused_cross_entropy_sum

@@ -25,6 +25,8 @@ def apply_fsdp(
     reduce_dtype: torch.dtype,
     reshard_policy: str = "default",
     cpu_offload: bool = False,
+    expert_mesh=None,
+    expert_divide_factor: int = 1,
 ) -> None:
     """fully_shard each block, the untied embedding, then the root (in place).
 
@@ -36,6 +38,11 @@ def apply_fsdp(
     float32 (apply_rope's contract; a bf16 table makes FSDP2 numerics differ from one device's).
     A tied embedding table stays in the root's group: the output projection reads it after the
     last block, so it must stay gathered through the whole forward and backward.
+
+    Expert parallelism (`expert_mesh` given): each block's experts, already DTensors on the ep
+    mesh, get their own FSDP2 group over `expert_mesh` (efsdp, or (dp_replicate, efsdp)), whose
+    gradient reduction divides by `expert_divide_factor` (the full dp x cp degree; see
+    torchllm.parallel.expert_parallel) instead of its own size.
     """
     kwargs = {
         "mesh": dp_mesh,
@@ -45,12 +52,24 @@ def apply_fsdp(
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     blocks = list(model.layers.values())
-    if model.output is not None:
+    if model.output is not None and model.tok_embeddings is not None:  # (None: PP stages)
         fully_shard(model.tok_embeddings, reshard_after_forward=reshard_policy != "never",
                     **kwargs)
     for i, block in enumerate(blocks):
-        fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_policy, i,
-                                                                      len(blocks)), **kwargs)
+        reshard = reshard_after_forward(reshard_policy, i, len(blocks))
+        if expert_mesh is not None:
+            from torchllm.models.moe import GroupedExperts  # (models import parallel/ at load)
+
+            for experts in (m for m in block.modules() if isinstance(m, GroupedExperts)):
+                fully_shard(experts, reshard_after_forward=reshard,
+                            **{**kwargs, "mesh": expert_mesh})
+                experts.set_gradient_divide_factor(float(expert_divide_factor))
+                # gloo has no PREMUL_SUM: reduce-scatter a sum, then divide. (Not with a 1-rank
+                # shard group: torch then skips the reduce-scatter, divides while copying, and
+                # a forced sum would divide a second time.)
+                if expert_mesh.device_type != "cuda" and expert_mesh.size(-1) > 1:
+                    experts.set_force_sum_reduction_for_comms(True)
+        fully_shard(block, reshard_after_forward=reshard, **kwargs)
     # FSDP2 never reshards the root after forward (backward would gather it at once).
     fully_shard(model, reshard_after_forward=reshard_policy != "never", **kwargs)
 

@@ -77,21 +77,37 @@ def set_comm_timeout(parallel_dims: ParallelDims, seconds: float) -> None:
 
 
 def clip_grad_norm_(
-    parameters, max_norm: float, norm_type: float = 2.0, foreach: bool | None = None
+    parameters, max_norm: float, norm_type: float = 2.0, foreach: bool | None = None,
+    pp_group=None,
 ) -> torch.Tensor:
     """Clip the total gradient norm; correct when parameters are sharded DTensors.
 
     The norm of a sharded DTensor gradient is a partial value on each rank; `full_tensor()`
     reduces it over the mesh so every rank clips by the same, global norm. Plain tensors (DDP,
-    single device) are already whole and go through unchanged.
+    single device) are already whole and go through unchanged. Under pipeline parallelism each
+    rank holds other stages' parameters: the norms are combined over `pp_group` too.
     """
     params = [p for p in parameters if p.grad is not None]
-    grads = [p.grad for p in params]
-    total = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    # DTensors on different meshes (expert parallelism's experts beside FSDP2's other weights)
+    # cannot meet in one op: take each mesh's norm, reduce it, then combine the plain numbers.
+    by_mesh: dict = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type, foreach=foreach)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
+    if pp_group is not None:
+        if math.isinf(norm_type):
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
+        else:
+            total = total ** norm_type
+            dist.all_reduce(total, group=pp_group)
+            total = total ** (1.0 / norm_type)
     if max_norm > 0 and math.isfinite(max_norm):
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=foreach)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=foreach)
     return total
 
 

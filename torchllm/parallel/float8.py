@@ -25,11 +25,16 @@ def float8_module_filter(filter_fqns: list[str]):
     """Convert a Linear unless its name matches filter_fqns or a dim is not a multiple of 16.
 
     float8 matmul kernels need both dims to be multiples of 16; the output layer is skipped by
-    default because its logits are the most precision-sensitive values in the model.
+    default because its logits are the most precision-sensitive values in the model. A MoE
+    router (`feed_forward.gate`) always stays in high precision: top-k selection is where small
+    errors flip decisions, and the layer reads its weight directly (models/moe.MoE.route).
+    Grouped expert weights are not Linears and stay in high precision too.
     """
 
     def keep(module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear) or any(f in fqn for f in filter_fqns):
+            return False
+        if fqn.endswith("feed_forward.gate"):
             return False
         return module.in_features % 16 == 0 and module.out_features % 16 == 0
 

@@ -50,18 +50,21 @@ def init_model_weights(
     _move_buffers(model, device)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full_state = {}
-    if dist.get_rank() == 0:
-        with torch.device("meta"):
-            full = build_full()
-        full.to_empty(device="cpu")
-        torch.manual_seed(seed)
-        full.init_weights(buffer_device=torch.device("cpu"))
-        full_state = full.state_dict()
+    full_state = seeded_full_state(build_full, seed) if dist.get_rank() == 0 else {}
     set_model_state_dict(
         model, full_state,
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
+
+
+def seeded_full_state(build_full: Callable[[], nn.Module], seed: int) -> dict:
+    """The whole model's state dict as one CPU process initializes it with `seed`."""
+    with torch.device("meta"):
+        full = build_full()
+    full.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    full.init_weights(buffer_device=torch.device("cpu"))
+    return full.state_dict()
 
 
 def _move_buffers(model: nn.Module, device: torch.device) -> None:

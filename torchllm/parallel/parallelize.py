@@ -12,7 +12,9 @@ from torchllm.parallel.compile import apply_compile, check_components
 from torchllm.parallel.context_parallel import apply_cp
 from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
+from torchllm.parallel.expert_parallel import apply_ep
 from torchllm.parallel.float8 import apply_float8, check_float8_hardware
+from torchllm.parallel.pipeline import check_pipeline
 from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
 
@@ -22,26 +24,15 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     dims = ParallelDims.from_config(job_config.parallelism, world_size)
     dims.device_type = device_type
     dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
+    dims.validate_experts(job_config.model.name, getattr(model_args, "n_experts", 0))
     if dims.tp_enabled and job_config.training.seq_len % dims.tp:
         raise ConfigError(
             f"training.seq_len = {job_config.training.seq_len} is not a multiple of "
             f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
             "training.seq_len",
         )
-    if dims.tp_enabled and getattr(model_args, "qk_norm", False):
-        raise ConfigError(
-            f"tensor_parallel_degree = {dims.tp} with {job_config.model.name}: the per-head "
-            "QK-norm weights are not tensor-parallel yet (their gradients would need a TP "
-            "all-reduce); shard the model with FSDP2 (data_parallel_shard_degree) instead",
-            "parallelism.tensor_parallel_degree",
-        )
-    if dims.tp_enabled and getattr(model_args, "n_experts", 0):
-        raise ConfigError(
-            f"tensor_parallel_degree = {dims.tp} with a mixture-of-experts model "
-            f"({job_config.model.name}): expert layers are not tensor-parallel; shard the model "
-            "with FSDP2 (data_parallel_shard_degree) instead",
-            "parallelism.tensor_parallel_degree",
-        )
+    if dims.pp_enabled:  # schedule, micro-batches, the stages' split, what PP cannot run yet
+        check_pipeline(job_config, model_args, dims.pp, dims.cp)
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
     if (dims.tp_enabled and job_config.model.restart_positions_per_document
@@ -106,12 +97,19 @@ def check_cp_lengths(tcfg, cp: int, tp: int) -> None:
 
 
 def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
-    """Apply, in place, on the meta-device model: CP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
+    """Apply, in place, on the meta-device model:
+    CP -> EP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
+
+    Under pipeline parallelism `model` is one stage (torchllm.parallel.pipeline: the split comes
+    first), and this runs once per stage on the stage's own blocks.
 
     The order is forced by what each step wraps or replaces:
     - CP only tells each attention module how to gather keys/values over the cp ranks; it must
       reach the plain modules before AC/compile wrap them. (The trainer splits the batch.)
-    - TP first: it rewrites Linear weights into DTensors and hooks their inputs/outputs, so it
+    - EP, like TP, turns the expert weights into DTensors (sharded on the expert dim over the ep
+      ranks) and hooks the experts' inputs/outputs with the all-to-alls; FSDP2 later shards
+      each rank's experts over the remaining efsdp ranks (torchllm.parallel.expert_parallel).
+    - TP: it rewrites Linear weights into DTensors and hooks their inputs/outputs, so it
       needs the plain modules, and every later step must see its sharded shapes.
     - float8 swaps nn.Linear for Float8Linear; AC and compile must wrap/trace the swapped
       modules, and FSDP2's float8 all-gather needs the float8 weight wrappers before sharding.
@@ -128,6 +126,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if parallel_dims.cp_enabled:
         apply_cp(model, parallel_dims.cp_group)
         applied.append(f"CP {parallel_dims.cp} (all-gather K/V, head-tail chunks)")
+    if parallel_dims.ep_enabled:
+        n = apply_ep(model, parallel_dims.ep_mesh())
+        applied.append(f"EP {parallel_dims.ep} ({n} MoE layers, all-to-all dispatch)")
     if parallel_dims.tp_enabled:
         apply_tp(model, parallel_dims.mesh["tp"])
         applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
@@ -149,6 +150,8 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
             reduce_dtype=torch.bfloat16 if pcfg.fsdp_reduce_dtype == "bf16" else torch.float32,
             reshard_policy=pcfg.fsdp_reshard_after_forward,
             cpu_offload=pcfg.fsdp_cpu_offload,
+            expert_mesh=parallel_dims.expert_fsdp_mesh() if parallel_dims.ep_enabled else None,
+            expert_divide_factor=parallel_dims.dp_degree * parallel_dims.cp,
         )
         kind = "HSDP" if parallel_dims.dp_replicate_enabled else "FSDP2"
         cp = f" x cp={parallel_dims.cp}" if parallel_dims.cp_enabled else ""

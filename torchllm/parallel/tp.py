@@ -6,6 +6,17 @@ the FFN's w1/w3 by columns and w2 by rows. Between those regions the residual st
 norms are sharded on the sequence dim (sequence parallel), which divides their activation
 memory by tp: the all-reduce after each row-parallel matmul becomes a reduce-scatter, and the
 all-gather before the next column-parallel one costs what the all-reduce saved.
+
+Qwen3 adds two things. QK-norm (`attention.q_norm` / `k_norm`, one RMSNorm of size head_dim
+shared by all heads) runs on the head-sharded q/k: its input is annotated as sharded on the head
+dim (dim 2) and its weight is a Replicate DTensor, so DTensor sums the weight's per-rank
+gradients (each rank sees only its heads) over tp. A mixture-of-experts MLP is replicated over
+tp instead of split: it receives the whole sequence (all-gathered, as the dense FFN does), every
+rank routes and computes all tokens, and its output is cut back to the rank's sequence shard
+(backward: the output gradient is all-gathered). Every rank then computes the full, identical
+gradient of the router and expert weights (Replicate DTensors), so nothing needs reducing, and
+routing, the auxiliary losses and the token counts equal one process's. It costs the MoE's
+compute tp times and saves no expert memory; expert parallelism is the way to split experts.
 """
 
 from __future__ import annotations
@@ -13,10 +24,11 @@ from __future__ import annotations
 import inspect
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -51,6 +63,22 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
         extra = (None,) * (_positional_inputs(block.attention) - 1)  # the RoPE table, if any
+        if hasattr(block.feed_forward, "experts"):  # a mixture of experts: replicated
+            mlp_plan = {"feed_forward": PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))}
+            distribute_module(block.feed_forward, tp_mesh, _replicate_params)
+        else:
+            mlp_plan = {
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
+            if hasattr(block.feed_forward, "w3"):
+                mlp_plan["feed_forward.w3"] = ColwiseParallel()
         plan = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(
@@ -61,12 +89,18 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            **mlp_plan,
         }
-        if hasattr(block.feed_forward, "w3"):
-            plan["feed_forward.w3"] = ColwiseParallel()
+        if hasattr(block.attention, "q_norm"):  # QK-norm over the local heads [b, s, h, d]
+            for norm in ("attention.q_norm", "attention.k_norm"):
+                plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
+
+
+def _replicate_params(name: str, module: nn.Module, mesh) -> None:
+    """distribute_module's partition_fn: every parameter a Replicate DTensor (buffers stay plain
+    tensors, e.g. the router's balancing bias, which every rank updates identically)."""
+    for key, param in list(module.named_parameters(recurse=False)):
+        if not isinstance(param, DTensor):
+            dt = DTensor.from_local(param, mesh, [Replicate()], run_check=False)
+            module.register_parameter(key, nn.Parameter(dt, param.requires_grad))

@@ -4,7 +4,8 @@
         [--world_size N]          (e.g. --training.device=cuda to estimate a GPU job on a laptop)
 
 Terms (bytes per rank):
-  params, grads      fp32 master copies, divided by the FSDP shard degree (and TP)
+  params, grads      fp32 master copies (MoE: every expert), divided by the FSDP shard degree
+                     and TP (not the MoE layers: TP replicates them)
   optimizer          AdamW's two fp32 moments, sharded like the params
   ddp_buckets        DDP's flat gradient buckets, a second gradient-sized buffer
   gathered_params    FSDP2's all-gathered params in the param dtype: the root's (embedding,
@@ -19,8 +20,10 @@ Terms (bytes per rank):
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
 logits' gradients; `optimizer` holds params, grads and moments; under FSDP2 or AC,
 `block backward` holds the gathered blocks and unsharded gradients of the block being
-differentiated, or the block AC rebuilds. The largest is the estimate. Parameters and FLOPs per token come from `torchllm.metrics.flops`
-(the same numbers the trainer's MFU uses).
+differentiated, or the block AC rebuilds. The largest is the estimate. Parameters and FLOPs
+per token come from `torchllm.metrics.flops` (the same numbers the trainer's MFU uses; MoE:
+FLOPs from the parameters a token runs through, memory from all of them). MoE blocks'
+activations are counted as a dense FFN of the flavor's hidden_dim: not calibrated for MoE.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.device import resolve_device
 from torchllm.metrics.flops import flops_per_token, parameter_counts
+from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
 from torchllm.precision import use_bf16
 from torchllm.tools.model_info import tokenizer_vocab_hint
@@ -51,6 +55,13 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
       FFN: the residual h, x*rstd and the normed input: 3 x dim; then w1 x, silu(w1 x), w3 x
         and their product: 4 x hidden
     plus per-row float32 statistics (two RMSNorm rstd, SDPA's logsumexp per head).
+    Qwen3 (QK-norm, head_dim x heads != dim; checked the same way): its attention keeps q and k
+    before and after their norms, q, k, v as SDPA gets them (GQA: k, v not repeated) and the
+    output: 4 x (q width + kv width) + the rstd of each q and k head. A MoE layer (instead of
+    the FFN's 4 x hidden) keeps per routed copy (k per token) the token, its padded slot, the
+    expert output, its float32 weighted copy and 4 x moe_hidden_dim, plus router scores:
+    counted for perfectly balanced experts (the CPU path pads every expert to the busiest one's
+    load, which adds the imbalance on top).
     `act` is the activation element size (2 under bf16, 4 in fp32).
     With AC, a checkpointed region keeps only its input (and, for "op", the matmul and
     attention outputs).
@@ -58,6 +69,13 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
     dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
     stats = tokens * FP32 * (args.n_heads + 2)
     attention, ffn = 7 * dim, 3 * dim + 4 * hidden
+    if getattr(args, "qk_norm", False):
+        attention = 3 * dim + 4 * (args.n_heads * args.head_dim + kv_dim)
+        stats += tokens * FP32 * (args.n_heads + args.n_kv_heads)
+    if getattr(args, "n_experts", 0) and args.moe_every == 1:  # every block's MLP is a MoE
+        k = args.n_experts_per_tok
+        ffn = 3 * dim + k * (3 * dim + 4 * args.moe_hidden_dim)
+        stats += tokens * FP32 * (2 * args.n_experts + k * dim)
     if mode == "full":
         return tokens * dim * act
     if mode == "selective" and option == "op":
@@ -68,6 +86,13 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
     if mode == "selective" and option == "attention":
         return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
     return tokens * (attention + ffn) * act + stats
+
+
+def moe_params(model) -> dict[str, int]:
+    """Parameters of each block's MoE layer (router + experts), by block name; 0 when dense."""
+    return {name: sum(p.numel() for m in block.modules() if isinstance(m, MoE)
+                      for p in m.parameters())
+            for name, block in model.layers.items()}
 
 
 def estimate_memory(cfg, model_args, world_size: int) -> dict:
@@ -84,12 +109,17 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     act = 2 if bf16 else FP32
     shard = dims.dp_shard * dims.cp * dims.tp  # FSDP2 shards over dp_shard x cp
     n_layers = model_args.n_layers
+    # All parameters count (every expert is stored); TP splits all but the MoE layers', which
+    # it replicates (parallel/tp.py), so those are divided by the FSDP degree only.
+    moe = moe_params(model)
     block_params = sum(p.numel() for p in model.layers["0"].parameters())
+    block_split = block_params - moe["0"]
 
-    params = counts["params"] * FP32 // shard
+    params = ((counts["params"] - sum(moe.values())) * FP32 // shard
+              + sum(moe.values()) * FP32 // (shard // dims.tp))
     terms = {"params": params, "grads": params, "optimizer": 2 * params}
     terms["ddp_buckets"] = params if dims.ddp_enabled else 0
-    block = block_params * act // dims.tp  # one block's gathered params
+    block = block_split * act // dims.tp + moe["0"] * act  # one block's gathered params
     root = (counts["params"] - n_layers * block_params) * act // dims.tp  # embedding, norm, head
     if dims.fsdp_enabled:
         # The root's params stay gathered from forward to backward; after forward, blocks are
@@ -98,7 +128,8 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         terms["gathered_params"] = root + kept * block
         # In a block's backward: it and the prefetched next are gathered, and two blocks'
         # unsharded float32 gradients exist (one being computed, one being reduce-scattered).
-        block_backward_extra = max(0, 2 - kept) * block + 2 * block_params * FP32 // dims.tp
+        block_backward_extra = (max(0, 2 - kept) * block + 2 * block_split * FP32 // dims.tp
+                                + 2 * moe["0"] * FP32)
     else:
         terms["gathered_params"] = block_backward_extra = 0
 

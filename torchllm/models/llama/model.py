@@ -86,14 +86,15 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate consecutive pairs (x0, x1) of each head by the position's angle, in float32.
 
     x: [batch, seq, heads, head_dim]; table: [seq, head_dim/2, 2], or [batch, seq, head_dim/2, 2]
-    when positions differ per sequence (RoPE restarting at each document).
+    when positions differ per sequence (RoPE restarting at each document). The pairs and the
+    (cos, sin) rows are read as complex numbers, so the rotation is one complex multiply
+    (x0 + i x1)(cos + i sin): a single kernel forward and backward, where the same formula
+    spelled with real slices, products and a stack took ~4x longer on CPU (measured).
     """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
     table = table[None] if table.dim() == 3 else table
-    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
-    rotated = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
-    return rotated.flatten(-2).type_as(x)
+    angle = torch.view_as_complex(table)[:, :, None, :]  # [batch | 1, seq, 1, head_dim/2]
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(pairs * angle).flatten(-2).type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -240,13 +241,20 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
                 targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096,
-                layout: TokenLayout | None = None) -> torch.Tensor:
+                layout: TokenLayout | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
         returns the summed token cross entropy instead of the logits (training.chunked_loss).
-        `layout` says where the tokens sit (documents, window index; attention.TokenLayout)."""
+        `layout` says where the tokens sit (documents, window index; attention.TokenLayout), or
+        `positions` (each token's position in its document) from which it is built.
+        A pipeline stage (torchllm.parallel.pipeline) lacks the embedding (it takes hidden
+        states) or the final norm and head (it returns hidden states)."""
+        if positions is not None:
+            layout = TokenLayout.from_positions(positions)
         start = 0 if cache is None else cache.pos
-        seqlen = tokens.shape[1]
+        # (A later stage's hidden states may be sequence-sharded by TP: positions are whole.)
+        seqlen = tokens.shape[1] if positions is None else positions.shape[1]
         if start + seqlen > self.args.max_seq_len:
             raise ValueError(
                 f"sequence length {start + seqlen} > model max_seq_len {self.args.max_seq_len}"
@@ -266,11 +274,13 @@ class Transformer(nn.Module):
                                 backend=self.args.attn_backend,
                                 kv_gather=self.kv_gather if layout and layout.index is not None
                                 else None)
-        h = self.tok_embeddings(tokens)
+        h = tokens if self.tok_embeddings is None else self.tok_embeddings(tokens)
         for name, layer in self.layers.items():
             h = layer(h, rope, cache=cache, mask=masks.get(self.windows[int(name)]))
         if cache is not None:
             cache.pos += seqlen
+        if self.norm is None:  # a pipeline stage before the last
+            return h
         h = self.norm(h)
         return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens)
 
@@ -279,9 +289,11 @@ class Transformer(nn.Module):
         """Initialize every parameter and buffer in place (after `to_empty`)."""
         device = buffer_device or self.rope_cache.device
         self.rope_cache = self.rope_table(self.args, device=device)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        if self.tok_embeddings is not None:  # (None: a later pipeline stage)
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
         for layer in self.layers.values():
             layer.init_weights()
-        self.norm.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
         if self.output is not None:
             _init_linear(self.output)

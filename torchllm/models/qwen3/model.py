@@ -50,7 +50,7 @@ class TransformerBlock(llama.TransformerBlock):
     def build_mlp(self, layer_id: int, args: Qwen3Args) -> nn.Module:
         if args.is_moe_layer(layer_id):
             return MoE(args.dim, args.moe_hidden_dim, args.n_experts, args.n_experts_per_tok,
-                       args.norm_topk_prob)
+                       args.norm_topk_prob, expert_bias=args.moe_bias_update_rate > 0)
         return llama.FeedForward(args.dim, args.hidden_dim)
 
 

@@ -1,0 +1,271 @@
+"""Pipeline parallelism: the split rule against a brute force, stages chained in one process
+against the whole model, the checks that run before any process group, and real gloo ranks
+(2 and 4) that match one process over 10 steps, and a PP checkpoint resumed without PP."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, tiny_args, tiny_config
+from test_context_parallel import DOCS, fill, write_short_docs
+from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
+from torchllm import models
+from torchllm.config import ConfigError
+from torchllm.models import model_args
+from torchllm.parallel import build_parallel_dims
+from torchllm.parallel.pipeline import (
+    build_stage,
+    init_stage_weights,
+    rank_model,
+    rank_stages,
+    stage_blocks,
+)
+from torchllm.train import Trainer
+
+PP = "--parallelism.pipeline_parallel_degree=2"
+UNTIED = "--model.tie_embeddings=false"  # a tied head cannot be split from the embedding
+QWEN3 = "--model.name=qwen3"
+
+
+def schedule(name: str) -> str:
+    return f"--parallelism.pipeline_parallel_schedule={name}"
+
+
+def stage_cost(parts: list[list[int]]) -> int:
+    """The largest stage's work: its blocks, plus one for the embedding (first stage) and one
+    for the output head (last stage)."""
+    return max(len(p) + (i == 0) + (i == len(parts) - 1) for i, p in enumerate(parts))
+
+
+def test_automatic_split_is_as_balanced_as_the_best_split():
+    for n_layers in range(1, 17):
+        for n_stages in range(1, min(n_layers, 6) + 1):
+            parts = stage_blocks(n_layers, n_stages)
+            assert sum(parts, []) == list(range(n_layers))  # contiguous, every block once
+            assert all(parts)
+            best = min(stage_cost([list(range(a, b)) for a, b in zip((0, *cuts),
+                                                                     (*cuts, n_layers))])
+                       for cuts in itertools.combinations(range(1, n_layers), n_stages - 1))
+            assert stage_cost(parts) == best, (n_layers, n_stages, parts)
+    assert stage_blocks(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert stage_blocks(6, 4) == [[0], [1, 2], [3, 4], [5]]
+
+
+def test_explicit_splits():
+    assert stage_blocks(4, 2, split_points=["layers.1"]) == [[0], [1, 2, 3]]
+    assert stage_blocks(6, 3, layers_per_stage=2) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_stage_placement_on_ranks():
+    assert [rank_stages("1F1B", 2, r) for r in (0, 1)] == [[0], [1]]
+    assert [rank_stages("Interleaved1F1B", 2, r) for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert [rank_stages("ZBVZeroBubble", 2, r) for r in (0, 1)] == [[0, 3], [1, 2]]
+
+
+def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
+    """Stages keep the whole model's names and initial weights, and their forwards (hidden
+    states in, hidden states out) chain into the whole model's logits."""
+    cfg = tiny_config(tmp_path, "--model.tie_embeddings=false")
+    args = model_args(cfg, 512)
+    spec = models.get(cfg.model.name)
+    build = lambda: spec.build(args)  # noqa: E731
+    whole = build()
+    whole.to_empty(device="cpu")
+    torch.manual_seed(cfg.job.seed)
+    whole.init_weights(buffer_device=torch.device("cpu"))
+    blocks = stage_blocks(args.n_layers, 3)
+    stages = [build_stage(build, b, first=i == 0, last=i == 2) for i, b in enumerate(blocks)]
+    for stage in stages:
+        init_stage_weights(stage, build, torch.device("cpu"), cfg.job.seed)
+    names = [set(s.state_dict()) for s in stages]
+    assert set().union(*names) == set(whole.state_dict())
+    assert sum(len(n) for n in names) == len(whole.state_dict())  # disjoint
+    for stage in stages:
+        for k, v in stage.state_dict().items():
+            assert torch.equal(v, whole.state_dict()[k]), k
+    union = rank_model([stages[0], stages[2]], build)
+    assert set(union.state_dict()) == names[0] | names[2]
+
+    tokens = torch.randint(0, 512, (2, 16))
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2]] * 2)
+    h = tokens
+    for stage in stages:
+        h = stage(h, positions=positions)
+    assert torch.allclose(h, whole(tokens, positions=positions), atol=1e-5)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ((PP, "--parallelism.data_parallel_shard_degree=2"),
+     "pp=2 x replicate=1 x shard=2 x cp=1 x tp=1 = 4, but the world size is 2"),
+    ((PP, "--training.local_batch_size=1"), "1F1B on 2 pipeline ranks needs at least 2 micro"),
+    ((PP, schedule("Interleaved1F1B"), "--training.local_batch_size=5"),
+     "needs a number of micro-batches >= 2 that splits into 2 equal rounds"),
+    ((PP, "--parallelism.pipeline_parallel_microbatch_size=3"),
+     "pipeline_parallel_microbatch_size = 3 does not divide"),
+    (("--parallelism.pipeline_parallel_degree=4", schedule("Interleaved1F1B")),
+     "4 blocks, fewer than the 8 pipeline stages"),
+    ((PP, "--parallelism.pipeline_parallel_split_points=layers.0"), "must increase strictly"),
+    ((PP, "--parallelism.pipeline_parallel_split_points=layers.1,layers.2"),
+     "2 stages need 1 split points"),
+    ((PP, "--parallelism.pipeline_parallel_split_points=block.1"), "'block.1' is not a block"),
+    ((PP, "--parallelism.pipeline_parallel_layers_per_stage=3"), "2 stages x 3 blocks"),
+    ((PP, "--model.tie_embeddings=true"), "model.tie_embeddings = true cannot be split"),
+    ((PP, "--training.chunked_loss"), "training.chunked_loss with pipeline"),
+    ((PP, "--training.seq_len_schedule=16:0.5,32:1.0"), "seq_len_schedule with pipeline"),
+    ((PP, "--parallelism.context_parallel_degree=2"), "context_parallel_degree > 1 with pipe"),
+    ((PP, "--model.name=gpt2"), "'gpt2' is not pipeline-parallel"),
+    ((PP, "--model.name=qwen3_moe"), "mixture-of-experts models are not pipeline-parallel"),
+    ((PP, "--eval.sample_freq=5"), "in-training samples and HellaSwag"),
+    (("--parallelism.pipeline_parallel_degree=0",), "pipeline_parallel_degree = 0"),
+])
+def test_bad_pp_layouts_fail_before_process_groups(tmp_path, extra, match):
+    cfg = tiny_config(tmp_path, "--model.tie_embeddings=false", *extra)
+    world = max(cfg.parallelism.pipeline_parallel_degree, 1) * cfg.parallelism.context_parallel_degree
+    with pytest.raises(ConfigError, match=match):
+        build_parallel_dims(cfg, world, "cpu", model_args(cfg))
+
+
+def test_unknown_schedules_name_the_ones_that_work(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="must be one of '1F1B' | 'Interleaved1F1B'"):
+        tiny_config(tmp_path, PP, "--parallelism.pipeline_parallel_schedule=Looped")
+    # A schedule this torch lacks (older versions had no ZBVZeroBubble): the ones it has.
+    from torch.distributed.pipelining import schedules
+
+    real = schedules.get_schedule_class
+
+    def without_zbv(name):
+        if name.lower() == "zbvzerobubble":
+            raise ValueError(f"Unknown schedule name '{name}'")
+        return real(name)
+
+    monkeypatch.setattr(schedules, "get_schedule_class", without_zbv)
+    cfg = tiny_config(tmp_path, PP, UNTIED, schedule("ZBVZeroBubble"))
+    with pytest.raises(ConfigError, match=r"'ZBVZeroBubble' is not in this torch .*use one of "
+                                          r"\['1F1B', 'Interleaved1F1B', 'GPipe', 'Interl"):
+        build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
+
+
+def test_pp_is_the_outermost_dim_and_resolves_dp_shard(tmp_path):
+    cfg = tiny_config(tmp_path, PP, "--model.tie_embeddings=false")
+    dims = build_parallel_dims(cfg, 4, "cpu", model_args(cfg))
+    assert (dims.pp, dims.dp_shard, dims.dp_degree, dims.pp_enabled) == (2, 2, 2, True)
+
+
+# -- real ranks ----------------------------------------------------------------------------
+TWO = {
+    "pp_1f1b": [PP, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_gpipe_accumulate": [PP, schedule("GPipe"), "--training.local_batch_size=4"],
+    "pp_interleaved_1f1b": [PP, schedule("Interleaved1F1B"),
+                            f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_zbv_zero_bubble": [PP, schedule("ZBVZeroBubble"),
+                           f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_interleaved_zero_bubble": [PP, schedule("InterleavedZeroBubble"),
+                                   f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_block_causal_microbatch_2": [PP, *DOCS, "--parallelism.pipeline_parallel_microbatch_size=2",
+                                     f"--training.local_batch_size={GLOBAL_BATCH}"],
+    # A second family through the same stages: Qwen3 (QK-norm, explicit head_dim), untied.
+    "pp_qwen3_1f1b": [PP, QWEN3, f"--training.local_batch_size={GLOBAL_BATCH}"],
+}
+FOUR = {
+    "pp_fsdp2": [PP, "--parallelism.data_parallel_shard_degree=2",
+                 "--training.local_batch_size=4"],
+    "pp_tp2": [PP, "--parallelism.tensor_parallel_degree=2",
+               f"--training.local_batch_size={GLOBAL_BATCH}"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pp")
+    write_short_docs(tmp / "short_docs.jsonl")
+    refs = {}
+    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", (QWEN3,))):
+        trainer = Trainer(tiny_config(tmp, *COMMON, UNTIED,
+                                      f"--training.local_batch_size={GLOBAL_BATCH}",
+                                      *fill(extra, tmp)))
+        metrics = [trainer.train_step() for _ in range(STEPS)]
+        trainer.close()
+        refs[name] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
+    return tmp, refs
+
+
+def runs(layouts: dict, tmp) -> dict:
+    return {name: [UNTIED, *fill(args, tmp)] for name, args in layouts.items()}
+
+
+@pytest.fixture(scope="module")
+def two_process(reference):
+    tmp, _ = reference
+    return launch(tmp, 2, runs(TWO, tmp))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TWO))
+def test_two_rank_pipeline_matches_single_process(name, reference, two_process):
+    family = "docs" if "block_causal" in name else "qwen3" if "qwen3" in name else "plain"
+    assert_matches(two_process[name], reference[1][family], loose=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FOUR))
+def test_four_rank_pipeline_layouts_match_single_process(name, reference):
+    tmp, refs = reference
+    got = launch(tmp, 4, {name: runs(FOUR, tmp)[name]})
+    assert_matches(got[name], refs["plain"], loose=False)
+
+
+def torchrun(*argv: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "torchllm.train", *argv], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_pp_checkpoint_resumes_without_pp(reference):
+    """Interleaved1F1B on 2 ranks (two stages each) saves step 5; one process without PP
+    resumes it and continues exactly as the uninterrupted single-process run."""
+    tmp, refs = reference
+    ckpt = ("--checkpoint.enable", "--checkpoint.interval=100", "--job.run_name=pp_ckpt",
+            UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}")
+    torchrun(*tiny_args(tmp, *COMMON, *ckpt, PP, schedule("Interleaved1F1B"),
+                        "--training.stop_after_steps=5"))
+    trainer = Trainer(tiny_config(tmp, *COMMON, *ckpt))
+    assert trainer.step == 5
+    losses = [trainer.train_step()["loss"] for _ in range(STEPS - 5)]
+    trainer.close()
+    assert losses == pytest.approx(refs["plain"]["loss"][5:], rel=1e-4), (losses, refs)
+
+
+def tb_scalars(tmp, run: str, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp / "tb" / run), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["1F1B", "Interleaved1F1B"])
+def test_pp_validation_loss_matches_single_process(reference, name):
+    """Validation between steps through the stages' forward-only schedule: the same val/loss
+    as one process, and the training curve around it is undisturbed."""
+    tmp, _ = reference
+    common = (*COMMON, UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}",
+              "--validation.enable", "--validation.freq=4", "--validation.steps=2")
+    if not (tmp / "tb" / "val_single").exists():
+        Trainer(tiny_config(tmp, *common, "--job.run_name=val_single")).train()
+    torchrun(*tiny_args(tmp, *common, PP, schedule(name), f"--job.run_name=val_{name}"))
+    for tag in ("val/loss", "loss/avg"):
+        single, pp = tb_scalars(tmp, "val_single", tag), tb_scalars(tmp, f"val_{name}", tag)
+        assert [s for s, _ in pp] == [s for s, _ in single] and len(single) >= 3, (tag, pp)
+        assert [v for _, v in pp] == pytest.approx([v for _, v in single], rel=1e-4), tag

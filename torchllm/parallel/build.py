@@ -1,0 +1,25 @@
+"""The model a rank trains: built on meta, parallelized, materialized (or its pipeline stages)."""
+
+from __future__ import annotations
+
+import torch
+
+from torchllm.parallel.init import init_model_weights
+from torchllm.parallel.pipeline_schedule import Pipeline
+
+
+def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn):
+    """(model, pipeline). Without pipeline parallelism: the model built on the meta device (no
+    memory), parallelized by the family's parallelize_fn, then materialized with the initial
+    weights of a single CPU process with this seed, sharded or not; pipeline is None. With it:
+    the union of this rank's stages (parameters under the unsplit model's names) and the
+    Pipeline that runs their schedule."""
+    if parallel_dims.pp_enabled:
+        pipeline = Pipeline.build(spec, model_args, parallel_dims, cfg, device, loss_fn)
+        return pipeline.model, pipeline
+    with torch.device("meta"):
+        model = spec.build(model_args)
+    spec.parallelize_fn(model, parallel_dims, cfg)
+    init_model_weights(model, lambda: spec.build(model_args), device, cfg.job.seed,
+                       cfg.parallelism.fsdp_cpu_offload)
+    return model, None

@@ -1,0 +1,131 @@
+"""The training step under pipeline parallelism: a torch.distributed.pipelining schedule runs
+forward and backward of this rank's stages over the micro-batches of one local batch.
+
+Apply order: split (pipeline.build_stage) -> per stage the model's parallelize_fn (CP -> TP ->
+float8 -> AC -> compile -> FSDP2) -> materialize (pipeline.init_stage_weights) -> schedule.
+
+Loss: the last stage computes the same float32 summed cross entropy as the non-PP step, times
+dp / (tokens of the global batch), and the schedule sums it over micro-batches (scale_grads =
+False): the gradient is that of the global batch's mean token loss, exactly as without PP.
+The unscaled sum is reported, broadcast from the last stage over the pp group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchllm.log import logger
+from torchllm.parallel.pipeline import (
+    build_stage,
+    check_pipeline,
+    init_stage_weights,
+    rank_model,
+    rank_stages,
+    schedule_class,
+)
+
+
+class Pipeline:
+    """This rank's stages, their schedule, and what the trainer asks of them."""
+
+    def __init__(self, stages: list[nn.Module], stage_ids: list[int], n_stages: int,
+                 schedule_name: str, n_microbatches: int, loss_fn, dims, device, model):
+        from torch.distributed.pipelining import PipelineStage
+
+        self.stages, self.stage_ids, self.n_stages = stages, stage_ids, n_stages
+        self.model, self.loss_fn, self.dims, self.device = model, loss_fn, dims, device
+        self.group = dims.pp_group
+        self.has_last = n_stages - 1 in stage_ids
+        self.pipeline_stages = [
+            PipelineStage(m, i, n_stages, device, group=self.group)
+            for m, i in zip(stages, stage_ids)
+        ]
+        self.scale = 1.0  # set per step: dp degree / tokens of the global batch
+        self.losses: list[torch.Tensor] = []  # unscaled loss sums of the micro-batches
+        cls = schedule_class(schedule_name)
+        staged = self.pipeline_stages if len(stages) > 1 else self.pipeline_stages[0]
+        self.schedule = cls(staged, n_microbatches=n_microbatches, loss_fn=self._loss,
+                            scale_grads=False)
+
+    @classmethod
+    def build(cls, spec, model_args, dims, job_config, device, loss_fn) -> "Pipeline":
+        pcfg = job_config.parallelism
+        blocks = check_pipeline(job_config, model_args, dims.pp, dims.cp)
+        ids = rank_stages(pcfg.pipeline_parallel_schedule, dims.pp, dims.pp_rank)
+        stages = []
+        build = lambda: spec.build(model_args)  # noqa: E731
+        for i in ids:
+            stage = build_stage(build, blocks[i], first=i == 0, last=i == len(blocks) - 1)
+            spec.parallelize_fn(stage, dims, job_config)  # TP, float8, AC, compile, FSDP2
+            init_stage_weights(stage, build, device, job_config.job.seed)
+            stage.train()
+            stages.append(stage)
+        logger.info("pipeline: %s, %d stages (blocks %s), pp rank %d runs stages %s",
+                    pcfg.pipeline_parallel_schedule, len(blocks),
+                    [f"{b[0]}-{b[-1]}" for b in blocks], dims.pp_rank, ids)
+        n_micro = job_config.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
+        pipeline = cls(stages, ids, len(blocks), pcfg.pipeline_parallel_schedule, n_micro,
+                       loss_fn, dims, device, rank_model(stages, build))
+        with torch.device("meta"):
+            pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
+        return pipeline
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(logits.float(), targets)  # float32, summed over tokens
+        self.losses.append(loss.detach())
+        return loss * self.scale
+
+    def _run(self, schedule, inputs, targets, positions, autocast, train: bool):
+        if positions is None:  # every stage learns the whole sequence length from them
+            positions = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
+        kwargs = {"positions": positions}
+        first = 0 in self.stage_ids
+        args = (inputs,) if first else ()
+        target = targets if self.has_last else None
+        before = len(self.losses)
+        with autocast():
+            if train:
+                schedule.step(*args, target=target, **kwargs)
+            else:
+                schedule.eval(*args, target=target, **kwargs)
+        # The first step also runs the loss on shape-inference outputs: keep the real ones.
+        del self.losses[before:len(self.losses) - schedule._n_microbatches]
+
+    def forward_backward(self, batches: list[dict], scale: float, autocast) -> torch.Tensor:
+        """Accumulate the gradient of `scale` x the summed token loss of every batch (one
+        schedule step each); returns the unscaled loss sum on every pp rank."""
+        self.scale = scale
+        self.losses = []
+        for batch in batches:
+            self._run(self.schedule, batch["inputs"], batch["targets"], batch.get("positions"),
+                      autocast, train=True)
+        return self._broadcast_loss()
+
+    @torch.no_grad()
+    def eval_loss(self, inputs, targets, positions=None, autocast=contextlib.nullcontext):
+        """The summed token loss of one batch (local_batch_size sequences), forward only, on
+        every pp rank: the training schedule's eval(), which skips the backward actions."""
+        self.scale, self.losses = 1.0, []
+        for stage in self.stages:
+            stage.eval()
+        try:
+            self._run(self.schedule, inputs, targets, positions, autocast, train=False)
+        finally:
+            for stage in self.stages:
+                stage.train()
+        return self._broadcast_loss()
+
+    def _broadcast_loss(self) -> torch.Tensor:
+        total = (torch.stack(self.losses).sum() if self.losses
+                 else torch.zeros((), device=self.device))
+        if self.group is not None:  # the last stage's sum to every pp rank (others add 0)
+            dist.all_reduce(total, group=self.group)
+        self.losses = []
+        return total
+
+
+__all__ = ["Pipeline"]

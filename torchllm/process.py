@@ -1,0 +1,51 @@
+"""What a training process does around its Trainer: logging, --help, dying with torchrun, the
+exit code and the status file torchllm.launch reads. (The Trainer class is passed in: this
+module sits below torchllm.train and never imports it.)"""
+
+from __future__ import annotations
+
+import os
+
+from torchllm.config import ConfigError, help_text, load_config
+from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
+from torchllm.log import init_logger, logger
+from torchllm.parallel import destroy_distributed
+from torchllm.runlock import set_parent_death_signal
+
+
+def trainer_from_args(trainer_cls, argv: list[str]):
+    """A Trainer from CLI overrides, or None after logging a config error (exit code 2)."""
+    try:
+        return trainer_cls(load_config(argv))
+    except ConfigError as e:
+        logger.error("config error: %s", e)
+        destroy_distributed()
+        return None
+
+
+def main(trainer_cls, argv: list[str]) -> int:
+    """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
+    2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
+    init_logger()
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: die with it
+        launcher = os.environ.get(LAUNCHER_PID_ENV)
+        set_parent_death_signal(int(launcher) if launcher else None)
+    trainer, error = None, None
+    try:
+        trainer = trainer_cls(load_config(argv))
+        trainer.train()
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - logged, then an exit code
+        error = e
+        log_failure(e, trainer.step if trainer else 0)
+    finally:
+        code = exit_code(error)
+        # For torchllm.launch, which prints the first error once; written before leaving the
+        # process group, which makes the other ranks fail too.
+        write_status(code, error)
+        destroy_distributed()
+        if trainer is not None and trainer.run_lock is not None:
+            trainer.run_lock.release()
+    return code
