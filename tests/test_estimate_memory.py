@@ -86,6 +86,42 @@ def test_fsdp_shards_state_and_ddp_adds_buckets():
     assert full["activations"] < one["activations"]
 
 
+@pytest.mark.parametrize("schedule, in_flight", [
+    ("1F1B", [4, 3, 2, 1]),  # pp - r forwards before rank r's first backward
+    ("GPipe", [8, 8, 8, 8]),  # every micro-batch's forward first
+])
+def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule, in_flight):
+    """Under PP each rank holds its stages only (the ranks' parameters add up to the whole
+    model's, the embedding on the first, head and logits on the last) and the activations of
+    the forwards its schedule keeps (the bench's pp row checks the total against a measurement)."""
+    pp_args = ["--model.flavor=125M", "--model.tie_embeddings=false", "--training.seq_len=256",
+               "--training.local_batch_size=8", "--training.mixed_precision=none",
+               "--parallelism.pipeline_parallel_degree=4",
+               f"--parallelism.pipeline_parallel_schedule={schedule}",
+               "--parallelism.pipeline_parallel_microbatch_size=1"]
+    cfg = load_config(pp_args)
+    args = models.model_args(cfg)
+    dims = em.ParallelDims.from_config(cfg.parallelism, 4)
+    with torch.device("meta"):
+        model = models.get(cfg.model.name).build(args)
+    ranks = em.pipeline_ranks(cfg, args, dims)
+    assert [r["in_flight"] for r in ranks] == in_flight
+    assert sorted(b for r in ranks for b in r["blocks"]) == list(range(args.n_layers))
+    assert [(r["first"], r["last"]) for r in ranks] == [
+        (True, False), (False, False), (False, False), (False, True)]
+    per_rank = [em.rank_memory(cfg, args, model, dims, 4, r) for r in ranks]
+    whole = em.estimate_memory(load_config(pp_args[:4]), args, 1)["terms_bytes"]
+    assert sum(m["terms_bytes"]["params"] for m in per_rank) == whole["params"]
+    assert [m["terms_bytes"]["logits"] > 0 for m in per_rank] == [False, False, False, True]
+    one_forward = em.activation_bytes_per_block(args, 256, 4, "none", "")
+    middle = per_rank[1]  # no embedding / head: blocks x in-flight micro-batches
+    assert middle["terms_bytes"]["activations"] == (
+        len(ranks[1]["blocks"]) * one_forward * in_flight[1])
+    result = em.estimate_memory(cfg, args, 4)
+    assert result["pp"] == 4 and result["peak_bytes"] == max(
+        max(m["phases_bytes"].values()) for m in per_rank)
+
+
 def test_logits_term_is_vocab_times_tokens():
     cfg = load_config(["--model.flavor=1B", "--training.seq_len=512",
                        "--training.local_batch_size=2", "--training.mixed_precision=bf16"])

@@ -5,6 +5,7 @@ against the whole model, the checks that run before any process group, and real 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,9 @@ from torchllm.train import Trainer
 PP = "--parallelism.pipeline_parallel_degree=2"
 UNTIED = "--model.tie_embeddings=false"  # a tied head cannot be split from the embedding
 QWEN3 = "--model.name=qwen3"
+# Qwen3 at COMMON's lr 3e-3 is chaotic enough here that the pipeline's summation order moves
+# the step-8 grad norm by 1.5e-3 (seen once in a full run); at 1e-3 it stays within tolerance.
+QWEN3_ARGS = (QWEN3, "--optimizer.lr=1e-3")
 
 
 def schedule(name: str) -> str:
@@ -170,7 +174,7 @@ TWO = {
     "pp_block_causal_microbatch_2": [PP, *DOCS, "--parallelism.pipeline_parallel_microbatch_size=2",
                                      f"--training.local_batch_size={GLOBAL_BATCH}"],
     # A second family through the same stages: Qwen3 (QK-norm, explicit head_dim), untied.
-    "pp_qwen3_1f1b": [PP, QWEN3, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_qwen3_1f1b": [PP, *QWEN3_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
 }
 FOUR = {
     "pp_fsdp2": [PP, "--parallelism.data_parallel_shard_degree=2",
@@ -185,7 +189,7 @@ def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pp")
     write_short_docs(tmp / "short_docs.jsonl")
     refs = {}
-    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", (QWEN3,))):
+    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", QWEN3_ARGS)):
         trainer = Trainer(tiny_config(tmp, *COMMON, UNTIED,
                                       f"--training.local_batch_size={GLOBAL_BATCH}",
                                       *fill(extra, tmp)))
@@ -231,16 +235,57 @@ def torchrun(*argv: str) -> str:
 
 
 @pytest.mark.slow
-def test_pp_checkpoint_resumes_without_pp(reference):
-    """Interleaved1F1B on 2 ranks (two stages each) saves step 5; one process without PP
-    resumes it and continues exactly as the uninterrupted single-process run."""
+def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
+    """Interleaved1F1B on 2 ranks (two stages each) saves step 5. The tools that load a
+    checkpoint whole (HF export, generation, HellaSwag) read it in one process, whatever its
+    config's pipeline degree; one process without PP resumes it and continues exactly as the
+    uninterrupted single-process run."""
+    from test_eval_hellaswag import write_tiny_jsonl
+
+    from torchllm import generate
+    from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli
+    from torchllm.checkpoint.hf_adapters import LlamaAdapter
+    from torchllm.eval import hellaswag
+
     tmp, refs = reference
     ckpt = ("--checkpoint.enable", "--checkpoint.interval=100", "--job.run_name=pp_ckpt",
             UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}")
     torchrun(*tiny_args(tmp, *COMMON, *ckpt, PP, schedule("Interleaved1F1B"),
                         "--training.stop_after_steps=5"))
+    run_dir = tmp / "pp_ckpt"
+    assert hf_cli(["export", "--checkpoint", str(run_dir), "--out", str(tmp / "pp_hf")]) == 0
+    capsys.readouterr()
+    assert generate.main(["--checkpoint", str(run_dir), "--prompt", "the", "--temperature", "0",
+                          "--max-new-tokens", "6", "--print-ids"]) == 0
+    ids = [int(i) for i in capsys.readouterr().out.split("ids:")[1].split()]
+    data = write_tiny_jsonl(tmp / "hellaswag.jsonl")
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(data),
+                           "--batch-size", "4", "--json", str(tmp / "hs.json")]) == 0
+    scored = json.loads((tmp / "hs.json").read_text())
+
     trainer = Trainer(tiny_config(tmp, *COMMON, *ckpt))
     assert trainer.step == 5
+    # Oracles: the resumed trainer's weights (its own DCP load), a plain greedy loop and the
+    # HellaSwag scorer run on that model.
+    model, want = trainer.model, trainer.model.state_dict()
+    got = convert_from_hf(tmp / "pp_hf", LlamaAdapter, trainer.model_args)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    model.eval()
+    seq = trainer.tokenizer.encode("the", bos=True)
+    greedy = []
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(model(torch.tensor([seq + greedy]))[0, -1].argmax())
+            greedy.append(nxt)
+            if nxt == trainer.tokenizer.eos_id:
+                break
+    assert ids == greedy
+    direct = hellaswag.evaluate(model, trainer.tokenizer,
+                                hellaswag.load_examples(str(data)), torch.device("cpu"), 4)
+    assert [p["pred_norm"] for p in scored["predictions"]] == [
+        p["pred_norm"] for p in direct.predictions]
+    assert scored["acc"] == direct.acc and scored["n"] == direct.n > 0
+    model.train()
     losses = [trainer.train_step()["loss"] for _ in range(STEPS - 5)]
     trainer.close()
     assert losses == pytest.approx(refs["plain"]["loss"][5:], rel=1e-4), (losses, refs)

@@ -87,7 +87,8 @@ def data_summary(dataset: str, train_dataset, val_dataset, global_batch: int,
 
 
 def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
-    """Processes, the data/tensor-parallel layout, precision, compile and AC in one line."""
+    """Processes, the parallel layout (PP, data, CP, TP, EP), precision, compile and AC in one
+    line."""
     world = dims.world_size
     head = f"{world} process{'es' if world > 1 else ''} on {device}"
     if dims.fsdp_enabled and dims.dp_replicate_enabled:
@@ -98,8 +99,13 @@ def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
         layout = f"DDP {dims.dp_replicate}"
     else:
         layout = "no data parallelism"
-    if dims.tp_enabled:
-        layout += f", TP {dims.tp}"
+    if dims.pp_enabled:
+        pcfg = cfg.parallelism
+        layout = (f"PP {dims.pp} ({pcfg.pipeline_parallel_schedule}, micro-batches of "
+                  f"{pcfg.pipeline_parallel_microbatch_size}) x {layout}")
+    for name, degree in (("CP", dims.cp), ("TP", dims.tp), ("EP", dims.ep)):
+        if degree > 1:
+            layout += f", {name} {degree}"
     compiled = "compile " + ("on" if cfg.compile.enable else "off")
     float8 = f" | float8 {cfg.float8.recipe}" if cfg.float8.enable else ""
     return (f"{head}: {layout} | {precision}{float8} | {compiled} | "

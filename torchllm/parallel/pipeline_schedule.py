@@ -88,8 +88,8 @@ class Pipeline:
         target = targets if self.has_last else None
         before = len(self.losses)
         with autocast():
-            if train:
-                schedule.step(*args, target=target, **kwargs)
+            if train:  # the loss function keeps the losses; the logits need not be kept
+                schedule.step(*args, target=target, return_outputs=False, **kwargs)
             else:
                 schedule.eval(*args, target=target, **kwargs)
         # The first step also runs the loss on shape-inference outputs: keep the real ones.

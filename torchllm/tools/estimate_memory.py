@@ -24,6 +24,13 @@ differentiated, or the block AC rebuilds. The largest is the estimate. Parameter
 per token come from `torchllm.metrics.flops` (the same numbers the trainer's MFU uses; MoE:
 FLOPs from the parameters a token runs through, memory from all of them). MoE blocks'
 activations are counted as a dense FFN of the flavor's hidden_dim: not calibrated for MoE.
+
+Pipeline parallelism: each pp rank holds its stages' blocks (plus the embedding on the first
+stage, the final norm and head on the last), and keeps activations of one micro-batch per
+forward it has run but not yet differentiated (the schedule's in-flight count, see
+pipeline_ranks), with the gradients of earlier micro-batches alive; the estimate is that of the
+pp rank with the largest peak (measured on CPU, debug shape, 1F1B, 8 micro-batches: 0.96-0.97 of
+each rank's peak).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from torchllm.device import resolve_device
 from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
+from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
 from torchllm.precision import use_bf16
 from torchllm.tools.model_info import tokenizer_vocab_hint
 
@@ -95,8 +103,47 @@ def moe_params(model) -> dict[str, int]:
             for name, block in model.layers.items()}
 
 
+def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
+    """What each pipeline rank holds: its blocks, the embedding (first stage) and the head (last
+    stage), and at most how many (micro-batch, stage) forwards it keeps for backward at once.
+
+    The in-flight count follows the schedule (torch.distributed.pipelining): GPipe runs every
+    micro-batch's forward before any backward; 1F1B's rank r runs pp - r forwards before its
+    first backward; the interleaved and zero-bubble schedules warm up (v - 1) x pp + 2 x
+    (pp - 1 - r) forwards over their v stages per rank (torch's warm-up count; zero-bubble's
+    deferred weight gradients are not counted). Without PP: one rank, one forward, everything."""
+    n_layers = model_args.n_layers
+    if not dims.pp_enabled:
+        return [{"pp_rank": 0, "blocks": list(range(n_layers)), "first": True, "last": True,
+                 "in_flight": 1, "micro_batch": cfg.training.local_batch_size,
+                 "accumulates": False}]
+    pcfg = cfg.parallelism
+    schedule, pp = pcfg.pipeline_parallel_schedule, dims.pp
+    stages = check_pipeline(cfg, model_args, pp, dims.cp)
+    v = stages_per_rank(schedule)
+    n_micro = cfg.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
+    ranks = []
+    for r in range(pp):
+        mine = rank_stages(schedule, pp, r)
+        if schedule == "GPipe":
+            pairs = n_micro
+        elif v == 1:
+            pairs = min(n_micro, pp - r)
+        else:
+            pairs = min(n_micro * v, (v - 1) * pp + 2 * (pp - 1 - r) + 1)
+        blocks = [b for s in mine for b in stages[s]]
+        ranks.append({"pp_rank": r, "blocks": blocks, "first": 0 in mine,
+                      "last": len(stages) - 1 in mine,
+                      "in_flight": pairs / len(mine),  # in units of this rank's whole blocks
+                      "micro_batch": pcfg.pipeline_parallel_microbatch_size,
+                      # earlier micro-batches' gradients exist while later ones run
+                      "accumulates": n_micro > 1})
+    return ranks
+
+
 def estimate_memory(cfg, model_args, world_size: int) -> dict:
-    """Per-rank bytes of each term and phase (see the module docstring)."""
+    """Per-rank bytes of each term and phase (see the module docstring); under pipeline
+    parallelism, those of the pipeline rank with the largest peak (`pp_rank`)."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     dims.validate()
     with torch.device("meta"):
@@ -105,64 +152,104 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     tcfg = cfg.training
     # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
     device = tcfg.device if tcfg.device != "auto" else resolve_device("auto").type
-    bf16 = use_bf16(tcfg.mixed_precision, device)
-    act = 2 if bf16 else FP32
+    act = 2 if use_bf16(tcfg.mixed_precision, device) else FP32
+    ranks = [rank_memory(cfg, model_args, model, dims, act, r)
+             for r in pipeline_ranks(cfg, model_args, dims)]
+    worst = max(ranks, key=lambda r: r["phases_bytes"][r["peak_phase"]])
+    peak_phase = worst["peak_phase"]
+    return {
+        "world_size": world_size,
+        "dp_shard": dims.dp_shard,
+        "dp_replicate": dims.dp_replicate,
+        "tp": dims.tp,
+        "cp": dims.cp,
+        "pp": dims.pp,
+        "pp_rank": worst["pp_rank"],
+        "tokens_per_rank": worst["tokens"],
+        "activation_bytes": act,
+        **counts,
+        "flops_per_token": flops_per_token(model, tcfg.seq_len),
+        "terms_bytes": worst["terms_bytes"],
+        "phases_bytes": worst["phases_bytes"],
+        "peak_phase": peak_phase,
+        "peak_bytes": worst["phases_bytes"][peak_phase],
+        "peak_gib": round(worst["phases_bytes"][peak_phase] / 1024**3, 3),
+    }
+
+
+def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict) -> dict:
+    """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model."""
+    tcfg = cfg.training
     shard = dims.dp_shard * dims.cp * dims.tp  # FSDP2 shards over dp_shard x cp
-    n_layers = model_args.n_layers
+    n_blocks = len(rank["blocks"])
     # All parameters count (every expert is stored); TP splits all but the MoE layers', which
     # it replicates (parallel/tp.py), so those are divided by the FSDP degree only.
-    moe = moe_params(model)
+    moe_by_block = moe_params(model)
+    moe = moe_by_block["0"]
     block_params = sum(p.numel() for p in model.layers["0"].parameters())
-    block_split = block_params - moe["0"]
+    block_split = block_params - moe
+    mine = [model.layers[str(b)] for b in rank["blocks"]]
+    moe_sum = sum(moe_by_block[str(b)] for b in rank["blocks"])
+    split_sum = sum(p.numel() for m in mine for p in m.parameters()) - moe_sum
+    if rank["first"] and rank["last"]:  # the whole model: every parameter outside the blocks
+        root_params = (sum(p.numel() for p in model.parameters())
+                       - sum(p.numel() for p in model.layers.parameters()))
+    else:  # a pipeline rank: the embedding on the first stage, final norm and head on the last
+        root_params = (model.tok_embeddings.weight.numel() if rank["first"] else 0) + (sum(
+            p.numel() for m in (model.norm, model.output) if m is not None
+            for p in m.parameters()) if rank["last"] else 0)
 
-    params = ((counts["params"] - sum(moe.values())) * FP32 // shard
-              + sum(moe.values()) * FP32 // (shard // dims.tp))
+    params = ((root_params + split_sum) * FP32 // shard + moe_sum * FP32 // (shard // dims.tp))
     terms = {"params": params, "grads": params, "optimizer": 2 * params}
     terms["ddp_buckets"] = params if dims.ddp_enabled else 0
-    block = block_split * act // dims.tp + moe["0"] * act  # one block's gathered params
-    root = (counts["params"] - n_layers * block_params) * act // dims.tp  # embedding, norm, head
+    block = block_split * act // dims.tp + moe * act  # one block's gathered params
+    root = root_params * act // dims.tp  # embedding, norm, head
     if dims.fsdp_enabled:
         # The root's params stay gathered from forward to backward; after forward, blocks are
         # resharded except the last (default) or none (never).
-        kept = {"never": n_layers, "always": 0}.get(cfg.parallelism.fsdp_reshard_after_forward, 1)
+        kept = {"never": n_blocks, "always": 0}.get(cfg.parallelism.fsdp_reshard_after_forward, 1)
         terms["gathered_params"] = root + kept * block
         # In a block's backward: it and the prefetched next are gathered, and two blocks'
         # unsharded float32 gradients exist (one being computed, one being reduce-scattered).
         block_backward_extra = (max(0, 2 - kept) * block + 2 * block_split * FP32 // dims.tp
-                                + 2 * moe["0"] * FP32)
+                                + 2 * moe * FP32)
     else:
         terms["gathered_params"] = block_backward_extra = 0
 
-    tokens = tcfg.local_batch_size * tcfg.seq_len // dims.cp  # cp splits every sequence
+    # Tokens of one forward: the local batch, or one pipeline micro-batch; cp splits sequences.
+    tokens = rank["micro_batch"] * tcfg.seq_len // dims.cp
     ac = cfg.activation_checkpoint
     per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option)
     if ac.mode == "selective" and ac.selective_option.isdigit():
         every = int(ac.selective_option)
         full = activation_bytes_per_block(model_args, tokens, act, "full", "")
-        checkpointed = n_layers // every
-        activations = checkpointed * full + (n_layers - checkpointed) * per_block
+        checkpointed = n_blocks // every
+        activations = checkpointed * full + (n_blocks - checkpointed) * per_block
     else:
-        activations = n_layers * per_block
+        activations = n_blocks * per_block
     # With AC, a block's activations are rebuilt in its backward: after the loss backward.
     recompute = 0 if ac.mode == "none" else activation_bytes_per_block(
         model_args, tokens, act, "none", "")
     # The embedding output (first block's input), the final norm's x*rstd and its output.
-    activations += 3 * tokens * model_args.dim * act
+    activations += (rank["first"] + 2 * rank["last"]) * tokens * model_args.dim * act
+    activations = int(activations * rank["in_flight"])  # pipeline: forwards kept at once
     terms["activations"] = activations // dims.tp
     terms["recompute"] = recompute // dims.tp
 
+    # The logits (kept until their backward; on the last stage) and the float32 log-softmax.
+    logit_forwards = rank["in_flight"] if rank["last"] else 0
     vocab_tokens = tokens * model_args.vocab_size
-    # The logits (kept by the trainer until backward ends) and the float32 log-softmax.
-    terms["logits"] = vocab_tokens * act + vocab_tokens * FP32
+    terms["logits"] = int((vocab_tokens * act + vocab_tokens * FP32) * logit_forwards)
     # Under bf16 the loss's float32 upcast of the logits lives while log-softmax runs.
-    upcast = vocab_tokens * FP32 if act != FP32 else 0
+    upcast = vocab_tokens * FP32 if act != FP32 and rank["last"] else 0
+    loss_grads = 2 * vocab_tokens * FP32 if rank["last"] else 0
 
     state = terms["params"] + terms["optimizer"] + terms["ddp_buckets"]
+    held = terms["gathered_params"] + (terms["grads"] if rank["accumulates"] else 0)
     phases = {
-        "forward": state + terms["gathered_params"] + activations + terms["logits"] + upcast,
+        "forward": state + held + activations + terms["logits"] + upcast,
         # d(log_softmax) and d(logits) in float32 join the forward's tensors.
-        "loss backward": state + terms["gathered_params"] + activations + terms["logits"]
-        + 2 * vocab_tokens * FP32,
+        "loss backward": state + held + activations + terms["logits"] + loss_grads,
         "optimizer": state + terms["grads"],
     }
     if dims.fsdp_enabled or recompute:
@@ -171,23 +258,8 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         phases["block backward"] = (state + terms["grads"] + terms["gathered_params"]
                                     + block_backward_extra + terms["activations"]
                                     + (terms["recompute"] or per_block // dims.tp))
-    peak_phase = max(phases, key=phases.get)
-    return {
-        "world_size": world_size,
-        "dp_shard": dims.dp_shard,
-        "dp_replicate": dims.dp_replicate,
-        "tp": dims.tp,
-        "cp": dims.cp,
-        "tokens_per_rank": tokens,
-        "activation_bytes": act,
-        **counts,
-        "flops_per_token": flops_per_token(model, tcfg.seq_len),
-        "terms_bytes": terms,
-        "phases_bytes": phases,
-        "peak_phase": peak_phase,
-        "peak_bytes": phases[peak_phase],
-        "peak_gib": round(phases[peak_phase] / 1024**3, 3),
-    }
+    return {"pp_rank": rank["pp_rank"], "tokens": tokens, "terms_bytes": terms,
+            "phases_bytes": phases, "peak_phase": max(phases, key=phases.get)}
 
 
 def main(argv: list[str] | None = None) -> int:
