@@ -30,6 +30,7 @@ from torchllm.parallel.pipeline import (
 from torchllm.train import Trainer
 
 PP = "--parallelism.pipeline_parallel_degree=2"
+CP2 = "--parallelism.context_parallel_degree=2"
 UNTIED = "--model.tie_embeddings=false"  # a tied head cannot be split from the embedding
 QWEN3 = "--model.name=qwen3"
 # Qwen3 at COMMON's lr 3e-3 is chaotic enough here that the pipeline's summation order moves
@@ -122,7 +123,6 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     ((PP, "--model.tie_embeddings=true"), "model.tie_embeddings = true cannot be split"),
     ((PP, "--training.chunked_loss"), "training.chunked_loss with pipeline"),
     ((PP, "--training.seq_len_schedule=16:0.5,32:1.0"), "seq_len_schedule with pipeline"),
-    ((PP, "--parallelism.context_parallel_degree=2"), "context_parallel_degree > 1 with pipe"),
     ((PP, "--model.name=gpt2"), "'gpt2' is not pipeline-parallel"),
     ((PP, "--model.name=qwen3_moe"), "mixture-of-experts models are not pipeline-parallel"),
     ((PP, "--eval.sample_freq=5"), "in-training samples and HellaSwag"),
@@ -181,6 +181,11 @@ FOUR = {
                  "--training.local_batch_size=4"],
     "pp_tp2": [PP, "--parallelism.tensor_parallel_degree=2",
                f"--training.local_batch_size={GLOBAL_BATCH}"],
+    # Each stage attends over keys gathered from its cp peer; the layout rides with the
+    # micro-batches (document masks and per-document positions included).
+    "pp_cp2": [PP, CP2, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_cp2_block_causal_interleaved": [PP, CP2, *DOCS, schedule("Interleaved1F1B"),
+                                        f"--training.local_batch_size={GLOBAL_BATCH}"],
 }
 
 
@@ -221,7 +226,7 @@ def test_two_rank_pipeline_matches_single_process(name, reference, two_process):
 def test_four_rank_pipeline_layouts_match_single_process(name, reference):
     tmp, refs = reference
     got = launch(tmp, 4, {name: runs(FOUR, tmp)[name]})
-    assert_matches(got[name], refs["plain"], loose=False)
+    assert_matches(got[name], refs["docs" if "block_causal" in name else "plain"], loose=False)
 
 
 def torchrun(*argv: str) -> str:

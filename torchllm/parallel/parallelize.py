@@ -32,7 +32,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "training.seq_len",
         )
     if dims.pp_enabled:  # schedule, micro-batches, the stages' split, what PP cannot run yet
-        check_pipeline(job_config, model_args, dims.pp, dims.cp)
+        check_pipeline(job_config, model_args, dims.pp)
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
     if (dims.tp_enabled and job_config.model.restart_positions_per_document

@@ -115,7 +115,7 @@ def stage_blocks(n_layers: int, n_stages: int, layers_per_stage: int = 0,
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
 
-def check_pipeline(job_config, model_args, pp: int, cp: int) -> list[list[int]]:
+def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
     """Every pipeline check that needs no process group; returns the stages' blocks."""
     pcfg, tcfg = job_config.parallelism, job_config.training
     name = pcfg.pipeline_parallel_schedule
@@ -154,9 +154,6 @@ def check_pipeline(job_config, model_args, pp: int, cp: int) -> list[list[int]]:
         (tcfg.seq_len_schedule, "training.seq_len_schedule",
          "training.seq_len_schedule with pipeline_parallel_degree > 1 is not supported (the "
          "stages' buffers are sized at the first step); use one training.seq_len"),
-        (cp > 1, "parallelism.context_parallel_degree",
-         "context_parallel_degree > 1 with pipeline_parallel_degree > 1 is not supported yet; "
-         "use one of them (with FSDP2/TP)"),
         (job_config.eval.sample_freq or job_config.eval.hellaswag_freq, "eval.sample_freq",
          "in-training samples and HellaSwag (eval.sample_freq, eval.hellaswag_freq) need the "
          "whole model; with pipeline_parallel_degree > 1 set them to 0 and run "

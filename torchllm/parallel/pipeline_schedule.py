@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchllm.log import logger
+from torchllm.parallel.context_parallel import ContextParallel
 from torchllm.parallel.pipeline import (
     build_stage,
     check_pipeline,
@@ -44,7 +45,8 @@ class Pipeline:
             PipelineStage(m, i, n_stages, device, group=self.group)
             for m, i in zip(stages, stage_ids)
         ]
-        self.scale = 1.0  # set per step: dp degree / tokens of the global batch
+        self.cp = ContextParallel.from_dims(dims)  # splits sequences (cp > 1)
+        self.scale = 1.0  # set per step: dp x cp degree / tokens of the global batch
         self.losses: list[torch.Tensor] = []  # unscaled loss sums of the micro-batches
         cls = schedule_class(schedule_name)
         staged = self.pipeline_stages if len(stages) > 1 else self.pipeline_stages[0]
@@ -54,7 +56,7 @@ class Pipeline:
     @classmethod
     def build(cls, spec, model_args, dims, job_config, device, loss_fn) -> "Pipeline":
         pcfg = job_config.parallelism
-        blocks = check_pipeline(job_config, model_args, dims.pp, dims.cp)
+        blocks = check_pipeline(job_config, model_args, dims.pp)
         ids = rank_stages(pcfg.pipeline_parallel_schedule, dims.pp, dims.pp_rank)
         stages = []
         build = lambda: spec.build(model_args)  # noqa: E731
@@ -75,14 +77,23 @@ class Pipeline:
         return pipeline
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.loss_fn(logits.float(), targets)  # float32, summed over tokens
+        loss = self.loss_fn(logits, targets)  # float32 math, summed over tokens
         self.losses.append(loss.detach())
         return loss * self.scale
 
     def _run(self, schedule, inputs, targets, positions, autocast, train: bool):
-        if positions is None:  # every stage learns the whole sequence length from them
-            positions = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
-        kwargs = {"positions": positions}
+        # Under context parallelism this rank's share of every sequence (as without PP); the
+        # layout travels as per-sequence tensors, which the schedule cuts into micro-batches
+        # like the inputs, and every stage rebuilds it (positions also give it the length).
+        if self.cp.degree > 1:
+            inputs, targets, layout = self.cp.shard(inputs, targets, positions)
+            kwargs = {"positions": layout.positions, "doc_ids": layout.doc_ids,
+                      "token_index": layout.index.expand_as(targets)}
+        elif positions is None:  # one document per window
+            kwargs = {"positions": torch.arange(targets.shape[1], device=targets.device)
+                      .expand_as(targets)}
+        else:
+            kwargs = {"positions": positions}
         first = 0 in self.stage_ids
         args = (inputs,) if first else ()
         target = targets if self.has_last else None
@@ -98,7 +109,7 @@ class Pipeline:
     def forward_backward(self, batches: list[dict], scale: float, autocast) -> torch.Tensor:
         """Accumulate the gradient of `scale` x the summed token loss of every batch (one
         schedule step each); returns the unscaled loss sum on every pp rank."""
-        self.scale = scale
+        self.scale = scale * self.cp.degree  # FSDP2 also averages over the cp ranks
         self.losses = []
         for batch in batches:
             self._run(self.schedule, batch["inputs"], batch["targets"], batch.get("positions"),
@@ -125,7 +136,7 @@ class Pipeline:
         if self.group is not None:  # the last stage's sum to every pp rank (others add 0)
             dist.all_reduce(total, group=self.group)
         self.losses = []
-        return total
+        return self.cp.reduce_loss(total)  # each cp rank scored its share of the tokens
 
 
 __all__ = ["Pipeline"]

@@ -241,16 +241,22 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
                 targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096,
-                layout: TokenLayout | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                layout: TokenLayout | None = None, positions: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None,
+                token_index: torch.Tensor | None = None) -> torch.Tensor:
         """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
         returns the summed token cross entropy instead of the logits (training.chunked_loss).
         `layout` says where the tokens sit (documents, window index; attention.TokenLayout), or
         `positions` (each token's position in its document) from which it is built.
         A pipeline stage (torchllm.parallel.pipeline) lacks the embedding (it takes hidden
-        states) or the final norm and head (it returns hidden states)."""
-        if positions is not None:
+        states) or the final norm and head (it returns hidden states); under context
+        parallelism it gets the layout's fields as per-sequence tensors (`positions`, `doc_ids`,
+        `token_index`: a context-parallel share, see context_parallel.ContextParallel.shard)."""
+        if doc_ids is not None:  # a layout already made (window positions, documents, index)
+            layout = TokenLayout(positions=positions, doc_ids=doc_ids,
+                                 index=None if token_index is None else token_index[0])
+        elif positions is not None:
             layout = TokenLayout.from_positions(positions)
         start = 0 if cache is None else cache.pos
         # (A later stage's hidden states may be sequence-sharded by TP: positions are whole.)
