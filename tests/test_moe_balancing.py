@@ -144,6 +144,41 @@ def test_update_sums_the_loads_over_two_dp_ranks(tmp_path):
     assert all(update(loads) != update(total) for loads in per_rank), per_rank
 
 
+def _stats_worker(rank: int, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from torchllm.metrics.moe_stats import MoEStats
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous_stats", rank=rank,
+                            world_size=2)
+    try:
+        layer = SimpleNamespace(tokens_per_expert=torch.tensor([1.0 + rank, 3.0 - rank]),
+                                last_aux_loss=torch.tensor(1.0 + rank), last_z_loss=torch.tensor(0.0))
+        # The two ranks are context-parallel peers (one data-parallel rank): each routed its own
+        # share of the sequences' tokens.
+        singletons = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
+        trainer = SimpleNamespace(
+            moe_layers=[layer], parallel_dims=SimpleNamespace(dp_group=singletons[rank],
+                                                              cp_group=dist.group.WORLD),
+            cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
+                                training=SimpleNamespace(steps=1)))
+        report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
+        (tmp_path / f"stats{rank}.json").write_text(json.dumps(report.scalars))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_moe_stats_sum_over_context_parallel_ranks(tmp_path):
+    mp.spawn(_stats_worker, args=(tmp_path,), nprocs=2, join=True)
+    for rank in (0, 1):
+        s = json.loads((tmp_path / f"stats{rank}.json").read_text())
+        # counts [1, 3] + [2, 2] = [3, 5]; aux losses 1 and 2 averaged
+        assert s["moe/tokens_per_expert/e0"] == pytest.approx(3 / 8)
+        assert s["moe/max_load"] == pytest.approx(5 / 4)
+        assert s["moe/aux_loss"] == pytest.approx(1.5)
+
+
 def test_hugging_face_round_trip_with_balancing_on(caplog):
     """Qwen3MoE has no routing bias: import starts it at 0, export warns when it is not 0."""
     import logging

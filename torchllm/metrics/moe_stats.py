@@ -2,7 +2,8 @@
 the auxiliary-loss-free balancing that acts on the same statistics after each step.
 
 A training-loop callback, attached only when the model has MoE layers. On logging steps it
-writes, summed over the data-parallel ranks' last micro-batch:
+writes, summed over the data- and context-parallel ranks' last micro-batch (each routes tokens of
+its own; TP ranks route the same ones):
   moe/aux_loss, moe/z_loss              mean over MoE layers (unweighted)
   moe/max_load                          max over layers of (busiest expert's tokens / mean)
   moe/dropped_fraction                  tokens not processed by a chosen expert (0: no capacity
@@ -27,16 +28,18 @@ PER_EXPERT_MAX = 16
 
 
 class MoEStats(Callback):
-    def __init__(self, layers: list[MoE], log_freq: int, total_steps: int, group=None):
-        self.layers, self.log_freq, self.total_steps, self.group = layers, log_freq, total_steps, group
+    def __init__(self, layers: list[MoE], log_freq: int, total_steps: int, groups=()):
+        self.layers, self.log_freq, self.total_steps = layers, log_freq, total_steps
+        self.groups = groups  # summed over each in turn: dp, then cp
 
     @classmethod
     def from_trainer(cls, trainer) -> "MoEStats | None":
         layers = trainer.moe_layers
         if not layers:
             return None
+        dims = trainer.parallel_dims
         return cls(layers, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
-                   trainer.parallel_dims.dp_group)
+                   [g for g in (dims.dp_group, dims.cp_group) if g is not None])
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
         if not (step % self.log_freq == 0 or step in (1, self.total_steps)):
@@ -47,12 +50,11 @@ class MoEStats(Callback):
         counts = torch.stack([m.tokens_per_expert.float() for m in seen])  # [layers, E]
         losses = torch.stack([torch.stack([m.last_aux_loss, m.last_z_loss]) for m in seen
                               if m.last_aux_loss is not None] or [counts.new_zeros(2)])
-        if dist.is_initialized():
-            world = dist.get_world_size(self.group)
-            dist.all_reduce(counts, group=self.group)
-            losses = losses.to(counts.device)
-            dist.all_reduce(losses, group=self.group)
-            losses = losses / world
+        losses = losses.to(counts.device)
+        for group in self.groups:
+            dist.all_reduce(counts, group=group)
+            dist.all_reduce(losses, group=group)
+            losses = losses / dist.get_world_size(group)
         mean_losses = losses.mean(dim=0)
         per_layer_max = counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-9)
         scalars = {"moe/aux_loss": float(mean_losses[0]), "moe/z_loss": float(mean_losses[1]),
