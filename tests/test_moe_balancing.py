@@ -144,7 +144,19 @@ def test_update_sums_the_loads_over_two_dp_ranks(tmp_path):
     assert all(update(loads) != update(total) for loads in per_rank), per_rank
 
 
-def _stats_worker(rank: int, tmp_path) -> None:
+def fake_layer(counts: list[float], aux: float):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(n_experts=len(counts), tokens_per_expert=torch.tensor(counts),
+                           last_aux_loss=torch.tensor(aux), last_z_loss=torch.tensor(0.0))
+
+
+# rank -> this rank's MoE layers as (tokens per expert, aux loss)
+CP_PEERS = {0: [([1.0, 3.0], 1.0)], 1: [([2.0, 2.0], 2.0)]}  # the same layer, other tokens
+PP_PEERS = {0: [([1.0, 3.0], 1.0)], 1: [([2.0, 2.0], 2.0), ([4.0, 0.0], 3.0)]}  # other layers
+
+
+def _stats_worker(rank: int, tmp_path, role: str) -> None:
     from types import SimpleNamespace
 
     from torchllm.metrics.moe_stats import MoEStats
@@ -152,14 +164,13 @@ def _stats_worker(rank: int, tmp_path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous_stats", rank=rank,
                             world_size=2)
     try:
-        layer = SimpleNamespace(tokens_per_expert=torch.tensor([1.0 + rank, 3.0 - rank]),
-                                last_aux_loss=torch.tensor(1.0 + rank), last_z_loss=torch.tensor(0.0))
-        # The two ranks are context-parallel peers (one data-parallel rank): each routed its own
-        # share of the sequences' tokens.
         singletons = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
+        peers = dict(cp_group=dist.group.WORLD, pp_group=None) if role == "cp" else \
+            dict(cp_group=None, pp_group=dist.group.WORLD)
+        layers = [fake_layer(*layer) for layer in (CP_PEERS if role == "cp" else PP_PEERS)[rank]]
         trainer = SimpleNamespace(
-            moe_layers=[layer], parallel_dims=SimpleNamespace(dp_group=singletons[rank],
-                                                              cp_group=dist.group.WORLD),
+            moe_layers=layers, model_args=SimpleNamespace(n_experts=2),
+            parallel_dims=SimpleNamespace(dp_group=singletons[rank], **peers),
             cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
                                 training=SimpleNamespace(steps=1)))
         report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
@@ -169,14 +180,19 @@ def _stats_worker(rank: int, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_moe_stats_sum_over_context_parallel_ranks(tmp_path):
-    mp.spawn(_stats_worker, args=(tmp_path,), nprocs=2, join=True)
+@pytest.mark.parametrize("role, share, max_load, aux", [
+    ("cp", 3 / 8, 5 / 4, 1.5),  # counts [1, 3] + [2, 2]; aux losses of one layer averaged
+    ("pp", 7 / 12, 2.0, 2.0),  # three layers: [1, 3], [2, 2], [4, 0]; max 4 / mean 2
+])
+def test_moe_stats_combine_context_and_pipeline_peers(tmp_path, role, share, max_load, aux):
+    """cp peers route other tokens through the same layers (counts summed, losses averaged);
+    pp peers hold other layers (statistics over all of them), as one process would log."""
+    mp.spawn(_stats_worker, args=(tmp_path, role), nprocs=2, join=True)
     for rank in (0, 1):
         s = json.loads((tmp_path / f"stats{rank}.json").read_text())
-        # counts [1, 3] + [2, 2] = [3, 5]; aux losses 1 and 2 averaged
-        assert s["moe/tokens_per_expert/e0"] == pytest.approx(3 / 8)
-        assert s["moe/max_load"] == pytest.approx(5 / 4)
-        assert s["moe/aux_loss"] == pytest.approx(1.5)
+        assert s["moe/tokens_per_expert/e0"] == pytest.approx(share)
+        assert s["moe/max_load"] == pytest.approx(max_load)
+        assert s["moe/aux_loss"] == pytest.approx(aux)
 
 
 def test_hugging_face_round_trip_with_balancing_on(caplog):

@@ -36,6 +36,9 @@ QWEN3 = "--model.name=qwen3"
 # Qwen3 at COMMON's lr 3e-3 is chaotic enough here that the pipeline's summation order moves
 # the step-8 grad norm by 1.5e-3 (seen once in a full run); at 1e-3 it stays within tolerance.
 QWEN3_ARGS = (QWEN3, "--optimizer.lr=1e-3")
+# MoE with a load-balancing and a z-loss large enough that dropping them moves the curves.
+QWEN3_MOE_ARGS = ("--model.name=qwen3_moe", "--optimizer.lr=1e-3", "--model.moe_aux_loss_coef=0.1",
+                  "--model.moe_z_loss_coef=0.01")
 
 
 def schedule(name: str) -> str:
@@ -124,7 +127,8 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     ((PP, "--training.chunked_loss"), "training.chunked_loss with pipeline"),
     ((PP, "--training.seq_len_schedule=16:0.5,32:1.0"), "seq_len_schedule with pipeline"),
     ((PP, "--model.name=gpt2"), "'gpt2' is not pipeline-parallel"),
-    ((PP, "--model.name=qwen3_moe"), "mixture-of-experts models are not pipeline-parallel"),
+    ((PP, "--model.name=qwen3_moe", "--parallelism.expert_parallel_degree=2"),
+     "expert_parallel_degree"),
     ((PP, "--eval.sample_freq=5"), "in-training samples and HellaSwag"),
     (("--parallelism.pipeline_parallel_degree=0",), "pipeline_parallel_degree = 0"),
 ])
@@ -175,6 +179,10 @@ TWO = {
                                      f"--training.local_batch_size={GLOBAL_BATCH}"],
     # A second family through the same stages: Qwen3 (QK-norm, explicit head_dim), untied.
     "pp_qwen3_1f1b": [PP, *QWEN3_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    # MoE: each stage's auxiliary losses join the objective through its output.
+    "pp_qwen3_moe_1f1b": [PP, *QWEN3_MOE_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    "pp_qwen3_moe_interleaved_accumulate": [PP, *QWEN3_MOE_ARGS, schedule("Interleaved1F1B"),
+                                            "--training.local_batch_size=4"],
 }
 FOUR = {
     "pp_fsdp2": [PP, "--parallelism.data_parallel_shard_degree=2",
@@ -194,7 +202,10 @@ def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pp")
     write_short_docs(tmp / "short_docs.jsonl")
     refs = {}
-    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", QWEN3_ARGS)):
+    # MoE: the load-balancing loss depends on which tokens share a micro-batch, so the reference
+    # runs the pipeline's micro-batches (one sequence each) as accumulation steps.
+    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", QWEN3_ARGS),
+                        ("qwen3_moe", (*QWEN3_MOE_ARGS, "--training.local_batch_size=1"))):
         trainer = Trainer(tiny_config(tmp, *COMMON, UNTIED,
                                       f"--training.local_batch_size={GLOBAL_BATCH}",
                                       *fill(extra, tmp)))
@@ -217,7 +228,8 @@ def two_process(reference):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TWO))
 def test_two_rank_pipeline_matches_single_process(name, reference, two_process):
-    family = "docs" if "block_causal" in name else "qwen3" if "qwen3" in name else "plain"
+    family = ("docs" if "block_causal" in name else "qwen3_moe" if "qwen3_moe" in name
+              else "qwen3" if "qwen3" in name else "plain")
     assert_matches(two_process[name], reference[1][family], loose=False)
 
 

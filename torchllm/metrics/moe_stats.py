@@ -28,40 +28,54 @@ PER_EXPERT_MAX = 16
 
 
 class MoEStats(Callback):
-    def __init__(self, layers: list[MoE], log_freq: int, total_steps: int, groups=()):
+    def __init__(self, layers: list[MoE], log_freq: int, total_steps: int, groups=(),
+                 pp_group=None, n_experts: int = 0):
         self.layers, self.log_freq, self.total_steps = layers, log_freq, total_steps
+        self.n_experts = n_experts or layers[0].n_experts
         self.groups = groups  # summed over each in turn: dp, then cp
+        self.pp_group = pp_group  # pipeline: each rank holds other layers; combined over it
 
     @classmethod
     def from_trainer(cls, trainer) -> "MoEStats | None":
-        layers = trainer.moe_layers
-        if not layers:
+        layers, dims = trainer.moe_layers, trainer.parallel_dims
+        pp_group = getattr(dims, "pp_group", None)
+        # Under PP every rank of a MoE model takes part (its stages may hold no MoE layer).
+        n_experts = getattr(trainer.model_args, "n_experts", 0) if pp_group is not None else 0
+        if not layers and not n_experts:
             return None
-        dims = trainer.parallel_dims
         return cls(layers, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
-                   [g for g in (dims.dp_group, dims.cp_group) if g is not None])
+                   [g for g in (dims.dp_group, dims.cp_group) if g is not None], pp_group,
+                   n_experts)
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
         if not (step % self.log_freq == 0 or step in (1, self.total_steps)):
             return None
         seen = [m for m in self.layers if m.tokens_per_expert is not None]
-        if not seen:
+        if not seen and self.pp_group is None:
             return None
-        counts = torch.stack([m.tokens_per_expert.float() for m in seen])  # [layers, E]
-        losses = torch.stack([torch.stack([m.last_aux_loss, m.last_z_loss]) for m in seen
-                              if m.last_aux_loss is not None] or [counts.new_zeros(2)])
-        losses = losses.to(counts.device)
+        n_experts = self.n_experts
+        counts = torch.stack([m.tokens_per_expert.float() for m in seen]) if seen \
+            else torch.zeros(0, n_experts)  # [layers, E]
+        rows = [torch.stack([m.last_aux_loss, m.last_z_loss]) for m in seen
+                if m.last_aux_loss is not None]
+        losses = torch.stack(rows).to(counts.device) if rows else counts.new_zeros(0, 2)
         for group in self.groups:
             dist.all_reduce(counts, group=group)
             dist.all_reduce(losses, group=group)
             losses = losses / dist.get_world_size(group)
-        mean_losses = losses.mean(dim=0)
+        # Over this rank's layers, then (pipeline) over the other stages' layers too.
         per_layer_max = counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-9)
+        sums = torch.cat([losses.sum(dim=0), counts.new_tensor([len(losses)]), counts.sum(dim=0)])
+        peak = per_layer_max.max() if len(per_layer_max) else counts.new_zeros(())
+        if self.pp_group is not None:
+            dist.all_reduce(sums, group=self.pp_group)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.pp_group)
+        mean_losses = sums[:2] / sums[2].clamp_min(1)
         scalars = {"moe/aux_loss": float(mean_losses[0]), "moe/z_loss": float(mean_losses[1]),
-                   "moe/max_load": float(per_layer_max.max()), "moe/dropped_fraction": 0.0}
-        if counts.shape[1] <= PER_EXPERT_MAX:
-            total = counts.sum(dim=0)
-            for e, share in enumerate((total / total.sum()).tolist()):
+                   "moe/max_load": float(peak), "moe/dropped_fraction": 0.0}
+        if n_experts <= PER_EXPERT_MAX:
+            total = sums[3:]
+            for e, share in enumerate((total / total.sum().clamp_min(1e-9)).tolist()):
                 scalars[f"moe/tokens_per_expert/e{e}"] = share
         return StepReport(scalars=scalars)
 

@@ -187,16 +187,33 @@ def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def auxiliary_loss(layers: list[MoE], aux_coef: float, z_coef: float) -> torch.Tensor | None:
+def auxiliary_loss(layers: list[MoE], aux_coef: float, z_coef: float,
+                   n_layers: int | None = None) -> torch.Tensor | None:
     """The mean over MoE `layers` of the last forward's aux (and z) losses, weighted; None for a
-    model without MoE layers. The trainer adds it to the loss of each micro-batch."""
+    model without MoE layers. The trainer adds it to the loss of each micro-batch. `n_layers`:
+    the divisor when `layers` are part of the model (a pipeline stage's; default: all)."""
     layers = [m for m in layers if m.aux_loss is not None]
     if not layers:
         return None
     total = sum(aux_coef * m.aux_loss + z_coef * m.z_loss for m in layers)
     for m in layers:
         m.aux_loss = m.z_loss = None
-    return total / len(layers)
+    return total / (n_layers or len(layers))
+
+
+class AttachLoss(torch.autograd.Function):
+    """`AttachLoss.apply(h, loss)` is `h`, and its backward also differentiates `loss` (with
+    gradient 1): a loss computed inside a pipeline stage (MoE auxiliary losses) joins the
+    objective through that stage's output, whose backward the schedule runs."""
+
+    @staticmethod
+    def forward(ctx, h, loss):
+        ctx.loss_shape, ctx.loss_dtype = loss.shape, loss.dtype
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        return grad_h, torch.ones(ctx.loss_shape, dtype=ctx.loss_dtype, device=grad_h.device)
 
 
 def moe_parameter_counts(model: nn.Module) -> dict[str, int]:

@@ -142,9 +142,10 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
         (not hasattr(model_args, "rope_theta"), "model.name",
          f"model.name = {job_config.model.name!r} is not pipeline-parallel yet; use llama "
          "or qwen3 (RoPE models whose stages drop the embedding / head)"),
-        (getattr(model_args, "n_experts", 0), "model.name",
-         "mixture-of-experts models are not pipeline-parallel yet (the auxiliary loss lives "
-         "on every stage); shard them with FSDP2 (data_parallel_shard_degree)"),
+        (pcfg.expert_parallel_degree > 1, "parallelism.expert_parallel_degree",
+         "expert_parallel_degree > 1 with pipeline_parallel_degree > 1 is not supported yet; "
+         "shard the experts with FSDP2 (data_parallel_shard_degree) under PP, or use EP "
+         "without PP"),
         (model_args.tie_embeddings, "model.tie_embeddings",
          "model.tie_embeddings = true cannot be split: the embedding (first stage) and the "
          "output head (last stage) would share a weight; set it to false"),

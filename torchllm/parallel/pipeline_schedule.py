@@ -13,12 +13,14 @@ The unscaled sum is reported, broadcast from the last stage over the pp group.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from torchllm.log import logger
+from torchllm.loss import IGNORE_INDEX
 from torchllm.parallel.context_parallel import ContextParallel
 from torchllm.parallel.pipeline import (
     build_stage,
@@ -48,6 +50,8 @@ class Pipeline:
         self.cp = ContextParallel.from_dims(dims)  # splits sequences (cp > 1)
         self.scale = 1.0  # set per step: dp x cp degree / tokens of the global batch
         self.losses: list[torch.Tensor] = []  # unscaled loss sums of the micro-batches
+        # MoE auxiliary losses (attach_moe_losses): stage -> its micro-batch's weight
+        self.aux_weights: dict[int, torch.Tensor] | None = None
         cls = schedule_class(schedule_name)
         staged = self.pipeline_stages if len(stages) > 1 else self.pipeline_stages[0]
         self.schedule = cls(staged, n_microbatches=n_microbatches, loss_fn=self._loss,
@@ -74,7 +78,38 @@ class Pipeline:
                        loss_fn, dims, device, rank_model(stages, build))
         with torch.device("meta"):
             pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
+        mcfg = job_config.model
+        pipeline.attach_moe_losses(mcfg.moe_aux_loss_coef, mcfg.moe_z_loss_coef)
         return pipeline
+
+    def attach_moe_losses(self, aux_coef: float, z_coef: float) -> None:
+        """MoE models: each stage adds its layers' auxiliary losses to the objective through its
+        output (moe.AttachLoss), weighted as the trainer weights them without PP: the coefficient-
+        weighted mean over all the model's MoE layers x the micro-batch's valid tokens x the
+        step's scale. The weight rides with the micro-batch (`aux_weight`, per sequence)."""
+        from torchllm.models import moe  # (models import parallel/ at load)
+
+        n_total = len(moe.moe_layers(self.whole))
+        if not n_total or not (aux_coef or z_coef):
+            return
+        self._moe = moe
+        self.aux_weights = {}
+        for stage in self.stages:
+            stage.register_forward_pre_hook(self._take_aux_weight, with_kwargs=True)
+            stage.register_forward_hook(functools.partial(
+                self._attach_aux, layers=moe.moe_layers(stage), coefs=(aux_coef, z_coef, n_total)),
+                with_kwargs=True)
+
+    def _take_aux_weight(self, module, args, kwargs):
+        self.aux_weights[id(module)] = kwargs.pop("aux_weight", None)
+        return args, kwargs
+
+    def _attach_aux(self, module, args, kwargs, output, layers, coefs):
+        weight = self.aux_weights.pop(id(module), None)
+        aux = self._moe.auxiliary_loss(layers, *coefs)  # (read and cleared in every forward)
+        if aux is None or weight is None or not torch.is_grad_enabled():
+            return output
+        return self._moe.AttachLoss.apply(output, aux * weight.sum())
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = self.loss_fn(logits, targets)  # float32 math, summed over tokens
@@ -94,6 +129,8 @@ class Pipeline:
                       .expand_as(targets)}
         else:
             kwargs = {"positions": positions}
+        if self.aux_weights is not None:  # MoE auxiliary losses: each sequence's weight
+            kwargs["aux_weight"] = (targets != IGNORE_INDEX).sum(-1) * self.scale
         first = 0 in self.stage_ids
         args = (inputs,) if first else ()
         target = targets if self.has_last else None
