@@ -124,7 +124,6 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     ((PP, "--parallelism.pipeline_parallel_split_points=block.1"), "'block.1' is not a block"),
     ((PP, "--parallelism.pipeline_parallel_layers_per_stage=3"), "2 stages x 3 blocks"),
     ((PP, "--model.tie_embeddings=true"), "model.tie_embeddings = true cannot be split"),
-    ((PP, "--training.chunked_loss"), "training.chunked_loss with pipeline"),
     ((PP, "--training.seq_len_schedule=16:0.5,32:1.0"), "seq_len_schedule with pipeline"),
     ((PP, "--model.name=gpt2"), "'gpt2' is not pipeline-parallel"),
     ((PP, "--model.name=qwen3_moe", "--parallelism.expert_parallel_degree=2"),
@@ -179,6 +178,10 @@ TWO = {
                                      f"--training.local_batch_size={GLOBAL_BATCH}"],
     # A second family through the same stages: Qwen3 (QK-norm, explicit head_dim), untied.
     "pp_qwen3_1f1b": [PP, *QWEN3_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
+    # The last stage's head and loss run chunk by chunk (training.chunked_loss).
+    "pp_chunked_loss_gpipe": [PP, schedule("GPipe"), "--training.chunked_loss",
+                              "--training.loss_chunk_tokens=8",
+                              f"--training.local_batch_size={GLOBAL_BATCH}"],
     # MoE: each stage's auxiliary losses join the objective through its output.
     "pp_qwen3_moe_1f1b": [PP, *QWEN3_MOE_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
     "pp_qwen3_moe_interleaved_accumulate": [PP, *QWEN3_MOE_ARGS, schedule("Interleaved1F1B"),

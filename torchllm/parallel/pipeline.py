@@ -149,9 +149,6 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
         (model_args.tie_embeddings, "model.tie_embeddings",
          "model.tie_embeddings = true cannot be split: the embedding (first stage) and the "
          "output head (last stage) would share a weight; set it to false"),
-        (tcfg.chunked_loss, "training.chunked_loss",
-         "training.chunked_loss with pipeline_parallel_degree > 1 is not supported (the "
-         "last stage computes the loss from its logits); turn it off"),
         (tcfg.seq_len_schedule, "training.seq_len_schedule",
          "training.seq_len_schedule with pipeline_parallel_degree > 1 is not supported (the "
          "stages' buffers are sized at the first step); use one training.seq_len"),

@@ -50,6 +50,7 @@ class Pipeline:
         self.cp = ContextParallel.from_dims(dims)  # splits sequences (cp > 1)
         self.scale = 1.0  # set per step: dp x cp degree / tokens of the global batch
         self.losses: list[torch.Tensor] = []  # unscaled loss sums of the micro-batches
+        self.chunk_tokens = 0  # training.chunked_loss: tokens per chunk of the last stage's loss
         # MoE auxiliary losses (attach_moe_losses): stage -> its micro-batch's weight
         self.aux_weights: dict[int, torch.Tensor] | None = None
         cls = schedule_class(schedule_name)
@@ -78,8 +79,9 @@ class Pipeline:
                        loss_fn, dims, device, rank_model(stages, build))
         with torch.device("meta"):
             pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
-        mcfg = job_config.model
+        mcfg, tcfg = job_config.model, job_config.training
         pipeline.attach_moe_losses(mcfg.moe_aux_loss_coef, mcfg.moe_z_loss_coef)
+        pipeline.chunk_tokens = tcfg.loss_chunk_tokens if tcfg.chunked_loss else 0
         return pipeline
 
     def attach_moe_losses(self, aux_coef: float, z_coef: float) -> None:
@@ -112,7 +114,9 @@ class Pipeline:
         return self._moe.AttachLoss.apply(output, aux * weight.sum())
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.loss_fn(logits, targets)  # float32 math, summed over tokens
+        # training.chunked_loss: the last stage returned the summed loss itself (its head ran
+        # chunk by chunk, never holding the logits).
+        loss = logits if self.chunk_tokens else self.loss_fn(logits, targets)  # float32, summed
         self.losses.append(loss.detach())
         return loss * self.scale
 
@@ -129,6 +133,8 @@ class Pipeline:
                       .expand_as(targets)}
         else:
             kwargs = {"positions": positions}
+        if self.chunk_tokens:  # the last stage turns hidden states into the loss (others ignore)
+            kwargs.update(targets=targets, loss_chunk_tokens=self.chunk_tokens)
         if self.aux_weights is not None:  # MoE auxiliary losses: each sequence's weight
             kwargs["aux_weight"] = (targets != IGNORE_INDEX).sum(-1) * self.scale
         first = 0 in self.stage_ids
