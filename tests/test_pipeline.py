@@ -36,6 +36,7 @@ QWEN3 = "--model.name=qwen3"
 # Qwen3 at COMMON's lr 3e-3 is chaotic enough here that the pipeline's summation order moves
 # the step-8 grad norm by 1.5e-3 (seen once in a full run); at 1e-3 it stays within tolerance.
 QWEN3_ARGS = (QWEN3, "--optimizer.lr=1e-3")
+SEQ_RAMP = ("--training.seq_len_schedule=8:0.5,16:1.0",)
 # MoE with a load-balancing and a z-loss large enough that dropping them moves the curves.
 QWEN3_MOE_ARGS = ("--model.name=qwen3_moe", "--optimizer.lr=1e-3", "--model.moe_aux_loss_coef=0.1",
                   "--model.moe_z_loss_coef=0.01")
@@ -124,7 +125,6 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     ((PP, "--parallelism.pipeline_parallel_split_points=block.1"), "'block.1' is not a block"),
     ((PP, "--parallelism.pipeline_parallel_layers_per_stage=3"), "2 stages x 3 blocks"),
     ((PP, "--model.tie_embeddings=true"), "model.tie_embeddings = true cannot be split"),
-    ((PP, "--training.seq_len_schedule=16:0.5,32:1.0"), "seq_len_schedule with pipeline"),
     ((PP, "--model.name=gpt2"), "'gpt2' is not pipeline-parallel"),
     ((PP, "--model.name=qwen3_moe", "--parallelism.expert_parallel_degree=2"),
      "expert_parallel_degree"),
@@ -182,6 +182,8 @@ TWO = {
     "pp_chunked_loss_gpipe": [PP, schedule("GPipe"), "--training.chunked_loss",
                               "--training.loss_chunk_tokens=8",
                               f"--training.local_batch_size={GLOBAL_BATCH}"],
+    # Shorter sequences first (training.seq_len_schedule): the stages' buffers follow.
+    "pp_seq_len_schedule": [PP, *SEQ_RAMP, f"--training.local_batch_size={GLOBAL_BATCH}"],
     # MoE: each stage's auxiliary losses join the objective through its output.
     "pp_qwen3_moe_1f1b": [PP, *QWEN3_MOE_ARGS, f"--training.local_batch_size={GLOBAL_BATCH}"],
     "pp_qwen3_moe_interleaved_accumulate": [PP, *QWEN3_MOE_ARGS, schedule("Interleaved1F1B"),
@@ -207,7 +209,7 @@ def reference(tmp_path_factory):
     refs = {}
     # MoE: the load-balancing loss depends on which tokens share a micro-batch, so the reference
     # runs the pipeline's micro-batches (one sequence each) as accumulation steps.
-    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", QWEN3_ARGS),
+    for name, extra in (("plain", ()), ("docs", DOCS), ("qwen3", QWEN3_ARGS), ("ramp", SEQ_RAMP),
                         ("qwen3_moe", (*QWEN3_MOE_ARGS, "--training.local_batch_size=1"))):
         trainer = Trainer(tiny_config(tmp, *COMMON, UNTIED,
                                       f"--training.local_batch_size={GLOBAL_BATCH}",
@@ -232,7 +234,7 @@ def two_process(reference):
 @pytest.mark.parametrize("name", sorted(TWO))
 def test_two_rank_pipeline_matches_single_process(name, reference, two_process):
     family = ("docs" if "block_causal" in name else "qwen3_moe" if "qwen3_moe" in name
-              else "qwen3" if "qwen3" in name else "plain")
+              else "qwen3" if "qwen3" in name else "ramp" if "seq_len" in name else "plain")
     assert_matches(two_process[name], reference[1][family], loose=False)
 
 

@@ -149,9 +149,6 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
         (model_args.tie_embeddings, "model.tie_embeddings",
          "model.tie_embeddings = true cannot be split: the embedding (first stage) and the "
          "output head (last stage) would share a weight; set it to false"),
-        (tcfg.seq_len_schedule, "training.seq_len_schedule",
-         "training.seq_len_schedule with pipeline_parallel_degree > 1 is not supported (the "
-         "stages' buffers are sized at the first step); use one training.seq_len"),
         (job_config.eval.sample_freq or job_config.eval.hellaswag_freq, "eval.sample_freq",
          "in-training samples and HellaSwag (eval.sample_freq, eval.hellaswag_freq) need the "
          "whole model; with pipeline_parallel_degree > 1 set them to 0 and run "
