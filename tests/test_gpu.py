@@ -197,3 +197,28 @@ def test_trainer_bf16_compile_runs_and_learns(tmp_path):
                                            "--training.mixed_precision=bf16", "--compile.enable",
                                            "--training.steps=20"))).train()
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 1.0
+
+
+@gpu
+def test_grouped_mm_experts_match_the_padded_path_on_cuda():
+    """MoE experts through torch._grouped_mm (bf16, Hopper+; groups padded to 8 rows) against the
+    padded-bmm path on the same GPU: outputs and input/weight gradients, empty groups included."""
+    from torchllm.models import moe
+
+    if not moe.use_grouped_mm(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
+        pytest.skip("torch._grouped_mm needs a Hopper or newer GPU (sm90+)")
+    torch.manual_seed(0)
+    experts = moe.GroupedExperts(8, 128, 256).to("cuda", torch.bfloat16)
+    experts.init_weights(1.0)
+    counts = torch.tensor([5, 0, 37, 1, 64, 0, 3, 18], device="cuda")
+    x = torch.randn(int(counts.sum()), 128, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn_like(x)
+    results = []
+    for path in (moe.GroupedExperts._grouped, moe.GroupedExperts._padded):
+        xi = x.clone().requires_grad_()
+        experts.zero_grad()
+        out = path(xi, counts, experts.w1, experts.w2, experts.w3)
+        out.backward(grad)
+        results.append([out, xi.grad, *(p.grad.clone() for p in experts.parameters())])
+    for grouped, padded in zip(*results):
+        torch.testing.assert_close(grouped.float(), padded.float(), rtol=2e-2, atol=2e-2)

@@ -138,3 +138,38 @@ def test_resume_restores_the_expert_bias_and_continues_bit_for_bit(tmp_path):
     bias = torch.stack([m.expert_bias for m in second.moe_layers])
     assert report.scalars["moe/expert_bias_absmax"] == pytest.approx(float(bias.abs().max()))
     assert report.scalars["moe/expert_bias/e0"] == pytest.approx(float(bias[:, 0].mean()))
+
+
+def emulated_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """torch._grouped_mm's 2d x 3d contract, with the CUDA kernel's requirements checked: int32
+    cumulative group ends, every group starting on an 8-row (16-byte bf16) boundary, the groups
+    covering every row of `a`."""
+    assert offs.dtype == torch.int32 and int(offs[-1]) == a.shape[0]
+    bounds = [0, *offs.tolist()]
+    assert all(e % 8 == 0 for e in bounds), bounds  # the kernel's rule, not torchllm's constant
+    return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(bounds, bounds[1:]))])
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 11, 1], [8, 8, 0, 0], [0, 0, 0, 3]])
+def test_grouped_mm_path_pads_groups_and_equals_the_padded_path(monkeypatch, counts):
+    """The CUDA path (torch._grouped_mm, Hopper + bf16) cannot run here: run its index logic
+    through an emulation that enforces the kernel's alignment, against the CPU path."""
+    from torchllm.models import moe
+
+    torch.manual_seed(0)
+    experts = moe.GroupedExperts(4, 16, 24)
+    experts.init_weights(1.0)
+    counts = torch.tensor(counts)
+    x = torch.randn(int(counts.sum()), 16)
+    grad = torch.randn(x.shape[0], 16)
+    results = []
+    for grouped in (False, True):
+        monkeypatch.setattr(moe, "use_grouped_mm", lambda t: grouped)
+        monkeypatch.setattr(torch, "_grouped_mm", emulated_grouped_mm, raising=False)
+        xi = x.clone().requires_grad_()
+        experts.zero_grad()
+        out = experts(xi, counts)
+        out.backward(grad)
+        results.append([out, xi.grad, *(p.grad.clone() for p in experts.parameters())])
+    for padded, grouped in zip(*results):
+        torch.testing.assert_close(grouped, padded, rtol=1e-5, atol=1e-6)

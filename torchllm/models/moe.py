@@ -51,11 +51,30 @@ class GroupedExperts(nn.Module):
         counts here are those of this rank's experts, computed with the local shards."""
         w1, w2, w3 = local(self.w1), local(self.w2), local(self.w3)
         if use_grouped_mm(x):
-            offsets = torch.cumsum(counts, 0).to(torch.int32)
-            gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
-            up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
-            return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offsets)
+            return self._grouped(x, counts, w1, w2, w3)
         return self._padded(x, counts, w1, w2, w3)
+
+    @staticmethod
+    def _grouped(x: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
+        """torch._grouped_mm over token groups each padded to GROUP_ALIGN rows: the weight
+        gradient contracts over the tokens of a group, and the kernel needs each group's start
+        16-byte aligned (8 bf16 rows; TorchTitan pads the same way). The buffer has a fixed upper
+        bound of rows (no host sync); the zero rows past the last expert's tokens belong to its
+        group, so every row is defined and padding adds nothing to any gradient."""
+        n_experts = counts.shape[0]
+        padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+        ends = torch.cumsum(padded, 0)
+        starts = torch.cumsum(counts, 0) - counts
+        expert = torch.repeat_interleave(torch.arange(n_experts, device=x.device), counts,
+                                         output_size=x.shape[0])
+        rows = (ends - padded)[expert] + torch.arange(x.shape[0], device=x.device) - starts[expert]
+        total = -(-(x.shape[0] + n_experts * (GROUP_ALIGN - 1)) // GROUP_ALIGN) * GROUP_ALIGN
+        buf = x.new_zeros(total, x.shape[-1]).index_copy(0, rows, x)
+        offsets = torch.cat([ends[:-1], ends.new_full((1,), total)]).to(torch.int32)
+        gate = torch._grouped_mm(buf, w1.transpose(-2, -1), offs=offsets)
+        up = torch._grouped_mm(buf, w3.transpose(-2, -1), offs=offsets)
+        out = torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offsets)
+        return out[rows]
 
     @staticmethod
     def _padded(x: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
@@ -84,6 +103,9 @@ def local(w: torch.Tensor) -> torch.Tensor:
     but routing has data-dependent shapes that DTensor cannot express, so the layer computes on
     the local copy (to_local's backward hands the, identical on every rank, gradient back)."""
     return w.to_local() if isinstance(w, DTensor) else w
+
+
+GROUP_ALIGN = 8  # rows per token group for torch._grouped_mm (16 bytes of bf16)
 
 
 def use_grouped_mm(x: torch.Tensor) -> bool:
