@@ -64,6 +64,19 @@ def measure(tmp_path, *extra):
     pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
                   "--activation_checkpoint.mode=full"), None, marks=pytest.mark.slow,
                  id="full_ac"),
+    # A vocabulary large enough for the loss's tensors to matter, on each loss path:
+    # fp32 (log-softmax kept; measured 1.015), bf16 autocast (fused loss; float32 residual
+    # stream, weight copies; 0.954), chunked (nothing kept; 0.98).
+    pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
+                  "--model.vocab_size=8192"), "loss backward", marks=pytest.mark.slow,
+                 id="vocab_8k_fp32"),
+    pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
+                  "--model.vocab_size=8192", "--training.mixed_precision=bf16"), "loss backward",
+                 marks=pytest.mark.slow, id="vocab_8k_bf16"),
+    pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
+                  "--model.vocab_size=8192", "--training.chunked_loss",
+                  "--training.loss_chunk_tokens=256"), None, marks=pytest.mark.slow,
+                 id="vocab_8k_chunked"),
 ])
 def test_estimate_within_5_percent_of_measured_on_debug(tmp_path, extra, phase):
     measured, estimate = measure(tmp_path, *extra)
@@ -122,13 +135,19 @@ def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule
         max(m["phases_bytes"].values()) for m in per_rank)
 
 
-def test_logits_term_is_vocab_times_tokens():
-    cfg = load_config(["--model.flavor=1B", "--training.seq_len=512",
-                       "--training.local_batch_size=2", "--training.mixed_precision=bf16"])
-    args = models.model_args(cfg)
-    e = em.estimate_memory(cfg, args, 8)
+def test_logits_term_follows_the_loss_path():
+    def logits(*extra):
+        cfg = load_config(["--model.flavor=1B", "--training.seq_len=512",
+                           "--training.local_batch_size=2", *extra])
+        args = models.model_args(cfg)
+        return em.estimate_memory(cfg, args, 8)["terms_bytes"]["logits"], args.vocab_size
+
     tokens = 2 * 512
-    assert e["terms_bytes"]["logits"] == tokens * args.vocab_size * (2 + 4)  # bf16 + fp32 lse
+    kept, vocab = logits("--training.mixed_precision=bf16")
+    assert kept == tokens * vocab * 2  # the fused loss keeps the bf16 logits only
+    kept, vocab = logits("--training.mixed_precision=none")
+    assert kept == tokens * vocab * 4  # the float32 log-softmax
+    assert logits("--training.chunked_loss")[0] == 0
 
 
 def test_cli_reports_params_and_flops_of_the_shared_code(capsys):

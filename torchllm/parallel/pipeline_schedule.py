@@ -55,6 +55,7 @@ class Pipeline:
         self.aux_weights: dict[int, torch.Tensor] | None = None
         cls = schedule_class(schedule_name)
         staged = self.pipeline_stages if len(stages) > 1 else self.pipeline_stages[0]
+        self.n_microbatches = n_microbatches
         self.schedule = cls(staged, n_microbatches=n_microbatches, loss_fn=self._loss,
                             scale_grads=False)
 
@@ -147,7 +148,7 @@ class Pipeline:
             else:
                 schedule.eval(*args, target=target, **kwargs)
         # The first step also runs the loss on shape-inference outputs: keep the real ones.
-        del self.losses[before:len(self.losses) - schedule._n_microbatches]
+        del self.losses[before:len(self.losses) - self.n_microbatches]
 
     def forward_backward(self, batches: list[dict], scale: float, autocast) -> torch.Tensor:
         """Accumulate the gradient of `scale` x the summed token loss of every batch (one

@@ -12,10 +12,13 @@ Terms (bytes per rank):
                      norm, head) and the blocks kept after forward (the last one by default,
                      all with reshard_after_forward=never); in a block's backward also the
                      block and its prefetched neighbour, and two blocks' unsharded gradients
+  autocast_weights   under bf16 autocast (not FSDP2): the bf16 copies of the matmul weights
+                     that forward saves for backward
   activations        what autograd keeps from forward to backward, per block by AC mode
   recompute          with AC: one block's activations, rebuilt during its backward
-  logits             the output head's vocab x tokens and the float32 log-softmax kept for
-                     backward; under bf16 also the float32 upcast the loss makes (transient)
+  logits             what the output head and loss keep for backward, by loss path
+                     (loss_bytes: the bf16 logits for the fused loss, the float32 log-softmax
+                     in fp32, nothing with chunked_loss)
 
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
 logits' gradients; `optimizer` holds params, grads and moments; under FSDP2 or AC,
@@ -53,7 +56,8 @@ from torchllm.tools.model_info import tokenizer_vocab_hint
 FP32 = 4
 
 
-def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: str) -> int:
+def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: str,
+                              autocast: bool = False) -> int:
     """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens.
 
     Counted from what autograd saves in the Llama block's forward (torchllm/models/llama/
@@ -70,7 +74,8 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
     expert output, its float32 weighted copy and 4 x moe_hidden_dim, plus router scores:
     counted for perfectly balanced experts (the CPU path pads every expert to the busiest one's
     load, which adds the imbalance on top).
-    `act` is the activation element size (2 under bf16, 4 in fp32).
+    `act` is the activation element size (2 under bf16, 4 in fp32); `autocast`: bf16 by
+    autocast over float32 weights (not FSDP2's bf16 parameters), see the end.
     With AC, a checkpointed region keeps only its input (and, for "op", the matmul and
     attention outputs).
     """
@@ -93,6 +98,12 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
     if mode == "selective" and option == "attention":
         return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
+    if autocast and not getattr(args, "qk_norm", False) and not getattr(args, "n_experts", 0):
+        # Under autocast the residual stream and the norms stay float32 (block input, residual,
+        # x*rstd, the norms' outputs: 5 x dim) and each matmul keeps its own bf16 copy of its
+        # input (the normed inputs, the attention output) beside q, k, v (GQA: not repeated)
+        # and the FFN's 4 x hidden (measured with saved-tensor hooks, debug Llama on CPU).
+        return tokens * (5 * dim * FP32 + (7 * dim + 2 * kv_dim + 4 * hidden) * act) + stats
     return tokens * (attention + ffn) * act + stats
 
 
@@ -101,6 +112,29 @@ def moe_params(model) -> dict[str, int]:
     return {name: sum(p.numel() for m in block.modules() if isinstance(m, MoE)
                       for p in m.parameters())
             for name, block in model.layers.items()}
+
+
+def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tuple[int, int, int]:
+    """(kept for backward, extra at the end of the loss's forward, extra in its backward) for
+    the output head and loss of `tokens` tokens, by loss path (torchllm/loss.py; measured):
+      chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
+                    forward; in backward a chunk's float32 softmax and its gradient, the
+                    float32 head-weight gradient and the hidden states' gradient
+      bf16 logits   the fused cross entropy keeps the logits; backward writes their gradient
+                    once (float32 only a few MiB at a time)
+      fp32 logits   log-softmax keeps its float32 output (the logits are freed after the loss,
+                    unless a pipeline stage keeps its output); in forward both exist at once;
+                    backward adds d(log-softmax) and d(logits)"""
+    vocab, dim = model_args.vocab_size, model_args.dim
+    if tcfg.chunked_loss:
+        chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
+        return (0, chunk * (act + 2 * FP32),
+                chunk * (FP32 + act) + vocab * dim * FP32 + tokens * dim * act)
+    vocab_tokens = tokens * vocab
+    if act != FP32:
+        return vocab_tokens * act, 0, vocab_tokens * act
+    kept = vocab_tokens * FP32 * (2 if pipelined else 1)
+    return kept, vocab_tokens * FP32 * (0 if pipelined else 1), 2 * vocab_tokens * FP32
 
 
 def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
@@ -219,7 +253,9 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     # Tokens of one forward: the local batch, or one pipeline micro-batch; cp splits sequences.
     tokens = rank["micro_batch"] * tcfg.seq_len // dims.cp
     ac = cfg.activation_checkpoint
-    per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option)
+    autocast = act != FP32 and not dims.fsdp_enabled  # (FSDP2 runs bf16 params instead)
+    per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option,
+                                           autocast)
     if ac.mode == "selective" and ac.selective_option.isdigit():
         every = int(ac.selective_option)
         full = activation_bytes_per_block(model_args, tokens, act, "full", "")
@@ -229,23 +265,31 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
         activations = n_blocks * per_block
     # With AC, a block's activations are rebuilt in its backward: after the loss backward.
     recompute = 0 if ac.mode == "none" else activation_bytes_per_block(
-        model_args, tokens, act, "none", "")
+        model_args, tokens, act, "none", "", autocast)
     # The embedding output (first block's input), the final norm's x*rstd and its output.
     activations += (rank["first"] + 2 * rank["last"]) * tokens * model_args.dim * act
     activations = int(activations * rank["in_flight"])  # pipeline: forwards kept at once
     terms["activations"] = activations // dims.tp
     terms["recompute"] = recompute // dims.tp
 
-    # The logits (kept until their backward; on the last stage) and the float32 log-softmax.
+    # The loss's tensors on the last stage: kept per forward in flight, and the transient ones of
+    # the loss's forward and backward (see loss_bytes).
+    kept, upcast, loss_grads = loss_bytes(tcfg, act, tokens, model_args, pipelined=dims.pp_enabled)
     logit_forwards = rank["in_flight"] if rank["last"] else 0
-    vocab_tokens = tokens * model_args.vocab_size
-    terms["logits"] = int((vocab_tokens * act + vocab_tokens * FP32) * logit_forwards)
-    # Under bf16 the loss's float32 upcast of the logits lives while log-softmax runs.
-    upcast = vocab_tokens * FP32 if act != FP32 and rank["last"] else 0
-    loss_grads = 2 * vocab_tokens * FP32 if rank["last"] else 0
+    terms["logits"] = int(kept * logit_forwards)
+    if not rank["last"]:
+        upcast = loss_grads = 0
+
+    # Autocast's bf16 copies of the matmul weights, saved by forward for backward (not the
+    # embedding, which is looked up, not multiplied).
+    embedding = model.tok_embeddings.weight.numel() if rank["first"] else 0
+    terms["autocast_weights"] = (
+        (root_params - embedding * (model.output is not None)) * act // dims.tp
+        + split_sum * act // dims.tp + moe_sum * act) if autocast else 0
 
     state = terms["params"] + terms["optimizer"] + terms["ddp_buckets"]
-    held = terms["gathered_params"] + (terms["grads"] if rank["accumulates"] else 0)
+    held = (terms["gathered_params"] + terms["autocast_weights"]
+            + (terms["grads"] if rank["accumulates"] else 0))
     phases = {
         "forward": state + held + activations + terms["logits"] + upcast,
         # d(log_softmax) and d(logits) in float32 join the forward's tensors.
