@@ -27,6 +27,12 @@ from torchllm.models.moe import MoE, update_expert_bias
 PER_EXPERT_MAX = 16
 
 
+def token_groups(dims) -> list:
+    """The groups whose ranks route other tokens through the same MoE layers, summed in turn:
+    data-parallel, then context-parallel (TP ranks route the same tokens)."""
+    return [g for g in (dims.dp_group, dims.cp_group) if g is not None]
+
+
 class MoEStats(Callback):
     def __init__(self, layers: list[MoE], log_freq: int, total_steps: int, groups=(),
                  pp_group=None, n_experts: int = 0):
@@ -38,14 +44,12 @@ class MoEStats(Callback):
     @classmethod
     def from_trainer(cls, trainer) -> "MoEStats | None":
         layers, dims = trainer.moe_layers, trainer.parallel_dims
-        pp_group = getattr(dims, "pp_group", None)
         # Under PP every rank of a MoE model takes part (its stages may hold no MoE layer).
-        n_experts = getattr(trainer.model_args, "n_experts", 0) if pp_group is not None else 0
+        n_experts = getattr(trainer.model_args, "n_experts", 0) if dims.pp_group is not None else 0
         if not layers and not n_experts:
             return None
         return cls(layers, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
-                   [g for g in (dims.dp_group, dims.cp_group) if g is not None], pp_group,
-                   n_experts)
+                   token_groups(dims), dims.pp_group, n_experts)
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
         if not (step % self.log_freq == 0 or step in (1, self.total_steps)):
@@ -98,10 +102,8 @@ class MoEBiasBalancer(Callback):
         layers = [m for m in trainer.moe_layers if m.expert_bias is not None]
         if rate <= 0 or not layers:
             return None
-        dims = trainer.parallel_dims
-        groups = [g for g in (dims.dp_group, dims.cp_group) if g is not None]
         return cls(layers, rate, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
-                   groups)
+                   token_groups(trainer.parallel_dims))
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
         if metrics.get("skipped"):

@@ -121,7 +121,7 @@ class Pipeline:
         self.losses.append(loss.detach())
         return loss * self.scale
 
-    def _run(self, schedule, inputs, targets, positions, autocast, train: bool):
+    def _run(self, inputs, targets, positions, autocast, train: bool):
         # Under context parallelism this rank's share of every sequence (as without PP); the
         # layout travels as per-sequence tensors, which the schedule cuts into micro-batches
         # like the inputs, and every stage rebuilds it (positions also give it the length).
@@ -144,9 +144,9 @@ class Pipeline:
         before = len(self.losses)
         with autocast():
             if train:  # the loss function keeps the losses; the logits need not be kept
-                schedule.step(*args, target=target, return_outputs=False, **kwargs)
+                self.schedule.step(*args, target=target, return_outputs=False, **kwargs)
             else:
-                schedule.eval(*args, target=target, **kwargs)
+                self.schedule.eval(*args, target=target, **kwargs)
         # The first step also runs the loss on shape-inference outputs: keep the real ones.
         del self.losses[before:len(self.losses) - self.n_microbatches]
 
@@ -156,8 +156,8 @@ class Pipeline:
         self.scale = scale * self.cp.degree  # FSDP2 also averages over the cp ranks
         self.losses = []
         for batch in batches:
-            self._run(self.schedule, batch["inputs"], batch["targets"], batch.get("positions"),
-                      autocast, train=True)
+            self._run(batch["inputs"], batch["targets"], batch.get("positions"), autocast,
+                      train=True)
         return self._broadcast_loss()
 
     @torch.no_grad()
@@ -168,7 +168,7 @@ class Pipeline:
         for stage in self.stages:
             stage.eval()
         try:
-            self._run(self.schedule, inputs, targets, positions, autocast, train=False)
+            self._run(inputs, targets, positions, autocast, train=False)
         finally:
             for stage in self.stages:
                 stage.train()

@@ -274,11 +274,12 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
 
     # The loss's tensors on the last stage: kept per forward in flight, and the transient ones of
     # the loss's forward and backward (see loss_bytes).
-    kept, upcast, loss_grads = loss_bytes(tcfg, act, tokens, model_args, pipelined=dims.pp_enabled)
+    kept, loss_forward, loss_backward = loss_bytes(tcfg, act, tokens, model_args,
+                                                   pipelined=dims.pp_enabled)
     logit_forwards = rank["in_flight"] if rank["last"] else 0
     terms["logits"] = int(kept * logit_forwards)
     if not rank["last"]:
-        upcast = loss_grads = 0
+        loss_forward = loss_backward = 0
 
     # Autocast's bf16 copies of the matmul weights, saved by forward for backward (not the
     # embedding, which is looked up, not multiplied).
@@ -291,9 +292,9 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     held = (terms["gathered_params"] + terms["autocast_weights"]
             + (terms["grads"] if rank["accumulates"] else 0))
     phases = {
-        "forward": state + held + activations + terms["logits"] + upcast,
-        # d(log_softmax) and d(logits) in float32 join the forward's tensors.
-        "loss backward": state + held + activations + terms["logits"] + loss_grads,
+        "forward": state + held + activations + terms["logits"] + loss_forward,
+        # The loss's gradients (loss_bytes) join the forward's tensors.
+        "loss backward": state + held + activations + terms["logits"] + loss_backward,
         "optimizer": state + terms["grads"],
     }
     if dims.fsdp_enabled or recompute:
