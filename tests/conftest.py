@@ -76,3 +76,22 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not present (../shared is only beside the project's checkout)")
     return path
+
+
+def _gloo_rank(rank: int, world: int, tmp_path, fn, args) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous_{fn.__name__}",
+                            rank=rank, world_size=world)
+    try:
+        fn(rank, tmp_path, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(fn, tmp_path, *args, world: int = 2) -> None:
+    """Run `fn(rank, tmp_path, *args)` in `world` spawned processes joined in one gloo group
+    (file rendezvous in tmp_path); `fn` must be a module-level function (it is pickled)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gloo_rank, args=(world, tmp_path, fn, args), nprocs=world, join=True)

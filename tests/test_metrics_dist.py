@@ -6,48 +6,42 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from conftest import tiny_config
+from conftest import spawn_gloo, tiny_config
 
 
 def worker(rank: int, tmp_path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=rank,
-                           world_size=2)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
 
-        from torchllm.metrics.norms import l2_norm, track_update
-        from torchllm.metrics.reduce import loss_stats, to_host
-        from torchllm.metrics.writers import build_writers
+    from torchllm.metrics.norms import l2_norm, track_update
+    from torchllm.metrics.reduce import loss_stats, to_host
+    from torchllm.metrics.writers import build_writers
 
-        # Rank 0: 3 tokens, summed loss 6 (mean 2); rank 1: 5 tokens, summed loss 20 (mean 4).
-        loss_sum, n_tokens = [(6.0, 3), (20.0, 5)][rank]
-        stats = to_host(loss_stats(torch.tensor(loss_sum), n_tokens, with_max=True))
+    # Rank 0: 3 tokens, summed loss 6 (mean 2); rank 1: 5 tokens, summed loss 20 (mean 4).
+    loss_sum, n_tokens = [(6.0, 3), (20.0, 5)][rank]
+    stats = to_host(loss_stats(torch.tensor(loss_sum), n_tokens, with_max=True))
 
-        torch.manual_seed(0)  # the same full tensor on both ranks, then sharded by rows
-        full = torch.randn(8, 5)
-        mesh = init_device_mesh("cpu", (2,))
-        sharded = distribute_tensor(full, mesh, [Shard(0)])
-        norm = l2_norm([sharded])
-        out = {}
-        with track_update({"w": [sharded]}, out):
-            sharded.data.mul_(1.5)  # an update of exactly 0.5·W
+    torch.manual_seed(0)  # the same full tensor on both ranks, then sharded by rows
+    full = torch.randn(8, 5)
+    mesh = init_device_mesh("cpu", (2,))
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    norm = l2_norm([sharded])
+    out = {}
+    with track_update({"w": [sharded]}, out):
+        sharded.data.mul_(1.5)  # an update of exactly 0.5·W
 
-        cfg = tiny_config(tmp_path, "--metrics.rank_0_only=false")
-        (writer,) = build_writers(cfg, "run", tmp_path / "run", dist.get_rank())
-        writer.write(1, {"loss/avg": stats["loss"]})
-        writer.close()
-        result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out}
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    cfg = tiny_config(tmp_path, "--metrics.rank_0_only=false")
+    (writer,) = build_writers(cfg, "run", tmp_path / "run", dist.get_rank())
+    writer.write(1, {"loss/avg": stats["loss"]})
+    writer.close()
+    result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out}
+    (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
 
 
 @pytest.mark.slow
 def test_reductions_norms_and_per_rank_folders_over_two_ranks(tmp_path):
-    mp.spawn(worker, args=(tmp_path,), nprocs=2, join=True)
+    spawn_gloo(worker, tmp_path)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         assert r["loss"] == pytest.approx(26 / 8)  # sum of losses / sum of tokens

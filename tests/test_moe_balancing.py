@@ -9,11 +9,10 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from torchllm.models.moe import MoE, update_expert_bias
 
-from conftest import tiny_config
+from conftest import spawn_gloo, tiny_config
 
 E, DIM = 4, 8
 
@@ -113,21 +112,16 @@ def rank_tokens(rank: int) -> torch.Tensor:
 
 
 def _two_rank_worker(rank: int, tmp_path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=rank,
-                            world_size=2)
-    try:
-        moe = skewed_moe(top_k=2)
-        moe(rank_tokens(rank))
-        loads = update_expert_bias([moe], rate=0.01, groups=[dist.group.WORLD])
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps(
-            {"bias": moe.expert_bias.tolist(), "loads": loads[0].tolist()}))
-    finally:
-        dist.destroy_process_group()
+    moe = skewed_moe(top_k=2)
+    moe(rank_tokens(rank))
+    loads = update_expert_bias([moe], rate=0.01, groups=[dist.group.WORLD])
+    (tmp_path / f"rank{rank}.json").write_text(json.dumps(
+        {"bias": moe.expert_bias.tolist(), "loads": loads[0].tolist()}))
 
 
 @pytest.mark.slow
 def test_update_sums_the_loads_over_two_dp_ranks(tmp_path):
-    mp.spawn(_two_rank_worker, args=(tmp_path,), nprocs=2, join=True)
+    spawn_gloo(_two_rank_worker, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     moe = skewed_moe(top_k=2)
     per_rank = [brute_force_loads(moe, rank_tokens(r)) for r in (0, 1)]
@@ -161,22 +155,17 @@ def _stats_worker(rank: int, tmp_path, role: str) -> None:
 
     from torchllm.metrics.moe_stats import MoEStats
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous_stats", rank=rank,
-                            world_size=2)
-    try:
-        singletons = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
-        peers = dict(cp_group=dist.group.WORLD, pp_group=None) if role == "cp" else \
-            dict(cp_group=None, pp_group=dist.group.WORLD)
-        layers = [fake_layer(*layer) for layer in (CP_PEERS if role == "cp" else PP_PEERS)[rank]]
-        trainer = SimpleNamespace(
-            moe_layers=layers, model_args=SimpleNamespace(n_experts=2),
-            parallel_dims=SimpleNamespace(dp_group=singletons[rank], **peers),
-            cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
-                                training=SimpleNamespace(steps=1)))
-        report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
-        (tmp_path / f"stats{rank}.json").write_text(json.dumps(report.scalars))
-    finally:
-        dist.destroy_process_group()
+    singletons = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
+    peers = dict(cp_group=dist.group.WORLD, pp_group=None) if role == "cp" else \
+        dict(cp_group=None, pp_group=dist.group.WORLD)
+    layers = [fake_layer(*layer) for layer in (CP_PEERS if role == "cp" else PP_PEERS)[rank]]
+    trainer = SimpleNamespace(
+        moe_layers=layers, model_args=SimpleNamespace(n_experts=2),
+        parallel_dims=SimpleNamespace(dp_group=singletons[rank], **peers),
+        cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
+                            training=SimpleNamespace(steps=1)))
+    report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
+    (tmp_path / f"stats{rank}.json").write_text(json.dumps(report.scalars))
 
 
 @pytest.mark.slow
@@ -187,7 +176,7 @@ def _stats_worker(rank: int, tmp_path, role: str) -> None:
 def test_moe_stats_combine_context_and_pipeline_peers(tmp_path, role, share, max_load, aux):
     """cp peers route other tokens through the same layers (counts summed, losses averaged);
     pp peers hold other layers (statistics over all of them), as one process would log."""
-    mp.spawn(_stats_worker, args=(tmp_path, role), nprocs=2, join=True)
+    spawn_gloo(_stats_worker, tmp_path, role)
     for rank in (0, 1):
         s = json.loads((tmp_path / f"stats{rank}.json").read_text())
         assert s["moe/tokens_per_expert/e0"] == pytest.approx(share)
