@@ -64,10 +64,8 @@ class GroupedExperts(nn.Module):
         n_experts = counts.shape[0]
         padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
         ends = torch.cumsum(padded, 0)
-        starts = torch.cumsum(counts, 0) - counts
-        expert = torch.repeat_interleave(torch.arange(n_experts, device=x.device), counts,
-                                         output_size=x.shape[0])
-        rows = (ends - padded)[expert] + torch.arange(x.shape[0], device=x.device) - starts[expert]
+        expert, slot = token_slots(counts, x.shape[0])
+        rows = (ends - padded)[expert] + slot
         total = -(-(x.shape[0] + n_experts * (GROUP_ALIGN - 1)) // GROUP_ALIGN) * GROUP_ALIGN
         buf = x.new_zeros(total, x.shape[-1]).index_copy(0, rows, x)
         offsets = torch.cat([ends[:-1], ends.new_full((1,), total)]).to(torch.int32)
@@ -80,10 +78,7 @@ class GroupedExperts(nn.Module):
     def _padded(x: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
         n_experts = counts.shape[0]
         capacity = max(int(counts.max()), 1)  # one host sync per layer on this path
-        starts = torch.cumsum(counts, 0) - counts
-        expert = torch.repeat_interleave(torch.arange(n_experts, device=x.device), counts,
-                                         output_size=x.shape[0])
-        slot = torch.arange(x.shape[0], device=x.device) - starts[expert]
+        expert, slot = token_slots(counts, x.shape[0])
         padded = x.new_zeros(n_experts, capacity, x.shape[-1])
         padded = padded.index_put((expert, slot), x)
         h = F.silu(torch.bmm(padded, w1.transpose(1, 2))) * torch.bmm(padded, w3.transpose(1, 2))
@@ -96,6 +91,15 @@ class GroupedExperts(nn.Module):
                                  (self.w2, hidden, out_scale)):
             std = scale / math.sqrt(fan_in)
             nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def token_slots(counts: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For `n_tokens` tokens sorted by expert (`counts` per expert): each token's expert and its
+    index among that expert's tokens (no host sync)."""
+    starts = torch.cumsum(counts, 0) - counts
+    expert = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts,
+                                     output_size=n_tokens)
+    return expert, torch.arange(n_tokens, device=counts.device) - starts[expert]
 
 
 def local(w: torch.Tensor) -> torch.Tensor:

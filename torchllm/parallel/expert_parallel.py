@@ -84,12 +84,11 @@ def source_to_expert_order(counts: torch.Tensor, total: int) -> torch.Tensor:
     """counts [sources, experts] (summing to `total`): received rows lie in (source, expert)
     segments; the indices that reorder them into (expert, source) segments, each segment's rows
     kept in order."""
+    from torchllm.models.moe import token_slots  # (models import parallel/ at load)
+
     flat = counts.flatten()
     starts = (torch.cumsum(flat, 0) - flat).view_as(counts)
     by_expert = counts.t().flatten()  # segment lengths in the new order
     seg_start = starts.t().flatten()  # where each of those segments starts in the old order
-    new_starts = torch.cumsum(by_expert, 0) - by_expert
-    seg = torch.repeat_interleave(torch.arange(by_expert.numel(), device=counts.device),
-                                  by_expert, output_size=total)
-    offset = torch.arange(total, device=counts.device) - new_starts[seg]
+    seg, offset = token_slots(by_expert, total)  # each row's new segment, its index in it
     return seg_start[seg] + offset
