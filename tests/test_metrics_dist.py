@@ -12,9 +12,10 @@ from conftest import spawn_gloo, tiny_config
 
 def worker(rank: int, tmp_path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from torchllm.metrics.norms import l2_norm, track_update
+    from torchllm.metrics import norms
+    from torchllm.metrics.norms import l2_norm, l2_norms, track_update
     from torchllm.metrics.reduce import loss_stats, to_host
     from torchllm.metrics.writers import build_writers
 
@@ -27,6 +28,14 @@ def worker(rank: int, tmp_path) -> None:
     mesh = init_device_mesh("cpu", (2,))
     sharded = distribute_tensor(full, mesh, [Shard(0)])
     norm = l2_norm([sharded])
+    # Several sharded tensors and a replicated one (its shares are not summed over the mesh):
+    # one all-reduce for them all.
+    calls = []
+    real_all_reduce = norms.dist.all_reduce
+    norms.dist.all_reduce = lambda t, **kw: calls.append(t.numel()) or real_all_reduce(t, **kw)
+    together = l2_norms({"a": [sharded, distribute_tensor(2 * full, mesh, [Shard(1)])],
+                         "r": [distribute_tensor(full, mesh, [Replicate()])]})
+    norms.dist.all_reduce = real_all_reduce
     out = {}
     with track_update({"w": [sharded]}, out):
         sharded.data.mul_(1.5)  # an update of exactly 0.5·W
@@ -35,7 +44,8 @@ def worker(rank: int, tmp_path) -> None:
     (writer,) = build_writers(cfg, "run", tmp_path / "run", dist.get_rank())
     writer.write(1, {"loss/avg": stats["loss"]})
     writer.close()
-    result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out}
+    result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out,
+              "together": together, "all_reduces": calls}
     (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
 
 
@@ -48,6 +58,9 @@ def test_reductions_norms_and_per_rank_folders_over_two_ranks(tmp_path):
         assert r["loss_max"] == pytest.approx(4.0)
         assert r["tokens"] == 8
         assert r["norm"] == pytest.approx(r["full_norm"], rel=1e-6)  # the global, not a shard
+        assert r["together"]["a"] == pytest.approx(5 ** 0.5 * r["full_norm"], rel=1e-6)
+        assert r["together"]["r"] == pytest.approx(r["full_norm"], rel=1e-6)
+        assert r["all_reduces"] == [2]  # both sharded tensors' shares in one all-reduce
         assert r["update_ratio/w"] == pytest.approx(0.5, rel=1e-6)
         assert r["param_norm/w"] == pytest.approx(1.5 * r["full_norm"], rel=1e-6)
     for rank in (0, 1):
