@@ -17,16 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 CONFIG_FILE=${CONFIG_FILE:-"./train_configs/debug_model.toml"}
-if [ -z "${NGPU:-}" ]; then
-    if [ -n "${NPROC:-}" ]; then
-        NGPU=$NPROC
-    else
-        NGPU=$(python -c "import torch; print(torch.cuda.device_count() or 1)")
-    fi
-fi
+# Processes per node: NGPU, else NPROC, else "devices" (the launcher counts the CUDA devices, or
+# 1 without any, in the process that runs torchrun: no separate Python start just to count them).
+NGPU=${NGPU:-${NPROC:-devices}}
 LOG_RANK=${LOG_RANK:-0}
-# torchrun sets 1 thread per worker anyway when several run on a node, with a banner; say it here.
-if [ "$NGPU" -gt 1 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
 NNODES=${NNODES:-1}
 
 launch=(--nproc_per_node="$NGPU" --nnodes="$NNODES" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3)

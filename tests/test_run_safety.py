@@ -237,3 +237,21 @@ def test_one_ctrl_c_delivered_twice_is_one_stop_request():
     t.stop_signal_time -= 2  # a second Ctrl-C, later: stop now
     with pytest.raises(KeyboardInterrupt):
         t.on_signal(signal.SIGINT, None)
+
+
+def test_launcher_counts_the_devices_itself(monkeypatch):
+    import torch
+
+    from torchllm.launch import resolve_nproc
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert resolve_nproc(["--nproc_per_node=devices", "--standalone"]) == [
+        "--nproc_per_node=1", "--standalone"]
+    assert "OMP_NUM_THREADS" not in os.environ  # one process keeps every core
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert resolve_nproc(["--nproc_per_node=devices"]) == ["--nproc_per_node=4"]
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the user's setting wins
+    assert resolve_nproc(["--nproc_per_node=2"]) == ["--nproc_per_node=2"]
+    assert os.environ["OMP_NUM_THREADS"] == "8"

@@ -62,6 +62,23 @@ def _world_size(args) -> int | None:
         return None
 
 
+def resolve_nproc(torchrun_args: list[str]) -> list[str]:
+    """`--nproc_per_node=devices` (run_train.sh's default) -> the number of CUDA devices, or 1
+    without any. Several processes on one node get OMP_NUM_THREADS=1 unless it is set (what
+    torchrun does anyway, with a banner): set it to cores / processes for CPU runs."""
+    out = []
+    for arg in torchrun_args:
+        if arg == "--nproc_per_node=devices":
+            import torch
+
+            arg = f"--nproc_per_node={torch.cuda.device_count() or 1}"
+        out.append(arg)
+        nproc = arg.removeprefix("--nproc_per_node=")
+        if arg.startswith("--nproc_per_node=") and nproc.isdigit() and int(nproc) > 1:
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return out
+
+
 def _how(failure) -> str:
     if failure.exitcode < 0:
         try:
@@ -87,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    torchrun_args = resolve_nproc(torchrun_args)
     args = parse_args([*torchrun_args, "-m", "torchllm.train", *train_args])
     try:
         check_config(train_args, _world_size(args))
