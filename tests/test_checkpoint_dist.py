@@ -65,8 +65,11 @@ def saved_state(step_dir) -> dict:
 
 def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
     args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=6", "--data.num_workers=2")
-    torchrun(*args, "--job.run_name=straight")
-    torchrun(*args, "--job.run_name=split", "--training.stop_after_steps=3")
+    # The straight run and the split run's first half share one launch; the resume is a new one.
+    jobs = [{"train": [*args, "--job.run_name=straight"]},
+            {"train": [*args, "--job.run_name=split", "--training.stop_after_steps=3"]}]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    torchrun("--jobs", str(tmp_path / "jobs.json"), script="checkpoint_worker.py")
     assert complete_steps(tmp_path / "split" / "checkpoint") == [3]
     torchrun(*args, "--job.run_name=split", "--training.stop_after_steps=3")
     straight, split = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, "split")
@@ -78,11 +81,23 @@ def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
 
 def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     steps = ("--training.steps=3",)
+    load = ("--checkpoint.exclude_from_loading=dataloader", "--checkpoint.allow_global_batch_change")
+    Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
+    # One launch: train FSDP2 and DDP runs on 2 ranks, then load the 1-rank run and the DDP run
+    # into FSDP2 on 2 ranks (DDP -> FSDP2: the same dp degree, so the data position is restored).
+    jobs = [
+        {"train": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2")},
+        {"train": tiny_args(tmp_path, *COMMON, *DDP, *steps, "--job.run_name=ddp")},
+        {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single", *load),
+         "out": str(tmp_path / "loaded_2ranks.pt")},
+        {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=ddp"),
+         "out": str(tmp_path / "ddp_to_fsdp2.pt")},
+    ]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    torchrun("--jobs", str(tmp_path / "jobs.json"), script="checkpoint_worker.py")
+
     # FSDP2 on 2 ranks -> 1 rank (the data order belongs to 2 dp ranks: not restored).
-    torchrun(*tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2"))
-    one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2",
-                              "--checkpoint.exclude_from_loading=dataloader",
-                              "--checkpoint.allow_global_batch_change"))
+    one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2", *load))
     assert one.step == 3
     flat = {f"model.{k}": v for k, v in one.model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -90,22 +105,10 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     for fqn, state in get_optimizer_state_dict(one.model, one.optimizer)["state"].items():
         flat.update({f"optimizer.state.{fqn}.{k}": v for k, v in state.items()})
     assert_same_tensors(flat, saved_state(tmp_path / "fsdp2" / "checkpoint" / "step-3"))
-
-    # 1 rank -> FSDP2 on 2 ranks.
-    Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
-    out = tmp_path / "loaded_2ranks.pt"
-    torchrun(str(out), *tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single",
-                                  "--checkpoint.exclude_from_loading=dataloader",
-                                  "--checkpoint.allow_global_batch_change"),
-             script="checkpoint_worker.py")
-    assert_same_tensors(torch.load(out), saved_state(tmp_path / "single" / "checkpoint" / "step-3"))
-
-    # DDP -> FSDP2, same data-parallel degree: the data position is restored too.
-    torchrun(*tiny_args(tmp_path, *COMMON, *DDP, *steps, "--job.run_name=ddp"))
-    out = tmp_path / "ddp_to_fsdp2.pt"
-    torchrun(str(out), *tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=ddp"),
-             script="checkpoint_worker.py")
-    assert_same_tensors(torch.load(out), saved_state(tmp_path / "ddp" / "checkpoint" / "step-3"))
+    # 1 rank -> FSDP2 on 2 ranks; DDP -> FSDP2.
+    for out, run in (("loaded_2ranks.pt", "single"), ("ddp_to_fsdp2.pt", "ddp")):
+        assert_same_tensors(torch.load(tmp_path / out),
+                            saved_state(tmp_path / run / "checkpoint" / "step-3"))
 
 
 def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
