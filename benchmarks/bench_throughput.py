@@ -1,7 +1,8 @@
 """Training throughput: torchllm's Trainer vs a plain `transformers` Llama loop, same shapes.
 
     python benchmarks/bench_throughput.py [--shapes debug,small,125M] [--precisions fp32,bf16]
-        [--modes eager,compiled] [--steps 4] [--rounds 3] [--json OUT.json] [--md OUT.md]
+        [--modes eager,compiled] [--steps 4] [--rounds 3] [--vocab 32000] [--json OUT.json]
+        [--md OUT.md]
 
 For every (shape, precision, mode) both peers are built in this process, warmed up, then timed
 in alternating rounds (torchllm, HF, torchllm, HF, ...) so that both see the same machine at
@@ -15,7 +16,7 @@ forward, float32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW.
 - HF: `LlamaForCausalLM` (SDPA attention) with the same config (via the HF export adapter);
   bf16 = autocast around the forward; compiled = `torch.compile` of each decoder layer.
 Shapes: debug (dim 256 x 4, seq 256), small (dim 512 x 6, seq 512), 125M (dim 768 x 12, seq 256);
-vocab 32,000 for all (a Llama-2/Mistral-sized vocab).
+vocab 32,000 for all by default (a Llama-2/Mistral-sized vocab; --vocab sets another).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ def batches(vocab: int, batch: int, seq: int, n: int = 4, seed: int = 0) -> list
 class TorchllmPeer:
     name = "torchllm"
 
-    def __init__(self, shape: str, bf16: bool, compiled: bool, folder: Path):
+    def __init__(self, shape: str, bf16: bool, compiled: bool, folder: Path, vocab: int):
         flavor, seq, batch = SHAPES[shape]
         self.trainer = trainer_from_args([
             f"--job.dump_folder={folder}", "--job.print_config=false", f"--model.flavor={flavor}",
-            f"--model.vocab_size={VOCAB}", "--model.vocab_pad_multiple=1",
+            f"--model.vocab_size={vocab}", "--model.vocab_pad_multiple=1",
             f"--training.seq_len={seq}", f"--training.local_batch_size={batch}",
             "--training.steps=1000000", "--metrics.log_freq=1000000",
             "--metrics.enable_tensorboard=false", "--validation.enable=false",
@@ -68,7 +69,7 @@ class TorchllmPeer:
         ])
         if self.trainer is None:
             raise SystemExit("torchllm config error (see above)")
-        data = batches(VOCAB, batch, seq)
+        data = batches(vocab, batch, seq)
         self.trainer.batches = iter(data * 1000000)
         self.tokens = batch * seq
         self.flops_per_token = self.trainer.flops_per_token
@@ -130,11 +131,12 @@ def timed(peer, steps: int) -> list[float]:
     return out
 
 
-def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, warmup: int) -> dict:
+def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, warmup: int,
+             vocab: int = VOCAB) -> dict:
     bf16, compiled = precision == "bf16", mode == "compiled"
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        ours = TorchllmPeer(shape, bf16, compiled, Path(tmp))
+        ours = TorchllmPeer(shape, bf16, compiled, Path(tmp), vocab)
         hf = HFPeer(ours.args, shape, bf16, compiled)
         for peer in (ours, hf):  # warm-up: compile, optimizer state, allocator
             timed(peer, warmup)
@@ -144,7 +146,8 @@ def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, war
             for peer in (ours, hf):
                 times[peer.name] += timed(peer, steps)
         peak = Peak(torch.device("cpu"), bf16)
-        row = {"shape": shape, "precision": precision, "mode": mode, "steps_timed": steps * rounds,
+        row = {"shape": shape, "precision": precision, "mode": mode, "vocab": vocab,
+               "steps_timed": steps * rounds,
                "tokens_per_step": ours.tokens, "flops_per_token": ours.flops_per_token,
                "peak_flops": peak.flops, "setup_s": setup_s}
         for name, ts in times.items():
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="timed steps per peer per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size of every shape")
     p.add_argument("--json", default="")
     p.add_argument("--md", default="")
     args = p.parse_args(argv)
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         for precision in args.precisions.split(","):
             for mode in args.modes.split(","):
-                row = run_pair(shape, precision, mode, args.steps, args.rounds, args.warmup)
+                row = run_pair(shape, precision, mode, args.steps, args.rounds, args.warmup,
+                               args.vocab)
                 rows.append(row)
                 print(f"{shape:6s} {precision:5s} {mode:8s} torchllm {row['torchllm_tok_s']:8,.0f} "
                       f"tok/s | HF {row['hf_tok_s']:8,.0f} tok/s | {row['ratio']:.2f}x | MFU "

@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,8 @@ TINY = {
     "python -m torchllm.tools.estimate_memory": [],
     "python -m torchllm.tools.dry_run": [],
     "python -m torchllm.tools.env_check": [],
-    "python": [],  # python SCRIPT ...: scripts/mutation_check.py --list
+    "python scripts/mutation_check.py": [],
+    "python benchmarks/bench_throughput.py": ["--vocab", "2048"],
     "python -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
                                            str(REPO.parent / "shared" / "data" / "evals")],
     "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
@@ -128,8 +130,8 @@ def program(command: str) -> str:
         return " ".join(words[:4])  # export / import
     if words[:2] == ["python", "-m"]:
         return " ".join(words[:3])
-    if words[0] == "python" and words[1:2] == ["scripts/mutation_check.py"]:
-        return "python"
+    if words[0] == "python" and words[1:2] and words[1].endswith(".py"):
+        return " ".join(words[:2])  # python SCRIPT
     if words[0] == "torchrun":
         module = words[words.index("-m") + 1] if "-m" in words else "?"
         return f"torchrun -m {module}"
@@ -247,9 +249,30 @@ def test_newcomer_path_from_a_fresh_clone(newcomer):
     assert list((clone / "outputs/tb/debug_model").glob("events.out.tfevents.*"))
 
 
+@pytest.fixture(scope="module")
+def documents(newcomer, request):
+    """The selected docs/*.md run in the newcomer's clone (after README's run made
+    outputs/debug_model), two documents at a time: each document's commands run in order, and
+    most are one single-threaded process, so a second document uses the second core. No two
+    documents write the same run (own run names, or OWN_RUN) or file."""
+    clone, _ = newcomer
+    selected = sorted({item.callspec.params["doc"] for item in request.session.items
+                       if item.originalname == "test_documented_commands_run"})
+
+    def run(doc):
+        try:
+            run_document(REPO / "docs" / doc, clone)
+        except BaseException as e:  # reported by that document's test
+            return e
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(selected, pool.map(run, selected)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", [p.name for p in DOCS[1:]])
-def test_documented_commands_run(newcomer, doc):
-    """Each docs/*.md in the newcomer's clone (after README's run made outputs/debug_model)."""
-    clone, _ = newcomer
-    run_document(REPO / "docs" / doc, clone)
+def test_documented_commands_run(documents, doc):
+    """Each docs/*.md's commands run as written (see the documents fixture)."""
+    if documents[doc] is not None:
+        raise documents[doc]
