@@ -4,6 +4,8 @@ state equal the saved ones exactly, and the resumed losses follow the uninterrup
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -28,21 +30,29 @@ def test_moe_resume_is_bit_exact(tmp_path):
     assert len(straight) == 6 and split == straight
 
 
-@pytest.mark.parametrize("saved,loaded", [(2, 1), (1, 2)])
-def test_ep_checkpoint_reshards(tmp_path, saved, loaded):
-    """Save at step 3 with EP=`saved`, load with EP=`loaded` (same dp degree, so the data
-    position is restored too): every expert weight and its Adam moments arrive unchanged, and
-    steps 4-6 give the losses of an uninterrupted EP=2 run."""
+def test_ep_checkpoint_reshards_both_ways(tmp_path):
+    """Save at step 3 with EP=2, load with EP=1, and the other way round (same dp degree, so
+    the data position is restored too): every expert weight and its Adam moments arrive
+    unchanged, and steps 4-6 give the losses of an uninterrupted EP=2 run. Two launches: the
+    uninterrupted run and both saves, then (fresh processes) both loads and resumes."""
     args = tiny_args(tmp_path, *COMMON, *MOE, "--training.steps=6")
-    torchrun(*args, EP[2], "--job.run_name=straight")
-    torchrun(*args, EP[saved], "--job.run_name=r", "--training.stop_after_steps=3")
-    out = tmp_path / "loaded.pt"
-    torchrun(str(out), *args, EP[loaded], "--job.run_name=r", script="checkpoint_worker.py")
-    expected = saved_state(tmp_path / "r" / "checkpoint" / "step-3")
-    assert any(".experts.w1" in k for k in expected)
-    assert_same_tensors(torch.load(out), expected)
-    torchrun(*args, EP[loaded], "--job.run_name=r")
-    straight, resumed = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, "r")
-    assert [s for s, _ in resumed] == list(range(1, 7))
-    # EP and FSDP2 sum gradients in other orders: equal up to float32 rounding.
-    assert [v for _, v in resumed] == pytest.approx([v for _, v in straight], rel=1e-5)
+    ways = {"r21": (2, 1), "r12": (1, 2)}
+    save = [{"train": [*args, EP[2], "--job.run_name=straight"]}]
+    save += [{"train": [*args, EP[saved], f"--job.run_name={run}", "--training.stop_after_steps=3"]}
+             for run, (saved, _) in ways.items()]
+    resume = [{"load": [*args, EP[loaded], f"--job.run_name={run}"],
+               "out": str(tmp_path / f"{run}.pt")} for run, (_, loaded) in ways.items()]
+    resume += [{"train": [*args, EP[loaded], f"--job.run_name={run}"]}
+               for run, (_, loaded) in ways.items()]
+    for name, jobs in (("save", save), ("resume", resume)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(jobs))
+        torchrun("--jobs", str(tmp_path / f"{name}.json"), script="checkpoint_worker.py")
+    straight = tb_losses(tmp_path, "straight")
+    for run in ways:
+        expected = saved_state(tmp_path / run / "checkpoint" / "step-3")
+        assert any(".experts.w1" in k for k in expected)
+        assert_same_tensors(torch.load(tmp_path / f"{run}.pt"), expected)
+        resumed = tb_losses(tmp_path, run)
+        assert [s for s, _ in resumed] == list(range(1, 7))
+        # EP and FSDP2 sum gradients in other orders: equal up to float32 rounding.
+        assert [v for _, v in resumed] == pytest.approx([v for _, v in straight], rel=1e-5)
