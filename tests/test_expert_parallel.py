@@ -152,7 +152,7 @@ def launch_layouts(tmp, nproc: int, runs: dict) -> dict:
 
 @pytest.mark.slow
 def test_ep_training_on_two_ranks_matches_one_process(moe_reference):
-    """Losses (rel 1e-4) and gradient norms (rel 1e-3) over 10 steps: an expert gradient scaled
+    """Losses (rel 1e-4) and gradient norms (rel 1e-3) over STEPS steps: an expert gradient scaled
     by the ep degree (a wrong FSDP2 divisor) moves the norms, Adam hides it in the losses."""
     from test_parallel_multiprocess import assert_matches
 

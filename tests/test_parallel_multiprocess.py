@@ -21,7 +21,7 @@ from torchllm.train import Trainer
 from conftest import REPO, tiny_args, tiny_config
 from parallel_worker import qk_norm_weights
 
-STEPS = 10
+STEPS = 7  # warm-up 2 + 5 steps at the peak rate: a wrong scale or reduction shows from step 1
 GLOBAL_BATCH = 8
 COMMON = (
     f"--training.steps={STEPS}", "--training.seq_len=16", "--lr_scheduler.warmup_steps=2",
@@ -171,7 +171,7 @@ def test_four_process_layout_matches_single_process(name, reference, four_proces
 def test_qk_norm_weights_replicated_over_tp(reference, two_process):
     """QK-norm weights under TP: each rank's gradient covers only its heads; summed over tp (a
     Replicate DTensor's Partial gradient), every rank's copy stays equal to the one-process
-    weights after 10 steps. Unsummed, Adam would move each rank's copy its own way."""
+    weights after STEPS steps. Unsummed, Adam would move each rank's copy its own way."""
     ranks, ref = two_process["qwen3_tp"]["qk_norm"], reference[1]["qwen3"]["qk_norm"]
     assert set(ranks[0]) == set(ref) and len(ref) == 8  # q_norm and k_norm of 4 layers
     for name, values in ref.items():

@@ -1,6 +1,6 @@
 """Pipeline parallelism: the split rule against a brute force, stages chained in one process
 against the whole model, the checks that run before any process group, and real gloo ranks
-(2 and 4) that match one process over 10 steps, and a PP checkpoint resumed without PP."""
+(2 and 4) that match one process over STEPS (7) steps, and a PP checkpoint resumed without PP."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ def test_pp_validation_loss_matches_single_process(reference, name):
     as one process, and the training curve around it is undisturbed."""
     tmp, _ = reference
     common = (*COMMON, UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}",
-              "--validation.enable", "--validation.freq=4", "--validation.steps=2")
+              "--validation.enable", "--validation.freq=3", "--validation.steps=2")
     if not (tmp / "tb" / "val_single").exists():
         Trainer(tiny_config(tmp, *common, "--job.run_name=val_single")).train()
     torchrun(*tiny_args(tmp, *common, PP, schedule(name), f"--job.run_name=val_{name}"))
