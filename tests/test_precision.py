@@ -113,13 +113,18 @@ def test_cpu_peak_is_measured_in_the_training_dtype(monkeypatch):
 
 
 def test_cpu_peak_measured_on_a_busy_machine_is_corrected(monkeypatch):
-    readings = iter([1e9, 5e9, 4e9])  # busy at start; quiet later
+    readings = iter([1e9, 5e9, 4e9, 4.5e9])  # busy at start; quiet later; busy again
     monkeypatch.setattr(flops, "matmul_flops", lambda dtype: next(readings))
     peak = flops.Peak(torch.device("cpu"), bf16=False)
     assert peak.check(0.5e9) == 1e9  # below the peak: nothing re-measured
     assert peak.check(3e9) == 5e9  # a step beat the peak: measured again
     assert peak.check(3e9) == 5e9
-    assert peak.check(6e9) == 5e9  # a lower re-measurement never lowers it
+    # Measured again (4e9: a lower reading never lowers the peak), still below the step:
+    # the step's own FLOP/s bound the peak from below.
+    assert peak.check(6e9) == 6e9
+    assert peak.check(7e9) == 7e9  # the third and last re-measurement (4.5e9)
+    assert peak.check(8e9) == 8e9  # re-measurements used up: the step's FLOP/s alone
+    assert peak.check(6.5e9) == 8e9
 
 
 def test_mfu_never_exceeds_100_percent_after_a_busy_start(tmp_path, monkeypatch):
