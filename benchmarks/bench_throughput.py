@@ -13,7 +13,9 @@ forward, float32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW.
 
 - torchllm: the real Trainer (`train_step`, metrics and guard included) with synthetic batches
   in place of its data loader; compiled = `compile.enable` (each block + the loss).
-- HF: `LlamaForCausalLM` (SDPA attention) with the same config (via the HF export adapter);
+- HF: `LlamaForCausalLM` (SDPA attention) with the same config (via the HF export adapter),
+  called with use_cache=False (else every training forward also fills a KV cache, and the
+  compiled layers recompile on the cache's state until dynamo's limit sends them to eager);
   bf16 = autocast around the forward; compiled = `torch.compile` of each decoder layer.
 Shapes: debug (dim 256 x 4, seq 256), small (dim 512 x 6, seq 512), 125M (dim 768 x 12, seq 256);
 vocab 32,000 for all by default (a Llama-2/Mistral-sized vocab; --vocab sets another).
@@ -106,7 +108,7 @@ class HFPeer:
         self.i += 1
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else _null()
         with ctx:
-            logits = self.model(input_ids=b["inputs"]).logits
+            logits = self.model(input_ids=b["inputs"], use_cache=False).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), b["targets"].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)

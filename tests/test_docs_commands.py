@@ -201,14 +201,13 @@ def fixtures(clone: Path) -> None:
         beside.symlink_to(shared)
 
 
-def run_document(path: Path, clone: Path) -> list[tuple[str, str]]:
-    """Run a document's commands in order in `clone`; returns (command, output) of each run."""
+def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tuple[str, str]]:
+    """Run a document's commands (`part` of those that run here) in order in `clone`; returns
+    (command, output) of each run."""
     env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     ran = []
-    for n, cmd in commands(path):
-        if skip_reason(cmd):
-            continue
+    for n, cmd in [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)][part]:
         extra = list(TINY[program(cmd)])
         if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
             extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]
@@ -224,16 +223,38 @@ def run_document(path: Path, clone: Path) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def newcomer(tmp_path_factory):
-    """README's commands, in order, in a fresh clone."""
+def newcomer(tmp_path_factory, request):
+    """README's commands, in order, in a fresh clone; and the selected docs/*.md there.
+
+    README's first command trains outputs/debug_model, which the rest and the docs read. Then
+    README's other commands and the documents run two at a time: each document's commands in
+    order, most of them one single-threaded process, so a second document uses the second
+    core. No two documents write the same run (own run names, or OWN_RUN) or file.
+    Returns (clone, README's (command, output) list, {doc: its exception or None})."""
     clone = fresh_clone(tmp_path_factory.mktemp("clone"))
     fixtures(clone)
-    return clone, run_document(REPO / "README.md", clone)
+    readme = REPO / "README.md"
+    ran = run_document(readme, clone, slice(0, 1))
+    selected = sorted({item.callspec.params["doc"] for item in request.session.items
+                       if item.originalname == "test_documented_commands_run"})
+
+    def run(doc):
+        try:
+            run_document(REPO / "docs" / doc, clone)
+        except BaseException as e:  # reported by that document's test
+            return e
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        rest = pool.submit(run_document, readme, clone, slice(1, None))
+        docs = {doc: pool.submit(run, doc) for doc in selected}
+        ran += rest.result()
+        return clone, ran, {doc: done.result() for doc, done in docs.items()}
 
 
 @pytest.mark.slow
 def test_newcomer_path_from_a_fresh_clone(newcomer):
-    clone, ran = newcomer
+    clone, ran, _ = newcomer
     outputs = dict(ran)
     train = next(o for c, o in ran if c == "./run_train.sh")
     assert "run debug_model" in train and "effective config" not in train
@@ -249,30 +270,10 @@ def test_newcomer_path_from_a_fresh_clone(newcomer):
     assert list((clone / "outputs/tb/debug_model").glob("events.out.tfevents.*"))
 
 
-@pytest.fixture(scope="module")
-def documents(newcomer, request):
-    """The selected docs/*.md run in the newcomer's clone (after README's run made
-    outputs/debug_model), two documents at a time: each document's commands run in order, and
-    most are one single-threaded process, so a second document uses the second core. No two
-    documents write the same run (own run names, or OWN_RUN) or file."""
-    clone, _ = newcomer
-    selected = sorted({item.callspec.params["doc"] for item in request.session.items
-                       if item.originalname == "test_documented_commands_run"})
-
-    def run(doc):
-        try:
-            run_document(REPO / "docs" / doc, clone)
-        except BaseException as e:  # reported by that document's test
-            return e
-        return None
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(selected, pool.map(run, selected)))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", [p.name for p in DOCS[1:]])
-def test_documented_commands_run(documents, doc):
-    """Each docs/*.md's commands run as written (see the documents fixture)."""
-    if documents[doc] is not None:
-        raise documents[doc]
+def test_documented_commands_run(newcomer, doc):
+    """Each docs/*.md's commands run as written (see the newcomer fixture)."""
+    error = newcomer[2][doc]
+    if error is not None:
+        raise error

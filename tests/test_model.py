@@ -135,6 +135,13 @@ def test_rope_matches_complex_reference():
     freqs = torch.polar(torch.ones(16, 8), torch.outer(torch.arange(16.0), rope_frequencies(args)))
     ref = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * freqs[None, :, None])
     torch.testing.assert_close(apply_rope(x, rope_table(args)), ref.flatten(-2))
+    # Compiled, the rotation is spelled in reals (inductor generates no code for complex ops):
+    # the same values, for one table and for per-sequence tables.
+    torch._dynamo.reset()
+    compiled = torch.compile(apply_rope, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, rope_table(args)), ref.flatten(-2))
+    per_seq = rope_table(args)[None].expand(2, -1, -1, -1)
+    torch.testing.assert_close(compiled(x, per_seq), ref.flatten(-2))
 
 
 def llama31_apply_scaling(freqs, factor, low_freq_factor, high_freq_factor, old_context_len):

@@ -92,6 +92,14 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     spelled with real slices, products and a stack took ~4x longer on CPU (measured).
     """
     table = table[None] if table.dim() == 3 else table
+    if torch.compiler.is_compiling():
+        # Inductor generates no code for complex ops (it falls back to eager kernels, with a
+        # warning): compiled, the same product spelled in reals fuses into one kernel.
+        cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
+        pairs = x.float().unflatten(-1, (-1, 2))
+        x0, x1 = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+        return rotated.flatten(-2).type_as(x)
     angle = torch.view_as_complex(table)[:, :, None, :]  # [batch | 1, seq, 1, head_dim/2]
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
     return torch.view_as_real(pairs * angle).flatten(-2).type_as(x)
