@@ -163,3 +163,18 @@ def test_throughput_table_measures_against_the_faster_dtype():
         table = bench.markdown([row], peaks, 2)
         assert f"the limit is {dtype}'s" in table and f"% of the {dtype} limit" in table
         assert table.splitlines()[4].endswith(f"| {pct} |"), table
+
+
+def test_blocked_cpu_attention_of_the_attention_benchmark_equals_sdpa():
+    """benchmarks/bench_cpu_attention.py times SDPA's flash kernel against attention built from
+    batched matmuls by blocks of query rows: the two must compute the same thing (float64,
+    grouped-query heads, a sequence that is not a multiple of the block)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_cpu_attention", REPO / "benchmarks" / "bench_cpu_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for block in (7, 16, 64):  # several blocks, two, one
+        errors = bench.max_errors(block)
+        assert max(errors) < 1e-12, (block, errors)
