@@ -146,15 +146,20 @@ def test_performance_doc_tables_come_from_the_committed_json():
         assert render_markdown(rows) in doc, f"{path.name}'s tables are not in the doc"
 
 
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py as a module (the folder is scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 def test_throughput_table_measures_against_the_faster_dtype():
     """CPUs differ: where bf16 matmuls are slower than fp32 (AVX512_BF16 without fast units),
     the limit column is fp32's, not bf16's (which would put a row over 100%)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_throughput", REPO / "benchmarks" / "bench_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_throughput")
     row = {"shape": "small", "precision": "fp32", "mode": "eager", "torchllm_tok_s": 1000.0,
            "hf_tok_s": 800.0, "ratio": 1.25, "flops_per_token": 150e6, "torchllm_mfu_pct": 50.0,
            "hf_mfu_pct": 40.0}
@@ -169,12 +174,7 @@ def test_blocked_cpu_attention_of_the_attention_benchmark_equals_sdpa():
     """benchmarks/bench_cpu_attention.py times SDPA's flash kernel against attention built from
     batched matmuls by blocks of query rows: the two must compute the same thing (float64,
     grouped-query heads, a sequence that is not a multiple of the block)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_cpu_attention", REPO / "benchmarks" / "bench_cpu_attention.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("bench_cpu_attention")
     for block in (7, 16, 64):  # several blocks, two, one
         errors = bench.max_errors(block)
         assert max(errors) < 1e-12, (block, errors)
