@@ -45,6 +45,12 @@ def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     return proc.stdout + proc.stderr
 
 
+def torchrun_jobs(path: Path, jobs: list[dict]) -> str:
+    """Several train / load jobs in one torchrun launch (tests/checkpoint_worker.py --jobs)."""
+    path.write_text(json.dumps(jobs))
+    return torchrun("--jobs", str(path), script="checkpoint_worker.py")
+
+
 def tb_losses(tmp_path, run: str) -> list[tuple[int, float]]:
     events = EventAccumulator(str(tmp_path / "tb" / run), size_guidance={"scalars": 0})
     events.Reload()
@@ -66,10 +72,9 @@ def saved_state(step_dir) -> dict:
 def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
     args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=6", "--data.num_workers=2")
     # The straight run and the split run's first half share one launch; the resume is a new one.
-    jobs = [{"train": [*args, "--job.run_name=straight"]},
-            {"train": [*args, "--job.run_name=split", "--training.stop_after_steps=3"]}]
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    torchrun("--jobs", str(tmp_path / "jobs.json"), script="checkpoint_worker.py")
+    torchrun_jobs(tmp_path / "jobs.json", [
+        {"train": [*args, "--job.run_name=straight"]},
+        {"train": [*args, "--job.run_name=split", "--training.stop_after_steps=3"]}])
     assert complete_steps(tmp_path / "split" / "checkpoint") == [3]
     torchrun(*args, "--job.run_name=split", "--training.stop_after_steps=3")
     straight, split = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, "split")
@@ -81,20 +86,19 @@ def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
 
 def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     steps = ("--training.steps=3",)
-    load = ("--checkpoint.exclude_from_loading=dataloader", "--checkpoint.allow_global_batch_change")
+    load = ("--checkpoint.exclude_from_loading=dataloader",
+            "--checkpoint.allow_global_batch_change")
     Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
     # One launch: train FSDP2 and DDP runs on 2 ranks, then load the 1-rank run and the DDP run
     # into FSDP2 on 2 ranks (DDP -> FSDP2: the same dp degree, so the data position is restored).
-    jobs = [
+    torchrun_jobs(tmp_path / "jobs.json", [
         {"train": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2")},
         {"train": tiny_args(tmp_path, *COMMON, *DDP, *steps, "--job.run_name=ddp")},
         {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single", *load),
          "out": str(tmp_path / "loaded_2ranks.pt")},
         {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=ddp"),
          "out": str(tmp_path / "ddp_to_fsdp2.pt")},
-    ]
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    torchrun("--jobs", str(tmp_path / "jobs.json"), script="checkpoint_worker.py")
+    ])
 
     # FSDP2 on 2 ranks -> 1 rank (the data order belongs to 2 dp ranks: not restored).
     one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2", *load))

@@ -4,15 +4,19 @@ state equal the saved ones exactly, and the resumed losses follow the uninterrup
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from torchllm.train import Trainer
 
 from conftest import tiny_args, tiny_config
-from test_checkpoint_dist import COMMON, assert_same_tensors, saved_state, tb_losses, torchrun
+from test_checkpoint_dist import (
+    COMMON,
+    assert_same_tensors,
+    saved_state,
+    tb_losses,
+    torchrun_jobs,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,15 +42,14 @@ def test_ep_checkpoint_reshards_both_ways(tmp_path):
     args = tiny_args(tmp_path, *COMMON, *MOE, "--training.steps=6")
     ways = {"r21": (2, 1), "r12": (1, 2)}
     save = [{"train": [*args, EP[2], "--job.run_name=straight"]}]
-    save += [{"train": [*args, EP[saved], f"--job.run_name={run}", "--training.stop_after_steps=3"]}
-             for run, (saved, _) in ways.items()]
+    save += [{"train": [*args, EP[saved], f"--job.run_name={run}",
+                        "--training.stop_after_steps=3"]} for run, (saved, _) in ways.items()]
     resume = [{"load": [*args, EP[loaded], f"--job.run_name={run}"],
                "out": str(tmp_path / f"{run}.pt")} for run, (_, loaded) in ways.items()]
     resume += [{"train": [*args, EP[loaded], f"--job.run_name={run}"]}
                for run, (_, loaded) in ways.items()]
     for name, jobs in (("save", save), ("resume", resume)):
-        (tmp_path / f"{name}.json").write_text(json.dumps(jobs))
-        torchrun("--jobs", str(tmp_path / f"{name}.json"), script="checkpoint_worker.py")
+        torchrun_jobs(tmp_path / f"{name}.json", jobs)
     straight = tb_losses(tmp_path, "straight")
     for run in ways:
         expected = saved_state(tmp_path / run / "checkpoint" / "step-3")

@@ -62,6 +62,8 @@ def l2_norms(named: dict[str, list[torch.Tensor]]) -> dict[str, float]:
     dims hold the same values already), with one all-reduce per mesh dim for all the tensors
     on that mesh, not one per tensor; the values reach the host in one copy.
     """
+    if not named:
+        return {}
     shares: dict = {}  # (id(mesh), dims) -> (reduction, [(name, square)])
     for name, tensors in named.items():
         for t in tensors:
@@ -77,8 +79,6 @@ def l2_norms(named: dict[str, list[torch.Tensor]]) -> dict[str, float]:
                 dist.all_reduce(vector, group=mesh.get_group(dim))
         for (name, _), square in zip(items, vector):
             squares[name].append(square)
-    if not named:
-        return {}
     totals = [torch.stack(s).sum().sqrt() if s else torch.zeros(()) for s in squares.values()]
     device = next((t.device for t in totals if t.device.type != "cpu"), None)
     values = torch.stack([t.to(device) if device else t for t in totals]).tolist()
@@ -113,6 +113,7 @@ def track_update(groups: dict[str, list[nn.Parameter]], out: dict[str, float]):
     })
     for name in groups:
         weight = norms[f"before/{name}"]
-        out[f"update_ratio/{name}"] = norms[f"delta/{name}"] / weight if weight > 0 else float("nan")
+        ratio = norms[f"delta/{name}"] / weight if weight > 0 else float("nan")
+        out[f"update_ratio/{name}"] = ratio
         out[f"param_norm/{name}"] = norms[f"param_norm/{name}"]
     del before
