@@ -175,6 +175,11 @@ MUTANTS = [
         "        p = self.dropout if cache is None else 0.0",
         ("tests/test_model.py::test_dropout_is_training_only_and_follows_the_seed",),
     ),
+    Mutant(
+        "loader_workers_left_running", "Trainer.close leaves the data loader's workers running",
+        "torchllm/train.py", "        self.train_loader.close(self.batches)\n", "",
+        ("tests/test_data.py::test_train_stops_its_loader_workers",),
+    ),
 ]
 
 

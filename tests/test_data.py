@@ -1,6 +1,7 @@
 """The data pipeline: packing, epochs, rank split, exact resume, sources, shards, bad input."""
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -102,6 +103,20 @@ def test_resume_is_exact(tmp_path, jsonl, workers, dp):
         resumed.load_state_dict(state)
         assert_batches_equal(take(resumed, 5), after)
         assert state["dp_degree"] == dp
+
+
+def test_train_stops_its_loader_workers(tmp_path):
+    """After train() no loader worker is left: a Trainer's worker iterator left to the garbage
+    collector (finalized after its queues) joined each worker until a 5 s timeout, in every
+    process that builds Trainers."""
+    from torchllm.train import Trainer
+
+    before = set(multiprocessing.active_children())
+    trainer = Trainer(tiny_config(tmp_path, "--training.steps=2", "--data.num_workers=2"))
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    trainer.train()
+    assert not any(w.is_alive() for w in workers)
 
 
 def test_resume_under_another_dp_degree_is_refused(tmp_path, jsonl):

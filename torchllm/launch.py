@@ -32,6 +32,7 @@ from torchllm.failures import (
     failure_report,
     read_statuses,
 )
+from torchllm.process_exit import exit_process
 
 PREFIX = "run_train:"
 
@@ -145,4 +146,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Not sys.exit: finalizing an interpreter that imported torch takes ~0.5 s, and torchrun's
+    # agent is done (workers reaped, store closed) when main() returns.
+    exit_process(main())

@@ -154,6 +154,7 @@ class Trainer:
         train() calls it; code that drives train_step() itself (tests, benchmarks) should too."""
         self.metrics.close()
         self.checkpointer.close()
+        self.train_loader.close(self.batches)
         if self.run_lock is not None:
             self.run_lock.release()
 
