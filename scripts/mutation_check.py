@@ -180,6 +180,12 @@ MUTANTS = [
         "torchllm/train.py", "        self.train_loader.close(self.batches)\n", "",
         ("tests/test_data.py::test_train_stops_its_loader_workers",),
     ),
+    Mutant(
+        "precision_per_rank", "each rank keeps its own auto-precision verdict (no vote)",
+        "torchllm/precision.py", "    agreed, split = _agree(native)\n",
+        "    agreed, split = native, False\n",
+        ("tests/test_precision.py::test_auto_precision_is_the_same_on_every_rank",),
+    ),
 ]
 
 

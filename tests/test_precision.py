@@ -58,6 +58,32 @@ def test_explicit_and_cuda_choices_need_no_probe(monkeypatch, fresh_probe):
     assert calls == []
 
 
+def _vote_rank(rank: int, tmp_path) -> None:
+    """Rank 1's CPU measures bf16 4x faster, rank 0's CPU has no native bf16 (no probe)."""
+    import json
+
+    from torchllm import precision as p
+
+    p.cpu_native_bf16.cache_clear()
+    p.cpu_flags = lambda: {"avx512f", "avx512_bf16"} if rank == 1 else {"avx2"}
+    p.matmul_flops = lambda dtype, **kw: 800e9 if dtype == torch.bfloat16 else 200e9
+    (tmp_path / f"rank{rank}.json").write_text(json.dumps(p.resolve_bf16("auto", "cpu")))
+
+
+def test_auto_precision_is_the_same_on_every_rank(tmp_path):
+    """Ranks whose CPU or probe disagree all train in fp32 (in different precisions they would
+    fail at their first collective); the one that measured bf16 faster says why it did not."""
+    import json
+
+    from conftest import spawn_gloo
+
+    spawn_gloo(_vote_rank, tmp_path)
+    (bf16_0, why_0), (bf16_1, why_1) = (json.loads((tmp_path / f"rank{r}.json").read_text())
+                                        for r in (0, 1))
+    assert bf16_0 is bf16_1 is False
+    assert "no native bf16" in why_0 and "4.0x" in why_1 and "every rank trains in fp32" in why_1
+
+
 def best_mm_flops(dtype, size=768, trials=5, reps=4) -> float:
     """An independent timing of this CPU's matmuls (another size than the probe's)."""
     import time

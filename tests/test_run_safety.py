@@ -150,6 +150,18 @@ def test_failure_report_names_the_root_cause_once():
     assert failure_report(config, {}) == (["rank 0 failed: config error: bad x"], 2)
     lines, code = failure_report([], {0: "signal SIGKILL"})
     assert code == 1 and "rank 0: signal SIGKILL" in lines[0]
+    # Only echoes were reported: the rank that died without a word is the root cause.
+    lines, code = failure_report(statuses[:1], {1: "signal SIGABRT"})
+    assert code == 1
+    assert lines[0] == ("rank 1 died without reporting an error (rank 1: signal SIGABRT); "
+                        "LOG_RANK=1 shows its console")
+    assert lines[1] == ("  then rank 0 stopped because of it "
+                        "(RuntimeError: Connection closed by peer)")
+    both = [dict(statuses[0], rank=1, error="RuntimeError: Connection reset by peer"),
+            statuses[0]]
+    lines, code = failure_report(both, {})
+    assert code == 1 and len(lines) == 1
+    assert lines[0].startswith("ranks 0, 1 lost the connection to each other and none reported")
 
 
 def enum_fields():

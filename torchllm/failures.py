@@ -136,13 +136,25 @@ def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[
         return [f"training failed before any rank reported an error ({ended}); LOG_RANK={ranks} "
                 "shows those ranks' output"], 1
     first = errors[0]
+    reported = {s["rank"] for s in statuses}
+    silent = sorted(r for r in failed_ranks if r not in reported)
+    if first.get("echo") and silent:  # every error is an echo: a rank that died silently is it
+        ended = "; ".join(f"rank {r}: {failed_ranks[r]}" for r in silent)
+        return [f"{_ranks(silent)} died without reporting an error ({ended}); "
+                f"LOG_RANK={','.join(map(str, silent))} shows its console",
+                f"  then {_ranks(sorted(s['rank'] for s in errors))} stopped because of it "
+                f"({first['error']})"], 1
+    if first.get("echo"):  # every rank lost the others, none failed on its own
+        return [f"{_ranks(sorted(s['rank'] for s in errors))} lost the connection to each other "
+                f"and none reported an error of its own ({first['error']}): a process was "
+                "killed from outside (OOM killer, scheduler) or the network between them failed"], 1
     same = [s["rank"] for s in errors if s["error"] == first["error"]]
     lines.append(f"{_ranks(same)} failed: {first['error']}")
     if first.get("where") and not first["error"].startswith("config error:"):
         lines.append(f"  at {first['where']} (traceback: LOG_RANK={first['rank']} shows that "
                      "rank's console)")
     echoes = [s["rank"] for s in errors if s["error"] != first["error"]]
-    echoes += [r for r in failed_ranks if r not in {s["rank"] for s in statuses}]
+    echoes += silent
     if echoes:
         lines.append(f"  then {_ranks(sorted(echoes))} stopped because of it")
     return lines, first["code"]

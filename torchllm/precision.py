@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 # bf16 is chosen on CPU only when its matmuls are at least this much faster than fp32's.
 BF16_MIN_SPEEDUP = 1.3
@@ -55,23 +56,48 @@ def matmul_flops(dtype: torch.dtype, size: int = 512, trials: int = 5,
     return best
 
 
+def _bf16_speedup(rounds: int = 3) -> float:
+    """bf16 / fp32 matmul FLOP/s here: the best of `rounds` 20 ms trials per dtype, the dtypes
+    alternating so that load from other processes slows both alike. (A decision, not a peak:
+    native bf16 measures ~4x fp32, emulated 0.01-0.5x, both far from the threshold.)"""
+    best = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for _ in range(rounds):
+        for dtype in best:
+            best[dtype] = max(best[dtype], matmul_flops(dtype, trials=1, seconds=0.02))
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+def _agree(native: bool) -> tuple[bool, bool]:
+    """(bf16 on every rank, whether the ranks' probes disagreed): with a process group, bf16
+    only if every rank measured it faster. A timing on a loaded machine can differ per rank,
+    and ranks in different precisions fail in their first collective."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return native, False
+    votes = torch.tensor([int(native), int(native)])
+    votes[1] = -votes[1]  # one all-reduce gives min (all yes) and -max (any yes)
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN)
+    return bool(votes[0]), bool(votes[0]) != bool(-votes[1])
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_native_bf16() -> tuple[bool, str]:
-    """(bf16 is native and faster here, why) — decided once per process."""
+    """(bf16 is native and faster here, why) — decided once per process. With a process group
+    (the Trainer calls this on every rank after building its mesh) all ranks agree."""
     flags = cpu_flags()
     found = [f for f in NATIVE_BF16_FLAGS if flags and f in flags]
     if flags is not None and not found:
-        return False, "the CPU has no native bf16 matmul (no AVX512_BF16/AMX)"
-    # A decision, not a peak: native bf16 measures ~4x fp32 and emulated 0.01-0.5x, far from
-    # the threshold, so three 20 ms trials per dtype do (every training process pays this).
-    fp32, bf16 = (matmul_flops(dtype, trials=3, seconds=0.02)
-                  for dtype in (torch.float32, torch.bfloat16))
-    ratio = bf16 / fp32
-    what = "/".join(f.upper() for f in found) if found else "unknown CPU flags"
-    if ratio >= BF16_MIN_SPEEDUP:
-        return True, f"{what}; bf16 matmul measured {ratio:.1f}x fp32"
-    return False, (f"{what}, but bf16 matmul measured only {ratio:.2f}x fp32 "
-                   f"(< {BF16_MIN_SPEEDUP}x)")
+        native, why = False, "the CPU has no native bf16 matmul (no AVX512_BF16/AMX)"
+    else:
+        ratio = _bf16_speedup()
+        native = ratio >= BF16_MIN_SPEEDUP
+        what = "/".join(f.upper() for f in found) if found else "unknown CPU flags"
+        why = (f"{what}; bf16 matmul measured {ratio:.1f}x fp32" if native else
+               f"{what}, but bf16 matmul measured only {ratio:.2f}x fp32 "
+               f"(< {BF16_MIN_SPEEDUP}x)")
+    agreed, split = _agree(native)
+    if split:
+        why += "; another rank's CPU or probe says fp32, so every rank trains in fp32"
+    return agreed, why
 
 
 def resolve_bf16(mixed_precision: str, device_type: str) -> tuple[bool, str]:
