@@ -94,7 +94,8 @@ class Training:
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
     mixed_precision: Literal["auto", "bf16", "none"] = opt(
         "auto", "bf16 matmuls (float32 loss, optimizer, master weights); auto = bf16 on CUDA "
-        "and on CPUs with native bf16 (AVX512_BF16/AMX, confirmed by a timed probe), else none (fp32)"
+        "and on CPUs with native bf16 (AVX512_BF16/AMX, confirmed by a timed probe on every "
+        "rank: bf16 only if all agree), else none (fp32)"
     )
     tf32: bool = opt(True, "Allow TF32 matmuls/convolutions on CUDA (ignored on CPU)")
     cpu_keep_freed_memory: bool = opt(
