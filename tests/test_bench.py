@@ -120,6 +120,7 @@ def test_two_rank_matrix_end_to_end(tmp_path):
     assert rows["hsdp"]["status"] == "unsupported" and "4 ranks" in rows["hsdp"]["reason"]
     assert rows["fsdp2+float8_tensorwise"]["status"] == "failed"
     assert "float8" in rows["fsdp2+float8_tensorwise"]["reason"]
+    assert "log" not in rows["fsdp2+float8_tensorwise"]  # refused by the config check: no launch
     assert ddp["final_loss"] == pytest.approx(fsdp["final_loss"], rel=1e-4)
     for row in (ddp, fsdp, pp):  # pp: the estimate of the pipeline rank that peaks
         assert row["timed_steps"] == 2 and row["tokens_per_s"] > 0

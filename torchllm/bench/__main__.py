@@ -5,7 +5,8 @@
         --steps 10 --warmup 3 --json benchmarks/results/X.json [--nproc 2] [--timeout 600] \\
         [--section.key=value ...]          (config overrides applied to every variant)
 
-Each variant (the product of the lists) is one `torchrun` launch of `torchllm.bench.worker`
+Each variant (the product of the lists) is checked like run_train.sh checks a config, then
+is one `torchrun` launch of `torchllm.bench.worker`
 with warmup + steps training steps; the warm-up steps (compilation, optimizer-state creation,
 and on CPU the two memory-profiled steps) are not timed. A variant that cannot run (a layout
 the world size does not allow, a config error, OOM, a crash, a timeout) becomes a row with the
@@ -30,6 +31,8 @@ from torchllm.bench.report import console_table, render_markdown, summarize
 from torchllm.bench.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant, build_matrix,
                                      parse_list)
 from torchllm.bench.worker import PROFILED_STEPS
+from torchllm.config import ConfigError
+from torchllm.launch import check_config
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -95,6 +98,10 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         f"--metrics.log_freq={args.warmup + args.steps}", "--metrics.enable_tensorboard=false",
         "--metrics.progress_bar=false",
     ]
+    try:  # what run_train.sh checks before it starts processes: a bad variant costs no launch
+        check_config(config_args, args.nproc)
+    except ConfigError as e:
+        return {**row, "status": "failed", "reason": str(e)[:300]}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", "torchllm.bench.worker", str(run_dir),
            *config_args]
