@@ -5,10 +5,10 @@
         --steps 10 --warmup 3 --json benchmarks/results/X.json [--nproc 2] [--timeout 600] \\
         [--section.key=value ...]          (config overrides applied to every variant)
 
-Each variant (the product of the lists) is checked like run_train.sh checks a config, then
-is one `torchrun` launch of `torchllm.bench.worker`
-with warmup + steps training steps; the warm-up steps (compilation, optimizer-state creation,
-and on CPU the two memory-profiled steps) are not timed. A variant that cannot run (a layout
+Each variant (the product of the lists) is checked like run_train.sh checks a config, then is
+one `torchrun` launch of `torchllm.bench.worker` with warmup + steps training steps; the warm-up
+steps (compilation, optimizer-state creation, and on CPU the two memory-profiled steps) are not
+timed. A variant that cannot run (a layout
 the world size does not allow, a config error, OOM, a crash, a timeout) becomes a row with the
 reason; the others still run.
 """
