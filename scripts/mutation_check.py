@@ -186,6 +186,12 @@ MUTANTS = [
         "    agreed, split = native, False\n",
         ("tests/test_precision.py::test_auto_precision_is_the_same_on_every_rank",),
     ),
+    Mutant(
+        "partial_norm_local", "a Partial DTensor's norm is taken of this rank's pending share",
+        "torchllm/metrics/norms.py", "            t = t.full_tensor()\n",
+        "            t = t.to_local()\n",
+        ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
+    ),
 ]
 
 

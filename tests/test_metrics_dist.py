@@ -12,7 +12,7 @@ from conftest import spawn_gloo, tiny_config
 
 def worker(rank: int, tmp_path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
     from torchllm.metrics import norms
     from torchllm.metrics.norms import l2_norm, l2_norms, track_update
@@ -36,6 +36,8 @@ def worker(rank: int, tmp_path) -> None:
     together = l2_norms({"a": [sharded, distribute_tensor(2 * full, mesh, [Shard(1)])],
                          "r": [distribute_tensor(full, mesh, [Replicate()])]})
     norms.dist.all_reduce = real_all_reduce
+    # A Partial DTensor (pending sum; not a parameter layout): the norm of the ranks' sum.
+    partial = l2_norms({"p": [DTensor.from_local(full * (rank + 1), mesh, [Partial()])]})
     out = {}
     with track_update({"w": [sharded]}, out):
         sharded.data.mul_(1.5)  # an update of exactly 0.5·W
@@ -45,7 +47,7 @@ def worker(rank: int, tmp_path) -> None:
     writer.write(1, {"loss/avg": stats["loss"]})
     writer.close()
     result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out,
-              "together": together, "all_reduces": calls}
+              "together": together, "all_reduces": calls, "partial": partial}
     (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
 
 
@@ -61,6 +63,7 @@ def test_reductions_norms_and_per_rank_folders_over_two_ranks(tmp_path):
         assert r["together"]["a"] == pytest.approx(5 ** 0.5 * r["full_norm"], rel=1e-6)
         assert r["together"]["r"] == pytest.approx(r["full_norm"], rel=1e-6)
         assert r["all_reduces"] == [2]  # both sharded tensors' shares in one all-reduce
+        assert r["partial"]["p"] == pytest.approx(3 * r["full_norm"], rel=1e-6)  # 1x + 2x
         assert r["update_ratio/w"] == pytest.approx(0.5, rel=1e-6)
         assert r["param_norm/w"] == pytest.approx(1.5 * r["full_norm"], rel=1e-6)
     for rank in (0, 1):
