@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from torchllm.checkpoint.hf_adapters import LlamaAdapter
 from torchllm.metrics.flops import Peak
+from torchllm.precision import cpuinfo
 from torchllm.train import trainer_from_args
 
 # name -> (flavor, seq_len, local batch)
@@ -164,16 +165,6 @@ def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, war
     return row
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def markdown(rows: list[dict], peaks: dict[str, float], threads: int) -> str:
     """The results table; the last column is against this CPU's matmul limit: the peak of its
     faster dtype (bf16 where it is native, else fp32: CPUs differ)."""
@@ -240,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows, peaks, torch.get_num_threads())
     print(table)
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__,
-              "cpu": cpu_name(), "peak_flops": peaks, "rows": rows}
+              "cpu": cpuinfo("model name") or "unknown CPU", "peak_flops": peaks, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.md:

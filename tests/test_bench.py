@@ -147,7 +147,6 @@ def test_performance_doc_tables_come_from_the_committed_json():
         assert render_markdown(rows) in doc, f"{path.name}'s tables are not in the doc"
 
 
-
 def benchmark_script(name: str):
     """benchmarks/<name>.py as a module (the folder is scripts, not a package)."""
     import importlib.util
@@ -156,6 +155,7 @@ def benchmark_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
 
 def test_throughput_table_measures_against_the_faster_dtype():
     """CPUs differ: where bf16 matmuls are slower than fp32 (AVX512_BF16 without fast units),

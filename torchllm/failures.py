@@ -138,16 +138,16 @@ def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[
     first = errors[0]
     reported = {s["rank"] for s in statuses}
     silent = sorted(r for r in failed_ranks if r not in reported)
-    if first.get("echo") and silent:  # every error is an echo: a rank that died silently is it
-        ended = "; ".join(f"rank {r}: {failed_ranks[r]}" for r in silent)
-        return [f"{_ranks(silent)} died without reporting an error ({ended}); "
-                f"LOG_RANK={','.join(map(str, silent))} shows its console",
-                f"  then {_ranks(sorted(s['rank'] for s in errors))} stopped because of it "
-                f"({first['error']})"], 1
-    if first.get("echo"):  # every rank lost the others, none failed on its own
-        return [f"{_ranks(sorted(s['rank'] for s in errors))} lost the connection to each other "
-                f"and none reported an error of its own ({first['error']}): a process was "
-                "killed from outside (OOM killer, scheduler) or the network between them failed"], 1
+    if first.get("echo"):  # every reported error is a rank losing its peers
+        lost = _ranks(sorted(s["rank"] for s in errors))
+        if silent:  # a rank that died without a word is the root cause
+            ended = "; ".join(f"rank {r}: {failed_ranks[r]}" for r in silent)
+            return [f"{_ranks(silent)} died without reporting an error ({ended}); "
+                    f"LOG_RANK={','.join(map(str, silent))} shows its console",
+                    f"  then {lost} stopped because of it ({first['error']})"], 1
+        return [f"{lost} lost the connection to each other and none reported an error of its "
+                f"own ({first['error']}): a process was killed from outside (OOM killer, "
+                "scheduler) or the network between them failed"], 1
     same = [s["rank"] for s in errors if s["error"] == first["error"]]
     lines.append(f"{_ranks(same)} failed: {first['error']}")
     if first.get("where") and not first["error"].startswith("config error:"):

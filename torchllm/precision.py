@@ -21,16 +21,23 @@ BF16_MIN_SPEEDUP = 1.3
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags (Linux /proc/cpuinfo), or None where they cannot be read."""
+def cpuinfo(*keys: str) -> str | None:
+    """The value of the first line of Linux's /proc/cpuinfo that starts with one of `keys`
+    (e.g. "model name"), or None where there is none or the file cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
+        if line.startswith(keys):
+            return line.split(":", 1)[1].strip()
     return None
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (x86 "flags", ARM "Features"), or None where unknown."""
+    flags = cpuinfo("flags", "Features")
+    return None if flags is None else set(flags.split())
 
 
 def matmul_flops(dtype: torch.dtype, size: int = 512, trials: int = 5,
@@ -73,10 +80,10 @@ def _agree(native: bool) -> tuple[bool, bool]:
     and ranks in different precisions fail in their first collective."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return native, False
-    votes = torch.tensor([int(native), int(native)])
-    votes[1] = -votes[1]  # one all-reduce gives min (all yes) and -max (any yes)
-    dist.all_reduce(votes, op=dist.ReduceOp.MIN)
-    return bool(votes[0]), bool(votes[0]) != bool(-votes[1])
+    votes = torch.tensor([int(native), int(not native)])  # one all-reduce, min of both:
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN)  # [every rank yes, every rank no]
+    every_yes, every_no = bool(votes[0]), bool(votes[1])
+    return every_yes, not (every_yes or every_no)
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,9 +8,8 @@
 Each variant (the product of the lists) is checked like run_train.sh checks a config, then is
 one `torchrun` launch of `torchllm.bench.worker` with warmup + steps training steps; the warm-up
 steps (compilation, optimizer-state creation, and on CPU the two memory-profiled steps) are not
-timed. A variant that cannot run (a layout
-the world size does not allow, a config error, OOM, a crash, a timeout) becomes a row with the
-reason; the others still run.
+timed. A variant that cannot run (a layout the world size does not allow, a config error, OOM,
+a crash, a timeout) becomes a row with the reason; the others still run.
 """
 
 from __future__ import annotations
