@@ -23,6 +23,70 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _process_state() -> dict:
+    """What one test module may not leave changed for the next: torch's compiler configs (a
+    deleted or flipped key broke a dozen later tests once), logging handlers and levels, the
+    environment, the working directory, and torch's process-wide switches."""
+    import logging
+    import os
+
+    import torch._dynamo.config
+    import torch._functorch.config
+    import torch._inductor.config
+
+    def config(module) -> dict:  # read each key as code does: a deleted key reads "<deleted>"
+        return {key: getattr(module, key, "<deleted>") for key in module.get_config_copy()}
+
+    loggers = {"": logging.getLogger(), "torch": logging.getLogger("torch")}
+    return {
+        "torch._inductor.config": config(torch._inductor.config),
+        "torch._dynamo.config": config(torch._dynamo.config),
+        "torch._functorch.config": config(torch._functorch.config),
+        "logging": {name or "root": (list(lg.handlers), lg.level, lg.propagate, lg.disabled)
+                    for name, lg in loggers.items()},
+        "logging.disable": logging.root.manager.disable,
+        "os.environ": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+        "cwd": os.getcwd(),
+        "torch": {
+            "default_dtype": torch.get_default_dtype(),
+            "num_threads": torch.get_num_threads(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "grad_enabled": torch.is_grad_enabled(),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "process_group": torch.distributed.is_available() and torch.distributed.is_initialized(),
+        },
+    }
+
+
+def state_changes(before: dict, after: dict) -> list[str]:
+    """The entries of two `_process_state()` snapshots that differ, one line each."""
+    changes = []
+    for section, old in before.items():
+        new = after[section]
+        if isinstance(old, dict):
+            for key in sorted(set(old) | set(new), key=str):
+                if old.get(key, "<absent>") != new.get(key, "<absent>"):
+                    changes.append(f"{section}[{key!r}]: {old.get(key, '<absent>')!r} -> "
+                                   f"{new.get(key, '<absent>')!r}")
+        elif old != new:
+            changes.append(f"{section}: {old!r} -> {new!r}")
+    return changes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leaves_process_state_as_found(request):
+    """Fail the module (an error at its last test's teardown) that changed shared process state,
+    so a leak fails where it is introduced instead of in whichever test runs next. Patch torch
+    config keys with `torch._inductor.config.patch(...)` (a context manager) and environment
+    variables with `monkeypatch`, which restore them."""
+    before = _process_state()
+    yield
+    changes = state_changes(before, _process_state())
+    if changes:
+        pytest.fail(f"{request.module.__name__} left process state changed:\n  "
+                    + "\n  ".join(changes), pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _torchllm_logger_propagates():
     """main() installs a console handler and stops propagation; undo it so caplog sees logs."""

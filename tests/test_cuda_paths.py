@@ -108,7 +108,9 @@ def test_selective_ac_op_policy_saves_float8_matmuls_and_tp_reduce_scatter():
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
-        recipe, compiled, monkeypatch, caplog):
+        recipe, compiled, caplog, monkeypatch):
+    """Rowwise float8 + compile needs inductor's `emulate_precision_casts` in the compiled
+    blocks; it is passed to their compile, and inductor's global config is left as it was."""
     pytest.importorskip("torchao")
     import torch._inductor.config as inductor_config
 
@@ -116,21 +118,33 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
     from torchllm.log import logger
     from torchllm.models.llama.args import LlamaArgs
     from torchllm.models.llama.model import Transformer
-    from torchllm.parallel.float8 import apply_float8
+    from torchllm.parallel.dims import ParallelDims
+    from torchllm.parallel.parallelize import parallelize_llama
 
     from conftest import build_model
 
-    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
+    compile_flags = ["--compile.enable", "--compile.backend=inductor"] if compiled else []
+    cfg = load_config(["--float8.enable", "--float8.emulate", f"--float8.recipe={recipe}",
+                       "--training.device=cpu", *compile_flags])
+    model = build_model(Transformer, LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=64,
+                                               max_seq_len=16))
+    before = inductor_config.emulate_precision_casts
+    compile_calls, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **kw: compile_calls.append(kw)
+                        or real_compile(*a, **kw))
     logger.addHandler(caplog.handler)
     try:
-        cfg = load_config(["--float8.enable", "--float8.emulate", f"--float8.recipe={recipe}"])
-        model = build_model(Transformer, LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=64,
-                                                   max_seq_len=16))
-        apply_float8(model, cfg.float8, "cpu", fsdp_enabled=False, compiled=compiled)
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, world_size=1)
+        dims.device_type = "cpu"
+        parallelize_llama(model, dims, cfg)
     finally:
         logger.removeHandler(caplog.handler)
     assert ("float8 casts run unfused" in caplog.text) == (not compiled)
-    assert inductor_config.emulate_precision_casts == (compiled and recipe == "rowwise")
+    assert inductor_config.emulate_precision_casts == before  # the process-wide key untouched
+    if compiled:
+        assert len(compile_calls) == 1 and compile_calls[0]["backend"] == "inductor"
+        options = compile_calls[0].get("options", {})  # the block's own inductor config
+        assert options.get("emulate_precision_casts", False) == (recipe == "rowwise")
 
 
 def _tiny(family: str, n_layers: int = 3):

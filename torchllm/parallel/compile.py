@@ -26,10 +26,16 @@ def check_components(ccfg) -> None:
         )
 
 
-def apply_compile(model: nn.Module, ccfg) -> int:
-    """Replace every block by its compiled version (in place); returns how many."""
+def apply_compile(model: nn.Module, ccfg, inductor_options: dict | None = None) -> int:
+    """Replace every block by its compiled version (in place); returns how many.
+
+    `inductor_options` are inductor config keys for these graphs only (torch.compile's
+    `options`), never set on the process-wide config; other backends take none."""
+    options = {}
+    if inductor_options and ccfg.backend == "inductor":
+        options = {"options": dict(inductor_options)}
     for name, block in list(model.layers.items()):
-        model.layers[name] = torch.compile(block, backend=ccfg.backend, fullgraph=True)
+        model.layers[name] = torch.compile(block, backend=ccfg.backend, fullgraph=True, **options)
     return len(model.layers)
 
 

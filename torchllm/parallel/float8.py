@@ -60,7 +60,9 @@ def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool,
     than bf16: a warning says so. With compile and rowwise scales, inductor must keep eager's
     bf16 rounding (`emulate_precision_casts`): otherwise the recomputation under activation
     checkpointing can differ from the forward and training diverges to NaN (pytorch#150859;
-    TorchTitan sets the same flag, pytorch/torchtitan#1110).
+    TorchTitan sets the same flag, pytorch/torchtitan#1110). That flag is passed to the blocks'
+    compile (`inductor_options`), not set on inductor's global config, so nothing else in the
+    process (another model, a test) inherits it.
     """
     check_float8_hardware(f8cfg, device_type)
     if not compiled:
@@ -68,10 +70,6 @@ def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool,
             "float8.enable without compile (compile.enable with 'model' in compile.components): "
             "the float8 casts run unfused, which is usually slower than bf16; enable compile"
         )
-    elif f8cfg.recipe != "tensorwise":
-        import torch._inductor.config
-
-        torch._inductor.config.emulate_precision_casts = True
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if f8cfg.recipe == "tensorwise":
@@ -87,6 +85,13 @@ def apply_float8(model: nn.Module, f8cfg, device_type: str, fsdp_enabled: bool,
     converted = [name for name, m in model.named_modules() if keep(m, name)]
     convert_to_float8_training(model, config=config, module_filter_fn=keep)
     return converted
+
+
+def inductor_options(f8cfg) -> dict:
+    """Inductor options the float8 recipe needs in the compiled blocks (see apply_float8)."""
+    if f8cfg.enable and f8cfg.recipe != "tensorwise":
+        return {"emulate_precision_casts": True}
+    return {}
 
 
 def uses_float8_all_gather(f8cfg, fsdp_enabled: bool) -> bool:

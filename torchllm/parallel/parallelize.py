@@ -14,6 +14,7 @@ from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.expert_parallel import apply_ep
 from torchllm.parallel.float8 import apply_float8, check_float8_hardware
+from torchllm.parallel.float8 import inductor_options as float8_inductor_options  # noqa: I001
 from torchllm.parallel.pipeline import check_pipeline
 from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
@@ -140,7 +141,8 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if counts:
         applied.append(f"AC {job_config.activation_checkpoint.mode} {counts}")
     if compiled:
-        applied.append(f"compiled {apply_compile(model, job_config.compile)} blocks")
+        n = apply_compile(model, job_config.compile, float8_inductor_options(job_config.float8))
+        applied.append(f"compiled {n} blocks")
     if parallel_dims.fsdp_enabled:
         bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
