@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     status_dir = tempfile.mkdtemp(prefix="torchllm-status-")
     os.environ[STATUS_DIR_ENV] = status_dir
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process
+    if args.log_dir is None:  # torchrun's tee files: here, removed below (not /tmp/torchelastic_*)
+        args.log_dir = os.path.join(status_dir, "torchrun")
     try:
         run(args)
         return 0

@@ -8,7 +8,7 @@ import os
 
 from torchllm.config import ConfigError, help_text, load_config
 from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
-from torchllm.log import init_logger, logger
+from torchllm.log import close_run_log, init_logger, logger
 from torchllm.parallel import destroy_distributed
 from torchllm.runlock import set_parent_death_signal
 
@@ -26,7 +26,7 @@ def trainer_from_args(trainer_cls, argv: list[str]):
 def main(trainer_cls, argv: list[str]) -> int:
     """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
     2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
-    init_logger()
+    init_logger(split_streams=True, argv=argv)  # stdout / stderr / RUN/train.log
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
@@ -48,4 +48,5 @@ def main(trainer_cls, argv: list[str]) -> int:
         destroy_distributed()
         if trainer is not None and trainer.run_lock is not None:
             trainer.run_lock.release()
+        close_run_log()
     return code

@@ -24,7 +24,7 @@ from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import configure_device, resolve_device, seed_everything
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
-from torchllm.log import logger
+from torchllm.log import logger, open_run_log
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
@@ -48,13 +48,16 @@ from torchllm.parallel import (
 )
 from torchllm.precision import resolve_bf16
 from torchllm.process_exit import exit_process
+from torchllm.report.hook import RunReport
 from torchllm.rundir import prepare_run_dir, run_name
 from torchllm.stopping import StopConditions
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
 # the config whether it is on). Their events run in this order.
-CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats, MoEBiasBalancer)
+# RunReport (last): tokens seen for the plots, the end-of-run block and RUN/report/report.md.
+CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats, MoEBiasBalancer,
+             RunReport)
 
 
 class Trainer:
@@ -87,6 +90,7 @@ class Trainer:
 
         # One run per folder (a lock), and no fresh start over a previous run's outputs.
         self.run_dir, self.run_lock = prepare_run_dir(cfg, self.device)
+        open_run_log(self.run_dir, rank())  # RUN/train.log (under torchllm.train's main)
         if cfg.job.print_config and rank() == 0:  # the console gets a short header (below)
             logger.info("effective config:\n%s", to_toml(cfg))
 
@@ -119,7 +123,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(
             self.pipeline.whole if self.pipeline else self.model, tcfg.seq_len)
         self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
-        logger.info(trainer_header(self, counts))  # config changes, model, layout, data
+        self.header = trainer_header(self, counts)  # config changes, model, layout, data
+        logger.info(self.header)
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()
@@ -286,14 +291,12 @@ class Trainer:
             return []
         losses: list[float] = []
         slowest_step = 0.0
-        tokens_before = self.train_state.tokens_seen
         # SIGTERM (preemption) / Ctrl-C: finish the current step, save, exit 0.
         restore_signals = self.stops.install_signal_handlers()
         # Automatic GC pauses at random moments cost whole steps; collect on our schedule.
         gc.disable()
         for cb in self.callbacks:
             cb.on_train_start(self)
-        start = time.perf_counter()
         try:
             while self.step < tcfg.steps:
                 self.train_state.step += 1
@@ -328,15 +331,6 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_train_end(self)
             self.close()
-        if losses:
-            elapsed = time.perf_counter() - start
-            tokens = self.train_state.tokens_seen - tokens_before
-            logger.info(
-                "done: step %d/%d, %d steps in %.1fs, %s tokens (%.0f tok/s); "
-                "loss %.4f -> %.4f (min %.4f)",
-                self.step, tcfg.steps, len(losses), elapsed, f"{tokens:,}", tokens / elapsed,
-                losses[0], losses[-1], min(losses),
-            )
         return losses
 
 

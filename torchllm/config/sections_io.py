@@ -69,6 +69,10 @@ class Metrics:
     enable_wandb: bool = opt(False, "Also log to Weights & Biases (needs the wandb package)")
     wandb_project: str = opt("torchllm", "W&B project name")
     progress_bar: bool = opt(True, "Live progress bar with ETA when the console is a terminal")
+    report: bool = opt(
+        True, "At the end of the run, rank 0 writes RUN/report/report.md with plots of the "
+        "TensorBoard curves (python -m torchllm.report redraws it, or compares runs)"
+    )
     guard_policy: Literal["warn", "skip_step", "stop"] = opt(
         "skip_step", "On a non-finite loss/grad norm or a loss spike: warn, drop the update, or stop"
     )

@@ -76,6 +76,7 @@ class Evaluator(Callback):
     def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
         if "val/loss" in report.scalars:
+            self.last_val = (step, report.scalars["val/loss"])  # the end-of-run block shows it
             trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss,
                                                     report.scalars["val/loss"])
         return report
@@ -95,6 +96,7 @@ class Evaluator(Callback):
         """`val_steps`: batches per validation (default validation.steps); `pipeline`: the
         trainer's pipeline stages (pp > 1), which compute the validation loss."""
         self.pipeline = pipeline
+        self.last_val: tuple[int, float] | None = None  # (step, loss) of the last validation
         self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
         self.val_batches, self.autocast, self.group = val_batches, autocast, group
         self.val_steps = cfg.validation.steps if val_steps is None else val_steps

@@ -1,0 +1,112 @@
+"""What a run left behind, read back for its report: config, TensorBoard events, run info.
+
+A run folder (`job.dump_folder/<run name>`) holds `config.toml` (the effective config),
+`train.log`, `checkpoint/step-N` and, from the report hook, `report/run.json` (header, hardware,
+wall time, validation losses). Its TensorBoard events sit in `job.dump_folder/<metrics.tb_folder>/
+<run name>` (`rank_0/` under `metrics.rank_0_only = false`). A resumed run's later launch hides
+what an earlier one logged after its checkpoint (TensorBoard's purge, honoured here too).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from torchllm.config import ConfigError, JobConfig, load_config
+
+RUN_INFO = "run.json"  # in RUN/report/
+TOKENS_TAG = "progress/tokens_seen"  # written by the report hook on logging/validation steps
+
+
+@dataclass
+class Series:
+    steps: np.ndarray
+    values: np.ndarray
+
+    def last(self) -> tuple[int, float]:
+        return int(self.steps[-1]), float(self.values[-1])
+
+    def best(self) -> tuple[int, float]:
+        i = int(np.nanargmin(self.values))
+        return int(self.steps[i]), float(self.values[i])
+
+
+@dataclass
+class RunData:
+    name: str
+    run_dir: Path
+    cfg: JobConfig | None
+    scalars: dict[str, Series] = field(default_factory=dict)
+    texts: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    tb_dir: Path | None = None
+
+    def tokens_at(self, steps: np.ndarray) -> np.ndarray | None:
+        """Tokens seen after each of `steps` (interpolated between the logged points), or None
+        when the run logged no token counts (a run from before the report hook)."""
+        t = self.scalars.get(TOKENS_TAG)
+        if t is None or len(t.steps) == 0:
+            return None
+        # Before the first logged point, tokens grow in proportion to the steps.
+        xs = np.concatenate([[0], t.steps])
+        ys = np.concatenate([[0], t.values])
+        return np.interp(steps, xs, ys, right=None)
+
+
+def tensorboard_dir(run_dir: Path, cfg: JobConfig | None) -> Path:
+    """Where the run's events are (see the module docstring)."""
+    tb_folder = cfg.metrics.tb_folder if cfg is not None else "tb"
+    folder = run_dir.parent / tb_folder / run_dir.name
+    return folder / "rank_0" if (folder / "rank_0").is_dir() else folder
+
+
+def read_events(folder: Path) -> tuple[dict[str, Series], dict[str, list[tuple[int, str]]]]:
+    """Every scalar series and text tag in a TensorBoard folder (purged steps dropped)."""
+    if not folder.is_dir() or not any(folder.glob("events.out.tfevents.*")):
+        return {}, {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    scalars = {}
+    for tag in tags.get("scalars", []):
+        events = acc.Scalars(tag)
+        scalars[tag] = Series(np.array([e.step for e in events], dtype=np.int64),
+                              np.array([e.value for e in events], dtype=np.float64))
+    texts = {}
+    for tag in tags.get("tensors", []):
+        events = acc.Tensors(tag)
+        rows = []
+        for e in events:
+            values = e.tensor_proto.string_val
+            if values:
+                rows.append((e.step, values[0].decode("utf-8", "replace")))
+        if rows:
+            texts[tag.removesuffix("/text_summary")] = rows
+    return scalars, texts
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """A run folder's config, events and report info; ValueError naming what is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run folder {run_dir} does not exist (pass job.dump_folder/<run name>, "
+                         "e.g. outputs/debug_model)")
+    cfg = None
+    if (run_dir / "config.toml").is_file():
+        try:
+            cfg = load_config([f"--job.config_file={run_dir / 'config.toml'}"])
+        except ConfigError:
+            cfg = None  # written by another version: the report goes on without it
+    tb_dir = tensorboard_dir(run_dir, cfg)
+    scalars, texts = read_events(tb_dir)
+    info_path = run_dir / "report" / RUN_INFO
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    if cfg is None and not scalars:
+        raise ValueError(f"{run_dir} holds no config.toml and no TensorBoard events (looked in "
+                         f"{tb_dir}): is it a torchllm run folder?")
+    return RunData(run_dir.name, run_dir, cfg, scalars, texts, info, tb_dir)

@@ -1,0 +1,185 @@
+"""The report hook: what a run says and leaves when it ends.
+
+- On logging and validation steps it adds `progress/tokens_seen` to TensorBoard (the report
+  draws loss against tokens).
+- Rank 0 keeps `RUN/report/run.json` (the header, hardware, wall time over all launches) and,
+  when the loop ends (also after an error), writes `RUN/report/report.md` and its plots
+  (`metrics.report`); a report that cannot be written is one warning, never a failed run.
+- When the loop ends without an error, every rank logs the end-of-run block: steps, tokens,
+  wall time, final/best validation loss, where the checkpoint, events, log and report are, and
+  the next commands with this run's paths filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import time
+from pathlib import Path
+
+import torch
+
+from torchllm.callbacks import Callback, StepReport
+from torchllm.checkpoint.layout import complete_steps, step_dir
+from torchllm.log import logger, run_log_path
+from torchllm.metrics.progress import format_duration
+from torchllm.metrics.reduce import rank
+from torchllm.metrics.writers import tensorboard_folder
+from torchllm.report.events import RUN_INFO, TOKENS_TAG
+
+
+def hardware(device: torch.device) -> str:
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        from torchllm.precision import cpuinfo
+
+        name = f"CPU {cpuinfo('model name') or 'unknown'} ({torch.get_num_threads()} threads)"
+    return f"{world} x {name}" if world > 1 else name
+
+
+class RunReport(Callback):
+    @classmethod
+    def from_trainer(cls, trainer) -> "RunReport":
+        return cls(trainer)
+
+    def __init__(self, trainer):
+        self.cfg, self.run_dir = trainer.cfg, Path(trainer.run_dir)
+        self.report_dir = self.run_dir / "report"
+        self.info_path = self.report_dir / RUN_INFO
+        self.rank0 = rank() == 0
+        self.error: BaseException | None = None
+        self.losses: list[float] = []
+        self.last_val: tuple[int, float] | None = None
+
+    # -- events --------------------------------------------------------------------------
+    def on_train_start(self, trainer) -> None:
+        self.start = time.perf_counter()
+        self.tokens_before = trainer.train_state.tokens_seen
+        if self.rank0:
+            info = self._info()
+            info.update(header=getattr(trainer, "header", ""), hardware=hardware(trainer.device))
+            info["launches"] = info.get("launches", 0) + 1
+            self._write_info(info)
+            self.wall_before = info.get("wall_s", 0.0)
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+        self.losses.append(metrics["loss"])
+        evaluator = trainer.evaluator
+        if evaluator is not None and getattr(evaluator, "last_val", None):
+            self.last_val = evaluator.last_val
+        vcfg = self.cfg.validation
+        val_step = vcfg.enable and (step % vcfg.freq == 0 or step == self.cfg.training.steps)
+        if trainer.metrics.is_log_step(step) or val_step:
+            return StepReport(scalars={TOKENS_TAG: float(trainer.train_state.tokens_seen)})
+        return None
+
+    def on_exception(self, trainer, step: int, exc: BaseException) -> None:
+        self.error = exc
+
+    def on_train_end(self, trainer) -> None:
+        elapsed = time.perf_counter() - self.start
+        report = None
+        if self.rank0:
+            info = self._info()
+            info["wall_s"] = self.wall_before + elapsed
+            info["checkpoint"] = str(self.checkpoint(trainer) or "none")
+            self._write_info(info)
+            if self.cfg.metrics.report:
+                report = self.write_report()
+        if self.error is None and self.losses:
+            logger.info(self.end_block(trainer, elapsed, report))
+
+    # -- pieces --------------------------------------------------------------------------
+    def _info(self) -> dict:
+        try:
+            return json.loads(self.info_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_info(self, info: dict) -> None:
+        try:
+            self.report_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.info_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info, indent=1))
+            tmp.replace(self.info_path)
+        except OSError as e:
+            logger.warning("could not write %s: %s", self.info_path, e)
+
+    def write_report(self) -> Path | None:
+        from torchllm.report import write_report
+
+        t0 = time.perf_counter()
+        try:
+            path, figures = write_report([self.run_dir], self.report_dir,
+                                         command="the run's report hook (metrics.report)")
+        except Exception as e:  # noqa: BLE001 - a report never fails the run
+            logger.warning("report not written (%s: %s); python -m torchllm.report %s retries",
+                           type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+                           self.run_dir)
+            return None
+        logger.debug("report written in %.1fs (%d plots)", time.perf_counter() - t0, len(figures))
+        return path
+
+    def checkpoint(self, trainer) -> Path | None:
+        """The newest checkpoint of this run (a save still being written counts)."""
+        ccfg = self.cfg.checkpoint
+        if not ccfg.enable:
+            return None
+        folder = self.run_dir / ccfg.folder
+        steps = complete_steps(folder) if folder.is_dir() else []
+        pending = getattr(trainer.checkpointer, "pending", None)
+        if pending:
+            steps.append(pending["step"])
+        return step_dir(folder, max(steps)) if steps else None
+
+    def end_block(self, trainer, elapsed: float, report: Path | None) -> str:
+        cfg, run = self.cfg, self.run_dir
+        tokens = trainer.train_state.tokens_seen - self.tokens_before
+        losses = self.losses
+        lines = [
+            f"done: step {trainer.step}/{cfg.training.steps}, {len(losses)} steps in "
+            f"{elapsed:.1f}s, {tokens:,} tokens ({tokens / max(elapsed, 1e-9):.0f} tok/s); loss "
+            f"{losses[0]:.4f} -> {losses[-1]:.4f} (min {min(losses):.4f})"]
+        rows = []
+        if cfg.validation.enable and self.last_val is not None:
+            best = trainer.train_state.best_val_loss
+            step, value = self.last_val
+            rows.append(("validation", f"loss {value:.4f} at step {step} (perplexity "
+                                       f"{math.exp(min(value, 50)):.2f}); best {best:.4f}"))
+        else:
+            rows.append(("validation", "off (--validation.enable to measure held-out loss)"))
+        rows.append(("tokens", f"{trainer.train_state.tokens_seen:,} seen in all "
+                               f"({tokens:,} in this launch)"))
+        rows.append(("wall time", format_duration(elapsed) + " this launch"))
+        ckpt = self.checkpoint(trainer)
+        rows.append(("checkpoint", str(ckpt) if ckpt else
+                     "none (checkpoint.enable = false: generate, evals and export need one)"))
+        if cfg.metrics.enable_tensorboard:
+            tb = tensorboard_folder(cfg, run.name)
+            rows.append(("tensorboard", f"{tb}  (tensorboard --logdir {shlex.quote(str(tb.parent))})"))
+        log = run_log_path()
+        if log is not None:
+            rows.append(("log", str(log)))
+        if report is not None:
+            rows.append(("report", str(report)))
+        elif cfg.metrics.report and self.rank0:
+            rows.append(("report", "not written (see the warning above)"))
+        q = shlex.quote(str(run))
+        if ckpt:
+            tasks = "" if cfg.eval.tasks else " --tasks arc_easy,copa"
+            nxt = [f'python -m torchllm.generate --checkpoint {q} --prompt "Once upon a time"',
+                   f"python -m torchllm.eval.loss --checkpoint {q} "
+                   f"--data {shlex.quote(cfg.data.dataset or 'embedded')}",
+                   f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200",
+                   f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}",
+                   f"python -m torchllm.checkpoint.hf export --checkpoint {q} "
+                   f"--out {shlex.quote('hf/' + run.name)}"]
+        else:
+            nxt = []
+        nxt.append(f"python -m torchllm.report {q}" + ("  # redraw, or add runs to compare"
+                                                       if report else ""))
+        rows += [("next" if i == 0 else "", cmd) for i, cmd in enumerate(nxt)]
+        return "\n".join([lines[0], *(f"  {k:<12}{v}" for k, v in rows)])

@@ -1,0 +1,115 @@
+"""The report's PNG plots, drawn with matplotlib from the runs' TensorBoard scalars.
+
+Several runs (the stages of one lifecycle, or runs to compare) share each figure's axes: one
+colour per run, the training curve solid, validation dashed with dots. Loss is drawn against
+tokens seen (steps for runs that logged no token counts); the rest against steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchllm.report.events import RunData
+
+MISSING = ("the report's plots need matplotlib: pip install matplotlib "
+           "(or pip install -e '.[test]')")
+
+
+@dataclass(frozen=True)
+class Panel:
+    ylabel: str
+    tags: tuple[str, ...]  # exact tags, or a prefix ending in "*"
+    by_tokens: bool = False
+    logy: bool = False
+
+
+@dataclass(frozen=True)
+class Plot:
+    file: str
+    title: str
+    panels: tuple[Panel, ...]
+
+
+PLOTS = (
+    Plot("loss.png", "Loss", (Panel("loss", ("loss/avg", "val/loss"), by_tokens=True),)),
+    Plot("lr.png", "Learning rate", (Panel("learning rate", ("optim/lr",)),)),
+    Plot("grad_norm.png", "Gradient norm (before clipping)",
+         (Panel("grad norm", ("grad_norm/total",), logy=True),)),
+    Plot("throughput.png", "Throughput",
+         (Panel("tokens/s", ("throughput/tokens_per_s",)), Panel("MFU %", ("perf/mfu_pct",)))),
+    Plot("memory.png", "Memory",
+         (Panel("GiB", ("memory/max_active_gib", "memory/max_reserved_gib", "memory/rss_gib")),)),
+    Plot("evals.png", "Evaluations",
+         (Panel("accuracy", ("hellaswag/acc", "hellaswag/acc_norm", "downstream/core")),)),
+    Plot("mixture.png", "Data mixture: fraction of tokens per source",
+         (Panel("fraction", ("data/source*/fraction",)),)),
+)
+
+
+def _tags(run: RunData, patterns: tuple[str, ...]) -> list[str]:
+    out = []
+    for p in patterns:
+        if p.endswith("*") or "*" in p:
+            head, tail = p.split("*", 1)
+            out += sorted(t for t in run.scalars if t.startswith(head) and t.endswith(tail))
+        elif p in run.scalars:
+            out.append(p)
+    return out
+
+
+def _label(run: RunData, tag: str, several: bool) -> str:
+    name = {"loss/avg": "train", "val/loss": "validation"}.get(tag, tag)
+    return f"{run.name}: {name}" if several else name
+
+
+def draw(plot: Plot, runs: list[RunData]):
+    """The matplotlib Figure for `plot`, or None when no run has any of its tags. Each line's
+    label is '<run>: <tag>' (several runs) or the tag; its data are the logged points."""
+    from matplotlib.figure import Figure
+
+    if not any(_tags(run, panel.tags) for run in runs for panel in plot.panels):
+        return None
+    several = len(runs) > 1
+    fig = Figure(figsize=(8, 3.2 * len(plot.panels)), layout="constrained")
+    axes = fig.subplots(len(plot.panels), 1, squeeze=False)[:, 0]
+    for ax, panel in zip(axes, plot.panels):
+        # Against tokens only when every run drawn here logged its token counts.
+        by_tokens = panel.by_tokens and all(run.tokens_at(run.scalars[t].steps) is not None
+                                            for run in runs for t in _tags(run, panel.tags))
+        for i, run in enumerate(runs):
+            for j, tag in enumerate(_tags(run, panel.tags)):
+                series = run.scalars[tag]
+                x = run.tokens_at(series.steps) if by_tokens else series.steps
+                val = tag.startswith("val/")
+                style = "--" if val else ("-", ":", "-.")[j % 3] if several else "-"
+                ax.plot(x, series.values, style,
+                        color=f"C{i}" if several else f"C{j}",
+                        marker="o" if val or len(x) < 3 else None, markersize=3,
+                        label=_label(run, tag, several))
+        ax.set_xlabel("tokens seen" if by_tokens else "step")
+        ax.set_ylabel(panel.ylabel)
+        if panel.logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(plot.title)
+    return fig
+
+
+def render(runs: list[RunData], out_dir: Path) -> dict[str, object]:
+    """Draw every plot some run has data for into out_dir; {file name: Figure}. ImportError
+    (with MISSING's advice) without matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError(MISSING) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    for plot in PLOTS:
+        fig = draw(plot, runs)
+        if fig is not None:
+            fig.savefig(out_dir / plot.file, dpi=100)
+            figures[plot.file] = fig
+    return figures
