@@ -13,6 +13,7 @@ from torchllm.metrics.progress import format_duration
 from torchllm.report.events import TOKENS_TAG, RunData
 
 EVAL_PREFIXES = ("hellaswag/", "downstream/")
+FENCE = "`" * 3
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -139,6 +140,6 @@ def render_markdown(runs: list[RunData], plots: list[str], command: str) -> str:
         if samples:
             lines += ["### Last samples", ""]
             for tag, step, text in samples:
-                lines.append(f"- step {step} ({tag}): {text.strip()}")
-            lines.append("")
+                body = text.strip().replace(FENCE, "'" * 3)
+                lines += [f"step {step} ({tag}):", "", FENCE, body, FENCE, ""]
     return "\n".join(lines)
