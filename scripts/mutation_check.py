@@ -192,6 +192,25 @@ MUTANTS = [
         "            t = t.to_local()\n",
         ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
     ),
+    Mutant(
+        "report_loss_against_steps", "the report's loss plot ignores the tokens seen",
+        "torchllm/report/plots.py",
+        "                x = run.tokens_at(series.steps) if by_tokens else series.steps\n",
+        "                x = series.steps\n",
+        ("tests/test_report.py::test_the_run_writes_a_report_whose_plots_are_the_events_values",),
+    ),
+    Mutant(
+        "training_lines_on_stderr", "the trainer's INFO lines go to stderr, not stdout",
+        "torchllm/log.py", "        out = logging.StreamHandler(sys.stdout)\n",
+        "        out = logging.StreamHandler(sys.stderr)\n",
+        ("tests/test_report.py::test_train_log_stdout_stderr_and_the_end_block",),
+    ),
+    Mutant(
+        "run_log_overwritten", "a resumed launch overwrites train.log instead of appending",
+        "torchllm/log.py", 'open(Path(run_dir) / RUN_LOG, "a", encoding="utf-8")',
+        'open(Path(run_dir) / RUN_LOG, "w", encoding="utf-8")',
+        ("tests/test_report.py::test_train_log_stdout_stderr_and_the_end_block",),
+    ),
 ]
 
 
