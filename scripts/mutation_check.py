@@ -211,6 +211,18 @@ MUTANTS = [
         'open(Path(run_dir) / RUN_LOG, "w", encoding="utf-8")',
         ("tests/test_report.py::test_train_log_stdout_stderr_and_the_end_block",),
     ),
+    Mutant(
+        "header_validation_when_off", "the header names the validation split when validation is off",
+        "torchllm/metrics/header.py", "    if validation and val_stream is not None:\n",
+        "    if val_stream is not None:\n",
+        ("tests/test_header_fixes.py::test_validation_is_named_only_when_it_is_on",),
+    ),
+    Mutant(
+        "ran_out_every_epoch", "a mixture source logs every epoch it runs out",
+        "torchllm/data/mixture.py", "                if self.rollovers[s] == 1:\n",
+        "                if self.rollovers[s] >= 1:\n",
+        ("tests/test_header_fixes.py::test_a_source_that_runs_out_every_step_says_so_once",),
+    ),
 ]
 
 

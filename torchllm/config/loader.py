@@ -232,6 +232,11 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
         cfg.job.config_file = path
     for section, key, value, flag in overrides:
         sources[_set(cfg, section, key, value, f"flag {flag}", from_cli=True)] = f"flag {flag}"
+    # A file's description names its data ("SFT on SmolTalk"); a command line that swaps the
+    # data makes it wrong, so it is dropped (unless the command line sets one too).
+    if sources.get("job.description", "").startswith("config file") and any(
+            sources.get(k, "").startswith("flag") for k in ("data.dataset", "data.sources")):
+        cfg.job.description = ""
     try:
         cfg.validate()
     except ConfigError as e:

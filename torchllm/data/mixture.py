@@ -80,6 +80,7 @@ class MixtureBatches(IndexedBatches):
         self.prefix = np.cumsum(self.prefix, axis=0)
         self.yielded = 0
         self._orders: dict[int, tuple[int, np.ndarray]] = {}
+        self.rollovers: dict[int, int] = {}  # source -> new epochs started in this launch
 
     def served(self, slots: int) -> np.ndarray:
         """Windows each source served in slots [0, slots) of the run (all ranks together)."""
@@ -93,8 +94,13 @@ class MixtureBatches(IndexedBatches):
         cached = self._orders.get(s)
         if cached is None or cached[0] != epoch:
             if k == 0 and epoch > 0 and self.dp_rank == 0:
-                logger.info("data source %d (%s) ran out after epoch %d: starting epoch %d in a "
-                            "new order", s, self.names[s], epoch - 1, epoch)
+                # Once per source per launch (a tiny source can roll over every step); the
+                # count is logged at the end of the run (MixtureLog).
+                self.rollovers[s] = self.rollovers.get(s, 0) + 1
+                if self.rollovers[s] == 1:
+                    logger.info("data source %d (%s) ran out after epoch %d: starting epoch %d "
+                                "in a new order (later epochs are counted, not logged)", s,
+                                self.names[s], epoch - 1, epoch)
             cached = self._orders[s] = (epoch, src.epoch_order(epoch))
         return int(cached[1][k])
 
@@ -169,3 +175,9 @@ class MixtureLog(Callback):
             scalars[f"data/source{i}/tokens"] = float(count * self.window_tokens)
             scalars[f"data/source{i}/fraction"] = float(count / served.sum())
         return StepReport(scalars=scalars)
+
+    def on_train_end(self, trainer) -> None:
+        for s, n in sorted(self.mixture.rollovers.items()):
+            if n > 1:
+                logger.info("data source %d (%s) ran out %d times in this launch", s,
+                            self.mixture.names[s], n)

@@ -27,23 +27,46 @@ WIDTH = 100
 SHOWN_ELSEWHERE = {("job", "config_file"), ("job", "description")}
 
 
+HF_ONLY = {("data", "hf_subset"), ("data", "hf_split")}  # meaningless without an HF source
+
+
+def _uses_hf(cfg: JobConfig) -> bool:
+    """Whether any data spec reads a Hugging Face dataset: 'hf:...', 'chat:hf:...' or a named
+    one (a bare name: no ':', '/' or '.'; not 'embedded')."""
+    specs = [cfg.data.dataset, cfg.validation.dataset, *(s.dataset for s in cfg.data.sources)]
+    for spec in filter(None, specs):
+        spec = spec.removeprefix("chat:")
+        if spec.startswith("hf:") or (spec != "embedded" and not any(c in spec for c in ":/.")):
+            return True
+    return False
+
+
 def config_changes(cfg: JobConfig) -> dict[str, list[str]]:
-    """{section: ["key=value", ...]} for every value that differs from the dataclass default."""
+    """{section: ["key=value", ...]} for every value that differs from the dataclass default
+    (data.hf_subset / hf_split only where some data source is a Hugging Face dataset)."""
     defaults = JobConfig()
+    skip = SHOWN_ELSEWHERE | (set() if _uses_hf(cfg) else HF_ONLY)
     out: dict[str, list[str]] = {}
     for name, section in cfg.sections():
         default = getattr(defaults, name)
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
-            if (name, f.name) in SHOWN_ELSEWHERE or value == getattr(default, f.name):
+            if (name, f.name) in skip or value == getattr(default, f.name):
                 continue
             out.setdefault(name, []).append(f"{f.name}={_short(value)}")
     return out
 
 
 def _short(value) -> str:
+    if isinstance(value, list) and value and all(hasattr(v, "weight") for v in value):
+        # data.sources: every source in full, "spec x weight" (no dataclass repr)
+        return "[" + ", ".join(f"{v.dataset} x{v.weight:g}" for v in value) + "]"
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def tokenizer_summary(tokenizer) -> str:
@@ -63,26 +86,53 @@ def _documents(stream) -> int:
     return inside + int(len(stream) > 0 and a > 0 and not starts_on_a_boundary)
 
 
+def _stream_summary(stream, window: int) -> str:
+    return (f"{_count(_documents(stream), 'document')}, {_count(len(stream), 'token')} = "
+            f"{_count(stream.num_windows(window), 'window')} of {window} tokens per epoch")
+
+
+def mixture_summary(mixture, global_batch: int, steps: int) -> str:
+    """Each source of a MixtureBatches (duck-typed: names, weights, sources with
+    windows_per_epoch and, for packed text, a TokenStream): its size and the epochs it makes."""
+    parts = []
+    for name, weight, src in zip(mixture.names, mixture.weights, mixture.sources):
+        n = src.windows_per_epoch
+        stream = getattr(src, "stream", None)
+        size = (_stream_summary(stream, src.window) if stream is not None else
+                f"{_count(n, 'window')} per epoch")
+        epochs = steps * global_batch * float(weight) / max(n, 1)
+        share = f" x{float(weight):.2g}" if len(mixture.names) > 1 else ""
+        parts.append(f"{name}{share}: train {size}; {epochs:.3g} epochs")
+    return " | ".join(parts)
+
+
 def data_summary(dataset: str, train_dataset, val_dataset, global_batch: int,
-                 steps: int) -> str:
-    """Documents, tokens, windows per epoch and the epochs the run will make.
+                 steps: int, validation: bool = True) -> str:
+    """Documents, tokens, windows per epoch and the epochs the run will make (per source for a
+    mixture or conversations); the held-out validation part when `validation` is on.
 
     `train_dataset` is the loader's dataset: windows over a TokenStream (in-memory corpora,
-    shards) or a Hub stream, whose size is unknown until it has been read.
+    shards), a mixture of sources, or a Hub stream, whose size is unknown until it has been read.
     """
     stream = getattr(train_dataset, "stream", None)
-    if stream is None:
+    if hasattr(train_dataset, "sources") and hasattr(train_dataset, "names"):
+        text = (f"{steps:,} steps x {global_batch} windows; "
+                + mixture_summary(train_dataset, global_batch, steps))
+    elif stream is None:
         return (f"{dataset}: streamed (size unknown until read); "
                 f"{steps:,} steps x {global_batch} windows = {steps * global_batch:,} windows")
-    window = train_dataset.window
-    windows = stream.num_windows(window)
-    epochs = steps * global_batch / max(windows, 1)
-    text = (f"{dataset}: train {_documents(stream):,} documents, {len(stream):,} tokens = "
-            f"{windows:,} windows of {window} tokens per epoch; {steps:,} steps x "
-            f"{global_batch} = {epochs:.3g} epochs")
+    else:
+        window = train_dataset.window
+        windows = stream.num_windows(window)
+        epochs = steps * global_batch / max(windows, 1)
+        text = (f"{dataset}: train {_stream_summary(stream, window)}; {steps:,} steps x "
+                f"{global_batch} = {epochs:.3g} epochs")
     val_stream = getattr(val_dataset, "stream", None)
-    if val_stream is not None:
-        text += f" | validation {len(val_stream):,} tokens ({val_dataset.count:,} windows)"
+    if validation and val_stream is not None:
+        text += (f" | validation {_count(len(val_stream), 'token')} "
+                 f"({_count(val_dataset.count, 'window')})")
+    elif validation and hasattr(val_dataset, "count"):
+        text += f" | validation {_count(val_dataset.count, 'window')}"
     return text
 
 
@@ -160,6 +210,7 @@ def trainer_header(trainer, counts: dict[str, int]) -> str:
                     f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
                     f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
         data_line=data_summary(cfg.data.dataset, trainer.train_loader.dataset,
-                               trainer.val_loader.dataset, trainer.global_batch, tcfg.steps),
+                               trainer.val_loader.dataset, trainer.global_batch, tcfg.steps,
+                               validation=cfg.validation.enable),
         tokenizer_line=tokenizer_summary(trainer.tokenizer),
     )
