@@ -223,6 +223,12 @@ MUTANTS = [
         "                if self.rollovers[s] >= 1:\n",
         ("tests/test_header_fixes.py::test_a_source_that_runs_out_every_step_says_so_once",),
     ),
+    Mutant(
+        "torchrun_tee_left", "torchrun's tee folder is left under TMPDIR",
+        "torchllm/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
+        "    if False:  # torchrun's tee files",
+        ("tests/test_train.py::test_run_train_sh_end_to_end",),
+    ),
 ]
 
 

@@ -223,7 +223,8 @@ def test_main_writes_config_and_reports_bad_flags(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_run_train_sh_end_to_end(tmp_path):
-    env = {**os.environ, "NGPU": "1"}
+    (tmp_path / "tmp").mkdir()  # torchrun's temporary files go here, and must not stay
+    env = {**os.environ, "NGPU": "1", "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run(
         ["./run_train.sh", "--training.steps=5", f"--job.dump_folder={tmp_path}",
          "--metrics.log_freq=1"],
@@ -231,8 +232,14 @@ def test_run_train_sh_end_to_end(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "step     5/5" in out and "done: step 5/5, 5 steps" in out
+    # `./run_train.sh > out.txt` keeps the step lines: they are on stdout.
+    assert "step     5/5" in proc.stdout and "done: step 5/5, 5 steps" in proc.stdout
+    assert "| loss " not in proc.stderr
     assert (tmp_path / "debug_model" / "config.toml").is_file()
+    log = (tmp_path / "debug_model" / "train.log").read_text()
+    assert log.startswith("==== launch ") and "step     5/5" in log
+    assert "![loss](loss.png)" in (tmp_path / "debug_model" / "report" / "report.md").read_text()
+    assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_* tee folder left
     losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines()
               if "| loss " in line]
     assert len(losses) == 5 and losses[-1] < losses[0]
