@@ -151,13 +151,44 @@ def test_logits_term_follows_the_loss_path():
 
 
 def test_cli_reports_params_and_flops_of_the_shared_code(capsys):
-    argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8"]
+    argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8", "--json"]
     assert em.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     info = model_info(load_config(argv[:2]))
     assert out["params"] == info["params"] and out["flops_per_token"] == info["flops_per_token"]
     assert out["world_size"] == 8 and out["peak_phase"] in out["phases_bytes"]
     assert out["peak_bytes"] == max(out["phases_bytes"].values())
+
+
+def test_cli_prints_readable_tables_by_default(capsys):
+    """estimate_memory and model_info print tables whose numbers are the --json ones."""
+    from torchllm.tools import model_info as mi
+
+    argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8"]
+    assert em.main(list(argv)) == 0
+    table = capsys.readouterr().out
+    assert em.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not table.lstrip().startswith("{")
+    rows = {ln.split()[0] + (" " + ln.split()[1] if ln.split()[1][0].isalpha() else ""):
+            ln for ln in table.splitlines()[3:] if ln.startswith("  ") and ln.split()}
+    for phase, n in out["phases_bytes"].items():
+        assert f"{n / 2**30:.2f}" in rows[phase], (phase, table)
+    assert "<- peak" in rows[out["peak_phase"]]
+    assert table.splitlines()[-1] == f"peak {out['peak_gib']:.2f} GiB per rank ({out['peak_phase']})"
+    assert mi.main(["--job.config_file", "train_configs/debug_model.toml"]) == 0
+    info_table = capsys.readouterr().out
+    assert mi.main(["--job.config_file", "train_configs/debug_model.toml", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert f"parameters       {info['params']:,} (" in info_table
+    # Oracle: the tensors' sizes, summed, are the parameters of a model built here.
+    cfg = load_config(["--job.config_file", "train_configs/debug_model.toml"])
+    with torch.device("meta"):
+        model = models.get(cfg.model.name).build(models.model_args(cfg, 4096))
+    column = [int(ln.split()[-1].replace(",", "")) for ln in info_table.splitlines()
+              if ln.startswith("  ") and ln.split()[-1].replace(",", "").isdigit()
+              and "[" in ln]
+    assert sum(column) == sum(p.numel() for p in model.parameters())
 
 
 def test_cli_bad_override_is_a_one_line_error(capsys):

@@ -1,7 +1,9 @@
 """Analytic per-rank memory of a training step, with the phase where it peaks.
 
     python -m torchllm.tools.estimate_memory --job.config_file X [--section.key=value ...]
-        [--world_size N]          (e.g. --training.device=cuda to estimate a GPU job on a laptop)
+        [--world_size N] [--json] (e.g. --training.device=cuda to estimate a GPU job on a laptop)
+
+Prints a table of the terms and phases (GiB per rank), or the numbers as JSON with --json.
 
 Terms (bytes per rank):
   params, grads      fp32 master copies (MoE: every expert), divided by the FSDP shard degree
@@ -51,7 +53,7 @@ from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
 from torchllm.precision import use_bf16
-from torchllm.tools.model_info import tokenizer_vocab_hint
+from torchllm.tools.model_info import pop_flag, tokenizer_vocab_hint
 
 FP32 = 4
 
@@ -307,8 +309,31 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
             "phases_bytes": phases, "peak_phase": max(phases, key=phases.get)}
 
 
+def estimate_table(cfg, e: dict) -> str:
+    """estimate_memory()'s result as a table (GiB per rank), the peak phase marked."""
+    gib = 1024 ** 3
+    layout = ", ".join(f"{k} {e[k]}" for k in ("dp_shard", "dp_replicate", "tp", "cp", "pp")
+                       if e[k] > 1) or "one process"
+    lines = [
+        f"{cfg.model.name}/{cfg.model.flavor} on {e['world_size']} rank(s) ({layout}"
+        + (f"; pp rank {e['pp_rank']}" if e["pp"] > 1 else "") + ")",
+        f"  {e['params']:,} params ({e['non_embedding_params']:,} non-embedding), "
+        f"{e['flops_per_token'] / 1e9:,.2f} GFLOPs/token; {e['tokens_per_rank']:,} tokens "
+        f"per rank, activations {e['activation_bytes']} bytes",
+        "",
+        f"  {'term':<20}{'GiB/rank':>10}",
+    ]
+    lines += [f"  {k:<20}{v / gib:>10.2f}" for k, v in e["terms_bytes"].items() if v]
+    lines += ["", f"  {'phase':<20}{'GiB/rank':>10}"]
+    lines += [f"  {k:<20}{v / gib:>10.2f}" + ("  <- peak" if k == e["peak_phase"] else "")
+              for k, v in e["phases_bytes"].items()]
+    lines += ["", f"peak {e['peak_gib']:.2f} GiB per rank ({e['peak_phase']})"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = pop_flag(argv, "--json")
     world_size = 1
     for i, a in enumerate(argv):
         if a.startswith("--world_size"):
@@ -319,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
-        print(json.dumps(estimate_memory(cfg, args, world_size), indent=1))
+        result = estimate_memory(cfg, args, world_size)
+        print(json.dumps(result, indent=1) if as_json else estimate_table(cfg, result))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
-"""Print a model's size and cost as one JSON line, built on the meta device (70B fits a laptop).
+"""Print a model's size and cost, built on the meta device (70B fits a laptop): a table, or
+one JSON line with --json.
 
-    python -m torchllm.tools.model_info --job.config_file train_configs/llama3_1b.toml [overrides]
+    python -m torchllm.tools.model_info --job.config_file train_configs/llama3_1b.toml [--json]
 """
 
 from __future__ import annotations
@@ -42,10 +43,46 @@ def model_info(cfg) -> dict:
     }
 
 
+def pop_flag(argv: list[str], flag: str) -> bool:
+    """Remove a bare `flag` (e.g. --json) from argv; whether it was there."""
+    found = flag in argv
+    while flag in argv:
+        argv.remove(flag)
+    return found
+
+
+def info_table(info: dict) -> str:
+    """model_info() as a few readable lines and a table of the parameter tensors."""
+    active = (f", {info['active_params']:,} active per token" if "active_params" in info
+              else "")
+    lines = [
+        f"{info['model']}/{info['flavor']}",
+        f"  parameters       {info['params']:,} ({info['non_embedding_params']:,} "
+        f"non-embedding{active})",
+        f"  FLOPs / token    {info['flops_per_token'] / 1e6:,.1f} M (training: forward + "
+        f"backward, seq_len {info['seq_len']})",
+        f"  vocab            {info['vocab_size']:,}",
+        f"  layers           {info['layers']}",
+        f"  tied embeddings  {'yes' if info['tie_embeddings'] else 'no'}",
+        "",
+        f"  {'tensor':<24}{'shape':<20}{'count':>6}{'params':>16}",
+    ]
+    for key, count in info["shapes"].items():
+        name, shape = key.split(" ", 1)
+        n = count
+        for d in json.loads(shape):
+            n *= d
+        lines.append(f"  {name:<24}{shape:<20}{count:>6}{n:>16,}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = pop_flag(argv, "--json")
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
-        print(json.dumps(model_info(cfg)))
+        cfg = load_config(argv)
+        info = model_info(cfg)
+        print(json.dumps(info) if as_json else info_table(info))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
