@@ -229,6 +229,13 @@ MUTANTS = [
         "    if False:  # torchrun's tee files",
         ("tests/test_train.py::test_run_train_sh_end_to_end",),
     ),
+    Mutant(
+        "eval_loss_bits_in_nats", "eval.loss's bits per byte counts nats",
+        "torchllm/eval/loss.py", '    bits = m["val/loss"] * m["val/tokens"] / math.log(2)\n',
+        '    bits = m["val/loss"] * m["val/tokens"]\n',
+        ("tests/test_eval_loss.py::test_checkpoint_loss_equals_in_training_validation_on_the_same"
+         "_windows",),
+    ),
 ]
 
 

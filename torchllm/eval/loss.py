@@ -1,0 +1,121 @@
+"""Validation loss, perplexity and bits per byte of a checkpoint on any data source, without
+training (nanoGPT's eval_only, nanochat's base_loss).
+
+    python -m torchllm.eval.loss --checkpoint outputs/debug_model                 # held-out split
+    python -m torchllm.eval.loss --checkpoint outputs/debug_model --data local:notes.txt
+
+The windows are the ones in-training validation reads (`validation_loader`): without --data, or
+with the run's own data.dataset, the held-out part of its training data (validation.steps
+batches, --steps); any other spec (local:, shards:, embedded, hf:...) is read whole, up to
+--max-tokens (validation.max_tokens). Batches of training.local_batch_size windows of
+training.seq_len tokens, in the run's precision.
+
+Bits per byte: the summed loss in bits over the UTF-8 bytes the scored target tokens decode to
+(each window's targets decoded together), a measure that does not depend on the tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from torchllm.data import build_data
+from torchllm.eval.in_training import validation_loader
+from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
+from torchllm.eval.validation import validate
+from torchllm.log import init_logger, logger
+from torchllm.loss import IGNORE_INDEX
+from torchllm.precision import resolve_bf16
+from torchllm.process_exit import exit_process
+
+
+def target_bytes(batches, steps: int, tokenizer) -> int:
+    """UTF-8 bytes of the scored targets of the first `steps` batches (see the module doc)."""
+    total = 0
+    for _, batch in zip(range(steps), batches):
+        for row in batch["targets"]:
+            ids = row[row != IGNORE_INDEX].tolist()
+            total += len(tokenizer.decode(ids).encode("utf-8"))
+    return total
+
+
+def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
+                       max_tokens: int | None):
+    """(batches, how many, description): in-training validation's windows for `data`."""
+    cfg = copy.deepcopy(cfg)
+    cfg.validation.enable, cfg.validation.split = True, ""
+    own = data is None or data == cfg.data.dataset
+    cfg.validation.dataset = "" if own else data
+    if steps is not None:
+        cfg.validation.steps = steps
+    if max_tokens is not None:
+        cfg.validation.max_tokens = max_tokens
+    held_out = build_data(cfg, tokenizer, 0, 1)[1] if own else None
+    batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1)
+    what = (f"{cfg.data.dataset or 'mixture'} (held-out split, up to {n} batches)" if own
+            else f"{data} ({n} batches)")
+    return batches, n, what
+
+
+def evaluate_loss(model, cfg, tokenizer, device, data: str | None = None,
+                  steps: int | None = None, max_tokens: int | None = None) -> dict:
+    """{loss, perplexity, bits_per_byte, tokens, bytes, data} of `model` on `data`."""
+    batches, n, what = evaluation_batches(cfg, tokenizer, data, steps, max_tokens)
+    bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type)
+
+    def autocast():
+        return (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
+
+    m = validate(model, batches, n, device, autocast=autocast)
+    n_bytes = target_bytes(batches, n, tokenizer)
+    bits = m["val/loss"] * m["val/tokens"] / math.log(2)
+    return {"loss": m["val/loss"], "perplexity": m["val/perplexity"],
+            "bits_per_byte": bits / max(n_bytes, 1), "tokens": int(m["val/tokens"]),
+            "bytes": n_bytes, "data": what, "precision": "bf16" if bf16 else "fp32"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchllm.eval.loss",
+        description="Validation loss, perplexity and bits per byte of a checkpoint on a data "
+                    "source (the windows in-training validation uses).")
+    add = parser.add_argument
+    add("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    add("--data", help="data spec as in data.dataset: local:PATH, shards:DIR, embedded, hf:NAME "
+                       "(default: the run's own held-out split)")
+    add("--steps", type=int, help="batches of the held-out split (default validation.steps)")
+    add("--max-tokens", type=int, help="tokens read from --data (default validation.max_tokens)")
+    add("--json", help="write the numbers to this file")
+    add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    init_logger()
+    try:
+        device = inference_device(args.device)
+        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
+        result = evaluate_loss(model, cfg, tokenizer, device, args.data, args.steps,
+                               args.max_tokens)
+    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
+        logger.error("error: %s", e)
+        return 2
+    print(f"checkpoint {args.checkpoint} | data {result['data']} | {result['precision']}")
+    print(f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits per byte "
+          f"{result['bits_per_byte']:.4f} | {result['tokens']:,} tokens, {result['bytes']:,} "
+          "bytes")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**result, "checkpoint": str(args.checkpoint)},
+                                              indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())
