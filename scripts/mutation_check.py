@@ -236,6 +236,12 @@ MUTANTS = [
         ("tests/test_eval_loss.py::test_checkpoint_loss_equals_in_training_validation_on_the_same"
          "_windows",),
     ),
+    Mutant(
+        "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
+        "torchllm/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
+        "    if False:  # rank 0 reports its step",
+        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
+    ),
 ]
 
 

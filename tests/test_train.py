@@ -234,7 +234,7 @@ def test_run_train_sh_end_to_end(tmp_path):
     assert proc.returncode == 0, out
     # `./run_train.sh > out.txt` keeps the step lines: they are on stdout.
     assert "step     5/5" in proc.stdout and "done: step 5/5, 5 steps" in proc.stdout
-    assert "| loss " not in proc.stderr
+    assert "| loss " not in proc.stderr and "\x1b[K" not in out  # not a terminal: no bar
     assert (tmp_path / "debug_model" / "config.toml").is_file()
     log = (tmp_path / "debug_model" / "train.log").read_text()
     assert log.startswith("==== launch ") and "step     5/5" in log

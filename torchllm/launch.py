@@ -32,6 +32,7 @@ from torchllm.failures import (
     failure_report,
     read_statuses,
 )
+from torchllm.metrics.progress import PROGRESS_FILE_ENV, ConsoleBar
 from torchllm.process_exit import exit_process
 
 PREFIX = "run_train:"
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process
     if args.log_dir is None:  # torchrun's tee files: here, removed below (not /tmp/torchelastic_*)
         args.log_dir = os.path.join(status_dir, "torchrun")
+    bar, streams = None, (sys.stdout, sys.stderr)
+    if sys.stdout.isatty():  # rank 0 reports its step, this process draws the bar
+        os.environ[PROGRESS_FILE_ENV] = os.path.join(status_dir, "progress")
+        bar = ConsoleBar(os.environ[PROGRESS_FILE_ENV], sys.stdout).start()
+        sys.stdout = bar  # torchrun relays the workers' lines through it
+        if sys.stderr.isatty():
+            sys.stderr = bar.relay(sys.stderr)
     try:
         run(args)
         return 0
@@ -144,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr)
         return 128 + e.sigval
     finally:
+        if bar is not None:
+            bar.close()
+            sys.stdout, sys.stderr = streams
+            os.environ.pop(PROGRESS_FILE_ENV, None)
         shutil.rmtree(status_dir, ignore_errors=True)
 
 

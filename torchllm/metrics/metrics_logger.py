@@ -35,7 +35,7 @@ class MetricsLogger:
         self.flops_per_token, self.peak, self.guard = flops_per_token, peak, guard
         self.groups = watched_groups(model)
         self.writers = build_writers(cfg, run_name, run_dir, rank(), start_step)
-        self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar)
+        self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar and rank() == 0)
         self.interval = self._empty_interval()
 
     @staticmethod

@@ -1,0 +1,42 @@
+"""run_train.sh on a terminal: the progress bar docs/metrics.md promises (drawn by the launcher
+from rank 0's step), with the relayed log lines intact."""
+
+import os
+import pty
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO, tiny_args
+
+
+@pytest.mark.slow
+def test_run_train_sh_draws_the_bar_on_a_pseudo_terminal(tmp_path):
+    master, slave = pty.openpty()
+    env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(["./run_train.sh", *tiny_args(tmp_path, "--training.steps=30",
+                                                          "--metrics.log_freq=10")],
+                            cwd=REPO, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's last writer is gone
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = b"".join(chunks).decode("utf-8", "replace")
+    bars = re.findall(r"\r\x1b\[K\[[#.]{30}\] (\d+)/30 \d+% ETA", text)
+    assert bars, text[-3000:]
+    assert all(1 <= int(s) <= 30 for s in bars)
+    # Each relayed line starts on a cleared row: no bar glued in front of a step line.
+    steps = [ln for ln in text.replace("\r\n", "\n").split("\n") if "| loss " in ln]
+    assert len(steps) == 4, steps  # steps 1, 10, 20, 30
+    for ln in steps:
+        last = ln.split("\r")[-1].removeprefix("\x1b[K")
+        assert last.startswith("[rank0]:") and "| loss " in last, repr(ln)
