@@ -43,6 +43,8 @@ TINY = {
     "python -m torchllm.checkpoint.hf import": ["--training.seq_len=32",
                                                 "--data.tokenizer_vocab_size=512"],
     "python -m torchllm.tools.model_info": [],
+    "python -m torchllm.report": [],
+    "python -m torchllm.eval.loss": ["--steps", "2"],
     "python -m torchllm.tools.estimate_memory": [],
     "python -m torchllm.tools.dry_run": [],
     "python -m torchllm.tools.env_check": [],
@@ -268,6 +270,8 @@ def test_newcomer_path_from_a_fresh_clone(newcomer):
     assert "acc_norm" in next(o for c, o in ran if "hellaswag" in c)
     assert (clone / "hf/debug_model/config.json").is_file()
     assert list((clone / "outputs/tb/debug_model").glob("events.out.tfevents.*"))
+    report = next(o for c, o in ran if c.startswith("cat outputs/debug_model/report/"))
+    assert "![loss](loss.png)" in report and (clone / "outputs/debug_model/train.log").is_file()
 
 
 @pytest.mark.slow
