@@ -84,6 +84,8 @@ def test_tensorboard_events_match_what_the_trainer_computed(tmp_path, tiny):
     losses = trainer.train()
 
     events = read_scalars(tmp_path / "tb" / "tbrun")
+    # The report hook's x-axis: tokens trained on so far (4 windows of 32 tokens a step).
+    assert events.pop("progress/tokens_seen") == [(s, 128.0 * s) for s in (1, 2, 3)]
     assert set(events) == CPU_TAGS
     assert sorted(written) == [1, 2, 3]  # step 1, every log_freq, and the last step
     for tag, series in events.items():

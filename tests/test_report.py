@@ -138,3 +138,16 @@ def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     warnings = [ln for ln in out2.err.splitlines() if ln.strip()]
     assert warnings and all(ln.split(" ", 1)[1] in log for ln in warnings)
     assert "precision:" in log.split("==== launch ")[2]  # logged before the folder was known
+
+
+@pytest.mark.slow
+def test_without_matplotlib_the_report_has_its_tables_and_says_why_no_plots(runs, tmp_path,
+                                                                            monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    path, figures = write_report([runs["a"][0]], tmp_path / "out")
+    text = path.read_text()
+    assert figures == {} and not list((tmp_path / "out").glob("*.png"))
+    assert "no plots: matplotlib is not installed (pip install matplotlib)" in text
+    assert "| final validation loss |" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchllm.log import logger
 from torchllm.report.events import RunData, load_run
 from torchllm.report.markdown import render_markdown
 from torchllm.report.plots import render
@@ -28,7 +29,7 @@ def default_out(run_dirs: list[Path]) -> Path:
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
                  command: str = "python -m torchllm.report") -> tuple[Path, dict]:
     """Write report.md and the plots; (path of report.md, {plot file: Figure}). ValueError for
-    a folder that is not a run, ImportError (one line) without matplotlib."""
+    a folder that is not a run; without matplotlib, report.md without plots (and a warning)."""
     dirs = [Path(d) for d in run_dirs]
     runs: list[RunData] = [load_run(d) for d in dirs]
     names = [r.name for r in runs]
@@ -36,9 +37,14 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
         if names.count(r.name) > 1:
             r.name = str(r.run_dir)
     out_dir = Path(out) if out is not None else default_out(dirs)
-    figures = render(runs, out_dir)
+    try:
+        figures, note = render(runs, out_dir), ""
+    except ImportError as e:  # matplotlib missing: the tables still, and one line saying so
+        out_dir.mkdir(parents=True, exist_ok=True)
+        figures, note = {}, str(e)
+        logger.warning("report: %s", note)
     path = out_dir / REPORT
-    text = render_markdown(runs, list(figures), command)
+    text = render_markdown(runs, list(figures), command, note)
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(path)

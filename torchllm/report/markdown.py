@@ -111,7 +111,7 @@ def last_samples(run: RunData) -> list[tuple[str, int, str]]:
     return out
 
 
-def render_markdown(runs: list[RunData], plots: list[str], command: str) -> str:
+def render_markdown(runs: list[RunData], plots: list[str], command: str, note: str = "") -> str:
     names = [r.name for r in runs]
     title = " vs ".join(names)
     lines = [f"# Report: {title}", "",
@@ -125,6 +125,8 @@ def render_markdown(runs: list[RunData], plots: list[str], command: str) -> str:
         lines += ["## Differences between the runs", "",
                   _table(["config key", *names], rows) if rows else "The configs are the same.",
                   ""]
+    if note:
+        lines += ["## Plots", "", note, ""]
     if plots:
         lines += ["## Plots", ""]
         lines += [f"![{p.removesuffix('.png')}]({p})" for p in plots]

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from torchllm.report.events import RunData
 
-MISSING = ("the report's plots need matplotlib: pip install matplotlib "
-           "(or pip install -e '.[test]')")
+MISSING = "no plots: matplotlib is not installed (pip install matplotlib)"
 
 
 @dataclass(frozen=True)
