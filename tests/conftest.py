@@ -29,13 +29,16 @@ def _process_state() -> dict:
     environment, the working directory, and torch's process-wide switches."""
     import logging
     import os
+    import warnings
 
     import torch._dynamo.config
     import torch._functorch.config
     import torch._inductor.config
 
     def config(module) -> dict:  # read each key as code does: a deleted key reads "<deleted>"
-        return {key: getattr(module, key, "<deleted>") for key in module.get_config_copy()}
+        with warnings.catch_warnings():  # reading a deprecated key warns
+            warnings.simplefilter("ignore")
+            return {key: getattr(module, key, "<deleted>") for key in module.get_config_copy()}
 
     loggers = {"": logging.getLogger(), "torch": logging.getLogger("torch")}
     return {
