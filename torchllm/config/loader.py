@@ -123,6 +123,8 @@ def check_value(value: Any, tp) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
+        if value == "" and inner[0] is str:
+            return None  # TOML has no null: config.toml files of older runs say run_name = ""
         return check_value(value, inner[0])
     if origin is Literal:
         if value not in args:
