@@ -32,7 +32,8 @@ class Job:
     )
     overwrite: bool = opt(
         False, "Start afresh in a run folder that holds a previous run's outputs, deleting its "
-        "checkpoints and TensorBoard events (without it such a start is refused)"
+        "checkpoint folder and its TensorBoard folder, nothing else (without it such a start "
+        "is refused)"
     )
     lock_stale_minutes: float = opt(
         10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "

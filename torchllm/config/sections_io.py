@@ -67,7 +67,10 @@ class Data:
 class Metrics:
     log_freq: int = opt(10, "Log metrics (console line, TensorBoard, W&B) every N steps")
     enable_tensorboard: bool = opt(True, "Write TensorBoard event files to dump_folder/tb_folder/<run>")
-    tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder (one subfolder per run)")
+    tb_folder: str = opt(
+        "tb", "TensorBoard folder under job.dump_folder (one subfolder per run); a relative path "
+        "without '..'"
+    )
     rank_0_only: bool = opt(True, "Only rank 0 writes TensorBoard/W&B; false = one folder per rank")
     enable_wandb: bool = opt(False, "Also log to Weights & Biases (needs the wandb package)")
     wandb_project: str = opt("torchllm", "W&B project name")
@@ -102,7 +105,10 @@ class Profiling:
 @dataclass
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints, and resume from the run's latest one at start")
-    folder: str = opt("checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints")
+    folder: str = opt(
+        "checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints; a relative "
+        "path without '..'"
+    )
     interval: int = opt(500, "Save every N steps (and at the last step of the run)")
     keep_latest_k: int = opt(3, "Keep only the newest K complete checkpoints; 0 keeps all")
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = opt(
