@@ -192,6 +192,23 @@ MUTANTS = [
         "            t = t.to_local()\n",
         ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
     ),
+    Mutant(
+        "float_range_allows_inf", "a config float Range lets inf through (lr=inf trains to NaN)",
+        "torchllm/config/fields.py", "        if not math.isfinite(x):\n            return False\n",
+        "",
+        ("tests/test_config.py::test_every_float_key_refuses_nan_and_inf",),
+    ),
+    Mutant(
+        "run_name_dotdot", "job.run_name = '..' is accepted (overwrite deletes the dump folder)",
+        "torchllm/config/paths.py", 'return name in ("", ".", "..") or',
+        'return name in ("", ".") or',
+        ("tests/test_run_safety.py::test_run_name_is_one_folder_name_and_other_runs_survive",),
+    ),
+    Mutant(
+        "subfolder_dotdot", "checkpoint.folder / metrics.tb_folder may climb out with '..'",
+        "torchllm/config/paths.py", 'or ".." in posix.parts ', "",
+        ("tests/test_run_safety.py::test_folder_keys_stay_below_their_folder",),
+    ),
 ]
 
 
