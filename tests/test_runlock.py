@@ -108,6 +108,24 @@ def test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock(tmp_path):
     assert not path.exists()
 
 
+def test_a_takeover_claim_left_by_a_dead_launch_is_named(tmp_path):
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 7}))
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    st = path.stat()
+    claim = tmp_path / f"{LOCK_NAME}.takeover.{st.st_ino}.{st.st_mtime_ns}"
+    claim.touch()
+    os.utime(claim, (old, old))  # the launch that claimed the takeover died before finishing
+    with pytest.raises(RunLockedError, match=f"stale lock {path} has a takeover claim {claim} "
+                       r"left by a launch that died 36\d\d s ago: delete both"):
+        RunLock(tmp_path, stale_s=600).acquire()
+    claim.unlink()
+    lock = RunLock(tmp_path, stale_s=600)
+    lock.acquire()
+    lock.release()
+
+
 @pytest.mark.parametrize("content", [
     "", "{\"host\": \"h\", \"pi", "[1, 2]", "\"run\"", "null",
     '{"host": "h", "pid": "123"}', '{"host": "h", "pid": 1.5}', '{"host": "h", "pid": true}',
