@@ -48,7 +48,9 @@ def _process_state() -> dict:
         "logging": {name or "root": (list(lg.handlers), lg.level, lg.propagate, lg.disabled)
                     for name, lg in loggers.items()},
         "logging.disable": logging.root.manager.disable,
-        "os.environ": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+        # (inductor keeps one private variable of its own there once anything is compiled)
+        "os.environ": {k: v for k, v in os.environ.items()
+                       if k not in ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")},
         "cwd": os.getcwd(),
         "torch": {
             "default_dtype": torch.get_default_dtype(),
