@@ -171,8 +171,7 @@ class RunReport(Callback):
         if ckpt:
             tasks = "" if cfg.eval.tasks else " --tasks arc_easy,copa"
             nxt = [f'python -m torchllm.generate --checkpoint {q} --prompt "Once upon a time"',
-                   f"python -m torchllm.eval.loss --checkpoint {q} "
-                   f"--data {shlex.quote(cfg.data.dataset or 'embedded')}",
+                   f"python -m torchllm.eval.loss --checkpoint {q}  # or --data local:FILE",
                    f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200",
                    f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}",
                    f"python -m torchllm.checkpoint.hf export --checkpoint {q} "
