@@ -66,6 +66,7 @@ def draw(plot: Plot, runs: list[RunData]):
     """The matplotlib Figure for `plot`, or None when no run has any of its tags. Each line's
     label is '<run>: <tag>' (several runs) or the tag; its data are the logged points."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     if not any(_tags(run, panel.tags) for run in runs for panel in plot.panels):
         return None
@@ -87,6 +88,7 @@ def draw(plot: Plot, runs: list[RunData]):
                         marker="o" if val or len(x) < 3 else None, markersize=3,
                         label=_label(run, tag, several))
         ax.set_xlabel("tokens seen" if by_tokens else "step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel.ylabel)
         if panel.logy:
             ax.set_yscale("log")
