@@ -151,3 +151,26 @@ def test_without_matplotlib_the_report_has_its_tables_and_says_why_no_plots(runs
     assert figures == {} and not list((tmp_path / "out").glob("*.png"))
     assert "no plots: matplotlib is not installed (pip install matplotlib)" in text
     assert "| final validation loss |" in text
+
+
+def test_mixture_and_eval_scalars_get_their_plots_and_tables(tmp_path):
+    from torchllm.report.events import RunData, Series
+    from torchllm.report.markdown import render_markdown
+    from torchllm.report.plots import render
+
+    steps = np.array([10, 20, 30])
+    run = RunData("mix", tmp_path, None, scalars={
+        "data/source0/fraction": Series(steps, np.array([0.7, 0.71, 0.7])),
+        "data/source1/fraction": Series(steps, np.array([0.3, 0.29, 0.3])),
+        "hellaswag/acc_norm": Series(np.array([20, 30]), np.array([0.26, 0.31])),
+        "downstream/core": Series(np.array([30]), np.array([0.05])),
+    })
+    figures = render([run], tmp_path / "out")
+    assert set(figures) == {"mixture.png", "evals.png"}
+    x, y = line(figures["mixture.png"], "data/source1/fraction")
+    assert x.tolist() == [10, 20, 30] and y.tolist() == [0.3, 0.29, 0.3]
+    assert line(figures["evals.png"], "hellaswag/acc_norm")[1].tolist() == [0.26, 0.31]
+    text = render_markdown([run], list(figures), "test")
+    assert "| hellaswag/acc_norm | 0.3100 | 30 | 0.3100 |" in text
+    assert "| downstream/core | 0.0500 | 30 | 0.0500 |" in text
+    assert "| final validation loss | off |" in text
