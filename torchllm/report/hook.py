@@ -149,6 +149,9 @@ class RunReport(Callback):
             step, value = self.last_val
             rows.append(("validation", f"loss {value:.4f} at step {step} (perplexity "
                                        f"{math.exp(min(value, 50)):.2f}); best {best:.4f}"))
+        elif cfg.validation.enable:
+            rows.append(("validation", f"none in this launch (every {cfg.validation.freq} "
+                                       "steps and after the last)"))
         else:
             rows.append(("validation", "off (--validation.enable to measure held-out loss)"))
         rows.append(("tokens", f"{trainer.train_state.tokens_seen:,} seen in all "

@@ -47,15 +47,16 @@ def summary_rows(run: RunData) -> dict[str, str]:
     tokens = sc.get(TOKENS_TAG)
     mem = next((sc[t] for t in ("memory/max_active_gib", "memory/rss_gib") if t in sc), None)
     checkpoints = info.get("checkpoint") or "–"
+    no_val = "none yet" if run.cfg is not None and run.cfg.validation.enable else "off"
     return {
         "steps": _steps(run),
         "tokens seen": f"{int(tokens.values[-1]):,}" if tokens is not None else "–",
         "wall time": format_duration(info["wall_s"]) if "wall_s" in info else "–",
         "final train loss": _num(loss.last()[1]) if loss is not None else "–",
         "final validation loss": (f"{_num(val.last()[1])} (step {val.last()[0]})"
-                                  if val is not None else "off"),
+                                  if val is not None else no_val),
         "best validation loss": (f"{_num(val.best()[1])} (step {val.best()[0]})"
-                                 if val is not None else "off"),
+                                 if val is not None else no_val),
         "tokens/s (median)": _num(_median(run, "throughput/tokens_per_s"), "{:,.0f}"),
         "MFU % (median)": _num(_median(run, "perf/mfu_pct"), "{:.1f}"),
         "peak memory GiB": _num(float(mem.values.max()) if mem is not None else None, "{:.2f}"),
