@@ -6,10 +6,11 @@
         [--overwrite]
 
 CHECKPOINT may be a run folder (its latest complete checkpoint), a checkpoint folder or a
-step-<N> folder. An existing output is refused unless --overwrite; the output is written under a
-temporary name and renamed when complete, and its files' modes follow the umask. `to-dcp` writes a complete weights-only checkpoint folder, usable as
+step-<N> folder. `to-dcp` writes a complete weights-only checkpoint folder, usable as
 `checkpoint.initial_load_path` (a seed checkpoint). Needs no model code: shapes and dtypes come
-from the checkpoint's own metadata, so it works for any registered model family.
+from the checkpoint's own metadata, so it works for any registered model family. An existing
+output is refused unless --overwrite; the output is written under a temporary name and renamed
+when complete, and its files' modes follow the umask.
 """
 
 from __future__ import annotations

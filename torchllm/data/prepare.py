@@ -114,8 +114,9 @@ def check_out(out: Path, overwrite: bool) -> None:
         return
     foreign = sorted(n for n in entries if n != INDEX and not SHARD_FILE.fullmatch(n))
     if foreign:
-        raise ConfigError(f"--out {out} holds files prepare does not write ({', '.join(foreign[:3])}"
-                          f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty folder")
+        raise ConfigError(f"--out {out} holds files prepare does not write "
+                          f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                          "choose a new or empty folder")
     if not overwrite:
         raise ConfigError(f"--out {out} already holds shards ({len(entries)} files); pass "
                           "--overwrite to replace them, or choose a new or empty folder")

@@ -120,6 +120,9 @@ def open_stream(source: Source, text_column: str, label: str = "local"):
     except StopIteration:  # datasets' json reader on files without a single row
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
     except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
+        if source.kind == "local" and (found := unreadable(f"{label}:{source.location}",
+                                                           source.location)):
+            raise found from None
         raise ConfigError(
             f"data.dataset: cannot open {where!r} (subset {source.subset!r}, split "
             f"{source.split!r}): {type(e).__name__}: {e}", "data.dataset"
@@ -152,13 +155,15 @@ def read_rows(ds, source: Source, label: str = "local") -> Iterator[dict]:
         except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
             if source.kind != "local":
                 raise
-            raise unreadable(f"{label}:{source.location}", source.location, e) from None
+            where = f"{label}:{source.location}"
+            raise (unreadable(where, source.location) or ConfigError(
+                f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
         yield row
 
 
-def unreadable(where: str, location: str, error: Exception) -> ConfigError:
+def unreadable(where: str, location: str) -> ConfigError | None:
     """Why the files of LOCATION failed to read: the first line that is not UTF-8 (or, in
-    .jsonl, not JSON), found by scanning them again; else the reader's own message."""
+    .jsonl, not JSON), found by scanning them again; None if every line reads."""
     for f in local_files(location):
         if Path(f).suffix not in (".txt", ".jsonl", ".json"):
             continue  # parquet: binary, the reader's message below
@@ -177,8 +182,7 @@ def unreadable(where: str, location: str, error: Exception) -> ConfigError:
                     except ValueError as e:
                         return ConfigError(f"{where}: {f} line {lineno} is not valid JSON "
                                            f"({e})", "data.dataset")
-    return ConfigError(f"{where}: cannot read it: {type(error).__name__}: {error}",
-                       "data.dataset")
+    return None
 
 
 def documents(dcfg) -> Iterator[str]:

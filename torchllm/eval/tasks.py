@@ -198,7 +198,8 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[d
 
         return load_examples(hellaswag_data)
     if local is not None and local.is_dir():
-        return _read_local(name, local, lambda p: [dict(r) for r in datasets.load_from_disk(str(p))])
+        return _read_local(name, local,
+                           lambda p: [dict(r) for r in datasets.load_from_disk(str(p))])
     if local is not None and local.with_suffix(".jsonl").is_file():
         return _read_local(name, local.with_suffix(".jsonl"), _read_jsonl)
     path, subset, split = spec.hub
