@@ -275,6 +275,10 @@ def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llam
         assert not (again / "model-00099-of-00099.safetensors").exists()
         assert mode(again / "model.safetensors") == 0o664  # one file now: no 1MB limit
         assert not list(tmp.glob(".hf_umask*"))  # no temporary folder left beside it
+        (again / "notes.txt").write_text("mine")  # not an export's file: never moved aside
+        assert hf_cli(["export", "--checkpoint", run, "--out", str(again), "--overwrite"]) == 2
+        assert "holds files an export does not write (notes.txt)" in capsys.readouterr().err
+        assert (again / "notes.txt").read_text() == "mine"
 
         weights = tmp / "weights.safetensors"
         assert convert_cli(["to-file", run, str(weights)]) == 0
@@ -293,5 +297,6 @@ def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llam
         assert "already exists; pass --overwrite" in capsys.readouterr().err
         assert convert_cli(["to-dcp", str(weights), str(step), "--overwrite"]) == 0
         assert load_dcp_weights(step).keys() == load_dcp_weights(run).keys()
+        assert load_dcp_weights(step)["norm.weight"].dtype == torch.bfloat16  # the new file's
     finally:
         os.umask(old_umask)

@@ -81,8 +81,17 @@ def refuse_existing(out: Path, overwrite: bool, what: str = "") -> None:
                               "choose a new name")
 
 
+def refuse_step_folder(out: Path, overwrite: bool) -> None:
+    """A step folder is replaced only with overwrite, and only if it is a DCP checkpoint."""
+    refuse_existing(out, overwrite, " (a step folder)")
+    if out.exists() and any(out.iterdir()) and not (out / ".metadata").is_file():
+        raise FileExistsError(f"{out} is not a DCP checkpoint folder (no .metadata); "
+                              "--overwrite replaces only a checkpoint: choose a new step folder")
+
+
 def replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished folder tmp to out, replacing what out held (moved aside first)."""
+    out = out.absolute()
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         out.rename(old)
@@ -92,6 +101,7 @@ def replace_dir(tmp: Path, out: Path) -> None:
 
 def temp_sibling(out: Path, tag: str) -> Path:
     """A fresh temporary path beside out (same filesystem: the final rename is atomic)."""
+    out = out.absolute()  # "." has no name to put beside
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{tag}-{os.getpid()}")
     if tmp.is_dir():  # left by a killed run of this pid's predecessor
@@ -161,7 +171,7 @@ def to_dcp(weights_path: str, out_dir: str, overwrite: bool = False) -> None:
     step = step_of(out)
     if step is None:
         raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
-    refuse_existing(out, overwrite, " (a step folder)")
+    refuse_step_folder(out, overwrite)
     save_seed_checkpoint(load_weights_file(weights_path), out, step)
 
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.convert import load_dcp_weights, refuse_existing, replace_dir, \
+from torchllm.checkpoint.convert import load_dcp_weights, refuse_step_folder, replace_dir, \
     save_safetensors, save_seed_checkpoint, temp_sibling
 from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
 from torchllm.checkpoint.layout import EXPORT_DTYPES, resolve_checkpoint, step_of
@@ -38,6 +38,9 @@ from torchllm.log import logger
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+# What an export writes: --overwrite replaces a folder holding only these.
+EXPORT_FILE = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+                         r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer_config\.json")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
@@ -158,9 +161,15 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     shards of an earlier export would mix with this one) unless overwrite, which replaces it.
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    used = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if used and not overwrite:
         raise FileExistsError(f"{out} is not empty; pass --overwrite to replace it, or export "
                               "into a new folder")
+    foreign = [name for name in used if not EXPORT_FILE.fullmatch(name)]
+    if foreign:  # e.g. --out . by mistake: never move a folder of other files aside
+        raise FileExistsError(f"{out} holds files an export does not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "--overwrite replaces only an earlier export: choose a new folder")
     step_path = resolve_checkpoint(checkpoint)
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
@@ -231,7 +240,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
     step = step_of(out)
     if step is None:
         raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
-    refuse_existing(out, overwrite, " (a step folder)")
+    refuse_step_folder(out, overwrite)
     cfg = load_config(list(overrides))
     hf_vocab = read_hf_config(hf_dir).get("vocab_size")
     args = models.model_args(cfg, hf_vocab)
