@@ -4,13 +4,14 @@ naming the file, line, row or task (issue 28, round 2)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from torchllm.config import ConfigError
-from torchllm.data import build_data
+from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.eval.downstream import load_tasks
 
@@ -118,8 +119,6 @@ def test_unreadable_local_files_are_named(tmp_path):
 
 def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
     gpt2 = shared_path("tokenizers", "gpt2", "gpt2.tiktoken")
-    from torchllm.data import build_tokenizer
-
     chat = tmp_path / "chat.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": "hello"}]})
@@ -141,8 +140,6 @@ def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
 
 def test_a_damaged_task_copy_names_the_task_and_path(tmp_path):
     copa = shared_path("data", "evals", "copa")
-    import shutil
-
     damaged = tmp_path / "evals" / "copa"
     shutil.copytree(copa, damaged)
     arrow = next(damaged.glob("*.arrow"))
