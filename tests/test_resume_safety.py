@@ -39,6 +39,13 @@ def run(trained, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def fresh(trained, tmp_path):
+    """A folder for a new run `run` that finds its tokenizer cached (training one takes long)."""
+    shutil.copytree(trained / "run" / "data", tmp_path / "run" / "data")
+    return tmp_path
+
+
 def step(root: Path, n: int) -> Path:
     return root / "run" / "checkpoint" / f"step-{n}"
 
@@ -114,7 +121,7 @@ def test_inference_uses_the_step_folders_config(run):
     assert _run_config(step(run, 4), []).model.vocab_size is None  # hf export
 
 
-def test_retention_that_cannot_delete_names_the_folder(tmp_path, monkeypatch, caplog):
+def test_retention_that_cannot_delete_names_the_folder(fresh, monkeypatch, caplog):
     real = shutil.rmtree
 
     def rmtree(path, ignore_errors=False, **kw):  # what a read-only folder does (not as root)
@@ -126,10 +133,10 @@ def test_retention_that_cannot_delete_names_the_folder(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     with caplog.at_level(logging.WARNING, logger="torchllm"):
-        Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+        Trainer(tiny_config(fresh, "--checkpoint.enable", "--job.run_name=run",
                             "--checkpoint.interval=1", "--checkpoint.keep_latest_k=1",
                             "--training.steps=3")).train()
-    folder = step(tmp_path, 1)
+    folder = step(fresh, 1)
     lines = [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
     assert len(lines) == 1 and str(folder) in lines[0] and "Permission denied" in lines[0]
     assert folder.is_dir()  # it stays, but is no longer taken for a complete checkpoint
@@ -153,13 +160,13 @@ def probe(monkeypatch):
     precision.cpu_native_bf16.cache_clear()
 
 
-def test_resumed_run_keeps_its_recorded_precision(tmp_path, probe, caplog):
+def test_resumed_run_keeps_its_recorded_precision(fresh, probe, caplog):
     args = [*CKPT, "--training.mixed_precision=auto", "--training.steps=2"]
     probe.speedup = 4.0
-    first = Trainer(tiny_config(tmp_path, *args))
+    first = Trainer(tiny_config(fresh, *args))
     assert first.bf16
     first.train()
-    assert read_marker(step(tmp_path, 2))["precision"] == "bf16"
+    assert read_marker(step(fresh, 2))["precision"] == "bf16"
 
     # Relaunched on a loaded machine: the probe would now say fp32.
     precision.cpu_native_bf16.cache_clear()
@@ -168,7 +175,7 @@ def test_resumed_run_keeps_its_recorded_precision(tmp_path, probe, caplog):
     precision.cpu_native_bf16.cache_clear()
     probe.calls[:] = []
     with caplog.at_level(logging.INFO, logger="torchllm"):
-        resumed = Trainer(tiny_config(tmp_path, *args, "--training.steps=3"))
+        resumed = Trainer(tiny_config(fresh, *args, "--training.steps=3"))
     resumed.close()
     assert resumed.step == 2 and resumed.bf16 and probe.calls == []
     assert "precision: bf16 (auto: bf16, as recorded in the checkpoint" in caplog.text
@@ -176,7 +183,7 @@ def test_resumed_run_keeps_its_recorded_precision(tmp_path, probe, caplog):
     # An explicit setting wins, in one warning line.
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="torchllm"):
-        explicit = Trainer(tiny_config(tmp_path, *args, "--training.mixed_precision=none"))
+        explicit = Trainer(tiny_config(fresh, *args, "--training.mixed_precision=none"))
     explicit.close()
     assert explicit.step == 2 and not explicit.bf16
     warned = [r for r in caplog.records if r.levelno == logging.WARNING
