@@ -192,6 +192,14 @@ MUTANTS = [
         "            t = t.to_local()\n",
         ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
     ),
+    Mutant(
+        "unreadable_marker_skips_checksums",
+        "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
+        "loads unverified", "torchllm/checkpoint/layout.py",
+        '        raise MarkerError(f"marker {marker} is {what}") from None\n',
+        "        return {}\n",
+        ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
+    ),
 ]
 
 
