@@ -72,6 +72,21 @@ def test_a_probe_slowed_by_load_is_repeated_before_fp32(monkeypatch, fresh_probe
     assert bf16 is False and f"in {precision.PROBE_ATTEMPTS} probes" in why, why
 
 
+def test_a_recorded_precision_is_kept_by_auto_without_a_probe(monkeypatch, fresh_probe):
+    calls = fake_speeds(monkeypatch, 200e9, 800e9)  # the probe would say bf16
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert precision.resolve_bf16("auto", "cpu", recorded="fp32")[0] is False
+    assert precision.resolve_bf16("auto", "cuda", recorded="fp32")[0] is False
+    assert precision.resolve_bf16("auto", "cpu", recorded="bf16")[0] is True
+    bf16, why = precision.resolve_bf16("bf16", "cpu", recorded="fp32")
+    assert bf16 is True and "overriding the fp32" in why
+    assert calls == []
+    # Moved to a CPU without native bf16: the recorded bf16 would be emulated, 17-100x slower.
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    bf16, why = precision.resolve_bf16("auto", "cpu", recorded="bf16")
+    assert bf16 is False and "no native bf16" in why
+
+
 def test_explicit_and_cuda_choices_need_no_probe(monkeypatch, fresh_probe):
     calls = fake_speeds(monkeypatch, 1.0, 1.0)
     assert precision.resolve_bf16("bf16", "cpu")[0] is True
