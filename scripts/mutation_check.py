@@ -270,6 +270,14 @@ MUTANTS = [
         ("tests/test_hf_export.py::"
          "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
     ),
+    Mutant(
+        "unreadable_marker_skips_checksums",
+        "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
+        "loads unverified", "torchllm/checkpoint/layout.py",
+        '        raise MarkerError(f"marker {marker} is {what}") from None\n',
+        "        return {}\n",
+        ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
+    ),
 ]
 
 
