@@ -78,9 +78,11 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
     expected = ""
     for prompt in ("The meaning of life is", "Python"):
-        ids = generate(model, [tokenizer.encode(prompt, bos=True)], 6, temperature=0,
-                       eos_id=tokenizer.eos_id)[0]
-        expected += prompt + readable(tokenizer, ids) + "\n"
+        prompt_ids = tokenizer.encode(prompt, bos=True)
+        ids = generate(model, [prompt_ids], 6, temperature=0, eos_id=tokenizer.eos_id)[0]
+        whole = readable(tokenizer, prompt_ids + ids)  # decoded together: no lost space
+        assert whole.startswith(prompt)
+        expected += whole + "\n"
     assert stdout.getvalue() == expected
     # Neither --prompt nor --interactive: a usage error naming both.
     with pytest.raises(SystemExit):
