@@ -108,6 +108,7 @@ def test_trailing_whitespace_and_truncation(tok):
 # --- The scores against an independent scorer: transformers on the HF export -------------------
 
 HF_ROWS = 100
+HF_BATCH = 32  # rows per transformers forward
 
 
 @pytest.fixture(scope="module")
@@ -144,18 +145,28 @@ def hf_losses(hf, hf_tok, pairs: list[tuple[str, str]]) -> tuple[list[float], li
         assert whole[: len(ctx)] == ctx and len(whole) > len(ctx)
         seqs.append(whole)
         starts.append(len(ctx))
-    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-    with torch.no_grad():
-        logp = hf(input_ids=ids, attention_mask=mask).logits.double().log_softmax(-1)
     sums, means = [], []
-    for i, (s, k) in enumerate(zip(seqs, starts)):
-        nll = [-logp[i, j - 1, s[j]].item() for j in range(k, len(s))]
-        sums.append(sum(nll))
-        means.append(sum(nll) / len(nll))
+    for first in range(0, len(seqs), HF_BATCH):
+        batch = seqs[first : first + HF_BATCH]
+        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(batch):
+            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+        with torch.no_grad():
+            logp = hf(input_ids=ids, attention_mask=mask).logits.double().log_softmax(-1)
+        for i, (s, k) in enumerate(zip(batch, starts[first : first + HF_BATCH])):
+            nll = -logp[i, torch.arange(k - 1, len(s) - 1), torch.tensor(s[k:])]
+            sums.append(nll.sum().item())
+            means.append(nll.mean().item())
     return sums, means
+
+
+def per_row(values: list[float], counts: list[int]) -> list[list[float]]:
+    out, start = [], 0
+    for n in counts:
+        out.append(values[start : start + n])
+        start += n
+    return out
 
 
 def argmin(xs: list[float]) -> int:
@@ -167,10 +178,12 @@ def argmin(xs: list[float]) -> int:
 def test_task_losses_equal_a_transformers_scorer(trained_export, name):
     model, tok, hf, hf_tok = trained_export
     items = load_items(name, str(shared_path("data", "evals")))[:HF_ROWS]
-    result = downstream.evaluate_task(model, tok, name, items, 0, torch.device("cpu"))
+    result = downstream.evaluate_task(model, tok, name, items, 0, torch.device("cpu"),
+                                      batch_size=16)
     assert len(result.predictions) == HF_ROWS
-    for i, (item, p) in enumerate(zip(items, result.predictions)):
-        _, means = hf_losses(hf, hf_tok, [item.option(j) for j in range(item.num_options)])
+    _, flat = hf_losses(hf, hf_tok, [it.option(j) for it in items for j in range(it.num_options)])
+    rows = per_row(flat, [it.num_options for it in items])
+    for i, (p, means) in enumerate(zip(result.predictions, rows)):
         assert max(abs(a - b) for a, b in zip(p["mean_loss"], means)) < 1e-4, f"{name} row {i}"
         assert p["pred"] == argmin(means), f"{name} row {i}"
 
@@ -179,10 +192,12 @@ def test_task_losses_equal_a_transformers_scorer(trained_export, name):
 def test_hellaswag_losses_equal_a_transformers_scorer(trained_export):
     model, tok, hf, hf_tok = trained_export
     examples = hellaswag.load_examples(str(shared_path("data", "hellaswag_val.jsonl")), HF_ROWS)
-    result = hellaswag.evaluate(model, tok, examples, torch.device("cpu"))
+    result = hellaswag.evaluate(model, tok, examples, torch.device("cpu"), batch_size=8)
     assert result.n == HF_ROWS
-    for i, (ex, p) in enumerate(zip(examples, result.predictions)):
-        sums, means = hf_losses(hf, hf_tok, [(ex["ctx"], " " + e) for e in ex["endings"]])
+    flat_sums, flat_means = hf_losses(hf, hf_tok, [(ex["ctx"], " " + e) for ex in examples
+                                                   for e in ex["endings"]])
+    rows = zip(per_row(flat_sums, [4] * HF_ROWS), per_row(flat_means, [4] * HF_ROWS))
+    for i, (p, (sums, means)) in enumerate(zip(result.predictions, rows)):
         assert max(abs(a - b) for a, b in zip(p["mean_loss"], means)) < 1e-4, f"row {i}"
         assert max(abs(a - b) for a, b in zip(p["sum_loss"], sums)) < 1e-3, f"row {i}"
         assert (p["pred"], p["pred_norm"]) == (argmin(sums), argmin(means)), f"row {i}"
