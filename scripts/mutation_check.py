@@ -212,6 +212,14 @@ MUTANTS = [
         "            print(readable(tokenizer, ids), file=stdout)\n",
         ("tests/test_generate.py::test_cli_prints_the_completion_as_the_whole_sequence_decodes",),
     ),
+    Mutant(
+        "interactive_completion_decoded_alone",
+        "generate --interactive streams the completion decoded apart from its prompt",
+        "torchllm/generate.py",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout, ids)",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)",
+        ("tests/test_generate_interactive.py::test_interactive_cli_answers_each_stdin_line",),
+    ),
 ]
 
 
