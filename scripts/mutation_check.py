@@ -237,6 +237,76 @@ MUTANTS = [
          "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant(
+        "prepare_in_place", "prepare writes its shards straight into --out (no swap at the end)",
+        "torchllm/data/prepare.py",
+        "        index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens,",
+        "        index = _prepare(dcfg, tokenizer_spec, out, shard_tokens,",
+        ("tests/test_data_safety.py::"
+         "test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds",),
+    ),
+    Mutant(
+        "unlisted_shard_read", "training ignores shard files index.json does not list",
+        "torchllm/data/shards.py",
+        "        if SHARD_FILE.fullmatch(path.name) and path.name not in listed:",
+        "        if False:",
+        ("tests/test_data_safety.py::test_training_refuses_a_shard_not_listed_in_the_index",),
+    ),
+    Mutant(
+        "sft_without_targets", "chat data with no assistant turn trains (loss nan, 0 tokens)",
+        "torchllm/data/chat.py", "    if not mask[: source.windows_per_epoch, 1:].any():",
+        "    if False:",
+        ("tests/test_data_safety.py::test_sft_data_without_an_assistant_turn_stops_at_start",),
+    ),
+    Mutant(
+        "export_mode_0600", "exported .safetensors keep safetensors' 0600 mode",
+        "torchllm/checkpoint/convert.py", "    os.chmod(path, file_mode())\n", "",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "output_replaced", "convert to-file / to-dcp silently replace an existing output",
+        "torchllm/checkpoint/convert.py", "    if out.exists() and not overwrite:\n",
+        "    if False:\n",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "unreadable_marker_skips_checksums",
+        "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
+        "loads unverified", "torchllm/checkpoint/layout.py",
+        '        raise MarkerError(f"marker {marker} is {what}") from None\n',
+        "        return {}\n",
+        ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
+    ),
+    Mutant(
+        "continuation_encoded_apart",
+        "a scored continuation is encoded on its own and appended to the context's ids",
+        "torchllm/eval/continuation.py",
+        "    whole = tokenizer.encode(context + continuation, bos=True)\n",
+        "    whole = tokenizer.encode(context, bos=True) + tokenizer.encode(continuation)\n",
+        ("tests/test_eval_continuation.py::test_hellaswag_endings_are_encoded_as_the_whole_string"
+         "[sp_auto]",
+         "tests/test_eval_hellaswag.py::test_scoring_matches_brute_force_on_a_tiny_file",
+         "tests/test_eval_downstream.py::test_scorer_matches_brute_force_on_real_rows"
+         "[arc_easy-mc]"),
+    ),
+    Mutant(
+        "completion_decoded_alone",
+        "generate prints the completion decoded apart from its prompt (loses the boundary space)",
+        "torchllm/generate.py",
+        "            print(completion_text(tokenizer, prompts[i], ids), file=stdout)\n",
+        "            print(readable(tokenizer, ids), file=stdout)\n",
+        ("tests/test_generate.py::test_cli_prints_the_completion_as_the_whole_sequence_decodes",),
+    ),
+    Mutant(
+        "interactive_completion_decoded_alone",
+        "generate --interactive streams the completion decoded apart from its prompt",
+        "torchllm/generate.py",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout, ids)",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)",
+        ("tests/test_generate_interactive.py::test_interactive_cli_answers_each_stdin_line",),
+    ),
+    Mutant(
         "report_loss_against_steps", "the report's loss plot ignores the tokens seen",
         "torchllm/report/plots.py",
         "                x = run.tokens_at(series.steps) if by_tokens else series.steps\n",

@@ -215,7 +215,8 @@ def build_mixture(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int
             sources.append(StreamSource(stream, seq_len, seed, dcfg.shuffle_windows,
                                         entry.dataset))
         except ConfigError as e:
-            raise ConfigError(f"{where}: {e}", e.key or "data.sources") from None
+            said = str(e) if str(e).startswith(f"{where}:") else f"{where}: {e}"
+            raise ConfigError(said, e.key or "data.sources") from None
         vals.append(ValWindows(val, seq_len, dp_rank, dp_degree))
     train = MixtureBatches(sources, [s.dataset for s in entries], weights,
                            job_config.training.local_batch_size, dp_rank, dp_degree)

@@ -12,6 +12,7 @@ A new Hub dataset is one line in HF_DATASETS.
 from __future__ import annotations
 
 import glob
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -95,7 +96,7 @@ def import_datasets(what: str):
     return datasets
 
 
-def open_stream(source: Source, text_column: str):
+def open_stream(source: Source, text_column: str, label: str = "local"):
     """A streaming `datasets.IterableDataset` for a local or hf source, column checked.
 
     Local files go through the same streaming reader as the Hub, so no Arrow cache is written and
@@ -119,11 +120,15 @@ def open_stream(source: Source, text_column: str):
     except StopIteration:  # datasets' json reader on files without a single row
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
     except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
+        if source.kind == "local" and (found := unreadable(f"{label}:{source.location}",
+                                                           source.location)):
+            raise found from None
         raise ConfigError(
             f"data.dataset: cannot open {where!r} (subset {source.subset!r}, split "
             f"{source.split!r}): {type(e).__name__}: {e}", "data.dataset"
         ) from None
-    first = next(iter(ds), None)  # read one row: an empty dataset must fail here, not in a worker
+    # read one row: an empty dataset must fail here, not in a worker
+    first = next(iter(read_rows(ds, source, label)), None)
     if first is None:
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
     columns = list(first)
@@ -133,6 +138,51 @@ def open_stream(source: Source, text_column: str):
             "data.text_column",
         )
     return ds, text_column
+
+
+def read_rows(ds, source: Source, label: str = "local") -> Iterator[dict]:
+    """The rows of `open_stream`'s dataset; a local file that cannot be read (not UTF-8, a bad
+    JSON line, ...) is a one-line ConfigError naming the file and line instead of a traceback
+    (`label`: the dataset kind the user wrote, local or chat)."""
+    rows = iter(ds)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except ConfigError:
+            raise
+        except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
+            if source.kind != "local":
+                raise
+            where = f"{label}:{source.location}"
+            raise (unreadable(where, source.location) or ConfigError(
+                f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
+        yield row
+
+
+def unreadable(where: str, location: str) -> ConfigError | None:
+    """Why the files of LOCATION failed to read: the first line that is not UTF-8 (or, in
+    .jsonl, not JSON), found by scanning them again; None if every line reads."""
+    for f in local_files(location):
+        if Path(f).suffix not in (".txt", ".jsonl", ".json"):
+            continue  # parquet: binary, the reader's message below
+        with open(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return ConfigError(
+                        f"{where}: {f} is not UTF-8 text (line {lineno}, byte {e.start}: "
+                        f"{raw[e.start:e.start + 1]!r}); convert it (e.g. iconv -f latin1 -t "
+                        "utf-8) or remove it", "data.dataset")
+                if f.endswith(".jsonl") and line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as e:
+                        return ConfigError(f"{where}: {f} line {lineno} is not valid JSON "
+                                           f"({e})", "data.dataset")
+    return None
 
 
 def documents(dcfg) -> Iterator[str]:
@@ -146,7 +196,7 @@ def documents(dcfg) -> Iterator[str]:
                           "text to read (use their tokenizer, recorded in index.json)")
     ds, column = open_stream(source, dcfg.text_column)
     empty = True
-    for row in ds:
+    for row in read_rows(ds, source):
         empty = False
         yield row[column]
     if empty:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from torchllm.checkpoint.layout import resolve_checkpoint, step_of
+from torchllm.checkpoint.resume import recorded_precision
 from torchllm.data import build_data
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
@@ -65,10 +67,12 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
 
 
 def evaluate_loss(model, cfg, tokenizer, device, data: str | None = None,
-                  steps: int | None = None, max_tokens: int | None = None) -> dict:
-    """{loss, perplexity, bits_per_byte, tokens, bytes, data} of `model` on `data`."""
+                  steps: int | None = None, max_tokens: int | None = None,
+                  recorded: str | None = None) -> dict:
+    """{loss, perplexity, bits_per_byte, tokens, bytes, data} of `model` on `data`, in the
+    precision the checkpoint recorded (`recorded`: "bf16"/"fp32"), else training's."""
     batches, n, what = evaluation_batches(cfg, tokenizer, data, steps, max_tokens)
-    bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type)
+    bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type, recorded)
 
     def autocast():
         return (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
@@ -100,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = inference_device(args.device)
         model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
+        step = resolve_checkpoint(args.checkpoint)
+        recorded = recorded_precision(step.parent, step_of(step), device)
         result = evaluate_loss(model, cfg, tokenizer, device, args.data, args.steps,
-                               args.max_tokens)
+                               args.max_tokens, recorded)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         logger.error("error: %s", e)
         return 2
