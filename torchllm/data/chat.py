@@ -196,14 +196,9 @@ class ChatVal(torch.utils.data.Dataset):
 
 def read_conversations(location: str, dcfg) -> list[list[dict]]:
     """`messages` lists of chat:PATH (jsonl/parquet file, glob or folder) or chat:hf:NAME."""
-    from torchllm.data.sources import Source, open_stream
+    from torchllm.data.kinds.chat import rows_source
 
-    kind, sep, rest = location.partition(":")
-    if sep and kind == "hf":
-        source = Source("hf", rest, dcfg.hf_subset or None, dcfg.hf_split or "train")
-    else:
-        source = Source("local", location)
-    ds, column = open_stream(source, dcfg.chat_column)
+    ds, column = rows_source(location, dcfg).open_rows(dcfg.chat_column)
     return [list(row[column]) for row in ds]
 
 
