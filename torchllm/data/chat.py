@@ -85,7 +85,8 @@ class ChatTemplate:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        if has_native_template(tokenizer):
+        self.native = has_native_template(tokenizer)
+        if self.native:
             self.kind = "llama3"
             self.start_header, self.end_header, self.eot = (special_id(tokenizer, t)
                                                             for t in LLAMA3_TOKENS)
@@ -100,13 +101,13 @@ class ChatTemplate:
                 "with Llama 3's header tokens", "data.chat_tokens")
 
     def header(self, role: str) -> list[int]:
-        if self.kind == "llama3":
+        if self.native:
             return ([self.start_header] + self.tokenizer.encode(role) + [self.end_header]
                     + self.tokenizer.encode("\n\n"))
         return [self.tokenizer.added[f"<|{role}_start|>"]]
 
     def footer(self, role: str) -> list[int]:
-        return [self.eot] if self.kind == "llama3" else [self.tokenizer.added[f"<|{role}_end|>"]]
+        return [self.eot] if self.native else [self.tokenizer.added[f"<|{role}_end|>"]]
 
     def render(self, messages: list[dict]) -> Rendered:
         ids, trained = [self.tokenizer.bos_id], [False]

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 from torchllm.config.job_config import ConfigError
 
@@ -242,6 +242,45 @@ def hub_failure_message(name: str, error: Exception) -> str:
     )
 
 
+CHUNK_CHARS = 4096  # the longest piece of text handed to the SentencePiece trainer at once
+
+
+def training_chunks(text: str, limit: int = CHUNK_CHARS) -> Iterator[str]:
+    """`text` cut into pieces of at most `limit` characters that together are exactly `text`.
+
+    Whole lines are gathered up to the limit (their newlines kept, so newlines get pieces of
+    their own); a longer line is cut after its last sentence end (". ", "! ", "? ") or else its
+    last whitespace in the second half of the limit, or else at the limit. So any text works:
+    CRLF or LF, blank lines or none, blank lines holding spaces, one huge paragraph.
+    """
+    gathered, size = [], 0
+    for line in text.splitlines(keepends=True):
+        while len(line) > limit:
+            if gathered:
+                yield "".join(gathered)
+                gathered, size = [], 0
+            cut = _cut(line, limit)
+            yield line[:cut]
+            line = line[cut:]
+        if size + len(line) > limit:
+            yield "".join(gathered)
+            gathered, size = [], 0
+        gathered.append(line)
+        size += len(line)
+    if gathered:
+        yield "".join(gathered)
+
+
+def _cut(line: str, limit: int) -> int:
+    """Where to end the first piece of an over-long line (see training_chunks)."""
+    head = line[:limit]
+    for ends in ((". ", "! ", "? "), (" ", "\t")):
+        at = max(head.rfind(e) for e in ends)
+        if at >= limit // 2:
+            return at + len(ends[0])
+    return limit
+
+
 def train_sentencepiece(
     texts: Iterable[str], vocab_size: int, out: str | Path, num_threads: int = 2,
     max_chars: int | None = None, progress: bool = False,
@@ -249,6 +288,7 @@ def train_sentencepiece(
 ) -> Path:
     """Train a byte-fallback BPE SentencePiece model on `texts` and write it to `out` atomically.
 
+    Each text reaches the trainer whole, in `training_chunks` (nothing is dropped).
     `max_chars` caps the training text (a few tens of MB is plenty for a BPE vocabulary).
     `vocab_key` and `source` name the setting and the input in error messages.
     """
@@ -259,20 +299,19 @@ def train_sentencepiece(
 
     seen = [0]  # characters handed to the trainer
 
-    def paragraphs():
-        # Paragraphs, not lines: newlines stay inside the training text and get their own pieces.
+    def chunks():
         for text in texts:
-            for para in text.split("\n\n"):
-                if para.strip():
-                    seen[0] += len(para)
-                    yield para
-            if max_chars is not None and seen[0] >= max_chars:
-                return
+            for chunk in training_chunks(text):
+                if chunk.strip():  # whitespace alone teaches nothing; every other chunk goes in
+                    seen[0] += len(chunk)
+                    yield chunk
+                if max_chars is not None and seen[0] >= max_chars:
+                    return
 
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=paragraphs(),
+            sentence_iterator=chunks(),
             model_writer=proto,
             vocab_size=vocab_size,
             model_type="bpe",
@@ -281,7 +320,8 @@ def train_sentencepiece(
             # Lossless: decode(encode(text)) == text, newlines and runs of spaces included.
             normalization_rule_name="identity",
             remove_extra_whitespaces=False,
-            max_sentence_length=1 << 16,
+            # Bytes; no chunk is longer (the trainer silently skips longer sentences).
+            max_sentence_length=4 * CHUNK_CHARS,
             num_threads=num_threads,
             unk_id=0,
             bos_id=1,
