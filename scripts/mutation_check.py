@@ -39,6 +39,16 @@ class Mutant:
     new: str
     tests: tuple[str, ...]  # pytest node ids that must fail
 
+# The lines of RunLock._take_over between its two checks that the file is the stale one.
+LOCK_LOG = """            logger.warning("taking over the stale lock %s of host %s pid %s: %s",
+                           self.path, info.get("host"), info.get("pid"), reason)
+"""
+LOCK_ASIDE = """            aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}")
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return False
+"""
 
 MUTANTS = [
     Mutant(
@@ -191,6 +201,40 @@ MUTANTS = [
         "torchllm/metrics/norms.py", "            t = t.full_tensor()\n",
         "            t = t.to_local()\n",
         ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
+    ),
+    Mutant(
+        "float_range_allows_inf", "a config float Range lets inf through (lr=inf trains to NaN)",
+        "torchllm/config/fields.py", "        if not math.isfinite(x):\n            return False\n",
+        "",
+        ("tests/test_config.py::test_every_float_key_refuses_nan_and_inf",),
+    ),
+    Mutant(
+        "run_name_dotdot", "job.run_name = '..' is accepted (overwrite deletes the dump folder)",
+        "torchllm/config/paths.py", 'return name in ("", ".", "..") or',
+        'return name in ("", ".") or',
+        ("tests/test_run_safety.py::test_run_name_is_one_folder_name_and_other_runs_survive",),
+    ),
+    Mutant(
+        "subfolder_dotdot", "checkpoint.folder / metrics.tb_folder may climb out with '..'",
+        "torchllm/config/paths.py", 'or ".." in posix.parts ', "",
+        ("tests/test_run_safety.py::test_folder_keys_stay_below_their_folder",),
+    ),
+    Mutant(
+        "lock_takeover_unverified", "a stale-lock takeover renames aside whatever run.lock is "
+        "by then (another launch's new lock), so two launches both hold the run folder",
+        "torchllm/runlock.py",
+        """            if _identity(self.path) != ident:
+                return False  # renewed, released or taken over since it was read
+""" + LOCK_LOG + LOCK_ASIDE + """            if _identity(aside) != ident:  # a new lock, created in between: put it back
+                try:
+                    os.link(aside, self.path)
+                except FileExistsError:
+                    pass
+                aside.unlink()
+                return False
+""", LOCK_LOG + LOCK_ASIDE,
+        ("tests/test_runlock.py::test_racing_launches_take_over_a_stale_lock_once",
+         "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant(
         "mixture_stream_position_lost",

@@ -29,13 +29,16 @@ def _process_state() -> dict:
     environment, the working directory, and torch's process-wide switches."""
     import logging
     import os
+    import warnings
 
     import torch._dynamo.config
     import torch._functorch.config
     import torch._inductor.config
 
     def config(module) -> dict:  # read each key as code does: a deleted key reads "<deleted>"
-        return {key: getattr(module, key, "<deleted>") for key in module.get_config_copy()}
+        with warnings.catch_warnings():  # reading a deprecated key warns
+            warnings.simplefilter("ignore")
+            return {key: getattr(module, key, "<deleted>") for key in module.get_config_copy()}
 
     loggers = {"": logging.getLogger(), "torch": logging.getLogger("torch")}
     return {
@@ -45,7 +48,9 @@ def _process_state() -> dict:
         "logging": {name or "root": (list(lg.handlers), lg.level, lg.propagate, lg.disabled)
                     for name, lg in loggers.items()},
         "logging.disable": logging.root.manager.disable,
-        "os.environ": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+        # (inductor keeps one private variable of its own there once anything is compiled)
+        "os.environ": {k: v for k, v in os.environ.items()
+                       if k not in ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")},
         "cwd": os.getcwd(),
         "torch": {
             "default_dtype": torch.get_default_dtype(),

@@ -1,6 +1,8 @@
 import dataclasses
+import os
 import subprocess
 import sys
+import typing
 
 import pytest
 
@@ -114,6 +116,14 @@ def test_toml_errors_name_file_and_key(tmp_path, text, message):
     assert path in str(e.value)
 
 
+def test_empty_run_name_in_a_file_is_unset_but_on_the_command_line_an_error(tmp_path):
+    # config.toml files of earlier runs say run_name = "" (unset: the config file's stem).
+    path = write(tmp_path, '[job]\nrun_name = ""\n')
+    assert load_config([f"--job.config_file={path}"]).job.run_name is None
+    with pytest.raises(ConfigError, match="job.run_name = '': must be one folder name"):
+        load_config(["--job.run_name="])
+
+
 def test_toml_int_accepted_for_float(tmp_path):
     path = write(tmp_path, "[optimizer]\nlr = 1\n")
     assert load_config([f"--job.config_file={path}"]).optimizer.lr == 1.0
@@ -152,3 +162,87 @@ def test_train_help_lists_sections():
 def test_every_shipped_config_loads():
     for path in sorted((REPO / "train_configs").glob("*.toml")):
         load_config([f"--job.config_file={path}"])
+
+
+def float_keys():
+    """(dotted key, Field, TOML text setting the key to {value}) of every float field of every
+    section, and of every list-of-tables item (e.g. [[data.sources]] weight), by introspection."""
+    from torchllm.config.loader import _toml_value, field_types
+
+    out = []
+    for section, obj in JobConfig().sections():
+        for f in dataclasses.fields(obj):
+            tp = field_types(type(obj))[f.name]
+            args = typing.get_args(tp)
+            if float in (tp, *args):
+                out.append((f"{section}.{f.name}", f, f"[{section}]\n{f.name} = {{value}}\n"))
+            elif typing.get_origin(tp) is list and dataclasses.is_dataclass(args[0]):
+                item = args[0]
+                for g in dataclasses.fields(item):
+                    gtp = field_types(item)[g.name]
+                    if float in (gtp, *typing.get_args(gtp)):
+                        rest = "".join(f"{h.name} = {_toml_value(getattr(item(), h.name))}\n"
+                                       for h in dataclasses.fields(item) if h is not g)
+                        out.append((f"{section}.{f.name}[0].{g.name}", g,
+                                    f"[[{section}.{f.name}]]\n{rest}{g.name} = {{value}}\n"))
+    return out
+
+
+def test_every_float_key_refuses_nan_and_inf(tmp_path):
+    keys = float_keys()
+    assert {"optimizer.lr", "optimizer.beta1", "training.max_norm", "model.rope_theta",
+            "data.sources[0].weight"} <= {k for k, _, _ in keys}
+    for key, f, text in keys:
+        for value in ("nan", "inf", "-inf"):
+            path = write(tmp_path, text.format(value=value))
+            with pytest.raises(ConfigError) as e:
+                load_config([f"--job.config_file={path}"])
+            assert e.value.key == key.split("[")[0], (key, value, str(e.value))
+            assert f"{key} = {value}" in str(e.value) and ": must be " in str(e.value), e.value
+            assert "\n" not in str(e.value)
+    # A new float key says what it allows (opt(..., allowed=Range(...)); docs/config.md shows it).
+    assert [k for k, f, _ in keys if f.metadata.get("allowed") is None] == []
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--optimizer.beta1=2", "optimizer.beta1 = 2.0: must be in [0, 1)"),
+    ("--optimizer.beta2=1", "optimizer.beta2 = 1.0: must be in [0, 1)"),
+    ("--optimizer.eps=0", "optimizer.eps = 0.0: must be > 0 and finite"),
+    ("--optimizer.lr=inf", "optimizer.lr = inf: must be > 0 and finite"),
+    ("--optimizer.lr=0", "optimizer.lr = 0.0: must be > 0 and finite"),
+    ("--optimizer.weight_decay=-0.1", "optimizer.weight_decay = -0.1: must be >= 0 and finite"),
+    ("--optimizer.muon_momentum=1", "optimizer.muon_momentum = 1.0: must be in [0, 1)"),
+    ("--training.max_norm=nan", "training.max_norm = nan: must be a finite number (<= 0 "
+                                "disables clipping)"),
+    ("--model.rope_theta=0", "model.rope_theta = 0.0: must be > 0 and finite"),
+    ("--eval.top_p=0", "eval.top_p = 0.0: must be in (0, 1]"),
+    ("--lr_scheduler.decay_ratio=0", "lr_scheduler.decay_ratio = 0.0: must be in (0, 1]"),
+    ("--data.sources=embedded=inf", "data.sources[0].weight = inf (embedded): must be > 0"),
+    ("--data.sources=embedded=1,embedded=nan", "data.sources[1].weight = nan (embedded)"),
+    ("--data.sources=embedded=1e308,embedded=1e308", "data.sources: the weights [1e+308, "
+                                                     "1e+308] sum to inf"),
+])
+def test_float_ranges_name_key_value_and_allowed(flag, message):
+    with pytest.raises(ConfigError) as e:
+        load_config([flag])
+    assert message in str(e.value) and f"flag {flag}" in str(e.value)
+
+
+def test_float_range_edges_that_mean_off_are_accepted():
+    cfg = load_config(["--training.max_norm=0", "--metrics.loss_spike_factor=0",
+                       "--optimizer.beta1=0", "--model.dropout=0", "--eval.temperature=0"])
+    assert (cfg.training.max_norm, cfg.metrics.loss_spike_factor) == (0.0, 0.0)
+    assert load_config(["--training.max_norm=-1"]).training.max_norm == -1.0  # also off
+
+
+def test_bad_float_is_exit_2_through_the_entry_point(tmp_path):
+    from conftest import tiny_args
+
+    proc = subprocess.run([sys.executable, "-m", "torchllm.train",
+                           *tiny_args(tmp_path, "--optimizer.lr=inf")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and "optimizer.lr = inf: must be > 0 and finite" in lines[0], lines
+    assert not (tmp_path / "default").exists()  # refused before the run folder was made

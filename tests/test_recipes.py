@@ -244,7 +244,9 @@ def test_deterministic_runs_are_identical_on_cpu(tmp_path, monkeypatch):
         a = Trainer(tiny_config(tmp_path / "a", "--job.deterministic", "--training.steps=3"))
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         assert torch.are_deterministic_algorithms_enabled()
-        losses = a.train()
+        losses = a.train()  # train() closes the Trainer: it gives the switches back
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
         b = Trainer(tiny_config(tmp_path / "b", "--job.deterministic", "--training.steps=3"))
         assert b.train() == losses
         for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):

@@ -127,8 +127,9 @@ def test_resume_continues_the_curves_and_a_fresh_start_is_refused(tmp_path):
     fresh = Trainer(tiny_config(tmp_path, "--job.run_name=r", "--metrics.log_freq=2",
                                 "--job.overwrite")).train()
     assert not (tmp_path / "r" / "checkpoint").exists()
-    assert scalars(tmp_path / "tb" / "r", "loss/avg") == pytest.approx(
-        [(1, fresh[0]), (2, fresh[1]), (4, fresh[3])])
+    got = scalars(tmp_path / "tb" / "r", "loss/avg")  # approx() takes no nested pairs
+    assert [s for s, _ in got] == [1, 2, 4]
+    assert [v for _, v in got] == pytest.approx([fresh[0], fresh[1], fresh[3]])
 
 
 def test_failure_report_names_the_root_cause_once():
@@ -256,7 +257,8 @@ def test_launcher_counts_the_devices_itself(monkeypatch):
 
     from torchllm.launch import resolve_nproc
 
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "x")  # recorded, so undone even when it was unset
+    monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert resolve_nproc(["--nproc_per_node=devices", "--standalone"]) == [
         "--nproc_per_node=1", "--standalone"]
@@ -267,3 +269,94 @@ def test_launcher_counts_the_devices_itself(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the user's setting wins
     assert resolve_nproc(["--nproc_per_node=2"]) == ["--nproc_per_node=2"]
     assert os.environ["OMP_NUM_THREADS"] == "8"
+
+
+def neighbour(dump):
+    """A dump folder holding another run's checkpoint and TensorBoard events; returns a
+    snapshot function (every file under the dump folder with its content)."""
+    (dump / "other" / "checkpoint" / "step-2").mkdir(parents=True)
+    (dump / "other" / "checkpoint" / "step-2" / "COMPLETE").write_text("2")
+    (dump / "tb" / "other").mkdir(parents=True)
+    (dump / "tb" / "other" / "events.out.tfevents.1.host").write_text("curves")
+    return lambda: {p.relative_to(dump): p.read_text() for p in dump.rglob("*") if p.is_file()}
+
+
+BAD_RUN_NAMES = ["..", ".", "", "a/b", "../../x", "/abs/run"]
+
+
+def test_run_name_is_one_folder_name_and_other_runs_survive(tmp_path):
+    from torchllm.train import main
+
+    dump = tmp_path / "sub" / "dump"
+    snapshot = neighbour(dump)
+    before = snapshot()
+    for name in BAD_RUN_NAMES:
+        with pytest.raises(ConfigError, match=r"job.run_name = .*: must be one folder name: "
+                                              r"not empty, no '/'") as e:
+            tiny_config(dump, f"--job.run_name={name}", "--job.overwrite")
+        assert e.value.key == "job.run_name" and "\n" not in str(e.value)
+        # The real entry point: exit 2, nothing deleted, nothing made outside the dump folder.
+        assert main(tiny_args(dump, f"--job.run_name={name}", "--job.overwrite")) == 2, name
+        assert snapshot() == before, name
+        assert sorted(os.listdir(tmp_path)) == ["sub"] and os.listdir(tmp_path / "sub") == [
+            "dump"]
+    with pytest.raises(ConfigError, match="job.run_name = 'tb' is the first folder of "
+                                          "metrics.tb_folder"):
+        tiny_config(dump, "--job.run_name=tb")
+    stem = tmp_path / "...toml"  # the run name defaults to the config file's stem: '..'
+    stem.write_text("")
+    with pytest.raises(ConfigError, match=r"the run name '\.\.' \(the stem of job.config_file"):
+        tiny_config(dump, f"--job.config_file={stem}")
+    assert tiny_config(dump, "--job.run_name=r.1_x").job.run_name == "r.1_x"
+
+
+@pytest.mark.parametrize("key, where", [("checkpoint.folder", "the run folder"),
+                                        ("metrics.tb_folder", "job.dump_folder"),
+                                        ("profiling.traces_folder", "the run folder")])
+def test_folder_keys_stay_below_their_folder(tmp_path, key, where):
+    for value in ["..", "", ".", "../x", "a/../../x", "/tmp/elsewhere", "./"]:
+        with pytest.raises(ConfigError) as e:
+            tiny_config(tmp_path, f"--{key}={value}")
+        assert e.value.key == key
+        assert f"{key} = {value!r}: must be a relative path below {where}" in str(e.value)
+    assert tiny_config(tmp_path, f"--{key}=a/b").value(key) == "a/b"
+
+
+def test_launcher_refuses_a_bad_run_name_in_one_line(tmp_path):
+    snapshot = neighbour(tmp_path)
+    before = snapshot()
+    env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
+    for cmd in (["./run_train.sh"], [sys.executable, "-m", "torchllm.train"]):
+        proc = subprocess.run([*cmd, *tiny_args(tmp_path, "--job.run_name=..", "--job.overwrite")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        assert len(lines) == 1 and "job.run_name = '..': must be one folder name" in lines[0]
+        assert snapshot() == before
+
+
+def test_overwrite_deletes_only_this_runs_folders_and_says_what(tmp_path, log_text):
+    import torch
+
+    from torchllm.rundir import prepare_run_dir
+
+    snapshot = neighbour(tmp_path)
+    before = snapshot()
+    (tmp_path / "r" / "checkpoint" / "step-4").mkdir(parents=True)
+    (tmp_path / "r" / "checkpoint" / "step-4" / "COMPLETE").write_text("4")
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    (tmp_path / "tb" / "r").mkdir(parents=True)
+    (tmp_path / "tb" / "r" / "events.out.tfevents.2.host").write_text("old curves")
+    with pytest.raises(ConfigError, match="previous run's outputs"):
+        prepare_run_dir(tiny_config(tmp_path, "--job.run_name=r"), torch.device("cpu"))
+    run_dir, lock = prepare_run_dir(tiny_config(tmp_path, "--job.run_name=r", "--job.overwrite"),
+                                    torch.device("cpu"))
+    lock.release()
+    assert run_dir == tmp_path / "r"
+    assert not (tmp_path / "r" / "checkpoint").exists() and not (tmp_path / "tb" / "r").exists()
+    assert (tmp_path / "r" / "notes.txt").read_text() == "mine"  # not an output: kept
+    after = snapshot()
+    assert {k: v for k, v in after.items() if k in before} == before  # the neighbour survives
+    assert f"job.overwrite: deleted run 'r''s previous outputs: {tmp_path / 'r' / 'checkpoint'} " \
+           f"(1 item(s): step-4); {tmp_path / 'tb' / 'r'} (1 item(s): " \
+           "events.out.tfevents.2.host)" in log_text()

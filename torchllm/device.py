@@ -38,6 +38,27 @@ def resolve_device(name: str, key: str = "training.device") -> torch.device:
     return torch.device("cpu")
 
 
+def determinism_settings() -> dict:
+    """torch's process-wide determinism switches (and cuBLAS's variable) as they are now, for
+    `restore_determinism` (a Trainer gives them back when it closes: a notebook's next model,
+    or the next test, should not inherit job.deterministic)."""
+    return {
+        "algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark),
+        "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+
+
+def restore_determinism(saved: dict) -> None:
+    torch.use_deterministic_algorithms(saved["algorithms"], warn_only=saved["warn_only"])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved["cudnn"]
+    if saved["cublas_workspace"] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved["cublas_workspace"]
+
+
 def seed_everything(seed: int, deterministic: bool) -> None:
     """Seed every RNG; optionally trade speed for bit-reproducible kernels."""
     random.seed(seed)

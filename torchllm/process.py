@@ -5,12 +5,13 @@ module sits below torchllm.train and never imports it.)"""
 from __future__ import annotations
 
 import os
+import signal
 
 from torchllm.config import ConfigError, help_text, load_config
 from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
 from torchllm.log import init_logger, logger
 from torchllm.parallel import destroy_distributed
-from torchllm.runlock import set_parent_death_signal
+from torchllm.runlock import release_held_locks, set_parent_death_signal
 
 
 def trainer_from_args(trainer_cls, argv: list[str]):
@@ -21,6 +22,14 @@ def trainer_from_args(trainer_cls, argv: list[str]):
         logger.error("config error: %s", e)
         destroy_distributed()
         return None
+
+
+def _release_locks_and_die(signum, frame) -> None:
+    """SIGTERM outside training (torchrun stopping the ranks after one failed at start-up): free
+    the run folder, then die of the signal as without this handler."""
+    release_held_locks()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def main(trainer_cls, argv: list[str]) -> int:
@@ -34,6 +43,8 @@ def main(trainer_cls, argv: list[str]) -> int:
         launcher = os.environ.get(LAUNCHER_PID_ENV)
         set_parent_death_signal(int(launcher) if launcher else None)
     trainer, error = None, None
+    # Training replaces this handler with its own (stop after the step, save, exit 0).
+    previous = signal.signal(signal.SIGTERM, _release_locks_and_die)
     try:
         trainer = trainer_cls(load_config(argv))
         trainer.train()
@@ -46,6 +57,8 @@ def main(trainer_cls, argv: list[str]) -> int:
         # process group, which makes the other ranks fail too.
         write_status(code, error)
         destroy_distributed()
-        if trainer is not None and trainer.run_lock is not None:
-            trainer.run_lock.release()
+        # The lock is released here, not by atexit: the process ends with os._exit. A Trainer
+        # that failed half-built (a checkpoint that cannot load) is not even returned to us.
+        release_held_locks()
+        signal.signal(signal.SIGTERM, previous)
     return code

@@ -7,7 +7,10 @@
    off) into a folder that holds a previous run's outputs (checkpoints or TensorBoard events)
    is refused, naming `job.run_name` and `job.overwrite`: starting at step 1 again would write a
    second set of curves over the first and leave the old checkpoints to be resumed by accident.
-   `--job.overwrite` deletes those outputs (the tokenizer cache stays) and starts afresh.
+   `--job.overwrite` deletes those outputs, this run's checkpoint folder and its own TensorBoard
+   folder and nothing else (the tokenizer cache and other runs stay), and starts afresh; the
+   config keys that name these folders are checked to stay inside the dump folder
+   (torchllm.config.paths).
    A resumed run continues the same TensorBoard curves (see torchllm.metrics.writers).
 3. rank 0 writes the effective config.toml.
 Every rank learns rank 0's outcome, so all ranks fail with the same one-line error.
@@ -22,16 +25,41 @@ import torch
 import torch.distributed as dist
 
 from torchllm.checkpoint.layout import complete_steps, step_of
-from torchllm.config import ConfigError, JobConfig, to_toml
+from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm.metrics.writers import tensorboard_folder
 from torchllm.runlock import RunLock, RunLockedError
 
 
 def run_name(cfg: JobConfig) -> str:
-    if cfg.job.run_name:
-        return cfg.job.run_name
-    return Path(cfg.job.config_file).stem if cfg.job.config_file else "default"
+    """The run folder's name (checked to be one folder name when the config loads)."""
+    return paths.run_name(cfg.job)
+
+
+def own_folders(cfg: JobConfig, run_dir: Path) -> list[tuple[Path, Path]]:
+    """(folder, the folder it must lie strictly below) of what `--job.overwrite` may delete:
+    this run's checkpoint folder and its own TensorBoard folder, nothing else."""
+    return [(run_dir / cfg.checkpoint.folder, run_dir),
+            (tensorboard_folder(cfg, run_name(cfg)),
+             Path(cfg.job.dump_folder) / cfg.metrics.tb_folder)]
+
+
+def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None:
+    """Delete this run's checkpoint and TensorBoard folders, and log what went."""
+    deleted = []
+    for folder, parent in own_folders(cfg, run_dir):
+        if not folder.is_dir():
+            continue
+        real, real_parent = folder.resolve(), parent.resolve()
+        if real_parent not in real.parents:  # config checks make this unreachable: a symlink?
+            raise ConfigError(f"job.overwrite: {folder} (really {real}) is not inside "
+                              f"{real_parent}; not deleting it, remove it by hand", "job.overwrite")
+        inside = [p.name for p in found if folder in p.parents]
+        shutil.rmtree(folder)
+        deleted.append(f"{folder} ({len(inside)} item(s): {', '.join(inside[:4])}"
+                       f"{', ...' if len(inside) > 4 else ''})")
+    logger.warning("job.overwrite: deleted run %r's previous outputs: %s", run_name(cfg),
+                   "; ".join(deleted))
 
 
 def previous_outputs(cfg: JobConfig, run_dir: Path) -> list[Path]:
@@ -67,10 +95,7 @@ def check_fresh_start(cfg: JobConfig, run_dir: Path) -> None:
             f"would start again at step 1; choose a new --job.run_name,{resume} or pass "
             "--job.overwrite to delete them and start over", "job.run_name",
         )
-    for folder in (run_dir / cfg.checkpoint.folder, tensorboard_folder(cfg, run_name(cfg))):
-        if folder.is_dir():
-            logger.warning("job.overwrite: deleting the previous run's %s", folder)
-            shutil.rmtree(folder)
+    delete_own_outputs(cfg, run_dir, found)
 
 
 def _agree(error: Exception | None, device: torch.device) -> None:

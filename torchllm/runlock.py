@@ -1,15 +1,21 @@
 """One run per folder: an exclusive lock file in the run folder, and workers that die with torchrun.
 
-The lock is `<run folder>/run.lock`, created atomically (O_CREAT | O_EXCL) by the process that
-runs rank 0, holding JSON: host, pid, the pid's start time (so a reused pid is not mistaken for
-the holder) and when the run started. A daemon thread touches the file every `heartbeat_s`
-seconds; its modification time is the heartbeat.
+The lock is `<run folder>/run.lock`, taken by the process that runs rank 0: its JSON (host, pid,
+the pid's start time, so a reused pid is not mistaken for the holder, and when the run started)
+is written to a file of its own, then hard-linked to `run.lock`, which fails if the lock exists:
+a lock file is never seen empty or half-written. A daemon thread touches the file every
+`heartbeat_s` seconds; its modification time is the heartbeat. The process releases the lock on
+every way out of `torchllm.process.main` (`release_held_locks`; workers end with `os._exit`,
+which skips `atexit`), and on SIGTERM before training installs its own handler.
 
 A lock left behind is stale, and is taken over with a warning, when
 - the holder ran on this host and its process is gone (or the pid now names another process), or
 - the holder ran on another host and its heartbeat is older than `stale_s` (`job.lock_stale_minutes`;
   that host's clock and this one's must roughly agree, as they do under NTP).
-Otherwise the launch fails at start with a `RunLockedError` naming the holder.
+Otherwise the launch fails at start with a `RunLockedError` naming the holder. Of several launches
+that find one stale lock, exactly one takes it over (`RunLock._take_over`); the others find its
+new lock and fail. A lock file that is not a JSON object with a host and a positive integer pid
+fails the launch too: "unreadable lock file X: delete it if no run uses this folder".
 
 `set_parent_death_signal()` asks Linux to SIGKILL this process when its parent (torchrun) dies,
 so orphaned workers never write on beside a relaunch.
@@ -60,6 +66,20 @@ def pid_alive(pid: int, start_time: str | None) -> bool:
     return start_time is None or now is None or now == start_time
 
 
+ATTEMPTS = 10  # tries to create the lock, each after finding a stale one or losing a takeover
+CLAIM_STUCK_S = 60.0  # a takeover claim this old was left by a launch that died taking over
+_held: set[RunLock] = set()  # the locks this process holds (release_held_locks)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime in ns, size) of `path`: which lock file it is, as judged; None if absent."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 class RunLock:
     """An exclusive, stale-aware lock on one run folder (see the module docstring)."""
 
@@ -73,26 +93,35 @@ class RunLock:
 
     def holder(self) -> dict | None:
         """The lock file's contents plus its heartbeat age in seconds, or None without a lock."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict | None, tuple[int, int, int] | None]:
+        """The lock's contents (as holder()) and identity (as _identity), read from one open file.
+        Raises RunLockedError if it is not a JSON object with a host and a positive integer pid
+        (the lock is written whole, so that is no lock being written: see the module docstring)."""
         try:
-            info = json.loads(self.path.read_text())
-            info["heartbeat_age_s"] = time.time() - self.path.stat().st_mtime
+            with open(self.path, "rb") as f:
+                st, raw = os.fstat(f.fileno()), f.read()
         except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            # Half-written (the writer died between create and write) or unreadable: judge by age.
-            try:
-                age = time.time() - self.path.stat().st_mtime
-            except FileNotFoundError:
-                return None
-            return {"host": "?", "pid": -1, "heartbeat_age_s": age}
-        return info
+            return None, None
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = None
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if not (isinstance(info, dict) and isinstance(info.get("host"), str)
+                and type(pid) is int and pid > 0):
+            raise RunLockedError(f"unreadable lock file {self.path}: delete it if no run uses "
+                                 "this folder", "job.run_name")
+        info["heartbeat_age_s"] = time.time() - st.st_mtime
+        return info, (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def is_ours(self, info: dict) -> bool:
         return info.get("host") == socket.gethostname() and info.get("pid") == os.getpid()
 
     def stale_reason(self, info: dict) -> str | None:
         """Why the lock `info` is stale, or None when its holder may still be running."""
-        if info.get("host") == socket.gethostname() and info.get("pid", -1) > 0:
+        if info.get("host") == socket.gethostname():
             if not pid_alive(info["pid"], info.get("pid_start")):
                 return f"process {info['pid']} on this host is gone"
             return None
@@ -103,48 +132,101 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock, taking over a stale one; raises RunLockedError if a live run holds it."""
-        for _ in range(3):
+        for attempt in range(ATTEMPTS):
+            if self._create():
+                self.held = True
+                _held.add(self)
+                self._start_heartbeat()
+                atexit.register(self.release)
+                return
+            info, ident = self._read()
+            if info is None:
+                continue  # released in between: try again
+            if self.is_ours(info):
+                self.held = True  # this process already holds it (e.g. a second Trainer)
+                return
+            reason = self.stale_reason(info)
+            if reason is None:
+                raise RunLockedError(
+                    f"run folder {self.path.parent} is in use by another run (host "
+                    f"{info.get('host')}, pid {info.get('pid')}, started "
+                    f"{info.get('started', '?')}); wait for it to end, or choose another "
+                    f"job.run_name / job.dump_folder (the lock is {self.path})",
+                    "job.run_name",
+                )
+            if not self._take_over(ident, info, reason):
+                time.sleep(0.01 * (attempt + 1))  # another launch is taking it over: back off
+        raise RunLockedError(f"could not take the lock {self.path} (it changed hands {ATTEMPTS} "
+                             "times while trying); is another launch starting into the same "
+                             "folder?", "job.run_name")
+
+    def _create(self) -> bool:
+        """Create the lock, whole: a hard link to a written file. False if a lock exists."""
+        info = {
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "pid_start": process_start_time(os.getpid()),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
+        tmp = self.path.with_name(f"{LOCK_NAME}.new.{socket.gethostname()}.{os.getpid()}")
+        tmp.write_text(json.dumps(info))
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: exclusive create, then write
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                info = self.holder()
-                if info is None:
-                    continue  # released in between: try again
-                if self.is_ours(info):
-                    self.held = True  # this process already holds it (e.g. a second Trainer)
-                    return
-                reason = self.stale_reason(info)
-                if reason is None:
-                    raise RunLockedError(
-                        f"run folder {self.path.parent} is in use by another run (host "
-                        f"{info.get('host')}, pid {info.get('pid')}, started "
-                        f"{info.get('started', '?')}); wait for it to end, or choose another "
-                        f"job.run_name / job.dump_folder (the lock is {self.path})",
-                        "job.run_name",
-                    )
-                logger.warning("taking over the stale lock %s of host %s pid %s: %s",
-                               self.path, info.get("host"), info.get("pid"), reason)
-                try:
-                    # Renaming, not unlinking: of two launches taking over at once, one wins.
-                    os.rename(self.path, self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}"))
-                    os.unlink(self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}"))
-                except FileNotFoundError:
-                    pass
-                continue
-            info = {
-                "host": socket.gethostname(), "pid": os.getpid(),
-                "pid_start": process_start_time(os.getpid()),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            }
+                return False
             with os.fdopen(fd, "w") as f:
                 json.dump(info, f)
-            self.held = True
-            self._start_heartbeat()
-            atexit.register(self.release)
-            return
-        raise RunLockedError(f"could not take the lock {self.path} (it changed hands three "
-                             "times while trying); is another launch starting into the same "
-                             "folder?", "job.run_name")
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    def _take_over(self, ident: tuple[int, int, int], info: dict, reason: str) -> bool:
+        """Remove the stale lock file `ident` (as judged); whether this launch removed it.
+
+        Of the launches that judged it stale, one goes on: the one that creates the claim file
+        named by its identity (O_EXCL). A launch that read the lock before a takeover ended and
+        claims it after must not remove the new lock: the file is renamed aside only while it
+        is still the one judged, and checked again after the rename (a lock created in between
+        is linked back)."""
+        claim = self.path.with_name(f"{LOCK_NAME}.takeover.{ident[0]}.{ident[1]}")
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            try:
+                age = time.time() - claim.stat().st_mtime
+            except FileNotFoundError:  # that takeover just ended
+                age = 0.0
+            if age > CLAIM_STUCK_S:
+                raise RunLockedError(
+                    f"the stale lock {self.path} has a takeover claim {claim} left by a launch "
+                    f"that died {age:.0f} s ago: delete both if no run uses this folder",
+                    "job.run_name") from None
+            return False
+        try:
+            if _identity(self.path) != ident:
+                return False  # renewed, released or taken over since it was read
+            logger.warning("taking over the stale lock %s of host %s pid %s: %s",
+                           self.path, info.get("host"), info.get("pid"), reason)
+            aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}")
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return False
+            if _identity(aside) != ident:  # a new lock, created in between: put it back
+                try:
+                    os.link(aside, self.path)
+                except FileExistsError:
+                    pass
+                aside.unlink()
+                return False
+            aside.unlink()
+            return True
+        finally:
+            claim.unlink(missing_ok=True)
 
     def _start_heartbeat(self) -> None:
         def beat():
@@ -160,15 +242,25 @@ class RunLock:
     def release(self) -> None:
         """Remove the lock if this process still holds it (safe to call more than once)."""
         self._stop.set()
+        _held.discard(self)
         if not self.held:
             return
         self.held = False
-        info = self.holder()
+        try:
+            info = self.holder()
+        except RunLockedError:  # not ours any more (overwritten): leave it
+            return
         if info is not None and self.is_ours(info):
             try:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def release_held_locks() -> None:
+    """Release every lock this process holds: for ways out that skip `atexit` (os._exit)."""
+    for lock in list(_held):
+        lock.release()
 
 
 def set_parent_death_signal(expected_parent: int | None = None,

@@ -21,7 +21,9 @@ from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
-from torchllm.device import configure_device, resolve_device, seed_everything
+from torchllm.device import (
+    configure_device, determinism_settings, resolve_device, restore_determinism, seed_everything,
+)
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
 from torchllm.log import logger
@@ -79,6 +81,7 @@ class Trainer:
         self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
         self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
+        self.determinism = determinism_settings()  # given back by close()
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
@@ -157,6 +160,7 @@ class Trainer:
         self.train_loader.close(self.batches)
         if self.run_lock is not None:
             self.run_lock.release()
+        restore_determinism(self.determinism)
 
     def callback(self, cls):
         """The attached callback of class `cls` (e.g. trainer.callback(Evaluator)), or None."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchllm.config.job_config import JobConfig
-from torchllm.config.loader import describe_type, field_types
+from torchllm.config.loader import describe_field, field_types
 
 
 def render() -> str:
@@ -29,7 +29,7 @@ def render() -> str:
         out += [f"## [{name}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         hints = field_types(type(obj))
         for f in dataclasses.fields(obj):
-            typ = describe_type(hints[f.name]).replace("|", "\\|")
+            typ = describe_field(f, hints[f.name]).replace("|", "\\|")
             default = repr(getattr(obj, f.name)).replace("|", "\\|")
             out.append(f"| `{f.name}` | {typ} | `{default}` | {f.metadata['help']} |")
         out.append("")

@@ -48,6 +48,12 @@ def describe_type(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def describe_field(f: dataclasses.Field, tp) -> str:
+    """A field's type, with the Range of a float field: "float; in [0, 1)"."""
+    allowed = f.metadata.get("allowed")
+    return describe_type(tp) + (f"; {allowed}" if allowed is not None else "")
+
+
 def _table(value: Any, tp) -> Any:
     """A TOML table (dict) -> the dataclass `tp`, every key known and type-checked."""
     if not isinstance(value, dict):
@@ -78,9 +84,11 @@ def parse_string(text: str, tp) -> Any:
     """Convert a CLI string to `tp`; raises ValueError with the allowed form."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        if text.strip().lower() in _NONE:
-            return None
         inner = [a for a in args if a is not type(None)]
+        # An empty string is a value of an optional string (checked like any other: an empty
+        # --job.run_name is an error, not "unset"); `none` clears it.
+        if text.strip().lower() in _NONE and not (inner[0] is str and text == ""):
+            return None
         return parse_string(text, inner[0])
     if origin is Literal:
         if text not in args:
@@ -115,6 +123,8 @@ def check_value(value: Any, tp) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
+        if value == "" and inner[0] is str:
+            return None  # TOML has no null: config.toml files of older runs say run_name = ""
         return check_value(value, inner[0])
     if origin is Literal:
         if value not in args:
@@ -281,7 +291,7 @@ def help_text(cfg: JobConfig | None = None) -> str:
         hints = field_types(type(obj))
         for f in dataclasses.fields(obj):
             out.append(
-                f"  --{name}.{f.name}  ({describe_type(hints[f.name])}, default "
+                f"  --{name}.{f.name}  ({describe_field(f, hints[f.name])}, default "
                 f"{getattr(obj, f.name)!r})\n      {f.metadata['help']}"
             )
         out.append("")

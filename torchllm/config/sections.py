@@ -10,14 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from torchllm.config.fields import opt
+from torchllm.config.fields import BELOW_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range, opt
 
 
 @dataclass
 class Job:
     config_file: Optional[str] = opt(None, "TOML file to load before applying CLI overrides")
     dump_folder: str = opt("./outputs", "Root folder for everything a run writes")
-    run_name: str = opt("", "Subfolder of dump_folder for this run; empty = the config file's stem")
+    run_name: Optional[str] = opt(
+        None, "This run's folder under dump_folder: one folder name (no '/', not '.' or '..'); "
+        "unset = the config file's stem"
+    )
     description: str = opt("", "Free-text description printed at start")
     seed: int = opt(42, "Seed for model init, data order and sampling")
     deterministic: bool = opt(
@@ -29,11 +32,13 @@ class Job:
     )
     overwrite: bool = opt(
         False, "Start afresh in a run folder that holds a previous run's outputs, deleting its "
-        "checkpoints and TensorBoard events (without it such a start is refused)"
+        "checkpoint folder and its TensorBoard folder, nothing else (without it such a start "
+        "is refused)"
     )
     lock_stale_minutes: float = opt(
         10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "
-        "this long is stale and taken over (same host: taken over once its process is gone)"
+        "this long is stale and taken over (same host: taken over once its process is gone)",
+        POSITIVE,
     )
 
 
@@ -50,20 +55,27 @@ class Model:
     vocab_pad_multiple: int = opt(64, "Pad the vocab up to a multiple of this (1 = no padding)")
     vocab_pad_pow2: bool = opt(False, "Pad the vocab up to the next power of two instead")
     max_seq_len: Optional[int] = opt(None, "RoPE table length; unset = training.seq_len")
-    rope_theta: Optional[float] = opt(None, "Override the flavor's RoPE base frequency")
+    rope_theta: Optional[float] = opt(
+        None, "Override the flavor's RoPE base frequency", POSITIVE
+    )
     rope_scaling: Optional[bool] = opt(None, "Override Llama-3.1 RoPE frequency scaling on/off")
     tie_embeddings: Optional[bool] = opt(None, "Override the flavor's tied input/output embedding")
     dropout: float = opt(
-        0.0, "Dropout on attention probabilities and residual branches in training (0 = off)"
+        0.0, "Dropout on attention probabilities and residual branches in training (0 = off)",
+        BELOW_ONE,
     )
     moe_aux_loss_coef: float = opt(
-        0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss"
+        0.001, "MoE models: weight of the load-balancing loss (mean over MoE layers) in the loss",
+        NON_NEGATIVE,
     )
-    moe_z_loss_coef: float = opt(0.0, "MoE models: weight of the router z-loss; 0 = off")
+    moe_z_loss_coef: float = opt(
+        0.0, "MoE models: weight of the router z-loss; 0 = off", NON_NEGATIVE
+    )
     moe_bias_update_rate: float = opt(
         0.0, "MoE models: auxiliary-loss-free balancing (DeepSeek-V3): after each step every "
         "expert's routing bias moves by this much towards balance (+ if underloaded, - if "
-        "overloaded); the bias steers top-k selection only, not the gate weights; 0 = off"
+        "overloaded); the bias steers top-k selection only, not the gate weights; 0 = off",
+        NON_NEGATIVE,
     )
     attn_mask_type: Literal["causal", "block_causal"] = opt(
         "causal", "causal | block_causal (a token attends only within its own document of the "
@@ -90,7 +102,10 @@ class Training:
     global_batch_size: int = opt(
         -1, "Sequences per optimizer step over all ranks; -1 = local_batch_size x dp degree"
     )
-    max_norm: float = opt(1.0, "Clip the total gradient norm to this; <= 0 disables clipping")
+    max_norm: float = opt(
+        1.0, "Clip the total gradient norm to this; <= 0 disables clipping",
+        Range(text="a finite number (<= 0 disables clipping)"),
+    )
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available, else CPU")
     mixed_precision: Literal["auto", "bf16", "none"] = opt(
         "auto", "bf16 matmuls (float32 loss, optimizer, master weights); auto = bf16 on CUDA "
@@ -108,7 +123,8 @@ class Training:
         0, "Run at most this many steps in this launch, save and exit 0; 0 = no limit"
     )
     time_limit_minutes: float = opt(
-        0.0, "Save and exit 0 before this much wall-clock time has passed; 0 = no limit"
+        0.0, "Save and exit 0 before this much wall-clock time has passed; 0 = no limit",
+        NON_NEGATIVE,
     )
     batch_size_ramp_tokens: int = opt(
         0, "Grow the global batch linearly from batch_size_ramp_start over this many tokens; 0 = off"
@@ -136,17 +152,21 @@ class Optimizer:
         "adamw", "adamw | muon (Muon for the blocks' matrices, AdamW for the rest) | adamw8bit "
         "(torchao 8-bit moments)"
     )
-    lr: float = opt(3e-4, "Peak learning rate")
-    beta1: float = opt(0.9, "Adam beta1")
-    beta2: float = opt(0.95, "Adam beta2")
-    eps: float = opt(1e-8, "Adam epsilon")
-    weight_decay: float = opt(0.1, "Decoupled weight decay for 2-D weights")
+    lr: float = opt(3e-4, "Peak learning rate", POSITIVE)
+    beta1: float = opt(0.9, "Adam beta1", BELOW_ONE)
+    beta2: float = opt(0.95, "Adam beta2", BELOW_ONE)
+    eps: float = opt(1e-8, "Adam epsilon", POSITIVE)
+    weight_decay: float = opt(0.1, "Decoupled weight decay for 2-D weights", NON_NEGATIVE)
     decay_embeddings: bool = opt(False, "Also apply weight decay to the embedding table")
     fused: Literal["auto", "on", "off"] = opt(
         "auto", "Fused AdamW kernel; auto = on wherever the device supports it"
     )
-    muon_lr: float = opt(0.02, "muon: peak learning rate of the Muon group (AdamW's is lr)")
-    muon_momentum: float = opt(0.95, "muon: Nesterov momentum of the Muon group")
+    muon_lr: float = opt(
+        0.02, "muon: peak learning rate of the Muon group (AdamW's is lr)", POSITIVE
+    )
+    muon_momentum: float = opt(
+        0.95, "muon: Nesterov momentum of the Muon group", BELOW_ONE
+    )
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = opt(
         "original", "muon: per-matrix LR scaling: original (sqrt(max(1, rows/cols))) or "
         "match_rms_adamw (0.2 sqrt(max(rows, cols)), lets muon_lr be an AdamW-like rate)"
@@ -160,9 +180,12 @@ class LRScheduler:
         "cosine", "Shape after warmup: cosine, linear, or warmup-stable-decay"
     )
     decay_ratio: float = opt(
-        0.2, "wsd only: fraction of steps spent in the final (linear) decay"
+        0.2, "wsd only: fraction of steps spent in the final (linear) decay",
+        Range(0, 1, lo_open=True),
     )
-    min_lr_ratio: float = opt(0.1, "Final learning rate as a fraction of optimizer.lr")
+    min_lr_ratio: float = opt(
+        0.1, "Final learning rate as a fraction of optimizer.lr", FRACTION
+    )
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torchllm.config.fields import opt
+from torchllm.config.fields import BELOW_ONE, NON_NEGATIVE, POSITIVE, Range, opt
 
 
 @dataclass
@@ -15,7 +15,9 @@ class DataSource:
     """One weighted source of a mixture: a `[[data.sources]]` table."""
 
     dataset: str = opt("", "Any data.dataset value (local:, shards:, embedded, ...)")
-    weight: float = opt(1.0, "Share of the training tokens (weights are normalized to sum 1)")
+    weight: float = opt(
+        1.0, "Share of the training tokens (weights are normalized to sum 1)", POSITIVE
+    )
 
 
 @dataclass
@@ -38,7 +40,8 @@ class Data:
     hf_subset: str = opt("", "Hugging Face dataset subset (config name); empty = the registry's")
     hf_split: str = opt("", "Hugging Face dataset split; empty = the registry's, else 'train'")
     val_fraction: float = opt(
-        0.05, "embedded/local: fraction of the tokens (the end of the corpus) held out"
+        0.05, "embedded/local: fraction of the tokens (the end of the corpus) held out",
+        BELOW_ONE,
     )
     val_documents: int = opt(
         1000, "Hugging Face streams: the first N documents are held out for validation"
@@ -64,7 +67,10 @@ class Data:
 class Metrics:
     log_freq: int = opt(10, "Log metrics (console line, TensorBoard, W&B) every N steps")
     enable_tensorboard: bool = opt(True, "Write TensorBoard event files to dump_folder/tb_folder/<run>")
-    tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder (one subfolder per run)")
+    tb_folder: str = opt(
+        "tb", "TensorBoard folder under job.dump_folder (one subfolder per run); a relative path "
+        "without '..'"
+    )
     rank_0_only: bool = opt(True, "Only rank 0 writes TensorBoard/W&B; false = one folder per rank")
     enable_wandb: bool = opt(False, "Also log to Weights & Biases (needs the wandb package)")
     wandb_project: str = opt("torchllm", "W&B project name")
@@ -73,7 +79,8 @@ class Metrics:
         "skip_step", "On a non-finite loss/grad norm or a loss spike: warn, drop the update, or stop"
     )
     loss_spike_factor: float = opt(
-        3.0, "A loss above this multiple of its running mean is a spike; 0 disables the check"
+        3.0, "A loss above this multiple of its running mean is a spike; 0 disables the check",
+        Range(lo=1, lo_open=True, also=(0.0,), text="0 (off) or > 1 and finite"),
     )
     loss_spike_window: int = opt(50, "Steps in the loss running mean (spikes checked once full)")
     max_consecutive_skips: int = opt(
@@ -98,7 +105,10 @@ class Profiling:
 @dataclass
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints, and resume from the run's latest one at start")
-    folder: str = opt("checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints")
+    folder: str = opt(
+        "checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints; a relative "
+        "path without '..'"
+    )
     interval: int = opt(500, "Save every N steps (and at the last step of the run)")
     keep_latest_k: int = opt(3, "Keep only the newest K complete checkpoints; 0 keeps all")
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = opt(
@@ -166,9 +176,12 @@ class Eval:
     sample_freq: int = opt(0, "Complete eval.prompts every N steps during training; 0 = off")
     prompts: list[str] = opt(["The meaning of life is"], "Prompts completed during training")
     max_new_tokens: int = opt(32, "Tokens generated per prompt")
-    temperature: float = opt(0.8, "Sampling temperature; 0 = greedy (argmax)")
+    temperature: float = opt(0.8, "Sampling temperature; 0 = greedy (argmax)", NON_NEGATIVE)
     top_k: int = opt(50, "Sample among the k most likely tokens; 0 = no limit")
-    top_p: float = opt(1.0, "Sample from the smallest set of tokens with this total probability")
+    top_p: float = opt(
+        1.0, "Sample from the smallest set of tokens with this total probability",
+        Range(0, 1, lo_open=True),
+    )
     hellaswag_freq: int = opt(0, "Run HellaSwag every N steps during training; 0 = off")
     hellaswag_data: str = opt(
         "Rowan/hellaswag", "HellaSwag source: an official-format .jsonl file, or a Hub dataset name"

@@ -1,0 +1,185 @@
+"""The run lock under races and odd files, and its release on the ways a launch ends at start-up
+(torchllm.runlock; the basic cases are in test_run_safety.py)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from torchllm.runlock import LOCK_NAME, RunLock, RunLockedError
+
+from conftest import REPO, tiny_args
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+# One racer: per line "<folder> <start time>" on stdin, it tries to take the folder's lock at that
+# time and answers "won" or "refused <message>"; it releases on the next line ("release").
+RACER = """
+import sys, time
+from torchllm.runlock import RunLock, RunLockedError
+for line in sys.stdin:
+    folder, start = line.split()
+    lock = RunLock(folder, stale_s=600)
+    time.sleep(max(0.0, float(start) - time.time() - 0.01))
+    while time.time() < float(start):
+        pass
+    try:
+        lock.acquire()
+        print("won", flush=True)
+    except RunLockedError as e:
+        print("refused", e, flush=True)
+    sys.stdin.readline()
+    lock.release()
+    print("released", flush=True)
+"""
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_racing_launches_take_over_a_stale_lock_once(tmp_path):
+    """Several launches find one stale lock at the same moment: exactly one takes it over; the
+    others fail naming it, and no file of theirs is left in the folder."""
+    racers = [subprocess.Popen([sys.executable, "-c", RACER], cwd=REPO, env=ENV, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(6)]
+    gone = dead_pid()
+    try:
+        for trial in range(40):
+            folder = tmp_path / str(trial)
+            folder.mkdir()
+            # Left by a dead run: on this host (its pid is gone), or on another (no heartbeat).
+            stale = ({"host": socket.gethostname(), "pid": gone} if trial % 2 else
+                     {"host": "elsewhere", "pid": 7})
+            (folder / LOCK_NAME).write_text(json.dumps(stale))
+            old = time.time() - 3600
+            os.utime(folder / LOCK_NAME, (old, old))
+            start = time.time() + 0.1
+            for r in racers:
+                r.stdin.write(f"{folder} {start}\n")
+                r.stdin.flush()
+            answers = [r.stdout.readline().strip() for r in racers]
+            winners = [r.pid for r, a in zip(racers, answers) if a == "won"]
+            assert len(winners) == 1, (trial, answers)
+            holder = json.loads((folder / LOCK_NAME).read_text())
+            assert holder["pid"] == winners[0]
+            for a in answers:
+                assert a == "won" or (a.startswith("refused ") and (
+                    f"in use by another run (host {socket.gethostname()}, pid {winners[0]}"
+                    in a or "changed hands" in a)), a
+            assert sorted(os.listdir(folder)) == [LOCK_NAME]  # no claim, aside or temp file
+            for r in racers:
+                r.stdin.write("release\n")
+                r.stdin.flush()
+            assert [r.stdout.readline().strip() for r in racers] == ["released"] * len(racers)
+            assert not (folder / LOCK_NAME).exists()
+    finally:
+        for r in racers:
+            r.kill()
+            r.wait()
+
+
+def test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock(tmp_path):
+    """The interleaving behind two winners: launch B reads the stale lock, launch A takes it over
+    (its new lock is in place), then B goes on to take over what it judged stale."""
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 7}))
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    late = RunLock(tmp_path, stale_s=600)
+    info, ident = late._read()
+    reason = late.stale_reason(info)
+    assert reason.startswith("no heartbeat for ")
+    first = RunLock(tmp_path, stale_s=600)
+    first.acquire()
+    mine = path.read_text()
+    assert json.loads(mine)["pid"] == os.getpid()
+    assert late._take_over(ident, info, reason) is False
+    assert path.read_text() == mine
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
+    first.release()
+    assert not path.exists()
+
+
+def test_a_takeover_claim_left_by_a_dead_launch_is_named(tmp_path):
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 7}))
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    st = path.stat()
+    claim = tmp_path / f"{LOCK_NAME}.takeover.{st.st_ino}.{st.st_mtime_ns}"
+    claim.touch()
+    os.utime(claim, (old, old))  # the launch that claimed the takeover died before finishing
+    with pytest.raises(RunLockedError, match=f"stale lock {path} has a takeover claim {claim} "
+                       r"left by a launch that died 36\d\d s ago: delete both"):
+        RunLock(tmp_path, stale_s=600).acquire()
+    claim.unlink()
+    lock = RunLock(tmp_path, stale_s=600)
+    lock.acquire()
+    lock.release()
+
+
+@pytest.mark.parametrize("content", [
+    "", "{\"host\": \"h\", \"pi", "[1, 2]", "\"run\"", "null",
+    '{"host": "h", "pid": "123"}', '{"host": "h", "pid": 1.5}', '{"host": "h", "pid": true}',
+    '{"host": "h", "pid": 0}', '{"pid": 123}',
+], ids=["empty", "cut", "list", "string", "null", "pid-str", "pid-float", "pid-bool",
+        "pid-0", "no-host"])
+def test_an_unreadable_lock_file_is_named_and_kept(tmp_path, content):
+    path = tmp_path / LOCK_NAME
+    path.write_text(content)
+    old = time.time() - 3600  # an hour without heartbeat: it is not a live run's lock either
+    os.utime(path, (old, old))
+    with pytest.raises(RunLockedError) as e:
+        RunLock(tmp_path, stale_s=600).acquire()
+    assert str(e.value) == f"unreadable lock file {path}: delete it if no run uses this folder"
+    assert e.value.key == "job.run_name"
+    assert path.read_text() == content  # left for the user to judge
+    lock = RunLock(tmp_path, stale_s=600)
+    path.unlink()  # deleted, as the message says: the next launch takes the folder
+    lock.acquire()
+    lock.release()
+
+
+@pytest.mark.slow
+def test_a_launch_that_fails_at_start_up_frees_the_run_folder(tmp_path):
+    """A worker ends with os._exit (no atexit) and its Trainer never finished building: the lock
+    must still go, or a relaunch from another host is refused for job.lock_stale_minutes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
+         f"--checkpoint.initial_load_path={tmp_path / 'no-such-checkpoint'}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "no-such-checkpoint is not a folder" in proc.stderr
+    assert (tmp_path / "r" / "config.toml").exists()  # it got past taking the lock
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
+
+
+@pytest.mark.slow
+def test_sigterm_at_start_up_frees_the_run_folder(tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one fails at start-up (before training
+    handles the signal): rank 0 dies of it as before, but frees the run folder first."""
+    lock = tmp_path / "r" / LOCK_NAME
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
+         "--training.steps=100000"], cwd=REPO, env=ENV,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not lock.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.002)
+        assert lock.exists(), "the launch never took the lock"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err[-3000:]  # not training yet: no clean stop
+    assert not lock.exists()

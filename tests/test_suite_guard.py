@@ -1,0 +1,54 @@
+"""The suite's own guard (tests/conftest.py): a test module that leaves shared process state
+changed fails itself, not whichever test happens to run next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+pytest_plugins = ["pytester"]
+
+LEAKS = '''
+import logging
+import os
+
+
+def test_deletes_an_inductor_key(monkeypatch):
+    # pytest 9's undo deletes a key inductor's config serves through __getattr__
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
+
+
+def test_adds_a_root_handler():
+    logging.getLogger().addHandler(logging.NullHandler())
+
+
+def test_sets_an_environment_variable():
+    os.environ["TORCHLLM_GUARD_PROBE"] = "1"
+'''
+
+CLEAN = '''
+import torch._inductor.config as inductor_config
+
+
+def test_patches_through_torch():
+    with inductor_config.patch(emulate_precision_casts=True):
+        assert inductor_config.emulate_precision_casts
+
+
+def test_uses_monkeypatch_for_the_environment(monkeypatch):
+    monkeypatch.setenv("TORCHLLM_GUARD_PROBE", "1")
+'''
+
+
+def test_a_module_that_leaks_state_fails_and_a_clean_one_passes(pytester):
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(test_leaks=LEAKS, test_clean=CLEAN)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, errors=1)  # the leaking module's last teardown
+    out = result.stdout.str()
+    assert "ERROR test_leaks.py::test_sets_an_environment_variable" in out
+    assert "test_leaks left process state changed" in out
+    assert "emulate_precision_casts" in out and "<deleted>" in out
+    assert "NullHandler" in out and "TORCHLLM_GUARD_PROBE" in out
+    assert "test_clean left" not in out

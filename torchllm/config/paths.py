@@ -1,0 +1,65 @@
+"""The folders a run writes, as config keys name them, checked to stay inside the dump folder.
+
+    <job.dump_folder>/<run name>/                       the run folder (lock, config.toml, ...)
+    <job.dump_folder>/<run name>/<checkpoint.folder>/   its checkpoints
+    <job.dump_folder>/<run name>/<profiling.*_folder>/  its traces and memory snapshots
+    <job.dump_folder>/<metrics.tb_folder>/<run name>/   its TensorBoard events
+
+The run name is one path component, and the other keys are relative paths strictly below the
+folder they hang off: so no key can make one run's folders those of another run or the dump
+folder itself, which `--job.overwrite` would then delete.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+NAME_ALLOWED = ("one folder name: not empty, no '/' or '\\', not '.' or '..' (leave it unset "
+                "for the config file's name)")
+SUBFOLDER_ALLOWED = "a relative path below {where}: not empty or '.', no '..', not absolute"
+
+
+def run_name(job) -> str:
+    """The run folder's name: job.run_name, else the config file's stem, else 'default'."""
+    if job.run_name is not None:
+        return job.run_name
+    return Path(job.config_file).stem if job.config_file else "default"
+
+
+def bad_name(name: str) -> bool:
+    return name in ("", ".", "..") or any(c in name for c in "/\\\0")
+
+
+def bad_subfolder(path: str) -> bool:
+    """Not a relative path strictly below its parent (absolute, '..', or nothing but '.')."""
+    posix = PurePosixPath(path.replace("\\", "/"))
+    return not posix.parts or posix.is_absolute() or ".." in posix.parts or "\0" in path
+
+
+def path_errors(cfg) -> list[tuple[str, str]]:
+    """(key, message) for every folder key that would leave its parent folder."""
+    errors = []
+    name = run_name(cfg.job)
+    if bad_name(name):
+        if cfg.job.run_name is not None:
+            errors.append(("job.run_name",
+                           f"job.run_name = {name!r}: must be {NAME_ALLOWED}"))
+        else:
+            errors.append(("job.run_name", f"the run name {name!r} (the stem of job.config_file "
+                           f"{cfg.job.config_file!r}) is not one folder name; set "
+                           "--job.run_name to one (no '/', not '.' or '..')"))
+    subfolders = [("checkpoint.folder", "the run folder"),
+                  ("profiling.traces_folder", "the run folder"),
+                  ("profiling.memory_snapshot_folder", "the run folder"),
+                  ("metrics.tb_folder", "job.dump_folder")]
+    for key, where in subfolders:
+        value = cfg.value(key)
+        if bad_subfolder(value):
+            errors.append((key, f"{key} = {value!r}: must be "
+                           + SUBFOLDER_ALLOWED.format(where=where)))
+    tb_top = PurePosixPath(cfg.metrics.tb_folder.replace("\\", "/")).parts[:1]
+    if not errors and tb_top == (name,):
+        errors.append(("job.run_name", f"job.run_name = {name!r} is the first folder of "
+                       f"metrics.tb_folder ({cfg.metrics.tb_folder!r}), where every run's "
+                       "TensorBoard events go; choose another run name"))
+    return errors
