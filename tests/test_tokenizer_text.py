@@ -127,3 +127,17 @@ def test_run_train_sh_auto_tokenizer_on_a_novel_and_a_wikitext_dump(tmp_path):
     tok = load_tokenizer(model)
     wiki = (corpus / "wiki.txt").read_text()
     assert tok.vocab_size == 512 and len(tok.encode(wiki)) < len(wiki) / 2
+
+
+def test_too_many_distinct_characters_for_the_vocab_is_a_one_line_error(tmp_path):
+    from torchllm.config import ConfigError
+
+    text = "".join(chr(0x4E00 + i) for i in range(300)) + " " + prose(5000, seed=9)
+    with pytest.raises(ConfigError) as e:
+        train_sentencepiece([text], 400, tmp_path / "t.model", source="data.dataset = 'x'")
+    need = int(str(e.value).rsplit(">= ", 1)[1])
+    assert str(e.value).startswith("data.dataset = 'x' has more distinct characters than a "
+                                   "400-piece tokenizer holds") and "INTERNAL" not in str(e.value)
+    assert e.value.key == "data.tokenizer_vocab_size"
+    assert load_tokenizer(train_sentencepiece([text], need, tmp_path / "t.model")).vocab_size \
+        == need  # the size it names does work

@@ -306,6 +306,11 @@ def train_sentencepiece(
                     seen[0] += len(chunk)
                     yield chunk
                 if max_chars is not None and seen[0] >= max_chars:
+                    from torchllm.log import logger
+
+                    logger.info("tokenizer training: read the first %s characters of %s (the "
+                                "cap; the rest is tokenized, not trained on)", f"{seen[0]:,}",
+                                source)
                     return
 
     proto = io.BytesIO()
@@ -330,8 +335,9 @@ def train_sentencepiece(
             minloglevel=0 if progress else 2,
         )
     except RuntimeError as e:
+        vocab = "too high" in str(e) or "required_chars" in str(e)
         raise ConfigError(_training_failure(str(e), seen[0], vocab_size, vocab_key, source),
-                          vocab_key if "too high" in str(e) else None) from None
+                          vocab_key if vocab else None) from None
     tmp = out.with_suffix(out.suffix + f".tmp{id(proto)}")
     tmp.write_bytes(proto.getvalue())
     tmp.replace(out)
@@ -349,6 +355,11 @@ def _training_failure(error: str, chars: int, vocab_size: int, vocab_key: str,
         return (f"{source} has only {chars:,} characters of text, too little for a "
                 f"{vocab_size}-piece tokenizer (at most {most.group(1)} pieces can be learnt "
                 f"from it); set {vocab_key} <= {most.group(1)} or give more text")
+    least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", error)
+    if least:  # every distinct character is a piece, as are the 256 bytes and unk/bos/eos
+        return (f"{source} has more distinct characters than a {vocab_size}-piece tokenizer "
+                f"holds (with the 259 byte and control pieces it needs {least.group(1)}); set "
+                f"{vocab_key} >= {least.group(1)}")
     return f"training a SentencePiece tokenizer on {source} failed: {' '.join(error.split())}"
 
 
