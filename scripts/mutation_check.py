@@ -237,6 +237,48 @@ MUTANTS = [
          "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant(
+        "prepare_in_place", "prepare writes its shards straight into --out (no swap at the end)",
+        "torchllm/data/prepare.py",
+        "        index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens,",
+        "        index = _prepare(dcfg, tokenizer_spec, out, shard_tokens,",
+        ("tests/test_data_safety.py::"
+         "test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds",),
+    ),
+    Mutant(
+        "unlisted_shard_read", "training ignores shard files index.json does not list",
+        "torchllm/data/shards.py",
+        "        if SHARD_FILE.fullmatch(path.name) and path.name not in listed:",
+        "        if False:",
+        ("tests/test_data_safety.py::test_training_refuses_a_shard_not_listed_in_the_index",),
+    ),
+    Mutant(
+        "sft_without_targets", "chat data with no assistant turn trains (loss nan, 0 tokens)",
+        "torchllm/data/chat.py", "    if not mask[: source.windows_per_epoch, 1:].any():",
+        "    if False:",
+        ("tests/test_data_safety.py::test_sft_data_without_an_assistant_turn_stops_at_start",),
+    ),
+    Mutant(
+        "export_mode_0600", "exported .safetensors keep safetensors' 0600 mode",
+        "torchllm/checkpoint/convert.py", "    os.chmod(path, file_mode())\n", "",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "output_replaced", "convert to-file / to-dcp silently replace an existing output",
+        "torchllm/checkpoint/convert.py", "    if out.exists() and not overwrite:\n",
+        "    if False:\n",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "unreadable_marker_skips_checksums",
+        "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
+        "loads unverified", "torchllm/checkpoint/layout.py",
+        '        raise MarkerError(f"marker {marker} is {what}") from None\n',
+        "        return {}\n",
+        ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
+    ),
+    Mutant(
         "mixture_stream_position_lost",
         "a resumed mixture restores its batch count but not its streamed sources' positions",
         "torchllm/data/mixture.py", "            src.load_state_dict(state[\"streams\"][s])\n",

@@ -250,3 +250,53 @@ def test_export_never_writes_into_a_used_folder(llama_export, capsys):
     _, tmp, out = llama_export
     assert hf_cli(["export", "--checkpoint", str(tmp / "run"), "--out", str(out)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llama_export, capsys):
+    """safetensors writes 0600 whatever the umask; every export/convert output follows the umask
+    and refuses to replace an existing output unless --overwrite (issue 28)."""
+    import stat
+
+    from torchllm.checkpoint.convert import main as convert_cli
+
+    _, tmp, out = llama_export
+    run = str(tmp / "run")
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    old_umask = os.umask(0o002)
+    try:
+        again = tmp / "hf_umask"
+        assert hf_cli(["export", "--checkpoint", run, "--out", str(again),
+                       "--max-shard-size", "1MB"]) == 0
+        assert {p.name for p in again.iterdir()} == {p.name for p in out.iterdir()}
+        assert {p.name: mode(p) for p in again.iterdir()} == dict.fromkeys(
+            (p.name for p in out.iterdir()), 0o664) and mode(again) == 0o775
+        (again / "model-00099-of-00099.safetensors").write_bytes(b"stale")
+        assert hf_cli(["export", "--checkpoint", run, "--out", str(again), "--overwrite"]) == 0
+        assert not (again / "model-00099-of-00099.safetensors").exists()
+        assert mode(again / "model.safetensors") == 0o664  # one file now: no 1MB limit
+        assert not list(tmp.glob(".hf_umask*"))  # no temporary folder left beside it
+        (again / "notes.txt").write_text("mine")  # not an export's file: never moved aside
+        assert hf_cli(["export", "--checkpoint", run, "--out", str(again), "--overwrite"]) == 2
+        assert "holds files an export does not write (notes.txt)" in capsys.readouterr().err
+        assert (again / "notes.txt").read_text() == "mine"
+
+        weights = tmp / "weights.safetensors"
+        assert convert_cli(["to-file", run, str(weights)]) == 0
+        assert mode(weights) == 0o664
+        before = weights.read_bytes()
+        assert convert_cli(["to-file", run, str(weights), "--dtype", "bfloat16"]) == 2
+        assert "already exists; pass --overwrite" in capsys.readouterr().err
+        assert weights.read_bytes() == before
+        assert convert_cli(["to-file", run, str(weights), "--dtype", "bfloat16",
+                            "--overwrite"]) == 0
+        assert weights.read_bytes() != before and mode(weights) == 0o664
+
+        step = tmp / "from_file" / "step-0"
+        assert convert_cli(["to-dcp", str(weights), str(step)]) == 0
+        assert convert_cli(["to-dcp", str(weights), str(step)]) == 2
+        assert "already exists; pass --overwrite" in capsys.readouterr().err
+        assert convert_cli(["to-dcp", str(weights), str(step), "--overwrite"]) == 0
+        assert load_dcp_weights(step).keys() == load_dcp_weights(run).keys()
+        assert load_dcp_weights(step)["norm.weight"].dtype == torch.bfloat16  # the new file's
+    finally:
+        os.umask(old_umask)

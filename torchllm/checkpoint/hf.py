@@ -1,17 +1,20 @@
 """Hugging Face interop: export a checkpoint as a `transformers` model folder, import one back.
 
     python -m torchllm.checkpoint.hf export --checkpoint RUN_OR_CKPT --out HF_DIR
-        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--section.key=value ...]
+        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--overwrite]
+        [--section.key=value ...]
     python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0
-        --job.config_file RUN.toml [--dtype float32] [--section.key=value ...]
+        --job.config_file RUN.toml [--dtype float32] [--overwrite] [--section.key=value ...]
 
-`export` reads the run's `config.toml` (next to its checkpoint folder) to rebuild the model's
-args and writes `config.json`, `model.safetensors` (sharded with an index over the size limit)
-and, for a SentencePiece tokenizer, its files: a folder `from_pretrained` loads. `import` writes
-a complete weights-only DCP checkpoint for the model the given config describes (usable as
-`checkpoint.initial_load_path`). A run can also start straight from a HF folder with
-`checkpoint.initial_load_in_hf = true` (see `load_hf_weights`). Extra `--section.key=value`
-arguments are config overrides, as for training.
+`export` reads the config the step was written under (the step folder's `config.toml`, else
+the run's) to rebuild the model's args and writes `config.json`, `model.safetensors` (sharded
+with an index over the size limit) and, for a SentencePiece tokenizer, its files: a folder
+`from_pretrained` loads. `import` writes a complete weights-only DCP checkpoint for the model
+the given config describes (usable as `checkpoint.initial_load_path`). A run can also start
+straight from a HF folder with `checkpoint.initial_load_in_hf = true` (see `load_hf_weights`).
+Extra `--section.key=value` arguments are config overrides, as for training.
+Both write beside the output and rename it when complete; an existing output is refused
+unless --overwrite.
 """
 
 from __future__ import annotations
@@ -24,18 +27,27 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.convert import load_dcp_weights
+from torchllm.checkpoint.convert import load_dcp_weights, refuse_step_folder, replace_dir, \
+    save_safetensors, save_seed_checkpoint, temp_sibling
 from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
-from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, resolve_checkpoint, step_of
+from torchllm.checkpoint.layout import (
+    EXPORT_DTYPES,
+    checkpoint_config,
+    mark_complete,
+    resolve_checkpoint,
+    step_of,
+)
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+# What an export writes: --overwrite replaces a folder holding only these.
+EXPORT_FILE = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+                         r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer_config\.json")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
@@ -81,8 +93,6 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
 def write_hf_weights(weights: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> None:
     """One file, or shards of at most max_shard_bytes (a bigger tensor gets a shard of its own)
     with the `model.safetensors.index.json` that `from_pretrained` follows."""
-    from safetensors.torch import save_file
-
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in weights.items():
@@ -94,12 +104,12 @@ def write_hf_weights(weights: dict[str, torch.Tensor], out: Path, max_shard_byte
         size += nbytes
     metadata = {"format": "pt"}  # transformers expects it
     if len(shards) == 1:
-        save_file(shards[0], str(out / WEIGHTS), metadata=metadata)
+        save_safetensors(shards[0], out / WEIGHTS, metadata)
         return
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / name), metadata=metadata)
+        save_safetensors(shard, out / name, metadata)
         weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel() * t.element_size() for t in weights.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -129,12 +139,14 @@ def write_tokenizer_files(tokenizer, out: Path, hf_config: dict) -> bool:
 
 
 def _run_config(step_path: Path, overrides: list[str]):
-    """The run's config: its saved config.toml (run/<folder>/step-N -> run/config.toml)."""
+    """The config the step was written under: the step folder's config.toml, else the run's
+    (run/<folder>/step-N -> run/config.toml)."""
     if any(a.startswith("--job.config_file") for a in overrides):
         return load_config(overrides)
-    path = step_path.parent.parent / "config.toml"
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; pass the run's config with --job.config_file")
+    path = checkpoint_config(step_path)
+    if path is None:
+        raise ConfigError(f"neither {step_path / 'config.toml'} nor the run's config.toml exists; "
+                          "pass the run's config with --job.config_file")
     return load_config(["--job.config_file", str(path), *overrides])
 
 
@@ -151,12 +163,22 @@ def _tokenizer_of(cfg, run_dir: Path):
 
 def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = (),
               dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
-              vocab_size: int | None = None) -> Path:
-    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder."""
+              vocab_size: int | None = None, overwrite: bool = False) -> Path:
+    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder.
+
+    It is written beside `out` and renamed when complete; a non-empty `out` is refused (stale
+    shards of an earlier export would mix with this one) unless overwrite, which replaces it.
+    """
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty; export into a new folder (stale shards of an "
-                              "earlier export would mix with this one)")
+    used = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if used and not overwrite:
+        raise FileExistsError(f"{out} is not empty; pass --overwrite to replace it, or export "
+                              "into a new folder")
+    foreign = [name for name in used if not EXPORT_FILE.fullmatch(name)]
+    if foreign:  # e.g. --out . by mistake: never move a folder of other files aside
+        raise FileExistsError(f"{out} holds files an export does not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "--overwrite replaces only an earlier export: choose a new folder")
     step_path = resolve_checkpoint(checkpoint)
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
@@ -174,7 +196,20 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     hf_weights = adapter.to_hf(weights, args, vocab)
     if dtype is not None:
         hf_weights = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in hf_weights.items()}
-    out.mkdir(parents=True, exist_ok=True)
+    final, out = out, temp_sibling(out, "export-tmp")
+    try:
+        out.mkdir()
+        _write_export(out, adapter, args, vocab, hf_weights, tokenizer, max_shard_bytes)
+        replace_dir(out, final)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    logger.info("exported %s (%s, vocab %d of %d padded) to %s", step_path, cfg.model.name, vocab,
+                args.vocab_size, final)
+    return final
+
+
+def _write_export(out: Path, adapter, args, vocab: int, hf_weights: dict, tokenizer,
+                  max_shard_bytes: int) -> None:
     config = adapter.config(args, vocab)
     config["torch_dtype"] = str(next(iter(hf_weights.values())).dtype).removeprefix("torch.")
     if tokenizer is not None and tokenizer.vocab_size != vocab:
@@ -188,9 +223,6 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
                            type(tokenizer).__name__)
     write_hf_weights(hf_weights, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    logger.info("exported %s (%s, vocab %d of %d padded) to %s", step_path, cfg.model.name, vocab,
-                args.vocab_size, out)
-    return out
 
 
 # ------------------------------------------------------------------------------- import
@@ -211,21 +243,19 @@ def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),
-              dtype: str = "float32") -> Path:
+              dtype: str = "float32", overwrite: bool = False) -> Path:
     """Write a complete weights-only DCP checkpoint (a seed checkpoint) from a HF folder."""
     out = Path(out_dir)
     step = step_of(out)
     if step is None:
         raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
-    if out.exists():
-        raise FileExistsError(f"{out} already exists; choose a new step folder")
+    refuse_step_folder(out, overwrite)
     cfg = load_config(list(overrides))
     hf_vocab = read_hf_config(hf_dir).get("vocab_size")
     args = models.model_args(cfg, hf_vocab)
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
-    dcp.save({"model": weights}, checkpoint_id=str(out), no_dist=True)
-    mark_complete(out, step)
+    save_seed_checkpoint(weights, out, step)
     logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
                 cfg.model.flavor, hf_vocab, args.vocab_size, out)
     return out
@@ -264,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="unpadded vocab (default: model.vocab_size, else the run's tokenizer)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p = sub.add_parser("import", help="Hugging Face model folder -> DCP seed checkpoint",
                        epilog="The target model comes from --job.config_file FILE and other "
                               "--section.key=value config overrides.")
@@ -271,13 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="new step-<N> folder to write")
     p.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32",
                    help="dtype of the saved weights")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args, overrides = parser.parse_known_args(argv)
     try:
         if args.command == "export":
             export_hf(args.checkpoint, args.out, overrides, args.dtype,
-                      parse_size(args.max_shard_size), args.vocab_size)
+                      parse_size(args.max_shard_size), args.vocab_size, args.overwrite)
         else:
-            import_hf(args.hf, args.out, overrides, args.dtype)
+            import_hf(args.hf, args.out, overrides, args.dtype, args.overwrite)
     except (OSError, ValueError) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -112,10 +112,10 @@ class ChatTemplate:
     def render(self, messages: list[dict]) -> Rendered:
         ids, trained = [self.tokenizer.bos_id], [False]
         for k, m in enumerate(messages):
-            role, content = m.get("role"), m.get("content")
+            role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (0, 0)
             if role not in ROLES or not isinstance(content, str):
                 raise ValueError(f"message {k} must be {{'role': one of {', '.join(ROLES)}, "
-                                 f"'content': str}}, got {m!r}")
+                                 f"'content': str}}, got {_short(m)}")
             head, body, foot = self.header(role), self.tokenizer.encode(content), self.footer(role)
             ids += head + body + foot
             trained += [False] * len(head) + [role == "assistant"] * (len(body) + len(foot))
@@ -200,7 +200,21 @@ def read_conversations(location: str, dcfg) -> list[list[dict]]:
     from torchllm.data.kinds.chat import rows_source
 
     ds, column = rows_source(location, dcfg).open_rows(dcfg.chat_column)
-    return [list(row[column]) for row in ds]
+    convs = []
+    for i, row in enumerate(ds):  # a local file that cannot be read is named (sources.py)
+        messages = row[column]
+        if not isinstance(messages, (list, tuple)):
+            raise ConfigError(f"chat:{location}: row {i}: {column!r} must be a list of "
+                              f"{{'role', 'content'}} messages, got {type(messages).__name__} "
+                              f"{_short(messages)}", "data.dataset")
+        convs.append(list(messages))
+    return convs
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 
 def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_degree: int,
@@ -209,10 +223,12 @@ def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_deg
     dcfg, window = job_config.data, job_config.training.seq_len + 1
     template = ChatTemplate(tokenizer)
     convs = read_conversations(location, dcfg)
-    try:
-        rendered = [template.render(c) for c in convs]
-    except ValueError as e:
-        raise ConfigError(f"chat:{location}: {e}", "data.dataset") from None
+    rendered = []
+    for i, c in enumerate(convs):
+        try:
+            rendered.append(template.render(c))
+        except ValueError as e:
+            raise ConfigError(f"chat:{location}: row {i}: {e}", "data.dataset") from None
     tokens, mask, positions, truncated = window_rows(rendered, window, dcfg.chat_packing,
                                                      tokenizer.eos_id)
     if dp_rank == 0:
@@ -225,4 +241,11 @@ def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_deg
     if source.windows_per_epoch < 1:
         raise ConfigError(f"chat:{location} has no training windows ({len(tokens)} in all)",
                           "data.dataset")
+    if not mask[: source.windows_per_epoch, 1:].any():  # the loss would be 0/0 at every step
+        replies = sum(any(r.trained) for r in rendered)
+        raise ConfigError(
+            f"chat:{location}: no training window has a target token (only assistant turns are "
+            f"trained; {replies} of {len(convs)} conversations have one"
+            f"{', all cut off or held out for validation' if replies else ''}); check the "
+            "messages' 'role' values", "data.dataset")
     return source, ChatVal(source, len(tokens) - n_val, n_val, dp_rank, dp_degree)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing as mp
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,7 +30,8 @@ import numpy as np
 
 from torchllm.config.job_config import ConfigError
 from torchllm.config.sections import Data
-from torchllm.data.shards import token_dtype, write_doc_starts, write_index, write_shard
+from torchllm.data.shards import INDEX, SHARD_FILE, token_dtype, write_doc_starts, write_index, \
+    write_shard
 from torchllm.data.sources import documents
 from torchllm.data.tokenizer import load_tokenizer
 
@@ -98,20 +101,73 @@ class ValSplit:
         return 0
 
 
+TMP_PREFIX = ".prepare-tmp-"  # the folder inside --out a run writes into before the swap
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """--out must be new or empty, or (with overwrite) hold only an earlier prepare's files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; name a folder")
+    entries = [p.name for p in out.iterdir() if not p.name.startswith(TMP_PREFIX)] \
+        if out.is_dir() else []
+    if not entries:
+        return
+    foreign = sorted(n for n in entries if n != INDEX and not SHARD_FILE.fullmatch(n))
+    if foreign:
+        raise ConfigError(f"--out {out} holds files prepare does not write "
+                          f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                          "choose a new or empty folder")
+    if not overwrite:
+        raise ConfigError(f"--out {out} already holds shards ({len(entries)} files); pass "
+                          "--overwrite to replace them, or choose a new or empty folder")
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Replace out's shard files by tmp's. The old index goes first and the new one comes
+    last, so no moment has an index listing shards of another corpus."""
+    (out / INDEX).unlink(missing_ok=True)
+    for old in out.iterdir():
+        if SHARD_FILE.fullmatch(old.name):
+            old.unlink()
+    for new in sorted(tmp.iterdir(), key=lambda p: p.name == INDEX):
+        new.replace(out / new.name)
+    tmp.rmdir()
+
+
 def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
             val_tokens: int | None, workers: int, docs_per_task: int = 64,
             progress: bool = True, val_fraction: float = 0.005,
-            val_max_tokens: int = 10_000_000) -> dict:
+            val_max_tokens: int = 10_000_000, overwrite: bool = False) -> dict:
     """Write the shards and index.json; returns the index.
 
     val_tokens = None: the proportional split (val_fraction, at least one document, at most
-    val_max_tokens); else exactly the first val_tokens tokens.
+    val_max_tokens); else exactly the first val_tokens tokens. Everything is written into a
+    temporary folder inside `out` and swapped in at the end: a run that fails leaves `out` as
+    it was. A used `out` is refused unless overwrite.
     """
+    check_out(out, overwrite)
+    created = not out.exists()
+    tmp = out / f"{TMP_PREFIX}{os.getpid()}"
+    tmp.mkdir(parents=True)
+    try:
+        index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens, val_tokens, workers,
+                         docs_per_task, progress, val_fraction, val_max_tokens)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # nothing else was ever in it
+        raise
+    swap_in(tmp, out)
+    return index
+
+
+def _prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
+             val_tokens: int | None, workers: int, docs_per_task: int, progress: bool,
+             val_fraction: float, val_max_tokens: int) -> dict:
     from tqdm import tqdm
 
     tokenizer = load_tokenizer(tokenizer_spec)
     dtype = token_dtype(tokenizer.vocab_size)
-    out.mkdir(parents=True, exist_ok=True)
     val = SplitWriter(out, "val", shard_tokens, dtype)
     train = SplitWriter(out, "train", shard_tokens, dtype)
     split = ValSplit(val_tokens, val_fraction, val_max_tokens)
@@ -179,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", required=True,
                    help="embedded, a registry name, hf:NAME or local:PATH (as data.dataset)")
     p.add_argument("--tokenizer", required=True, help="tokenizer file or Hub name")
-    p.add_argument("--out", required=True, help="folder to write shards and index.json into")
+    p.add_argument("--out", required=True, help="folder to write shards and index.json into "
+                   "(new or empty)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the shards of an earlier prepare in --out (only once this one "
+                   "has finished)")
     p.add_argument("--shard-tokens", type=lambda s: int(s.replace("_", "")), default=100_000_000)
     p.add_argument("--val-fraction", type=float, default=0.005,
                    help="fraction of the tokens held out for validation, in whole documents "
@@ -207,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         index = prepare(dcfg, tokenizer, Path(args.out), args.shard_tokens, args.val_tokens,
                         args.workers, val_fraction=args.val_fraction,
-                        val_max_tokens=args.val_max_tokens)
+                        val_max_tokens=args.val_max_tokens, overwrite=args.overwrite)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ MAGIC = b"TLLMSHRD"
 VERSION = 1
 HEADER_BYTES = 256
 INDEX = "index.json"
+SHARD_FILE = re.compile(r"(train|val)_(\d{6}\.bin|docs\.npy)")  # the files prepare writes
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -91,6 +93,13 @@ def open_split(directory: str | Path, split: str) -> TokenStream:
     directory = Path(directory)
     index = read_index(directory)
     info = index["splits"].get(split)
+    listed = {s["file"] for s in (info or {}).get("shards", [])}
+    for path in sorted(directory.glob(f"{split}_*.bin")):
+        if SHARD_FILE.fullmatch(path.name) and path.name not in listed:
+            raise ConfigError(
+                f"shard {path} is not listed in {directory / INDEX}: a leftover of another "
+                "prepare into this folder? Re-run prepare into a new folder (or with "
+                "--overwrite) so the folder holds one corpus", "data.dataset")
     if info is None or info["tokens"] == 0:
         return TokenStream([np.zeros(0, np.int64)], np.zeros(0, np.int64))
     dtype = np.dtype(index["dtype"])

@@ -11,6 +11,7 @@ kind, one registry); this module holds what several kinds read with:
 from __future__ import annotations
 
 import glob
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -67,9 +68,11 @@ def import_datasets(what: str):
 
 
 def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None,
-                   split: str = "train"):
+                   split: str = "train", local: tuple[str, str] | None = None):
     """(`datasets.load_dataset(path, streaming=True, **kwargs)`, column), checked: it opens, it
-    has a row, and the row has `column`. `where` names the source in errors.
+    has a row, and the row has `column`. `where` names the source in errors. `local`: (label,
+    location) of local files (label: the kind the user wrote, local or chat): their rows are
+    read through `LocalRows`, which names a file that cannot be read.
 
     Local files go through the same streaming reader as the Hub, so no Arrow cache is written
     and HF_DATASETS_OFFLINE=1 works.
@@ -80,11 +83,16 @@ def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None
     except StopIteration:  # datasets' json reader on files without a single row
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
     except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
+        if local is not None and (found := unreadable(f"{local[0]}:{local[1]}", local[1])):
+            raise found from None
         raise ConfigError(
             f"data.dataset: cannot open {where!r} (subset {subset!r}, split {split!r}): "
             f"{type(e).__name__}: {e}", "data.dataset"
         ) from None
-    first = next(iter(ds), None)  # read one row: an empty dataset must fail here, not in a worker
+    if local is not None:
+        ds = LocalRows(ds, *local)
+    # read one row: an empty dataset must fail here, not in a worker
+    first = next(iter(ds), None)
     if first is None:
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
     columns = list(first)
@@ -94,6 +102,54 @@ def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None
             "data.text_column",
         )
     return ds, column
+
+
+class LocalRows:
+    """The rows of local files' streaming dataset; a file that cannot be read (not UTF-8, a bad
+    JSON line, ...) is a one-line ConfigError naming the file and line instead of a traceback
+    (`label`: the dataset kind the user wrote, local or chat)."""
+
+    def __init__(self, ds, label: str, location: str):
+        self.ds, self.label, self.location = ds, label, location
+
+    def __iter__(self) -> Iterator[dict]:
+        rows = iter(self.ds)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except ConfigError:
+                raise
+            except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
+                where = f"{self.label}:{self.location}"
+                raise (unreadable(where, self.location) or ConfigError(
+                    f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
+            yield row
+
+
+def unreadable(where: str, location: str) -> ConfigError | None:
+    """Why the files of LOCATION failed to read: the first line that is not UTF-8 (or, in
+    .jsonl, not JSON), found by scanning them again; None if every line reads."""
+    for f in local_files(location):
+        if Path(f).suffix not in (".txt", ".jsonl", ".json"):
+            continue  # parquet: binary, the reader's message below
+        with open(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return ConfigError(
+                        f"{where}: {f} is not UTF-8 text (line {lineno}, byte {e.start}: "
+                        f"{raw[e.start:e.start + 1]!r}); convert it (e.g. iconv -f latin1 -t "
+                        "utf-8) or remove it", "data.dataset")
+                if f.endswith(".jsonl") and line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as e:
+                        return ConfigError(f"{where}: {f} line {lineno} is not valid JSON "
+                                           f"({e})", "data.dataset")
+    return None
 
 
 def stream_texts(rows_source, column: str, spec: str) -> Iterator[str]:

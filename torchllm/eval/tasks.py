@@ -165,8 +165,26 @@ def parse_task(entry: str, default_shots: int) -> tuple[str, int]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                if raw.strip():
+                    rows.append(json.loads(raw.decode("utf-8")))
+            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                raise ValueError(f"line {lineno} is not valid UTF-8 JSON ({e})") from None
+    return rows
+
+
+def _read_local(name: str, path: Path, read: Callable[[Path], list[dict]]) -> list[dict]:
+    """Rows of a local task copy; a damaged copy is one line naming the task and the path."""
+    try:
+        return read(path)
+    except Exception as e:  # ArrowInvalid, JSONDecodeError, FileNotFoundError, ...
+        raise ValueError(
+            f"task {name}: the local copy {path} cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); restore the copy, or remove it to "
+            "load the Hub dataset") from None
 
 
 def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[dict]:
@@ -180,9 +198,10 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[d
 
         return load_examples(hellaswag_data)
     if local is not None and local.is_dir():
-        return [dict(r) for r in datasets.load_from_disk(str(local))]
+        return _read_local(name, local,
+                           lambda p: [dict(r) for r in datasets.load_from_disk(str(p))])
     if local is not None and local.with_suffix(".jsonl").is_file():
-        return _read_jsonl(local.with_suffix(".jsonl"))
+        return _read_local(name, local.with_suffix(".jsonl"), _read_jsonl)
     path, subset, split = spec.hub
     try:
         return [dict(r) for r in datasets.load_dataset(path, subset, split=split)]
@@ -198,7 +217,15 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[d
 def load_items(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[Item]:
     spec = TASKS[name]
     rows = load_rows(name, data_dir, hellaswag_data)
-    items = [spec.to_item(row, i) for i, row in enumerate(rows)]
+    items = []
+    for i, row in enumerate(rows):
+        try:
+            items.append(spec.to_item(row, i))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(f"task {name}: row {i} does not have the task's columns "
+                             f"({type(e).__name__}: {e}); it has "
+                             f"{sorted(row) if isinstance(row, dict) else type(row).__name__}"
+                             ) from None
     if not items:
         raise ValueError(f"task {name} has no rows")
     return items

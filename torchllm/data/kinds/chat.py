@@ -17,7 +17,9 @@ def rows_source(location: str, dcfg):
     inner = copy.copy(dcfg)
     inner.dataset = location if location.startswith("hf:") else f"local:{location}"
     inner.sources = []
-    return parse_source(inner)
+    kind = parse_source(inner)
+    kind.label = "chat"  # a local file that cannot be read is named as chat:PATH's
+    return kind
 
 
 @register

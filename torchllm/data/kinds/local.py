@@ -14,6 +14,7 @@ from torchllm.data.sources import LOCAL_BUILDERS, load_streaming, local_files, s
 class LocalFiles(CorpusKind):
     prefix = "local"
     usage, order = "local:PATH", 1
+    label = "local"  # the kind the user wrote, in unreadable-file errors (chat: sets "chat")
 
     def open_rows(self, column: str):
         """(streaming dataset of the files' rows, the column holding `column`'s values)."""
@@ -22,7 +23,8 @@ class LocalFiles(CorpusKind):
         kwargs = {"data_files": files, "split": "train"}
         if builder == "text":  # one document per .txt file, in a column named "text"
             kwargs["sample_by"], column = "document", "text"
-        return load_streaming(builder, kwargs, f"local:{self.location}", column)
+        return load_streaming(builder, kwargs, f"local:{self.location}", column,
+                              local=(self.label, self.location))
 
     def texts(self):
         return stream_texts(self, self.dcfg.text_column, self.spec)

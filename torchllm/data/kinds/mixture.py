@@ -9,8 +9,11 @@ from torchllm.data.kinds.registry import parse_source
 from torchllm.data.mixture import MixtureBatches, normalized_weights, source_config, source_seed
 
 
-def _where(dcfg, i: int) -> str:
-    return f"data.sources[{i}] ({dcfg.sources[i].dataset})"
+def _in_source(error: ConfigError, dcfg, i: int) -> ConfigError:
+    """`error` of source i, prefixed with which source it is (once)."""
+    where = f"data.sources[{i}] ({dcfg.sources[i].dataset})"
+    said = str(error) if str(error).startswith(f"{where}:") else f"{where}: {error}"
+    return ConfigError(said, error.key or "data.sources")
 
 
 class Mixture(DataKind):
@@ -27,7 +30,7 @@ class Mixture(DataKind):
             try:
                 parts.append(parse_source(source_config(dcfg, i)))
             except ConfigError as e:
-                raise ConfigError(f"{_where(dcfg, i)}: {e}", e.key or "data.sources") from None
+                raise _in_source(e, dcfg, i) from None
         return cls(dcfg, parts)
 
     def tokenizer_source(self) -> DataKind:
@@ -52,7 +55,7 @@ class Mixture(DataKind):
             try:
                 source, val = part.windows(one)
             except ConfigError as e:
-                raise ConfigError(f"{_where(self.dcfg, i)}: {e}", e.key or "data.sources") from None
+                raise _in_source(e, self.dcfg, i) from None
             sources.append(source)
             vals.append(val)
         train = MixtureBatches(sources, [s.dataset for s in self.dcfg.sources], self.weights,
