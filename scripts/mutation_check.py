@@ -279,6 +279,34 @@ MUTANTS = [
         ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
     ),
     Mutant(
+        "continuation_encoded_apart",
+        "a scored continuation is encoded on its own and appended to the context's ids",
+        "torchllm/eval/continuation.py",
+        "    whole = tokenizer.encode(context + continuation, bos=True)\n",
+        "    whole = tokenizer.encode(context, bos=True) + tokenizer.encode(continuation)\n",
+        ("tests/test_eval_continuation.py::test_hellaswag_endings_are_encoded_as_the_whole_string"
+         "[sp_auto]",
+         "tests/test_eval_hellaswag.py::test_scoring_matches_brute_force_on_a_tiny_file",
+         "tests/test_eval_downstream.py::test_scorer_matches_brute_force_on_real_rows"
+         "[arc_easy-mc]"),
+    ),
+    Mutant(
+        "completion_decoded_alone",
+        "generate prints the completion decoded apart from its prompt (loses the boundary space)",
+        "torchllm/generate.py",
+        "            print(completion_text(tokenizer, prompts[i], ids), file=stdout)\n",
+        "            print(readable(tokenizer, ids), file=stdout)\n",
+        ("tests/test_generate.py::test_cli_prints_the_completion_as_the_whole_sequence_decodes",),
+    ),
+    Mutant(
+        "interactive_completion_decoded_alone",
+        "generate --interactive streams the completion decoded apart from its prompt",
+        "torchllm/generate.py",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout, ids)",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)",
+        ("tests/test_generate_interactive.py::test_interactive_cli_answers_each_stdin_line",),
+    ),
+    Mutant(
         "mixture_stream_position_lost",
         "a resumed mixture restores its batch count but not its streamed sources' positions",
         "torchllm/data/mixture.py", "            src.load_state_dict(state[\"streams\"][s])\n",

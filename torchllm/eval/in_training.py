@@ -14,10 +14,9 @@ from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data, whole_stream
 from torchllm.data.kinds import parse_source
-from torchllm.data.tokenizer import readable
 from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
-from torchllm.eval.generation import generate
+from torchllm.eval.generation import completion_text, generate
 from torchllm.eval.validation import validate
 from torchllm.log import logger
 
@@ -145,8 +144,9 @@ class Evaluator(Callback):
                                e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
                                stop_early=False, device=self.device)
         texts = {}
-        for i, (prompt, ids) in enumerate(zip(e.prompts, outputs)):
-            completion = readable(self.tokenizer, ids)  # cut at EOS, no special tokens
+        for i, (prompt, prompt_ids, ids) in enumerate(zip(e.prompts, prompts, outputs)):
+            # Decoded after the prompt, as the whole sequence decodes: cut at EOS, no specials.
+            completion = completion_text(self.tokenizer, prompt_ids, ids)
             texts[f"samples/{i}"] = f"**{prompt}**{completion}"  # TensorBoard renders markdown
             logger.info("sample step %d [%d]: %r -> %r", step, i, prompt, completion)
         return texts
