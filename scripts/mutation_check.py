@@ -307,6 +307,54 @@ MUTANTS = [
         ("tests/test_generate_interactive.py::test_interactive_cli_answers_each_stdin_line",),
     ),
     Mutant(
+        "mixture_stream_position_lost",
+        "a resumed mixture restores its batch count but not its streamed sources' positions",
+        "torchllm/data/mixture.py", "            src.load_state_dict(state[\"streams\"][s])\n",
+        "            pass\n",
+        ("tests/test_data_kinds.py::test_a_mixture_with_a_stream_resumes_exactly",),
+    ),
+    Mutant(
+        "tokenizer_paragraphs_only",
+        "the tokenizer trainer gets blank-line paragraphs (long ones are silently skipped)",
+        "torchllm/data/tokenizer.py", "            for chunk in training_chunks(text):\n",
+        "            for chunk in text.split(\"\\n\\n\"):\n",
+        ("tests/test_tokenizer_text.py::test_nothing_is_silently_dropped",
+         "tests/test_tokenizer_text.py::test_the_train_cli_on_a_single_real_shaped_file"),
+    ),
+    Mutant(
+        "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
+        "torchllm/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
+        "parses them with\n", "",
+        ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
+    ),
+    Mutant(
+        "hellaswag_data_dir_file_ignored",
+        "the downstream HellaSwag task ignores <data_dir>/hellaswag.jsonl (needs the network)",
+        "torchllm/eval/tasks.py",
+        "    if jsonl is not None and jsonl.is_file():\n",
+        "    if False:\n",
+        ("tests/test_eval_downstream.py::"
+         "test_hellaswag_task_reads_the_data_dir_file_before_eval_hellaswag_data",),
+    ),
+    Mutant(
+        "eval_cli_overrides_dropped",
+        "the eval CLIs accept --section.key=value overrides but load the run's config without them",
+        "torchllm/eval/loading.py",
+        '    cfg = load_config(["--job.config_file", str(config_path), *overrides])\n',
+        '    cfg = load_config(["--job.config_file", str(config_path)])\n',
+        ("tests/test_eval_downstream.py::test_cli_applies_config_overrides",
+         "tests/test_eval_hellaswag.py::test_cli_applies_config_overrides"),
+    ),
+    Mutant(
+        "downstream_default_tasks_without_hellaswag",
+        "the downstream CLI's default task set leaves HellaSwag out",
+        "torchllm/eval/tasks.py",
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm", "hellaswag")',
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm")',
+        ("tests/test_eval_downstream.py::"
+         "test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file",),
+    ),
+    Mutant(
         "report_loss_against_steps", "the report's loss plot ignores the tokens seen",
         "torchllm/report/plots.py",
         "                x = run.tokens_at(series.steps) if by_tokens else series.steps\n",

@@ -13,7 +13,7 @@ from torch import nn
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data, whole_stream
-from torchllm.data.sources import resolve
+from torchllm.data.kinds import parse_source
 from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import completion_text, generate
@@ -38,7 +38,7 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
     other.data.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
     if vcfg.split:
-        if resolve(other.data).kind != "hf":
+        if not parse_source(other.data).splits_by_name:
             raise ConfigError(
                 f"validation.split = {vcfg.split!r} applies to Hugging Face datasets (hf:... or "
                 f"a named one), not {name!r}; for local files or shards point validation.dataset "
@@ -111,7 +111,8 @@ class Evaluator(Callback):
             # Loaded once at start, so a bad path fails now rather than hours into the run.
             try:
                 self.hellaswag_examples = hellaswag.load_examples(
-                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit
+                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit,
+                    hint="set it to an official-format .jsonl file (--eval.hellaswag_data=FILE)",
                 )
             except (FileNotFoundError, ValueError) as e:
                 raise ConfigError(f"eval.hellaswag_data: {e}", "eval.hellaswag_data") from None

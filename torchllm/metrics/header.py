@@ -96,12 +96,17 @@ def mixture_summary(mixture, global_batch: int, steps: int) -> str:
     windows_per_epoch and, for packed text, a TokenStream): its size and the epochs it makes."""
     parts = []
     for name, weight, src in zip(mixture.names, mixture.weights, mixture.sources):
-        n = src.windows_per_epoch
+        share = f" x{float(weight):.2g}" if len(mixture.names) > 1 else ""
+        n = getattr(src, "windows_per_epoch", None)
+        if n is None:  # a Hub stream: read in order, its size unknown until read
+            windows = steps * global_batch * float(weight)
+            parts.append(f"{name}{share}: streamed (size unknown until read); ~{windows:,.0f} "
+                         "windows")
+            continue
         stream = getattr(src, "stream", None)
         size = (_stream_summary(stream, src.window) if stream is not None else
                 f"{_count(n, 'window')} per epoch")
         epochs = steps * global_batch * float(weight) / max(n, 1)
-        share = f" x{float(weight):.2g}" if len(mixture.names) > 1 else ""
         parts.append(f"{name}{share}: train {size}; {epochs:.3g} epochs")
     return " | ".join(parts)
 
