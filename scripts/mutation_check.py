@@ -270,6 +270,21 @@ MUTANTS = [
         ("tests/test_hf_export.py::"
          "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
     ),
+    Mutant(
+        "shape_keys_ignored", "the [model] shape keys are checked but never applied",
+        "torchllm/models/registry.py", "        return dataclasses.replace(args, **changes, **shape)\n",
+        "        return dataclasses.replace(args, **changes)\n",
+        ("tests/test_model_shapes.py::"
+         "test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count",),
+    ),
+    Mutant(
+        "moe_capacity_exact", "MoE's padded path uses the exact capacity: a new matmul shape "
+        "almost every step (oneDNN caches one kernel per shape: RSS grows)",
+        "torchllm/models/moe.py", "        capacity = padded_capacity(int(counts.max()))\n",
+        "        capacity = max(int(counts.max()), 1)\n",
+        ("tests/test_moe_memory.py::"
+         "test_rss_stays_flat_over_hundreds_of_steps[qwen3_moe-extra0]",),
+    ),
 ]
 
 
