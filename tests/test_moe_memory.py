@@ -37,7 +37,7 @@ def test_padded_capacity_covers_the_load_with_few_shapes():
     ("qwen3_moe", ["--model.head_dim=16"]),
     ("llama3", []),
 ])
-def test_rss_stays_flat_over_hundreds_of_steps(tmp_path, name, extra):
+def test_rss_stays_flat_over_many_steps(tmp_path, name, extra):
     steps, warmup = 80, 20
     trainer = Trainer(tiny_config(tmp_path, f"--model.name={name}", *SMALL, *extra,
                                   f"--training.steps={steps}"))
