@@ -50,6 +50,43 @@ def test_auto_precision_on_cpu_follows_flags_and_probe(monkeypatch, fresh_probe,
         assert calls == [] and "no native bf16" in why
 
 
+def test_a_probe_slowed_by_load_is_repeated_before_fp32(monkeypatch, fresh_probe):
+    # Native bf16 flags; the first probe (3 rounds x 2 dtypes) lands on a loaded moment.
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    calls = []
+
+    def matmul_flops(dtype, **kw):
+        calls.append(dtype)
+        loaded = len(calls) <= 6
+        return 200e9 if dtype == torch.float32 else (202e9 if loaded else 800e9)
+
+    monkeypatch.setattr(precision, "matmul_flops", matmul_flops)
+    bf16, why = precision.resolve_bf16("auto", "cpu")
+    assert bf16 is True and "measured 4.0x fp32 in 2 probes" in why, why
+    assert len(calls) == 12
+    # A CPU where bf16 really is no faster: every probe says so, then fp32.
+    precision.cpu_native_bf16.cache_clear()
+    calls.clear()
+    fake_speeds(monkeypatch, 200e9, 202e9)
+    bf16, why = precision.resolve_bf16("auto", "cpu")
+    assert bf16 is False and f"in {precision.PROBE_ATTEMPTS} probes" in why, why
+
+
+def test_a_recorded_precision_is_kept_by_auto_without_a_probe(monkeypatch, fresh_probe):
+    calls = fake_speeds(monkeypatch, 200e9, 800e9)  # the probe would say bf16
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert precision.resolve_bf16("auto", "cpu", recorded="fp32")[0] is False
+    assert precision.resolve_bf16("auto", "cuda", recorded="fp32")[0] is False
+    assert precision.resolve_bf16("auto", "cpu", recorded="bf16")[0] is True
+    bf16, why = precision.resolve_bf16("bf16", "cpu", recorded="fp32")
+    assert bf16 is True and "overriding the fp32" in why
+    assert calls == []
+    # Moved to a CPU without native bf16: the recorded bf16 would be emulated, 17-100x slower.
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    bf16, why = precision.resolve_bf16("auto", "cpu", recorded="bf16")
+    assert bf16 is False and "no native bf16" in why
+
+
 def test_explicit_and_cuda_choices_need_no_probe(monkeypatch, fresh_probe):
     calls = fake_speeds(monkeypatch, 1.0, 1.0)
     assert precision.resolve_bf16("bf16", "cpu")[0] is True

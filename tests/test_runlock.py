@@ -157,8 +157,10 @@ def test_a_launch_that_fails_at_start_up_frees_the_run_folder(tmp_path):
          f"--checkpoint.initial_load_path={tmp_path / 'no-such-checkpoint'}"],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
+    # The checkpoint is looked up after the run folder was prepared and its lock taken
+    # (the run's config.toml is written only once a checkpoint loaded: none here).
     assert "no-such-checkpoint is not a folder" in proc.stderr
-    assert (tmp_path / "r" / "config.toml").exists()  # it got past taking the lock
+    assert (tmp_path / "r").is_dir() and not (tmp_path / "r" / "config.toml").exists()
     assert not (tmp_path / "r" / LOCK_NAME).exists()
 
 

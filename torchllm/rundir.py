@@ -12,8 +12,9 @@
    config keys that name these folders are checked to stay inside the dump folder
    (torchllm.config.paths).
    A resumed run continues the same TensorBoard curves (see torchllm.metrics.writers).
-3. rank 0 writes the effective config.toml.
 Every rank learns rank 0's outcome, so all ranks fail with the same one-line error.
+The run's `config.toml` is written later (`write_run_config`), once the checkpoint loaded: a
+launch that fails to resume (e.g. with a changed model shape) leaves the run's config as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.layout import complete_steps, step_of
+from torchllm.checkpoint.layout import complete_steps, step_of, write_durably
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm.metrics.writers import tensorboard_folder
@@ -122,7 +123,6 @@ def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock
             lock = RunLock(run_dir, stale_s=60 * cfg.job.lock_stale_minutes)
             lock.acquire()
             check_fresh_start(cfg, run_dir)
-            (run_dir / "config.toml").write_text(to_toml(cfg))
         except (ConfigError, OSError) as e:
             if lock is not None and not isinstance(e, RunLockedError):
                 lock.release()
@@ -132,3 +132,15 @@ def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock
     _agree(error, device)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, lock
+
+
+def write_run_config(cfg: JobConfig, run_dir: Path) -> None:
+    """Rank 0: replace the run's config.toml (atomically) with this launch's effective config.
+    Called once the checkpoint loaded, so a launch that cannot resume never rewrites it."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    path = Path(run_dir) / "config.toml"
+    try:
+        write_durably(path, to_toml(cfg))
+    except OSError as e:  # each step folder keeps its own config.toml: not worth stopping for
+        logger.warning("could not write the run's config %s: %s", path, e)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import sys
@@ -17,6 +18,7 @@ import torch
 from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
+from torchllm.checkpoint.resume import recorded_precision
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.mixture import MixtureLog
@@ -50,7 +52,7 @@ from torchllm.parallel import (
 )
 from torchllm.precision import resolve_bf16
 from torchllm.process_exit import exit_process
-from torchllm.rundir import prepare_run_dir, run_name
+from torchllm.rundir import prepare_run_dir, run_name, write_run_config
 from torchllm.stopping import StopConditions
 
 
@@ -84,12 +86,21 @@ class Trainer:
         self.determinism = determinism_settings()  # given back by close()
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
-        # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
-        self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type)
-        logger.info("precision: %s (%s)", "bf16" if self.bf16 else "fp32", why)
 
         # One run per folder (a lock), and no fresh start over a previous run's outputs.
         self.run_dir, self.run_lock = prepare_run_dir(cfg, self.device)
+        # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
+        # A resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe).
+        ccfg = cfg.checkpoint
+        recorded = (recorded_precision(self.run_dir / ccfg.folder, ccfg.load_step, self.device)
+                    if ccfg.enable else None)
+        self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type, recorded)
+        self.precision = "bf16" if self.bf16 else "fp32"
+        (logger.info if recorded in (None, self.precision) else logger.warning)(
+            "precision: %s (%s)", self.precision, why)
+        # The model is built in the precision decided here (not re-resolved from "auto").
+        build_cfg = dataclasses.replace(cfg, training=dataclasses.replace(
+            tcfg, mixed_precision="bf16" if self.bf16 else "none"))
         if cfg.job.print_config and rank() == 0:  # the console gets a short header (below)
             logger.info("effective config:\n%s", to_toml(cfg))
 
@@ -106,8 +117,8 @@ class Trainer:
         self.loss_fn = build_loss_fn(cfg.compile)
         # Model: built on meta, parallelized, materialized with a single process's initial
         # weights; under pipeline parallelism, this rank's stages (and their schedule).
-        self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims, cfg,
-                                                self.device, self.loss_fn)
+        self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims,
+                                                build_cfg, self.device, self.loss_fn)
         self.model.train()
         self.moe_layers = moe_layers(self.model)  # [] unless the model has MoE blocks
 
@@ -134,12 +145,15 @@ class Trainer:
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
-            run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch},
+            run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
+                      "precision": self.precision},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
+        # Only now: a launch that cannot resume leaves the run's config.toml as it was.
+        write_run_config(cfg, self.run_dir)
         # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
             cfg, self.model, self.optimizer, self.device, self.run_name(cfg), self.run_dir,

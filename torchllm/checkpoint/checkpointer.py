@@ -33,10 +33,12 @@ from torchllm.checkpoint.integrity import (
 )
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
+    MARKER,
     complete_steps,
     mark_complete,
     mark_nonfinite,
     step_dir,
+    write_durably,
 )
 from torchllm.checkpoint.loading import LoadingMixin
 from torchllm.checkpoint.resume import hparams_snapshot
@@ -293,7 +295,7 @@ class Checkpointer(LoadingMixin):
     def _commit(self, step: int, nonfinite: int) -> None:
         path = step_dir(self.folder, step)
         if "config_toml" in self.run_info:
-            (path / "config.toml").write_text(self.run_info["config_toml"])
+            write_durably(path / "config.toml", self.run_info["config_toml"])
         if nonfinite:
             what = f"{nonfinite} saved tensors hold NaN or inf"
             mark_nonfinite(path, what)
@@ -325,7 +327,15 @@ class Checkpointer(LoadingMixin):
         if k <= 0:
             return
         for old in complete_steps(self.folder)[:-k]:
-            shutil.rmtree(step_dir(self.folder, old), ignore_errors=True)
+            path = step_dir(self.folder, old)
+            try:
+                # The marker first: a folder that is only partly deleted never looks complete.
+                (path / MARKER).unlink(missing_ok=True)
+                shutil.rmtree(path)
+            except OSError as e:
+                logger.warning("retention (checkpoint.keep_latest_k = %d) could not delete %s: "
+                               "%s; it stays on disk, delete it by hand", k, path,
+                               describe_failure(e))
 
     def close(self) -> None:
         """Finish a pending save. While an exception unwinds (other ranks may be gone), rank 0

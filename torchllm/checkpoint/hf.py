@@ -6,14 +6,15 @@
     python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0
         --job.config_file RUN.toml [--dtype float32] [--overwrite] [--section.key=value ...]
 
-`export` reads the run's `config.toml` (next to its checkpoint folder) to rebuild the model's
-args and writes `config.json`, `model.safetensors` (sharded with an index over the size limit)
-and, for a SentencePiece tokenizer, its files: a folder `from_pretrained` loads. `import` writes
-a complete weights-only DCP checkpoint for the model the given config describes (usable as
-`checkpoint.initial_load_path`). A run can also start straight from a HF folder with
-`checkpoint.initial_load_in_hf = true` (see `load_hf_weights`). Extra `--section.key=value`
-arguments are config overrides, as for training. Both write beside the output and rename it
-when complete; an existing output is refused unless --overwrite.
+`export` reads the config the step was written under (the step folder's `config.toml`, else
+the run's) to rebuild the model's args and writes `config.json`, `model.safetensors` (sharded
+with an index over the size limit) and, for a SentencePiece tokenizer, its files: a folder
+`from_pretrained` loads. `import` writes a complete weights-only DCP checkpoint for the model
+the given config describes (usable as `checkpoint.initial_load_path`). A run can also start
+straight from a HF folder with `checkpoint.initial_load_in_hf = true` (see `load_hf_weights`).
+Extra `--section.key=value` arguments are config overrides, as for training.
+Both write beside the output and rename it when complete; an existing output is refused
+unless --overwrite.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from torchllm import models
 from torchllm.checkpoint.convert import load_dcp_weights, refuse_step_folder, replace_dir, \
     save_safetensors, save_seed_checkpoint, temp_sibling
 from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
-from torchllm.checkpoint.layout import EXPORT_DTYPES, resolve_checkpoint, step_of
+from torchllm.checkpoint.layout import (
+    EXPORT_DTYPES,
+    checkpoint_config,
+    mark_complete,
+    resolve_checkpoint,
+    step_of,
+)
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
 
@@ -132,12 +139,14 @@ def write_tokenizer_files(tokenizer, out: Path, hf_config: dict) -> bool:
 
 
 def _run_config(step_path: Path, overrides: list[str]):
-    """The run's config: its saved config.toml (run/<folder>/step-N -> run/config.toml)."""
+    """The config the step was written under: the step folder's config.toml, else the run's
+    (run/<folder>/step-N -> run/config.toml)."""
     if any(a.startswith("--job.config_file") for a in overrides):
         return load_config(overrides)
-    path = step_path.parent.parent / "config.toml"
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; pass the run's config with --job.config_file")
+    path = checkpoint_config(step_path)
+    if path is None:
+        raise ConfigError(f"neither {step_path / 'config.toml'} nor the run's config.toml exists; "
+                          "pass the run's config with --job.config_file")
     return load_config(["--job.config_file", str(path), *overrides])
 
 

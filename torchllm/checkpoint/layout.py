@@ -14,6 +14,7 @@ values: it is never loaded and never counted for retention.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -43,27 +44,57 @@ def is_complete(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
 
 
+def write_durably(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically and durably: a temp file, fsync'd, renamed over
+    `path`, then the folder fsync'd, so that after a crash or power loss `path` holds either
+    its old content or all of `text` (never an empty or partial file)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
+
+
 def mark_complete(path: Path, step: int, files: dict | None = None, **info) -> None:
-    """Write the marker atomically (temp file + rename): it is the commit point of a save.
+    """Write the marker atomically and durably: it is the commit point of a save.
 
     `files` maps each file name to {"bytes": size, "crc32": hex} (verified at load); `info`
-    adds more JSON fields (e.g. the run's global batch size).
+    adds more JSON fields (e.g. the run's global batch size and precision).
     """
-    tmp = Path(path) / f".{MARKER}.tmp"
     record = {"step": step, "time": time.time(), **info}
     if files is not None:
         record["files"] = files
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(Path(path) / MARKER)
+    write_durably(Path(path) / MARKER, json.dumps(record, indent=1) + "\n")
+
+
+class MarkerError(ValueError):
+    """A COMPLETE marker that cannot be read or holds no record: its step is not used."""
 
 
 def read_marker(path: Path) -> dict:
-    """The COMPLETE marker's record ({} for an empty or pre-JSON marker)."""
+    """The COMPLETE marker's record; MarkerError (one line naming the marker) when it cannot be
+    read, is empty or cut short, or is not the record `mark_complete` writes. Such a step is
+    unusable: without its record the files' checksums cannot be verified."""
+    marker = Path(path) / MARKER
     try:
-        record = json.loads((Path(path) / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+        data = marker.read_bytes()
+    except OSError as e:
+        raise MarkerError(f"marker {marker} cannot be read ({e.strerror or e})") from None
+    try:
+        record = json.loads(data.decode())
+    except ValueError as e:  # empty, cut short, or not text at all
+        what = "empty" if not data.strip() else f"damaged (not a JSON record: {e})"
+        raise MarkerError(f"marker {marker} is {what}") from None
+    if not isinstance(record, dict) or "step" not in record:
+        raise MarkerError(f"marker {marker} is damaged (no step record in it)")
+    return record
 
 
 def mark_nonfinite(path: Path, what: str) -> None:
@@ -123,3 +154,13 @@ def resolve_checkpoint(path: str | Path, folder_name: str = "checkpoint") -> Pat
         f"no complete checkpoint under {path} (looked for step-<N>/{MARKER} in {path} and "
         f"{path / folder_name})"
     )
+
+
+def checkpoint_config(step_path: Path) -> Path | None:
+    """The config a step was written under: its own config.toml, else the run's
+    (run/<folder>/step-N -> run/config.toml), else None. The step's wins: a later launch of the
+    run (another shape, a failed resume of older code) may have rewritten the run's."""
+    for path in (Path(step_path) / "config.toml", Path(step_path).parent.parent / "config.toml"):
+        if path.is_file():
+            return path
+    return None

@@ -9,6 +9,13 @@ schedule's shape and length included: it is a function of the step, rebuilt from
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torchllm.checkpoint.layout import MarkerError, complete_steps, read_marker, step_dir
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -41,6 +48,26 @@ def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> lis
             wins = "the new value applies"
         changes.append(f"{key}: {old.get(key, 'unset')!r} -> {new.get(key, 'unset')!r} ({wins})")
     return changes
+
+
+def recorded_precision(folder: Path, load_step: int, device: torch.device) -> str | None:
+    """The precision ("bf16" or "fp32") recorded in the marker of the checkpoint a resume tries
+    first (`load_step`, or the newest with a readable marker), as rank 0 reads it: every rank
+    gets the same answer. None: no checkpoint, or one saved before precision was recorded."""
+    found = [None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        steps = [s for s in complete_steps(folder) if load_step in (-1, s)]
+        for step in reversed(steps):
+            try:
+                record = read_marker(step_dir(folder, step))
+            except MarkerError:
+                continue  # never loaded: the loader falls back past it
+            if record.get("precision") in ("bf16", "fp32"):
+                found[0] = record["precision"]
+            break
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0, device=device if device.type == "cuda" else None)
+    return found[0]
 
 
 def hparams_snapshot(optimizer) -> list[dict]:

@@ -6,6 +6,9 @@ Layout (written by the trainer and the checkpointer):
     <run_dir>/checkpoint/step-<N>/            a torch.distributed.checkpoint directory whose
                                               state dict maps "model" to the model's state_dict()
     <run_dir>/checkpoint/step-<N>/COMPLETE    written once every rank finished saving
+    <run_dir>/checkpoint/step-<N>/config.toml the config that step was written under: it wins
+                                              over the run's (a later launch may have changed
+                                              that one)
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.layout import resolve_checkpoint
+from torchllm.checkpoint.layout import checkpoint_config, resolve_checkpoint
 from torchllm.config import JobConfig, load_config
 from torchllm.data import Tokenizer, build_tokenizer
 from torchllm.device import resolve_device
@@ -34,9 +37,10 @@ def load_for_inference(
     """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint."""
     step_dir = resolve_checkpoint(path)
     run_dir = step_dir.parent.parent
-    config_path = run_dir / "config.toml"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} is missing; it holds the run's model config")
+    config_path = checkpoint_config(step_dir)
+    if config_path is None:
+        raise FileNotFoundError(f"{run_dir / 'config.toml'} is missing; it holds the run's "
+                                "model config")
     cfg = load_config(["--job.config_file", str(config_path)])
     tokenizer = build_tokenizer(cfg, run_dir / "data")
     spec = models.get(cfg.model.name)
