@@ -150,7 +150,7 @@ def test_run_header_shows_the_overridden_shape(tmp_path, caplog):
     (["--model.n_layers=0"], "model.n_layers", "must be positive"),
     (["--model.hidden_dim=512", "--model.ffn_dim_multiplier=1.3"], "model.ffn_dim_multiplier",
      "set one of the two"),
-    (["--model.n_layers=3", "--model.sliding_window=[4, 4, 4, 4]"], "model.sliding_window",
+    (["--model.n_layers=3", "--model.sliding_window=4,4,4,4"], "model.sliding_window",
      "or 3 entries"),
 ])
 def test_inconsistent_shape_is_a_one_line_config_error(flags, key, match):
