@@ -35,11 +35,20 @@ QWEN3_LIKE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# transformers' assistant-mask markers: rendered as their body (the mask comes from prefixes).
+QWEN3_GENERATION = QWEN3_LIKE.replace(
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
+    "{{- '<|im_start|>' + message.role + '\\n' }}{%- if message.role == 'assistant' %}"
+    "{% generation %}{{- message.content + '<|im_end|>' }}{% endgeneration %}{%- else %}"
+    "{{- message.content + '<|im_end|>' }}{%- endif %}{{- '\\n' }}")
+assert QWEN3_GENERATION != QWEN3_LIKE
 TEMPLATES = {
     "llama3": (LLAMA3_LIKE, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                              "<|end_header_id|>", "<|eot_id|>"], "<|begin_of_text|>", "<|eot_id|>"),
     "qwen3": (QWEN3_LIKE, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|endoftext|>",
               "<|im_end|>"),
+    "qwen3-generation": (QWEN3_GENERATION, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                         "<|endoftext|>", "<|im_end|>"),
 }
 
 
@@ -60,7 +69,7 @@ def tokenizer_folder(tmp_path, kind: str):
     return tmp_path
 
 
-@pytest.mark.parametrize("kind", ["llama3", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama3", "qwen3", "qwen3-generation"])
 def test_own_template_renders_like_transformers_and_masks_the_assistant_turns(tmp_path, kind):
     from transformers import AutoTokenizer
 
@@ -85,6 +94,10 @@ def test_own_template_renders_like_transformers_and_masks_the_assistant_turns(tm
     contents = [m["content"] for m in CONV if m["role"] == "assistant"]
     assert [tok.decode(r) for r in runs] == [c + eot for c in contents]
     assert template.end_of_turn == tok.tok.token_to_id(eot)
+    if "generation" in kind:  # transformers' own mask from the markers agrees
+        masks = hf.apply_chat_template(CONV, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)["assistant_masks"]
+        assert list(map(bool, masks)) == rendered.trained
     prompt = template.prompt(CONV[:2])
     assert prompt == list(hf.apply_chat_template(CONV[:2], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False))

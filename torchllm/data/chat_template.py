@@ -44,7 +44,8 @@ def _compile(source: str):
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_generation_extension()])
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent,
                                                                     ensure_ascii=False)
     env.globals["raise_exception"] = raise_exception
@@ -54,6 +55,23 @@ def _compile(source: str):
     except TemplateError as e:
         raise ConfigError(f"the tokenizer's chat_template is not valid Jinja: {e}",
                           "data.tokenizer") from None
+
+
+def _generation_extension():
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask markers) render
+    their body unchanged: the mask here comes from prefixes, which every template supports."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
+
+    return Generation
 
 
 class JinjaChat:
