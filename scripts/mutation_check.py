@@ -289,7 +289,8 @@ MUTANTS = [
     Mutant(
         "export_without_chat_template", "the export writes no chat_template for a chat run",
         "torchllm/checkpoint/hf_tokenizer.py",
-        '        config["chat_template"] = template\n', "        pass\n",
+        '        config["chat_template"], end_of_turn = found\n',
+        "        end_of_turn = found[1]\n",
         ("tests/test_hf_tokenizer_export.py::"
          "test_chat_template_in_the_export_gives_the_runs_chat_ids",),
     ),

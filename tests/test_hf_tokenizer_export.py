@@ -129,9 +129,12 @@ def test_sft_run_export_chats_like_torchllm_generate(tmp_path, capsys):
                                            return_dict=False)) == prompt
     model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     with torch.no_grad():
+        # config.json's eos_token_id lists the end of turn: generate() stops there by itself.
         out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
-                             eos_token_id=template.end_of_turn, pad_token_id=sft.tokenizer.eos_id)
+                             pad_token_id=sft.tokenizer.eos_id)
     reply = out[0, len(prompt):].tolist()
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["eos_token_id"] == [sft.tokenizer.eos_id, template.end_of_turn]
     capsys.readouterr()
     assert generate.main(["--checkpoint", str(tmp_path / "sft"), "--chat", "Count to 3.",
                           "--temperature", "0", "--max-new-tokens", "6", "--print-ids",

@@ -78,25 +78,25 @@ def _added(tokenizer) -> list[str]:
     return sorted(added, key=added.get) if added else []
 
 
-def chat_template_for(tokenizer, chat: bool) -> str | None:
-    """The template a run trained with: the tokenizer's own, the 6 added tokens' (for a
-    SentencePiece base with a space where its dummy prefix puts one), or Llama 3's headers."""
+def chat_template_for(tokenizer, chat: bool) -> tuple[str, int] | None:
+    """(the template a run trained with, its end-of-turn id): the tokenizer's own, the 6 added
+    tokens' (for a SentencePiece base with a space where its dummy prefix puts one), or Llama
+    3's headers; None for a run that did not train on conversations."""
     from torchllm.data.chat import ChatTemplate
 
     if not (chat or _added(tokenizer)):
         return None
-    own = getattr(tokenizer, "chat_template", None)
-    if own:
-        return own
     try:
-        kind = ChatTemplate(tokenizer).kind
+        ours = ChatTemplate(tokenizer)
     except ValueError:  # no template and no chat tokens: nothing to write
         return None
-    template = fallback_template(kind)
+    if ours.kind == "jinja":
+        return tokenizer.chat_template, ours.end_of_turn
+    template = fallback_template(ours.kind)
     sp = getattr(tokenizer, "sp", None)
     if sp is not None and sp.id_to_piece(sp.encode("a")[0]).startswith("\u2581"):
         template = template.replace("+ message['content']", "+ ' ' + message['content']")
-    return template
+    return template, ours.end_of_turn
 
 
 def write_tokenizer(tokenizer, out: Path, hf_config: dict, chat: bool = False) -> str | None:
@@ -143,10 +143,11 @@ def write_tokenizer(tokenizer, out: Path, hf_config: dict, chat: bool = False) -
         config["eos_token"] = hf.id_to_token(base.eos_id)
     else:
         return None
-    template = chat_template_for(tokenizer, chat)
-    if template is not None:
-        config["chat_template"] = template
-        what += " with the chat template"
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     hf_config.update({"bos_token_id": base.bos_id, "eos_token_id": base.eos_id})
+    if found := chat_template_for(tokenizer, chat):
+        config["chat_template"], end_of_turn = found
+        what += " with the chat template"
+        if end_of_turn != base.eos_id:  # generate() stops at the end of the assistant's turn
+            hf_config["eos_token_id"] = [base.eos_id, end_of_turn]
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return what
