@@ -86,15 +86,18 @@ def plan_growth(path: Path, metadata, marker: dict, sd: dict, now: dict | None,
             or saved["base_sha256"] == now["base_sha256"])
     else:  # written before markers recorded the tokenizer: the rows must fit the base
         same_base = now["chat_tokens"] and now["base_vocab_size"] <= saved_rows < rows
-    was = f"checkpoint {path} was trained with tokenizer {_describe(saved, path, saved_rows)}"
+    was = (f"checkpoint {path} does not fit this model's vocabulary: it was trained with "
+           f"tokenizer {_describe(saved, path, saved_rows)}")
     is_ = f"this run's is {_describe(now, path, rows)}"
     if resume:
-        raise ConfigError(f"{was}, {is_}: a run resumes with its own vocabulary; use its "
-                          "tokenizer, or start a new run (another job.run_name) from it with "
+        raise ConfigError(f"{was}, {is_} (data.tokenizer, data.chat_tokens or model.vocab_size "
+                          "changed?): a run resumes with its own vocabulary; relaunch with the "
+                          "run's settings, or start a new run (another job.run_name) from it with "
                           "checkpoint.initial_load_path to grow the vocabulary", "data.tokenizer")
     if saved_rows > rows or saved_vocab > now["vocab_size"]:
         raise ConfigError(f"{was}, {is_}: the vocabulary cannot shrink; use the checkpoint's "
-                          "tokenizer (data.tokenizer, data.chat_tokens as it had)", "data.tokenizer")
+                          "tokenizer (data.tokenizer, data.chat_tokens as it had) and "
+                          "model.vocab_size", "data.tokenizer")
     if not same_base or saved_vocab < now["base_vocab_size"]:
         raise ConfigError(f"{was}, {is_}: another base vocabulary; only added tokens "
                           "(data.chat_tokens) can grow it, so use the checkpoint's tokenizer "
