@@ -279,6 +279,55 @@ MUTANTS = [
         ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
     ),
     Mutant(
+        "continuation_encoded_apart",
+        "a scored continuation is encoded on its own and appended to the context's ids",
+        "torchllm/eval/continuation.py",
+        "    whole = tokenizer.encode(context + continuation, bos=True)\n",
+        "    whole = tokenizer.encode(context, bos=True) + tokenizer.encode(continuation)\n",
+        ("tests/test_eval_continuation.py::test_hellaswag_endings_are_encoded_as_the_whole_string"
+         "[sp_auto]",
+         "tests/test_eval_hellaswag.py::test_scoring_matches_brute_force_on_a_tiny_file",
+         "tests/test_eval_downstream.py::test_scorer_matches_brute_force_on_real_rows"
+         "[arc_easy-mc]"),
+    ),
+    Mutant(
+        "completion_decoded_alone",
+        "generate prints the completion decoded apart from its prompt (loses the boundary space)",
+        "torchllm/generate.py",
+        "            print(completion_text(tokenizer, prompts[i], ids), file=stdout)\n",
+        "            print(readable(tokenizer, ids), file=stdout)\n",
+        ("tests/test_generate.py::test_cli_prints_the_completion_as_the_whole_sequence_decodes",),
+    ),
+    Mutant(
+        "interactive_completion_decoded_alone",
+        "generate --interactive streams the completion decoded apart from its prompt",
+        "torchllm/generate.py",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout, ids)",
+        "stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)",
+        ("tests/test_generate_interactive.py::test_interactive_cli_answers_each_stdin_line",),
+    ),
+    Mutant(
+        "mixture_stream_position_lost",
+        "a resumed mixture restores its batch count but not its streamed sources' positions",
+        "torchllm/data/mixture.py", "            src.load_state_dict(state[\"streams\"][s])\n",
+        "            pass\n",
+        ("tests/test_data_kinds.py::test_a_mixture_with_a_stream_resumes_exactly",),
+    ),
+    Mutant(
+        "tokenizer_paragraphs_only",
+        "the tokenizer trainer gets blank-line paragraphs (long ones are silently skipped)",
+        "torchllm/data/tokenizer.py", "            for chunk in training_chunks(text):\n",
+        "            for chunk in text.split(\"\\n\\n\"):\n",
+        ("tests/test_tokenizer_text.py::test_nothing_is_silently_dropped",
+         "tests/test_tokenizer_text.py::test_the_train_cli_on_a_single_real_shaped_file"),
+    ),
+    Mutant(
+        "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
+        "torchllm/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
+        "parses them with\n", "",
+        ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
+    ),
+    Mutant(
         "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
         "torchllm/checkpoint/vocab_resize.py",
         "    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)\n",

@@ -206,7 +206,10 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
     for q in REPLIES:
         args += ["--chat", q]
     assert generate.main(args) == 0
-    assert capsys.readouterr().out.splitlines() == list(REPLIES.values())
+    # Each reply under its question (### user i / ### assistant i headers).
+    assert capsys.readouterr().out.splitlines() == [
+        line for i, (q, a) in enumerate(REPLIES.items(), 1)
+        for line in (f"### user {i}", q, f"### assistant {i}", a)]
 
 
 def test_mixture_of_text_and_conversations(tmp_path):

@@ -129,8 +129,8 @@ def test_resume_is_exact(tmp_path, corpora, workers, dp):
 def test_bad_sources_are_config_errors(tmp_path, corpora):
     with pytest.raises(ConfigError, match=r"data.sources\[1\].weight = 0.0 .*must be > 0"):
         build_data(mix_cfg(tmp_path, f"local:{corpora['a']}=1,local:{corpora['b']}=0"), TOK, 0, 1)
-    with pytest.raises(ConfigError, match=r"data.sources\[1\] \(hf:x\): Hugging Face streams"):
-        build_data(mix_cfg(tmp_path, f"local:{corpora['a']}=1,hf:x=1"), TOK, 0, 1)
+    with pytest.raises(ConfigError, match=r"data.sources\[1\] \(hx:x\): .* is not known"):
+        build_data(mix_cfg(tmp_path, f"local:{corpora['a']}=1,hx:x=1"), TOK, 0, 1)
     with pytest.raises(ConfigError, match=r"data.sources\[0\] \(local:/nope.txt\)"):
         build_data(mix_cfg(tmp_path, "local:/nope.txt=1"), TOK, 0, 1)
 

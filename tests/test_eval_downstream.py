@@ -16,7 +16,7 @@ from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 
 from conftest import shared_path, tiny_args
-from test_eval_hellaswag import tiny_model, tokenizer  # noqa: F401 (fixture)
+from test_eval_hellaswag import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
 MAX_LEN = 1024
@@ -54,13 +54,11 @@ def brute_force(model, tok, item: Item, kind: str) -> tuple[int, list[float]]:
     """(prediction, mean losses) as the task type defines them, option by option."""
     means = []
     for i in range(item.num_options):
-        ctx, cont = item.option(i)
-        nll = nll_per_token(model, tok.encode(ctx, bos=True), tok.encode(cont))
+        nll = nll_per_token(model, *whole_string_ids(tok, *item.option(i)))
         means.append(sum(nll) / len(nll))
     if kind == "lm":
-        ctx, cont = item.option(0)
-        ids = tok.encode(cont)
-        hit = greedy_decode(model, tok.encode(ctx, bos=True), len(ids)) == ids
+        ctx, ids = whole_string_ids(tok, *item.option(0))
+        hit = greedy_decode(model, ctx, len(ids)) == ids
         return (0 if hit else -1), means
     return min(range(len(means)), key=lambda i: (means[i], i)), means
 

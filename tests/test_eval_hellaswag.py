@@ -55,12 +55,24 @@ def tiny_model(max_seq_len=160, seed=0):
     return model.eval()
 
 
+def whole_string_ids(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Independent reference for how the model sees a pair (lm-eval's rule): the context's
+    trailing whitespace goes to the continuation, the whole string is encoded once, and the
+    continuation is what follows the context's own encoding (which must be a prefix of it)."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole = tokenizer.encode(context + continuation, bos=True)
+    ctx = tokenizer.encode(context, bos=True)
+    assert whole[: len(ctx)] == ctx, (context, continuation)
+    return ctx, whole[len(ctx):]
+
+
 def brute_force(model, tokenizer, example):
     """Independent reference: each ending in its own unpadded forward pass, float64 log-probs."""
-    ctx = tokenizer.encode(example["ctx"], bos=True)
     sums, means = [], []
     for ending in example["endings"]:
-        end = tokenizer.encode(" " + ending)
+        ctx, end = whole_string_ids(tokenizer, example["ctx"], " " + ending)
         tokens = torch.tensor([ctx + end])
         with torch.no_grad():
             logp = F.log_softmax(model(tokens)[0].double(), dim=-1)
@@ -107,10 +119,10 @@ def test_scoring_matches_brute_force_on_real_hellaswag(tokenizer):
 def test_render_truncates_the_context_from_the_left(tokenizer):
     ex = TINY_EXAMPLES[4]
     rows = hellaswag.render_example(tokenizer, ex, max_len=12)
-    full_ctx = tokenizer.encode(ex["ctx"], bos=True)
     for (ctx, end), ending in zip(rows, ex["endings"]):
+        full_ctx, full_end = whole_string_ids(tokenizer, ex["ctx"], " " + ending)
         assert len(ctx) + len(end) <= 12
-        assert end == tokenizer.encode(" " + ending)[:11]
+        assert end == full_end[:11]  # the ending stays whole (up to max_len - 1 tokens)
         assert ctx == full_ctx[len(full_ctx) - len(ctx):]  # the newest context tokens stay
     sums, means = hellaswag.score_rows(tiny_model(max_seq_len=12), rows, torch.device("cpu"))
     assert torch.isfinite(sums).all() and (means <= sums + 1e-6).all()

@@ -91,22 +91,46 @@ def test_eos_stops_a_row_and_max_seq_len_caps(model):
         generate(model, PROMPTS, max_new_tokens=1, top_p=0)
 
 
-def test_cli_greedy_prints_text_and_ids(tmp_path, capsys):
+def parse_blocks(out: str, head: str, tail: str) -> list[tuple[str, str]]:
+    """[(first text, second text)] from the CLI's '### head i' / '### tail i' blocks; a block
+    ends at the next header or ids line (the texts may contain newlines)."""
+    blocks = []
+    for i, part in enumerate(out.split(f"### {head} ")[1:], 1):
+        first, second = part[len(f"{i}\n"):].split(f"\n### {tail} {i}\n")
+        blocks.append((first, second.split("\nids: ")[0].removesuffix("\n")))
+    return blocks
+
+
+# The last two make this checkpoint's first token a word piece ('▁that', '▁are'): the case
+# where the completion decoded alone loses its space.
+PROMPTS_TEXT = ["The meaning of life is", "Python", "It that", "With"]
+
+
+def test_cli_prints_the_completion_as_the_whole_sequence_decodes(tmp_path, capsys):
+    """Each completion printed is decode(prompt + completion) after decode(prompt) (issue 29:
+    decoding the completion alone loses the boundary space with SentencePiece), under its
+    prompt; the ids are greedy generation's."""
     from test_eval_loading import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    prompt = "The meaning of life is"
-    assert main(["--checkpoint", str(run_dir), "--prompt", prompt, "--prompt", "Python",
-                 "--temperature", "0", "--max-new-tokens", "6", "--print-ids"]) == 0
+    argv = ["--checkpoint", str(run_dir), "--temperature", "0", "--max-new-tokens", "6",
+            "--print-ids"]
+    assert main(argv + [a for p in PROMPTS_TEXT for a in ("--prompt", p)]) == 0
     out = capsys.readouterr().out
+    blocks = parse_blocks(out, "prompt", "completion")
     ids_lines = [line for line in out.splitlines() if line.startswith("ids: ")]
-    # The completions may contain newlines (the tokenizer keeps them): find the ids lines.
-    assert out.startswith(prompt) and len(ids_lines) == 2
-    assert out.split(ids_lines[0] + "\n")[1].startswith("Python")
+    assert len(blocks) == len(ids_lines) == len(PROMPTS_TEXT)
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
-    expected = generate(model, [tokenizer.encode(prompt, bos=True)], 6, temperature=0,
-                        eos_id=tokenizer.eos_id)[0]
-    assert [int(t) for t in ids_lines[0].split()[1:]] == expected
+    boundary_space = 0
+    for prompt, (shown_prompt, completion), line in zip(PROMPTS_TEXT, blocks, ids_lines):
+        prompt_ids = tokenizer.encode(prompt, bos=True)
+        expected = generate(model, [prompt_ids], 6, temperature=0, eos_id=tokenizer.eos_id)[0]
+        assert [int(t) for t in line.split()[1:]] == expected
+        whole = tokenizer.sp.decode(prompt_ids[1:] + expected)  # SentencePiece itself
+        assert shown_prompt == prompt and whole.startswith(prompt)
+        assert completion == whole[len(prompt):], prompt
+        boundary_space += tokenizer.sp.decode(expected) != completion
+    assert boundary_space >= 2  # decoding the completion alone would differ
     assert main(["--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
 
 

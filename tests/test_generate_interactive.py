@@ -71,17 +71,20 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
     from test_eval_loading import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    stdin = io.StringIO("The meaning of life is\n\nPython\n")
+    stdin = io.StringIO("The meaning of life is\n\nIt that\n")  # 2nd: a word follows
     stdout = io.StringIO()
     assert main(["--checkpoint", str(run_dir), "--interactive", "--temperature", "0",
                  "--max-new-tokens", "6"], stdin=stdin, stdout=stdout) == 0
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
-    expected = ""
-    for prompt in ("The meaning of life is", "Python"):
-        ids = generate(model, [tokenizer.encode(prompt, bos=True)], 6, temperature=0,
-                       eos_id=tokenizer.eos_id)[0]
-        expected += prompt + readable(tokenizer, ids) + "\n"
-    assert stdout.getvalue() == expected
+    expected, spaced = "", 0
+    for prompt in ("The meaning of life is", "It that"):
+        prompt_ids = tokenizer.encode(prompt, bos=True)
+        ids = generate(model, [prompt_ids], 6, temperature=0, eos_id=tokenizer.eos_id)[0]
+        whole = readable(tokenizer, prompt_ids + ids)  # decoded together: no lost space
+        assert whole.startswith(prompt)
+        spaced += whole[len(prompt):] != readable(tokenizer, ids)  # decoded apart: space lost
+        expected += whole + "\n"
+    assert stdout.getvalue() == expected and spaced
     # Neither --prompt nor --interactive: a usage error naming both.
     with pytest.raises(SystemExit):
         main(["--checkpoint", str(run_dir)])

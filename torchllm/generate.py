@@ -9,7 +9,14 @@
 Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values.
 --interactive reads one prompt per line from stdin (until end of input, Ctrl-D) and prints each
 completion token by token as it is generated. Completions stop at EOS and never show special
-tokens.
+tokens. The completion is the text exactly as the tokenizer decodes prompt + completion together
+(cut at the prompt's length), so no space is lost at the boundary. --prompt and --chat print
+each prompt (or question) under its own header line, then its completion (or reply):
+
+    ### prompt 1                     ### user 1
+    The meaning of life is           What is 2 + 2?
+    ### completion 1                 ### assistant 1
+     a number that ...               4
 """
 
 from __future__ import annotations
@@ -19,14 +26,15 @@ import sys
 
 from torchllm.data.chat import ChatTemplate
 from torchllm.data.tokenizer import readable
-from torchllm.eval.generation import generate, generate_stream
+from torchllm.eval.generation import completion_text, generate, generate_stream
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.log import init_logger, logger
 
 
-def stream_completion(tokenizer, ids, out) -> list[int]:
+def stream_completion(tokenizer, ids, out, prompt: list[int] = ()) -> list[int]:
     """Write the text of `ids` (an iterator of token ids) to `out` as it grows; returns the ids.
 
+    The text is what `ids` add after `prompt` when both are decoded together (completion_text).
     Text is written only once it is stable: a token may end in the middle of a multi-byte
     character, which decodes as U+FFFD until the next token completes it.
     """
@@ -34,13 +42,13 @@ def stream_completion(tokenizer, ids, out) -> list[int]:
     written = 0
     for token in ids:
         seen.append(token)
-        text = readable(tokenizer, seen)
+        text = completion_text(tokenizer, prompt, seen)
         stable = len(text.rstrip("\ufffd"))
         if stable > written:
             out.write(text[written:stable])
             out.flush()
             written = stable
-    text = readable(tokenizer, seen)
+    text = completion_text(tokenizer, prompt, seen)
     out.write(text[written:] + "\n")
     out.flush()
     return seen
@@ -63,8 +71,8 @@ def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
             continue
         ids = tokenizer.encode(prompt, bos=True)
         try:
-            stdout.write(prompt)
-            stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout)
+            stdout.write(readable(tokenizer, ids))  # the prompt as the model reads it
+            stream_completion(tokenizer, generate_stream(model, ids, **sampling), stdout, ids)
         except ValueError as err:  # e.g. a prompt longer than the model's context
             stdout.write("\n")
             logger.error("error: %s", err)
@@ -132,11 +140,16 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         logger.error("error: %s", err)
         return 2
     for i, ids in enumerate(outputs):
-        if args.chat:  # the reply alone, without its end-of-turn token
+        if args.chat:  # the reply alone, without its end-of-turn token, under its question
+            # The template encodes each turn's content on its own, between special tokens, so
+            # the reply decodes on its own too (as its content was encoded in training).
             reply = ids[:-1] if ids and ids[-1] == sampling["eos_id"] else ids
+            print(f"### user {i + 1}\n{args.chat[i]}\n### assistant {i + 1}", file=stdout)
             print(tokenizer.decode(reply), file=stdout)
         else:
-            print(args.prompt[i] + readable(tokenizer, ids), file=stdout)
+            print(f"### prompt {i + 1}\n{readable(tokenizer, prompts[i])}\n"
+                  f"### completion {i + 1}", file=stdout)
+            print(completion_text(tokenizer, prompts[i], ids), file=stdout)
         if args.print_ids:
             print("ids:", " ".join(map(str, ids)), file=stdout)
     return 0

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -40,7 +39,7 @@ PREFIX = "run_train:"
 def check_config(train_args: list[str], world_size: int | None):
     """Everything about the config that can be checked without a process group; ConfigError."""
     from torchllm import models
-    from torchllm.data.sources import resolve
+    from torchllm.data.kinds import check_data
     from torchllm.device import resolve_device
     from torchllm.parallel import build_parallel_dims
 
@@ -49,9 +48,7 @@ def check_config(train_args: list[str], world_size: int | None):
     device = resolve_device(cfg.training.device)
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
-    resolve(cfg.data)
-    if cfg.validation.dataset:
-        resolve(dataclasses.replace(cfg.data, dataset=cfg.validation.dataset))
+    check_data(cfg)  # every dataset spec, by the code the trainer parses them with
     return cfg
 
 

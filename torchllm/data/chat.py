@@ -91,11 +91,13 @@ class ChatTemplate:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.native = False  # Llama 3's header tokens, rendered by hand below
         if getattr(tokenizer, "chat_template", None):  # the tokenizer's own (chat_template.py)
             self.kind = "jinja"
             self.jinja = JinjaChat(tokenizer, tokenizer.chat_template, special_names(tokenizer))
             self.end_of_turn = self.jinja.end_of_turn
         elif has_native_template(tokenizer):
+            self.native = True
             self.kind = "llama3"
             self.start_header, self.end_header, self.eot = (special_id(tokenizer, t)
                                                             for t in LLAMA3_TOKENS)
@@ -110,13 +112,13 @@ class ChatTemplate:
                 "with Llama 3's header tokens", "data.chat_tokens")
 
     def header(self, role: str) -> list[int]:
-        if self.kind == "llama3":
+        if self.native:
             return ([self.start_header] + self.tokenizer.encode(role) + [self.end_header]
                     + self.tokenizer.encode("\n\n"))
         return [self.tokenizer.added[f"<|{role}_start|>"]]
 
     def footer(self, role: str) -> list[int]:
-        return [self.eot] if self.kind == "llama3" else [self.tokenizer.added[f"<|{role}_end|>"]]
+        return [self.eot] if self.native else [self.tokenizer.added[f"<|{role}_end|>"]]
 
     def render(self, messages: list[dict]) -> Rendered:
         ids, trained = [self.tokenizer.bos_id], [False]
@@ -224,16 +226,11 @@ class ChatVal(torch.utils.data.Dataset):
 
 def read_conversations(location: str, dcfg) -> list[list[dict]]:
     """`messages` lists of chat:PATH (jsonl/parquet file, glob or folder) or chat:hf:NAME."""
-    from torchllm.data.sources import Source, open_stream, read_rows
+    from torchllm.data.kinds.chat import rows_source
 
-    kind, sep, rest = location.partition(":")
-    if sep and kind == "hf":
-        source = Source("hf", rest, dcfg.hf_subset or None, dcfg.hf_split or "train")
-    else:
-        source = Source("local", location)
-    ds, column = open_stream(source, dcfg.chat_column, "chat")
+    ds, column = rows_source(location, dcfg).open_rows(dcfg.chat_column)
     convs = []
-    for i, row in enumerate(read_rows(ds, source, "chat")):
+    for i, row in enumerate(ds):  # a local file that cannot be read is named (sources.py)
         messages = row[column]
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"chat:{location}: row {i}: {column!r} must be a list of "

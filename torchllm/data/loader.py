@@ -37,7 +37,7 @@ class TrainLoader:
         self.dataset, self.dp_rank, self.dp_degree = dataset, dp_rank, dp_degree
         self.num_workers = num_workers
         stateful = _stateful_loader_class()
-        self.kind = "torchdata" if stateful is not None else "in_process"
+        self.stateful = stateful is not None  # torchdata's loader (else an in-process one)
         if stateful is None and num_workers:
             raise ConfigError(
                 f"data.num_workers = {num_workers} needs torchdata (its StatefulDataLoader "
@@ -70,7 +70,7 @@ class TrainLoader:
             shutdown()
 
     def state_dict(self) -> dict:
-        state = (self.loader.state_dict() if self.kind == "torchdata"
+        state = (self.loader.state_dict() if self.stateful
                  else {"dataset_state": self.dataset.state_dict()})
         return {"dp_rank": self.dp_rank, "dp_degree": self.dp_degree,
                 "num_workers": self.num_workers, "loader": state}
@@ -86,7 +86,7 @@ class TrainLoader:
                 "parallelism and data.num_workers, or add 'dataloader' to "
                 "checkpoint.exclude_from_loading to start the data order afresh"
             )
-        if self.kind == "torchdata":
+        if self.stateful:
             self.loader.load_state_dict(state["loader"])
             return
         # Without torchdata: the dataset's own state, which torchdata also records (with

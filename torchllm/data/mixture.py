@@ -13,6 +13,12 @@ j mod N of its epoch j div N (N = its windows per epoch), in the permutation tor
 gives that epoch for the source's own seed. So each source has its own epoch counter, and a
 source that runs out wraps to a new permuted epoch (logged) while the others go on. Batch n is a
 pure function of n: the resumable state is one count, exactly like the single-source loader.
+
+A streamed source (a Hugging Face stream: `sequential`) cannot be read by window index: it
+serves its windows in stream order, the next ones each time the schedule picks it, and its own
+position (the stream's state and unbatched tokens) joins the count in the state. Which slots it
+fills is still fixed by the schedule; what a rank reads from it depends on the dp degree, as
+for a single stream.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ from torchllm.data.windows import IndexedBatches, WindowBatches, window_batch
 from torchllm.log import logger
 
 PERIOD = 10_000  # slots per period of the source schedule (weights are rounded to 1/PERIOD)
+
+
+def source_seed(seed: int, i: int) -> int:
+    """Source i's own seed, so equal sources still read in different orders."""
+    return seed + 1_000_003 * (i + 1)
 
 
 def normalized_weights(sources) -> np.ndarray:
@@ -61,7 +72,8 @@ class MixtureBatches(IndexedBatches):
     """Endless batches for one data-parallel rank from several window sources (module doc).
 
     `sources` are objects with `windows_per_epoch`, `epoch_order(epoch)` (window ids) and
-    `read(ids)` (a batch dict of those windows), e.g. `StreamSource` below.
+    `read(ids)` (a batch dict of those windows), e.g. `StreamSource` below, or streamed ones
+    (`sequential`, `take(k)`: the next k windows; torchllm.data.hf_stream.StreamWindows).
     """
 
     def __init__(self, sources: list, names: list[str], weights: np.ndarray, batch_size: int,
@@ -108,10 +120,47 @@ class MixtureBatches(IndexedBatches):
         rows: list = [None] * self.batch_size
         for s in np.unique(which):
             idx = np.flatnonzero(which == s)
-            part = self.sources[s].read([self.window_id(int(s), int(j[i])) for i in idx])
+            src = self.sources[s]
+            if getattr(src, "sequential", False):  # a stream: its next windows, in order
+                part = src.take(len(idx))
+                if part is None:
+                    raise RuntimeError(
+                        f"data source {s} ({self.names[s]}) has no documents for this loader "
+                        "worker; the dataset needs at least as many files as data.num_workers x "
+                        "data-parallel degree, or set data.num_workers = 0")
+            else:
+                part = src.read([self.window_id(int(s), int(j[i])) for i in idx])
             for r, i in enumerate(idx):
                 rows[i] = {k: v[r] for k, v in part.items()}
         return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
+
+    def _streams(self) -> dict[str, object]:
+        return {str(s): src for s, src in enumerate(self.sources)
+                if getattr(src, "sequential", False)}
+
+    def __iter__(self):
+        for src in self._streams().values():
+            src.restart()  # from its saved position (a fresh iterator, e.g. in a loader worker)
+        return super().__iter__()
+
+    def state_dict(self) -> dict:
+        state = {"yielded": self.yielded}
+        streams = {s: src.state_dict() for s, src in self._streams().items()}
+        if streams:  # window sources alone: just the count, as before streams could mix
+            state["streams"] = streams
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.yielded = int(state["yielded"])
+        streams = self._streams()
+        if set(state.get("streams", {})) != set(streams):
+            raise ConfigError(
+                f"the data loader state was saved with streamed mixture sources "
+                f"{sorted(state.get('streams', {}))}, this mixture's are {sorted(streams)}; "
+                "resume with the same data.sources, or add 'dataloader' to "
+                "checkpoint.exclude_from_loading to start the data order afresh")
+        for s, src in streams.items():
+            src.load_state_dict(state["streams"][s])
 
 
 class StreamSource:

@@ -1,12 +1,11 @@
-"""Where documents come from: the named-dataset registry, local files and Hugging Face streams.
+"""Reading text and rows: the named Hub datasets, local data files and `datasets` streams.
 
-`data.dataset` is one of
-    embedded            CPython's bundled docs (no download; the default)
-    <registry name>     an entry of HF_DATASETS below, streamed from the Hugging Face Hub
-    hf:<name or path>   any Hugging Face dataset, streamed (data.hf_subset / hf_split)
-    local:<path>        .txt / .jsonl / .parquet files: a file, a glob or a folder
-    shards:<dir>        pre-tokenized shards written by `python -m torchllm.data.prepare`
-A new Hub dataset is one line in HF_DATASETS.
+Which `data.dataset` values exist is the kinds' business (torchllm/data/kinds/: one module per
+kind, one registry); this module holds what several kinds read with:
+    HF_DATASETS         named Hugging Face datasets (a new one is one line here)
+    local_files         the files a local: spec names
+    load_streaming      a streaming `datasets.IterableDataset`, opened and checked
+    documents           every document's text of a data config (any kind with text)
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Iterator
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.embedded import embedded_documents
 
 
 @dataclass(frozen=True)
@@ -34,33 +32,6 @@ HF_DATASETS = {
 }
 
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-@dataclass(frozen=True)
-class Source:
-    """A resolved data.dataset: kind is embedded | local | shards | hf."""
-
-    kind: str
-    location: str = ""
-    subset: str | None = None
-    split: str = "train"
-
-
-def resolve(dcfg) -> Source:
-    spec = dcfg.dataset
-    if spec == "embedded":
-        return Source("embedded")
-    if spec in HF_DATASETS:
-        entry = HF_DATASETS[spec]
-        return Source("hf", entry.path, dcfg.hf_subset or entry.subset, dcfg.hf_split or entry.split)
-    kind, sep, location = spec.partition(":")
-    if sep and kind in ("local", "shards", "hf") and location:
-        return Source(kind, location, dcfg.hf_subset or None, dcfg.hf_split or "train")
-    raise ConfigError(
-        f"data.dataset = {spec!r} is not known; use 'embedded', one of {sorted(HF_DATASETS)}, "
-        "'hf:NAME', 'local:PATH' or 'shards:DIR'",
-        "data.dataset",
-    )
 
 
 def local_files(location: str) -> list[str]:
@@ -96,69 +67,65 @@ def import_datasets(what: str):
     return datasets
 
 
-def open_stream(source: Source, text_column: str, label: str = "local"):
-    """A streaming `datasets.IterableDataset` for a local or hf source, column checked.
+def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None,
+                   split: str = "train", local: tuple[str, str] | None = None):
+    """(`datasets.load_dataset(path, streaming=True, **kwargs)`, column), checked: it opens, it
+    has a row, and the row has `column`. `where` names the source in errors. `local`: (label,
+    location) of local files (label: the kind the user wrote, local or chat): their rows are
+    read through `LocalRows`, which names a file that cannot be read.
 
-    Local files go through the same streaming reader as the Hub, so no Arrow cache is written and
-    HF_DATASETS_OFFLINE=1 works.
+    Local files go through the same streaming reader as the Hub, so no Arrow cache is written
+    and HF_DATASETS_OFFLINE=1 works.
     """
-    datasets = import_datasets(f"data.dataset = {source.kind}:{source.location!r}")
-    if source.kind == "local":
-        files = local_files(source.location)
-        builder = LOCAL_BUILDERS[Path(files[0]).suffix]
-        if builder == "text":  # one document per .txt file, in a column named "text"
-            kwargs, text_column = {"sample_by": "document"}, "text"
-        else:
-            kwargs = {}
-        where, path = f"local:{source.location}", builder
-        kwargs.update(data_files=files, split="train")
-    else:
-        where, path = source.location, source.location
-        kwargs = {"name": source.subset, "split": source.split}
+    datasets = import_datasets(f"data.dataset = {where!r}")
     try:
         ds = datasets.load_dataset(path, streaming=True, **kwargs)
     except StopIteration:  # datasets' json reader on files without a single row
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset") from None
     except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
-        if source.kind == "local" and (found := unreadable(f"{label}:{source.location}",
-                                                           source.location)):
+        if local is not None and (found := unreadable(f"{local[0]}:{local[1]}", local[1])):
             raise found from None
         raise ConfigError(
-            f"data.dataset: cannot open {where!r} (subset {source.subset!r}, split "
-            f"{source.split!r}): {type(e).__name__}: {e}", "data.dataset"
+            f"data.dataset: cannot open {where!r} (subset {subset!r}, split {split!r}): "
+            f"{type(e).__name__}: {e}", "data.dataset"
         ) from None
+    if local is not None:
+        ds = LocalRows(ds, *local)
     # read one row: an empty dataset must fail here, not in a worker
-    first = next(iter(read_rows(ds, source, label)), None)
+    first = next(iter(ds), None)
     if first is None:
         raise ConfigError(f"data.dataset = {where!r}: the dataset is empty", "data.dataset")
     columns = list(first)
-    if text_column not in columns:
+    if column not in columns:
         raise ConfigError(
-            f"data.text_column = {text_column!r} is not a column of {where}; columns: {columns}",
+            f"data.text_column = {column!r} is not a column of {where}; columns: {columns}",
             "data.text_column",
         )
-    return ds, text_column
+    return ds, column
 
 
-def read_rows(ds, source: Source, label: str = "local") -> Iterator[dict]:
-    """The rows of `open_stream`'s dataset; a local file that cannot be read (not UTF-8, a bad
+class LocalRows:
+    """The rows of local files' streaming dataset; a file that cannot be read (not UTF-8, a bad
     JSON line, ...) is a one-line ConfigError naming the file and line instead of a traceback
     (`label`: the dataset kind the user wrote, local or chat)."""
-    rows = iter(ds)
-    while True:
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except ConfigError:
-            raise
-        except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
-            if source.kind != "local":
+
+    def __init__(self, ds, label: str, location: str):
+        self.ds, self.label, self.location = ds, label, location
+
+    def __iter__(self) -> Iterator[dict]:
+        rows = iter(self.ds)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except ConfigError:
                 raise
-            where = f"{label}:{source.location}"
-            raise (unreadable(where, source.location) or ConfigError(
-                f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
-        yield row
+            except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
+                where = f"{self.label}:{self.location}"
+                raise (unreadable(where, self.location) or ConfigError(
+                    f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
+            yield row
 
 
 def unreadable(where: str, location: str) -> ConfigError | None:
@@ -185,19 +152,19 @@ def unreadable(where: str, location: str) -> ConfigError | None:
     return None
 
 
-def documents(dcfg) -> Iterator[str]:
-    """Every document's text, in the dataset's order (embedded, local or hf sources)."""
-    source = resolve(dcfg)
-    if source.kind == "embedded":
-        yield from embedded_documents()
-        return
-    if source.kind == "shards":
-        raise ConfigError("data.dataset: shards: datasets are already tokenized; they have no "
-                          "text to read (use their tokenizer, recorded in index.json)")
-    ds, column = open_stream(source, dcfg.text_column)
+def stream_texts(rows_source, column: str, spec: str) -> Iterator[str]:
+    """Every row's `column` of a kind that reads rows (`open_rows`), in order."""
+    ds, column = rows_source.open_rows(column)
     empty = True
-    for row in read_rows(ds, source):
+    for row in ds:
         empty = False
         yield row[column]
     if empty:
-        raise ConfigError(f"data.dataset = {dcfg.dataset!r}: the dataset is empty", "data.dataset")
+        raise ConfigError(f"data.dataset = {spec!r}: the dataset is empty", "data.dataset")
+
+
+def documents(dcfg) -> Iterator[str]:
+    """Every document's text of data.dataset, in the dataset's order (kinds that hold text)."""
+    from torchllm.data.kinds import parse_source
+
+    return parse_source(dcfg).texts()

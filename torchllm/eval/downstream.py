@@ -32,6 +32,7 @@ from torch import nn
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError
 from torchllm.data.tokenizer import Tokenizer
+from torchllm.eval.continuation import encode_continuation
 from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, init_distributed, \
     load_for_inference
@@ -67,14 +68,10 @@ def with_shots(items: list[Item], index: int, shots: int, seed: int) -> Item:
 
 def encode_options(tokenizer: Tokenizer, item: Item,
                    max_len: int) -> list[tuple[list[int], list[int]]]:
-    """(context ids, continuation ids) per option; contexts drop their oldest tokens first."""
-    rows = []
-    for i in range(item.num_options):
-        ctx, cont = item.option(i)
-        cont_ids = tokenizer.encode(cont)[: max_len - 1]
-        ctx_ids = tokenizer.encode(ctx, bos=True)
-        rows.append((ctx_ids[-(max_len - len(cont_ids)) :], cont_ids))
-    return rows
+    """(context ids, continuation ids) per option, split from the whole string's encoding
+    (torchllm.eval.continuation); contexts drop their oldest tokens first."""
+    return [encode_continuation(tokenizer, *item.option(i), max_len)
+            for i in range(item.num_options)]
 
 
 @dataclass

@@ -13,7 +13,18 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from torchllm.data.tokenizer import Tokenizer, readable
 from torchllm.models.llama.model import KVCache
+
+
+def completion_text(tokenizer: Tokenizer, prompt: list[int], ids: list[int]) -> str:
+    """The text `ids` add after `prompt`, as the tokenizer decodes the whole sequence.
+
+    Decoding the completion alone can lose the space at the boundary (a SentencePiece decoder
+    drops a leading '▁' of the first piece: 'is' + 'a number'), so prompt + completion is
+    decoded together (cut at the first EOS, no special tokens) and cut at the prompt's length.
+    """
+    return readable(tokenizer, list(prompt) + list(ids))[len(readable(tokenizer, prompt)):]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -3,8 +3,9 @@
     python -m torchllm.eval.hellaswag --checkpoint DIR [--data PATH] [--limit N] [--json OUT]
     torchrun --nproc_per_node 2 -m torchllm.eval.hellaswag --checkpoint DIR   (split over ranks)
 
-Each example becomes 4 rows, context tokens then the tokens of " " + ending, right-padded to the
-longest row; only ending tokens are scored. A random model scores about 25% on both metrics.
+Each example becomes 4 rows, the tokens of ctx + " " + ending encoded whole (split into context
+and ending by torchllm.eval.continuation), right-padded to the longest row; only ending tokens
+are scored. A random model scores about 25% on both metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchllm.data.tokenizer import Tokenizer
+from torchllm.eval.continuation import encode_continuation
 from torchllm.eval.loading import (
     CHECKPOINT_HELP,
     inference_device,
@@ -96,13 +98,10 @@ def load_examples(source: str, limit: int = -1) -> list[dict]:
 def render_example(
     tokenizer: Tokenizer, example: dict, max_len: int
 ) -> list[tuple[list[int], list[int]]]:
-    """The 4 (context ids, ending ids) pairs; the context loses its oldest tokens past max_len."""
-    ctx = tokenizer.encode(example["ctx"], bos=True)
-    rows = []
-    for ending in example["endings"]:
-        end = tokenizer.encode(" " + ending)[: max_len - 1]
-        rows.append((ctx[-(max_len - len(end)) :], end))
-    return rows
+    """The 4 (context ids, ending ids) pairs, split from the encoding of ctx + " " + ending;
+    the context loses its oldest tokens past max_len."""
+    return [encode_continuation(tokenizer, example["ctx"], " " + ending, max_len)
+            for ending in example["endings"]]
 
 
 @torch.no_grad()

@@ -13,11 +13,10 @@ from torch import nn
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data, whole_stream
-from torchllm.data.sources import resolve
-from torchllm.data.tokenizer import readable
+from torchllm.data.kinds import parse_source
 from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
-from torchllm.eval.generation import generate
+from torchllm.eval.generation import completion_text, generate
 from torchllm.eval.validation import validate
 from torchllm.log import logger
 
@@ -39,7 +38,7 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
     other.data.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
     if vcfg.split:
-        if resolve(other.data).kind != "hf":
+        if not parse_source(other.data).splits_by_name:
             raise ConfigError(
                 f"validation.split = {vcfg.split!r} applies to Hugging Face datasets (hf:... or "
                 f"a named one), not {name!r}; for local files or shards point validation.dataset "
@@ -145,8 +144,9 @@ class Evaluator(Callback):
                                e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
                                stop_early=False, device=self.device)
         texts = {}
-        for i, (prompt, ids) in enumerate(zip(e.prompts, outputs)):
-            completion = readable(self.tokenizer, ids)  # cut at EOS, no special tokens
+        for i, (prompt, prompt_ids, ids) in enumerate(zip(e.prompts, prompts, outputs)):
+            # Decoded after the prompt, as the whole sequence decodes: cut at EOS, no specials.
+            completion = completion_text(self.tokenizer, prompt_ids, ids)
             texts[f"samples/{i}"] = f"**{prompt}**{completion}"  # TensorBoard renders markdown
             logger.info("sample step %d [%d]: %r -> %r", step, i, prompt, completion)
         return texts

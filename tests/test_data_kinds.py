@@ -1,0 +1,200 @@
+"""Data kinds: one registry, one spec parser shared by the launcher and the trainer, no kind
+branches elsewhere; run_train.sh trains on conversations; a Hugging Face stream mixes with a
+local corpus and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchllm.config import ConfigError, load_config
+from torchllm.data import build_data
+from torchllm.data.hf_stream import StreamWindows
+from torchllm.data.kinds import NAMES, PREFIXES, parse_data
+from torchllm.data.mixture import MixtureBatches
+from torchllm.launch import check_config
+
+from conftest import REPO, tiny_args, tiny_config
+from test_data import TOK, assert_batches_equal, corpus_texts, make_hf_folder, take, write_jsonl
+
+KINDS_DIR = REPO / "torchllm" / "data" / "kinds"
+
+
+def test_the_registry_maps_each_prefix_to_its_kind_module():
+    assert set(PREFIXES) == {"local", "shards", "hf", "chat"}
+    assert {"embedded", "fineweb_edu", "fineweb_edu_100b"} <= set(NAMES)
+    for cls in [*PREFIXES.values(), *NAMES.values()]:
+        assert cls.__module__.startswith("torchllm.data.kinds."), cls
+    assert type(parse_data(load_config(["--data.dataset=local:x.txt"]).data)).__name__ == \
+        "LocalFiles"
+
+
+def test_no_data_kind_is_named_outside_the_kinds():
+    """Only torchllm/data/kinds/ may branch on a data kind (`kind == "shards"`,
+    `startswith("chat:")`): everything else asks the kind object."""
+    kind_names = "embedded|local|shards|hf|chat"
+    pattern = re.compile(rf"""(kind\s*[!=]=\s*["']({kind_names})["'])"""
+                         rf"""|(startswith\(\s*["']({kind_names}):)""")
+    found = []
+    for path in (REPO / "torchllm").rglob("*.py"):
+        if KINDS_DIR in path.parents:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("spec", ["chat:conv.jsonl", "chat:hf:org/name", "hf:org/name",
+                                  "fineweb_edu", "local:a.txt", "shards:s", "embedded",
+                                  "nope:x", "local:", "fineweb_edux"])
+def test_the_launcher_checks_specs_with_the_trainers_parser(tmp_path, spec):
+    """check_config (run_train.sh's pre-flight) accepts exactly the specs the trainer's parser
+    accepts, with the same message."""
+    args = [f"--data.dataset={spec}"]
+    try:
+        parse_data(load_config(args).data)
+        trainer = None
+    except ConfigError as e:
+        trainer = str(e)
+    try:
+        check_config(args, 1)
+        launcher = None
+    except ConfigError as e:
+        launcher = str(e)
+    assert launcher == trainer
+    assert (trainer is None) == (spec.split(":")[0] in {"chat", "hf", "local", "shards",
+                                                        "fineweb_edu", "embedded"}
+                                 and spec != "local:")
+    mixed = [f"--data.sources=embedded=1,{spec}=1"]
+    try:
+        check_config(mixed, 1)
+    except ConfigError as e:
+        assert trainer is not None and f"data.sources[1] ({spec}): {trainer}" == str(e)
+    else:
+        assert trainer is None
+
+
+def write_chat(path: Path, n: int = 40) -> Path:
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Count to {i}."},
+        {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))}]}) + "\n"
+        for i in range(1, n)))
+    return path
+
+
+def run_train(tmp_path, *extra, config=None):
+    env = {**os.environ, "NPROC": "1", "PYTHONPATH": str(REPO)}
+    env.pop("NGPU", None)
+    if config:
+        env["CONFIG_FILE"] = config
+    cmd = ["./run_train.sh", *tiny_args(tmp_path, "--metrics.progress_bar=false"), *extra]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def sp512(tmp_path_factory):
+    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.tokenizer import train_sentencepiece
+
+    return train_sentencepiece(embedded_documents()[:60], 512,
+                               tmp_path_factory.mktemp("sp") / "sp512.model")
+
+
+@pytest.mark.slow
+def test_run_train_sh_trains_on_a_chat_file(tmp_path, sp512):
+    chat = write_chat(tmp_path / "my_chat.jsonl")
+    proc = run_train(tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={sp512}",
+                     "--training.steps=2")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "is not known" not in out and "step     2/2" in out
+    assert "39 conversations (tokens template)" in out
+
+
+@pytest.mark.slow
+def test_run_train_sh_trains_the_shipped_sft_config(tmp_path, sp512):
+    chat = write_chat(tmp_path / "sft.jsonl")
+    proc = run_train(tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={sp512}",
+                     "--checkpoint.initial_load_path=", "--training.steps=2",
+                     "--training.local_batch_size=2",
+                     config="train_configs/llama3_debug_sft.toml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "step     2/2" in out
+    assert (tmp_path / "debug_sft" / "checkpoint" / "step-2" / "COMPLETE").is_file()
+
+
+# -- a local corpus mixed with a streamed `datasets` source ---------------------------------
+
+SEQ = 16
+
+
+def stream_mix(tmp_path, *extra, batch=2):
+    local = write_jsonl(tmp_path / "local.jsonl", corpus_texts(80, seed=5))
+    folder, texts = make_hf_folder(tmp_path)
+    cfg = tiny_config(tmp_path, f"--data.sources=local:{local}=0.7,hf:{folder}=0.3",
+                      f"--training.seq_len={SEQ}", f"--training.local_batch_size={batch}",
+                      "--data.val_documents=4", *extra)
+    return cfg, texts
+
+
+def test_a_stream_mixes_and_serves_its_windows_in_stream_order(tmp_path):
+    cfg, texts = stream_mix(tmp_path, batch=4)
+    loader, val = build_data(cfg, TOK, 0, 1)
+    ds = loader.dataset
+    assert isinstance(ds, MixtureBatches) and isinstance(ds.sources[1], StreamWindows)
+    batches = take(loader, 30)
+    # Oracle: the stream's documents after the 4 held out, packed BOS..EOS, cut into windows.
+    stream = [i for t in texts[4:] for i in TOK.encode(t, bos=True, eos=True)]
+    windows = [stream[k * (SEQ + 1):(k + 1) * (SEQ + 1)] for k in range(len(stream) // (SEQ + 1))]
+    which = np.array([ds.schedule[g] for g in range(30 * 4)])
+    rows = [torch.cat([b["inputs"][r], b["targets"][r, -1:]]).tolist()
+            for b in batches for r in range(4)]
+    from_stream = [row for row, s in zip(rows, which) if s == 1]
+    assert len(from_stream) == 36  # 30% of 120 windows
+    assert from_stream == windows[:36]  # consecutive, in stream order, none held out
+    val_text = "".join(TOK.decode(torch.cat([b["inputs"], b["targets"][:, -1:]], 1)
+                                  .flatten().tolist()) for b in val)
+    assert "doc0002 " in val_text and "doc0077 " in val_text  # each source's held-out part
+
+
+@pytest.mark.parametrize("workers,dp", [(0, 1), (2, 2)])
+def test_a_mixture_with_a_stream_resumes_exactly(tmp_path, workers, dp):
+    cfg, _ = stream_mix(tmp_path, f"--data.num_workers={workers}")
+    for rank in range(dp):
+        loader, _ = build_data(cfg, TOK, rank, dp)
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.state_dict()
+        after = [next(it) for _ in range(40)]  # past the end of this rank's stream: epoch 2
+        resumed, _ = build_data(cfg, TOK, rank, dp)
+        resumed.load_state_dict(state)
+        assert_batches_equal(take(resumed, 40), after)
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_and_resumes_on_a_mixture_with_a_stream(tmp_path):
+    """A straight 4-step run against 2 steps + a resume from the step-2 checkpoint: the same
+    losses (the resumed run reads the same batches, stream position included)."""
+    from torchllm.train import Trainer
+
+    local = write_jsonl(tmp_path / "local.jsonl", corpus_texts(80, seed=5))
+    folder, _ = make_hf_folder(tmp_path)
+    args = [f"--data.sources=local:{local}=0.7,hf:{folder}=0.3", "--data.val_documents=4",
+            "--checkpoint.enable=true", "--checkpoint.interval=100",
+            "--training.steps=6"]
+    straight = Trainer(tiny_config(tmp_path, "--job.run_name=straight", *args)).train()
+    half = [*args, "--job.run_name=split", "--training.stop_after_steps=3"]
+    first = Trainer(tiny_config(tmp_path, *half)).train()
+    resumed = Trainer(tiny_config(tmp_path, *half))
+    assert resumed.step == 3
+    assert first + resumed.train() == straight and all(np.isfinite(straight))
