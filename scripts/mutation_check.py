@@ -328,6 +328,33 @@ MUTANTS = [
         ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
     ),
     Mutant(
+        "hellaswag_data_dir_file_ignored",
+        "the downstream HellaSwag task ignores <data_dir>/hellaswag.jsonl (needs the network)",
+        "torchllm/eval/tasks.py",
+        "    if jsonl is not None and jsonl.is_file():\n",
+        "    if False:\n",
+        ("tests/test_eval_downstream.py::"
+         "test_hellaswag_task_reads_the_data_dir_file_before_eval_hellaswag_data",),
+    ),
+    Mutant(
+        "eval_cli_overrides_dropped",
+        "the eval CLIs accept --section.key=value overrides but load the run's config without them",
+        "torchllm/eval/loading.py",
+        '    cfg = load_config(["--job.config_file", str(config_path), *overrides])\n',
+        '    cfg = load_config(["--job.config_file", str(config_path)])\n',
+        ("tests/test_eval_downstream.py::test_cli_applies_config_overrides",
+         "tests/test_eval_hellaswag.py::test_cli_applies_config_overrides"),
+    ),
+    Mutant(
+        "downstream_default_tasks_without_hellaswag",
+        "the downstream CLI's default task set leaves HellaSwag out",
+        "torchllm/eval/tasks.py",
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm", "hellaswag")',
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm")',
+        ("tests/test_eval_downstream.py::"
+         "test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file",),
+    ),
+    Mutant(
         "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
         "torchllm/checkpoint/vocab_resize.py",
         "    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)\n",
