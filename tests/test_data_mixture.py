@@ -182,8 +182,9 @@ def test_sources_config_tables_cli_and_round_trip(tmp_path):
 
 @pytest.mark.slow
 def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
-    """Pre-train (with chat tokens) -> the mid-training config (a mixture) -> the SFT config (a
-    local chat file instead of the Hub), each stage a new run that takes only the weights."""
+    """Pre-train (the quick start: no chat tokens) -> the mid-training config (a mixture; its
+    chat tokens grow the vocab at load) -> the SFT config (a local chat file instead of the
+    Hub), each stage a new run that takes only the weights."""
     import json
 
     from conftest import REPO, shared_path
@@ -194,7 +195,7 @@ def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
     small = ["--training.steps=2", "--training.seq_len=32", "--training.local_batch_size=2",
              "--metrics.log_freq=1", f"--job.dump_folder={tmp_path}", "--job.print_config=false"]
     Trainer(load_config(small + ["--job.run_name=debug_model", "--checkpoint.enable=true",
-                                 "--data.chat_tokens=true", "--data.tokenizer_vocab_size=512",
+                                 "--data.tokenizer_vocab_size=512",
                                  "--model.flavor=debug"])).train()
     tok = tmp_path / "debug_model" / "data" / "tokenizer_embedded_sp512.model"
     assert tok.is_file()
@@ -203,6 +204,7 @@ def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
         f"--data.tokenizer={tok}", f"--checkpoint.initial_load_path={tmp_path / 'debug_model'}",
         f"--data.sources=embedded=0.7,local:{shared_path('data', 'tinyshakespeare.txt')}=0.3"]))
     assert mid.step == 0  # weights only: a fresh step counter, optimizer and data order
+    assert mid.model_args.vocab_size == 576  # 512 + 6 chat tokens, padded to 64
     mid.train()
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": [

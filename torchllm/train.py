@@ -19,6 +19,7 @@ from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
+from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.mixture import MixtureLog
@@ -146,7 +147,7 @@ class Trainer:
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
             run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
-                      "precision": self.precision},
+                      "precision": self.precision, "tokenizer": tokenizer_record(self.tokenizer)},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step
@@ -302,6 +303,10 @@ class Trainer:
             self.checkpointer.save(0, model_only=True)
             logger.info("seed checkpoint written; exiting")
             return []
+        if self.step >= tcfg.steps > 0:
+            logger.warning("run already at step %d of %d: raise training.steps to continue, or "
+                           "--job.overwrite / another --job.run_name to start over", self.step,
+                           tcfg.steps)
         losses: list[float] = []
         slowest_step = 0.0
         tokens_before = self.train_state.tokens_seen

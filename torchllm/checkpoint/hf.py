@@ -8,8 +8,9 @@
 
 `export` reads the config the step was written under (the step folder's `config.toml`, else
 the run's) to rebuild the model's args and writes `config.json`, `model.safetensors` (sharded
-with an index over the size limit) and, for a SentencePiece tokenizer, its files: a folder
-`from_pretrained` loads. `import` writes a complete weights-only DCP checkpoint for the model
+with an index over the size limit) and the run's tokenizer (SentencePiece, tiktoken as a
+tokenizer.json, or tokenizer.json; with the chat template a chat run trained with, see
+hf_tokenizer.py): a folder `from_pretrained` loads. `import` writes a complete weights-only DCP checkpoint for the model
 the given config describes (usable as `checkpoint.initial_load_path`). A run can also start
 straight from a HF folder with `checkpoint.initial_load_in_hf = true` (see `load_hf_weights`).
 Extra `--section.key=value` arguments are config overrides, as for training.
@@ -47,7 +48,7 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # What an export writes: --overwrite replaces a folder holding only these.
 EXPORT_FILE = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
-                         r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer_config\.json")
+                         r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer(_config)?\.json")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
@@ -116,23 +117,11 @@ def write_hf_weights(weights: dict[str, torch.Tensor], out: Path, max_shard_byte
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def write_tokenizer_files(tokenizer, out: Path, hf_config: dict) -> bool:
-    """Copy a SentencePiece model as `tokenizer.model` with a `tokenizer_config.json` that lets
-    `AutoTokenizer` load it; other tokenizer kinds are not written. Returns whether it wrote."""
-    sp = getattr(tokenizer, "sp", None)
-    path = getattr(tokenizer, "path", None)
-    if sp is None or path is None:
-        return False
-    shutil.copyfile(path, out / "tokenizer.model")
-    pieces = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id,
-              "unk_token": sp.unk_id()}
-    max_length = hf_config.get("max_position_embeddings") or hf_config.get("n_positions")
-    config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
-              "model_max_length": max_length}
-    config.update({k: sp.id_to_piece(i) for k, i in pieces.items() if i >= 0})
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    hf_config.update({"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id})
-    return True
+def write_tokenizer_files(tokenizer, out: Path, hf_config: dict, chat: bool = False) -> str | None:
+    """The run's tokenizer files (and chat template) for `AutoTokenizer`: hf_tokenizer.py."""
+    from torchllm.checkpoint.hf_tokenizer import write_tokenizer
+
+    return write_tokenizer(tokenizer, out, hf_config, chat)
 
 
 # ------------------------------------------------------------------------------- export
@@ -148,6 +137,13 @@ def _run_config(step_path: Path, overrides: list[str]):
         raise ConfigError(f"neither {step_path / 'config.toml'} nor the run's config.toml exists; "
                           "pass the run's config with --job.config_file")
     return load_config(["--job.config_file", str(path), *overrides])
+
+
+def _trained_on_chat(cfg) -> bool:
+    """Whether the run trained on conversations (its export then carries a chat template)."""
+    dcfg = cfg.data
+    return bool(dcfg.chat_tokens) or any(
+        str(d).startswith("chat:") for d in [dcfg.dataset, *(s.dataset for s in dcfg.sources)])
 
 
 def _tokenizer_of(cfg, run_dir: Path):
@@ -199,7 +195,8 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     final, out = out, temp_sibling(out, "export-tmp")
     try:
         out.mkdir()
-        _write_export(out, adapter, args, vocab, hf_weights, tokenizer, max_shard_bytes)
+        _write_export(out, adapter, args, vocab, hf_weights, tokenizer, max_shard_bytes,
+                      chat=_trained_on_chat(cfg))
         replace_dir(out, final)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -209,17 +206,17 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
 
 
 def _write_export(out: Path, adapter, args, vocab: int, hf_weights: dict, tokenizer,
-                  max_shard_bytes: int) -> None:
+                  max_shard_bytes: int, chat: bool = False) -> None:
     config = adapter.config(args, vocab)
     config["torch_dtype"] = str(next(iter(hf_weights.values())).dtype).removeprefix("torch.")
     if tokenizer is not None and tokenizer.vocab_size != vocab:
         logger.warning("the run's tokenizer has %d ids, the model's vocab is %d: no tokenizer "
                        "files written", tokenizer.vocab_size, vocab)
     elif tokenizer is not None:
-        if write_tokenizer_files(tokenizer, out, config):
-            logger.info("wrote the SentencePiece tokenizer files")
+        if what := write_tokenizer_files(tokenizer, out, config, chat):
+            logger.info("wrote the tokenizer: %s", what)
         else:
-            logger.warning("tokenizer %s is not SentencePiece: no tokenizer files written",
+            logger.warning("tokenizer %s cannot be exported: no tokenizer files written",
                            type(tokenizer).__name__)
     write_hf_weights(hf_weights, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -24,6 +24,7 @@ from torchllm.checkpoint.layout import (
     step_dir,
 )
 from torchllm.checkpoint.resume import apply_hparams, config_changes
+from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
@@ -100,7 +101,7 @@ class LoadingMixin:
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
         # 1. Rank-local checks, before any collective: checksums (each rank a share of the
         # files), config fit (keys, shapes, batch size), and the templates to load into.
-        sds, problem, misfit = {}, None, None
+        sds, problem, misfit, grow = {}, None, None, None
         try:
             marker = read_marker(path)
             files = marker.get("files") or {}
@@ -110,6 +111,7 @@ class LoadingMixin:
                 metadata = FileSystemReader(str(path)).read_metadata()
                 present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
                 sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
+                grow = self._plan_growth(path, metadata, marker, sds, resume)
                 mismatch = structure_mismatch(
                     metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
                 if mismatch:
@@ -135,6 +137,8 @@ class LoadingMixin:
         # 3. Apply (rank-local: a failure here is agreed on like the others; a ConfigError,
         # e.g. the data loader refusing another data-parallel degree, stops every rank).
         try:
+            if grow:
+                self._grow(sds["model"], *grow)
             for key, sd in sds.items():
                 self.states[key].load_state_dict(sd)
         except ConfigError as e:
@@ -142,6 +146,35 @@ class LoadingMixin:
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             problem = describe_failure(e)
         return self._agreed(misfit, problem)
+
+    def _plan_growth(self, path: Path, metadata, marker: dict, sds: dict, resume: bool):
+        """For a new run whose vocabulary adds tokens to the checkpoint's: read the saved
+        embedding/output rows whole (plain tensors replace the model's in `sds`) and return
+        what `_grow` needs; None when nothing grows (vocab_resize.plan_growth raises on a
+        vocabulary that cannot grow)."""
+        if "model" not in sds:
+            return None
+        keys, saved_vocab = plan_growth(path, metadata, marker, sds["model"],
+                                        self.run_info.get("tokenizer"), resume)
+        if not keys:
+            return None
+        if "optimizer" in sds:
+            raise ConfigError(
+                f"checkpoint {path} has a smaller vocabulary than this run, and its optimizer "
+                "state cannot grow with the embeddings: set checkpoint.initial_load_model_only "
+                "= true (a new stage takes the weights only)", "checkpoint.initial_load_model_only")
+        targets = {k: sds["model"][k] for k in keys}
+        sds["model"].update(full_templates(metadata, sds["model"], keys))
+        return targets, saved_vocab
+
+    def _grow(self, model_sd: dict, targets: dict, saved_vocab: int) -> None:
+        for key, like in targets.items():
+            saved_rows, rows = model_sd[key].shape[0], like.shape[0]
+            model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows), like)
+        logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
+                    "from id %d set to the mean of the saved rows in %s", saved_vocab,
+                    self.run_info["tokenizer"]["vocab_size"], saved_rows, rows, saved_vocab,
+                    ", ".join(targets))
 
     def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
         """Every rank's outcome: a ConfigError on every rank if any rank found the checkpoint

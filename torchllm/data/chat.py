@@ -4,10 +4,12 @@ A conversation is a list of {"role": "system" | "user" | "assistant", "content":
 common `messages` column of jsonl/parquet/Hugging Face datasets). It is rendered to token ids
 with a template:
 
+    jinja    a tokenizer.json tokenizer's own Jinja `chat_template` (its tokenizer_config.json,
+             e.g. Llama 3 Instruct, Qwen3), rendered as transformers does (chat_template.py)
     llama3   the tokenizer's own (Llama 3 tiktoken or tokenizer.json with its header tokens):
              <|begin_of_text|> then per message
              <|start_header_id|>ROLE<|end_header_id|>\\n\\n CONTENT <|eot_id|>
-    tokens   every other tokenizer (SentencePiece, GPT-2, ...): BOS then per message
+    tokens   every other tokenizer (the fallback) (SentencePiece, GPT-2, ...): BOS then per message
              <|ROLE_start|> CONTENT <|ROLE_end|>, the 6 special tokens added to the vocabulary
              after the base tokenizer's ids (`ChatTokenizer`)
 
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.chat_template import JinjaChat
 from torchllm.log import logger
 
 IGNORE = -100  # the loss's ignore index (torchllm.loss.IGNORE_INDEX; no upward import)
@@ -44,6 +47,9 @@ def special_id(tokenizer, name: str) -> int | None:
 
 
 def has_native_template(tokenizer) -> bool:
+    """A Jinja chat template of its own, or Llama 3's header tokens (no tokens to add)."""
+    if getattr(tokenizer, "chat_template", None):
+        return True
     return all(special_id(tokenizer, t) is not None for t in LLAMA3_TOKENS)
 
 
@@ -85,8 +91,11 @@ class ChatTemplate:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.native = has_native_template(tokenizer)
-        if self.native:
+        if getattr(tokenizer, "chat_template", None):  # the tokenizer's own (chat_template.py)
+            self.kind = "jinja"
+            self.jinja = JinjaChat(tokenizer, tokenizer.chat_template, special_names(tokenizer))
+            self.end_of_turn = self.jinja.end_of_turn
+        elif has_native_template(tokenizer):
             self.kind = "llama3"
             self.start_header, self.end_header, self.eot = (special_id(tokenizer, t)
                                                             for t in LLAMA3_TOKENS)
@@ -99,6 +108,7 @@ class ChatTemplate:
                 "this tokenizer has no chat template and no chat tokens; conversations need "
                 "data.chat_tokens = true (adds <|user_start|> ... to the vocab) or a tokenizer "
                 "with Llama 3's header tokens", "data.chat_tokens")
+        self.native = self.kind == "llama3"  # Llama 3's header tokens, no tokens added
 
     def header(self, role: str) -> list[int]:
         if self.native:
@@ -116,6 +126,10 @@ class ChatTemplate:
             if role not in ROLES or not isinstance(content, str):
                 raise ValueError(f"message {k} must be {{'role': one of {', '.join(ROLES)}, "
                                  f"'content': str}}, got {_short(m)}")
+        if self.kind == "jinja":
+            return Rendered(*self.jinja.render(messages))
+        for m in messages:
+            role, content = m["role"], m["content"]
             head, body, foot = self.header(role), self.tokenizer.encode(content), self.footer(role)
             ids += head + body + foot
             trained += [False] * len(head) + [role == "assistant"] * (len(body) + len(foot))
@@ -123,7 +137,21 @@ class ChatTemplate:
 
     def prompt(self, messages: list[dict]) -> list[int]:
         """Ids of a conversation so far plus the assistant's header: generate from here."""
+        if self.kind == "jinja":
+            return self.jinja.prompt(messages)
         return self.render(messages).ids + self.header("assistant")
+
+
+def special_names(tokenizer) -> dict[str, str]:
+    """bos_token, eos_token, ... by name, as a Jinja chat template reads them."""
+    names = {"bos_token": tokenizer.tok.id_to_token(tokenizer.bos_id),
+             "eos_token": tokenizer.tok.id_to_token(tokenizer.eos_id)}
+    for key, value in getattr(tokenizer, "config", {}).items():
+        if key.endswith("_token") and isinstance(value, dict):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            names.setdefault(key, value)
+    return names
 
 
 def window_rows(convs: list[Rendered], window: int, packing: str, pad_id: int):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.chat_template import template_of
 
 
 class Tokenizer(Protocol):
@@ -157,6 +158,8 @@ class HFTokenizer:
             except Exception as e:
                 raise ConfigError(hub_failure_message(str(spec), e), "data.tokenizer") from None
         self.path = path
+        self.config = config  # tokenizer_config.json: special tokens, chat_template
+        self.chat_template = template_of(config)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._special(config.get("bos_token"), self.BOS_NAMES, "BOS")
         self.eos_id = self._special(config.get("eos_token"), self.EOS_NAMES, "EOS")

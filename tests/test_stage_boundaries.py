@@ -1,0 +1,137 @@
+"""Stage boundaries: a base model trained without chat tokens goes on to a stage with them (the
+embedding and output rows grow, new rows = the mean of the saved rows), a vocabulary that
+shrinks or changes base is an error naming both tokenizers, and relaunching a finished run
+says so."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchllm.checkpoint import resolve_checkpoint
+from torchllm.checkpoint.convert import load_dcp_tensors
+from torchllm.config import ConfigError
+from torchllm.train import Trainer
+
+from conftest import REPO, tiny_args, tiny_config
+
+pytestmark = pytest.mark.slow  # every test trains a run or two
+
+VOCAB = ("tok_embeddings.weight", "output.weight")
+
+
+@pytest.fixture
+def log_text(caplog):
+    caplog.set_level(logging.INFO, logger="torchllm")
+    return lambda: caplog.text
+
+
+def base_run(tmp_path):
+    """Stage 1: 2 steps without chat tokens (512 ids, 512 rows); (its tokenizer, its weights)."""
+    Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=base",
+                        "--training.steps=2")).train()
+    (tok,) = (tmp_path / "base" / "data").glob("tokenizer_*.model")
+    return tok, load_dcp_tensors(tmp_path / "base")
+
+
+def next_stage(tmp_path, tok, name="mid", *extra):
+    return Trainer(tiny_config(tmp_path, f"--job.run_name={name}", f"--data.tokenizer={tok}",
+                               "--data.chat_tokens=true",
+                               f"--checkpoint.initial_load_path={tmp_path / 'base'}", *extra))
+
+
+def assert_grown(model_sd: dict, saved: dict, rows: int = 576) -> None:
+    """The saved 512 rows kept; rows 512.. (6 chat tokens + padding to 576) = their mean."""
+    for key in VOCAB:
+        old, new = saved[key], model_sd[key]
+        assert old.shape[0] == 512 and new.shape[0] == rows, key
+        assert torch.equal(new[:512], old), key
+        mean = old.double().mean(0).float()
+        assert torch.allclose(new[512:], mean.expand(rows - 512, -1), atol=1e-6), key
+        assert not torch.allclose(new[512:], torch.zeros_like(new[512:])), key
+
+
+def test_new_stage_with_chat_tokens_grows_the_vocab_rows_to_their_mean(tmp_path, log_text):
+    tok, saved = base_run(tmp_path)
+    mid = next_stage(tmp_path, tok)
+    assert mid.model_args.vocab_size == 576  # 518 ids padded to model.vocab_pad_multiple = 64
+    assert_grown(mid.model.state_dict(), saved)
+    for key, value in saved.items():  # everything else as saved
+        if key not in VOCAB:
+            assert torch.equal(mid.model.state_dict()[key], value), key
+    assert mid.step == 0 and mid.optimizer.state_dict()["state"] == {}  # weights only
+    lines = [ln for ln in log_text().splitlines() if "vocabulary grown" in ln]
+    assert len(lines) == 1 and "512 -> 518 ids (512 -> 576 rows" in lines[0], log_text()
+    assert all(torch.isfinite(torch.tensor(mid.train())))
+
+    # A checkpoint written before markers recorded the tokenizer grows the same way.
+    marker = resolve_checkpoint(tmp_path / "base") / "COMPLETE"
+    record = json.loads(marker.read_text())
+    del record["tokenizer"]
+    marker.write_text(json.dumps(record))
+    assert_grown(next_stage(tmp_path, tok, "mid2").model.state_dict(), saved)
+
+
+def test_shrinking_another_base_or_resuming_with_another_vocab_name_the_tokenizers(tmp_path):
+    tok, _ = base_run(tmp_path)
+    with pytest.raises(ConfigError, match="optimizer state cannot grow"):
+        next_stage(tmp_path, tok, "full", "--checkpoint.initial_load_model_only=false")
+    # Another base vocabulary (a 600-piece tokenizer, + chat tokens: 640 rows) cannot grow.
+    with pytest.raises(ConfigError) as e:
+        Trainer(tiny_config(tmp_path, "--job.run_name=other", "--data.tokenizer_vocab_size=600",
+                            "--data.chat_tokens=true",
+                            f"--checkpoint.initial_load_path={tmp_path / 'base'}"))
+    assert "another base vocabulary" in str(e.value) and str(tok) in str(e.value)
+    assert "sp600" in str(e.value)
+    # The chat stage's vocabulary cannot shrink back to the base one.
+    next_stage(tmp_path, tok, "mid", "--checkpoint.enable", "--training.steps=1").train()
+    with pytest.raises(ConfigError) as e:
+        Trainer(tiny_config(tmp_path, "--job.run_name=back", f"--data.tokenizer={tok}",
+                            f"--checkpoint.initial_load_path={tmp_path / 'mid'}"))
+    assert "cannot shrink" in str(e.value) and "+ 6 chat tokens (518 ids, 576 rows)" in str(e.value)
+    assert "did model.name" not in str(e.value)
+    # Resuming the base run itself with chat tokens stays an error (a resume never grows).
+    with pytest.raises(ConfigError, match="a run resumes with its own vocabulary"):
+        Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=base",
+                            f"--data.tokenizer={tok}", "--data.chat_tokens=true",
+                            "--training.steps=4"))
+
+
+def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
+    """Stage 1 and the grown stage 2 both FSDP2-sharded over 2 gloo ranks (DTensor rows)."""
+    fsdp = ("--parallelism.data_parallel_shard_degree=2", "--training.local_batch_size=2")
+    base = tiny_args(tmp_path, *fsdp, "--checkpoint.enable", "--job.run_name=base",
+                     "--training.steps=2")
+    tok = tmp_path / "base" / "data" / "tokenizer_embedded_sp512.model"
+    mid = tiny_args(tmp_path, *fsdp, "--job.run_name=mid", f"--data.tokenizer={tok}",
+                    "--data.chat_tokens=true", f"--checkpoint.initial_load_path={tmp_path / 'base'}")
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"train": base}, {"load": mid, "out": str(tmp_path / "mid.pt")}]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "tests" / "checkpoint_worker.py"), "--jobs", str(jobs)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    got = torch.load(tmp_path / "mid.pt")
+    assert_grown({k[len("model."):]: v for k, v in got.items() if k.startswith("model.")},
+                 load_dcp_tensors(tmp_path / "base"))
+
+
+def test_relaunching_a_finished_run_says_so(tmp_path):
+    args = tiny_args(tmp_path, "--checkpoint.enable", "--job.run_name=done", "--training.steps=2")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    outs = [subprocess.run([sys.executable, "-m", "torchllm.train", *args], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert [p.returncode for p in outs] == [0, 0], outs[1].stderr[-3000:]
+    line = ("run already at step 2 of 2: raise training.steps to continue, or --job.overwrite / "
+            "another --job.run_name to start over")
+    assert line not in outs[0].stdout + outs[0].stderr
+    assert (outs[1].stdout + outs[1].stderr).count(line) == 1, outs[1].stderr[-3000:]
