@@ -352,6 +352,33 @@ MUTANTS = [
         ("tests/test_chat_template.py::"
          "test_own_template_renders_like_transformers_and_masks_the_assistant_turns",),
     ),
+    Mutant(
+        "hellaswag_data_dir_file_ignored",
+        "the downstream HellaSwag task ignores <data_dir>/hellaswag.jsonl (needs the network)",
+        "torchllm/eval/tasks.py",
+        "    if jsonl is not None and jsonl.is_file():\n",
+        "    if False:\n",
+        ("tests/test_eval_downstream.py::"
+         "test_hellaswag_task_reads_the_data_dir_file_before_eval_hellaswag_data",),
+    ),
+    Mutant(
+        "eval_cli_overrides_dropped",
+        "the eval CLIs accept --section.key=value overrides but load the run's config without them",
+        "torchllm/eval/loading.py",
+        '    cfg = load_config(["--job.config_file", str(config_path), *overrides])\n',
+        '    cfg = load_config(["--job.config_file", str(config_path)])\n',
+        ("tests/test_eval_downstream.py::test_cli_applies_config_overrides",
+         "tests/test_eval_hellaswag.py::test_cli_applies_config_overrides"),
+    ),
+    Mutant(
+        "downstream_default_tasks_without_hellaswag",
+        "the downstream CLI's default task set leaves HellaSwag out",
+        "torchllm/eval/tasks.py",
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm", "hellaswag")',
+        '"commonsense_qa", "social_iqa", "sciq", "sciq_lm")',
+        ("tests/test_eval_downstream.py::"
+         "test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file",),
+    ),
 ]
 
 

@@ -235,3 +235,118 @@ def test_in_training_callback_logs_scalars(tmp_path, caplog):
         (s["downstream/copa/centered"] + s["downstream/sciq_lm/centered"]) / 2)
     with pytest.raises(Exception, match="eval.tasks: unknown task 'nope'"):
         Trainer(load_config(tiny_args(tmp_path, "--eval.tasks=nope", "--eval.tasks_freq=2")))
+
+
+# --- The CLI offline: default tasks, HellaSwag's local file, config overrides ---------------------
+
+# The 11 tasks with a copy in ../shared/data/evals (sciq_lm reads sciq's) and HellaSwag.
+EXPECTED_DEFAULT = {"arc_easy", "arc_challenge", "piqa", "winogrande", "openbookqa", "boolq",
+                    "copa", "commonsense_qa", "social_iqa", "sciq", "sciq_lm", "hellaswag"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from test_eval_loading import write_run
+
+    return write_run(tmp_path_factory.mktemp("downstream_cli"), complete_steps=(1,),
+                     incomplete_steps=())[0]
+
+
+def table_rows(printed: str) -> dict[str, list[str]]:
+    """{task: its row's fields} of the table the CLI prints (between the header and CORE)."""
+    lines = printed.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("task "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("CORE "))
+    return {line.split()[0]: line.split() for line in lines[start + 1 : end]}
+
+
+def hellaswag_slice(path, n: int) -> list[dict]:
+    """The first n rows of the official HellaSwag file, written to `path`."""
+    with open(shared_path("data", "hellaswag_val.jsonl"), encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    path.write_text("".join(lines))
+    return [json.loads(line) for line in lines]
+
+
+def local_copies(folder):
+    """A --data-dir as a user builds one: links to the shared task copies."""
+    folder.mkdir()
+    for task in sorted(shared_path("data", "evals").iterdir()):
+        (folder / task.name).symlink_to(task)
+    return folder
+
+
+@pytest.mark.slow
+def test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file(tiny_run, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    data_dir = local_copies(tmp_path / "evals")
+    rows = hellaswag_slice(data_dir / "hellaswag.jsonl", 7)
+    out = tmp_path / "core.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchllm.eval.downstream", "--checkpoint", str(tiny_run),
+         "--data-dir", str(data_dir), "--limit", "5", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(table_rows(proc.stdout)) == EXPECTED_DEFAULT, proc.stdout
+    assert f"over {len(EXPECTED_DEFAULT)} tasks" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["tasks"]) == EXPECTED_DEFAULT
+    assert all(t["n"] == 5 for t in result["tasks"].values())
+    hs = result["tasks"]["hellaswag"]["predictions"]  # scored from the slice, row by row
+    assert [p["gold"] for p in hs] == [r["label"] for r in rows[:5]]
+    assert all(len(p["mean_loss"]) == 4 for p in hs)
+
+
+def test_hellaswag_task_reads_the_data_dir_file_before_eval_hellaswag_data(tmp_path):
+    rows = hellaswag_slice(tmp_path / "hellaswag.jsonl", 6)
+    items = load_items("hellaswag", str(tmp_path), str(tmp_path / "elsewhere.jsonl"))
+    assert items == [Item((r["ctx"],), tuple(" " + e for e in r["endings"]), r["label"])
+                     for r in rows]
+    (tmp_path / "hellaswag.jsonl").unlink()
+    official = tmp_path / "official" / "hellaswag_val.jsonl"  # the file eval.hellaswag_data names
+    official.parent.mkdir()
+    hellaswag_slice(official, 3)
+    assert load_items("hellaswag", str(tmp_path), str(official)) == items[:3]
+
+
+def test_missing_hellaswag_file_names_the_paths_looked_at(tmp_path):
+    missing = tmp_path / "no" / "hellaswag_val.jsonl"
+    with pytest.raises(ValueError) as err:
+        load_items("hellaswag", str(tmp_path), str(missing))
+    msg = str(err.value)
+    for text in (f"{tmp_path / 'hellaswag'}/", str(tmp_path / "hellaswag.jsonl"), str(missing),
+                 "--eval.hellaswag_data="):
+        assert text in msg, msg
+    with pytest.raises(ValueError, match="eval.tasks_data_dir / --data-dir is empty"):
+        load_items("hellaswag", "", str(missing))
+
+
+def test_cli_applies_config_overrides(tiny_run, capsys):
+    argv = ["--checkpoint", str(tiny_run), "--tasks", "copa,winogrande", "--data-dir",
+            evals_dir()]
+    assert downstream.main([*argv, "--eval.tasks_limit=3", "--eval.tasks_fewshot", "2"]) == 0
+    printed = capsys.readouterr().out
+    rows = table_rows(printed)
+    assert set(rows) == {"copa", "winogrande"}
+    assert all(r[2:4] == ["2", "3"] for r in rows.values()), printed  # shots, n
+    # The flag still wins over the (overridden) config, as for the run's own values.
+    assert downstream.main([*argv, "--eval.tasks_limit=3", "--limit", "2"]) == 0
+    assert [r[3] for r in table_rows(capsys.readouterr().out).values()] == ["2", "2"]
+    assert downstream.main([*argv, "--eval.no_such_key=1"]) == 2
+
+
+def test_cli_data_is_not_an_abbreviation_of_data_dir(tiny_run, capsys):
+    argv = ["--checkpoint", str(tiny_run), "--tasks", "copa", "--limit", "2"]
+    assert downstream.main([*argv, "--data", evals_dir()]) == 2  # main's: it meant --data-dir
+    err = capsys.readouterr().err  # main() logs to stderr
+    assert "--data is not an option" in err
+    assert "--data-dir DIR" in err and "--eval.hellaswag_data=FILE" in err
+    assert downstream.main([*argv, "--data-d", evals_dir()]) == 2  # no prefix matching
+    assert "unexpected argument '--data-d'" in capsys.readouterr().err

@@ -175,3 +175,26 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     assert result["acc_norm"] == sum(p["pred_norm"] == p["label"] for p in preds) / 4
     assert [p["ind"] for p in preds] == [0, 1, 2, 3]
     assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(tmp_path / "no.jsonl")]) == 2
+
+
+def test_cli_applies_config_overrides(tmp_path, capsys):
+    from test_eval_loading import write_run
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    data = write_tiny_jsonl(tmp_path / "tiny.jsonl")
+    out = tmp_path / "hs.json"
+    # eval.hellaswag_data from the command line, as for training: no --data needed.
+    assert hellaswag.main(["--checkpoint", str(run_dir), f"--eval.hellaswag_data={data}",
+                           "--eval.hellaswag_batch_size", "2", "--json", str(out)]) == 0
+    assert f"data {data}" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["data"] == str(data) and result["n"] == len(TINY_EXAMPLES)
+    assert [p["label"] for p in result["predictions"]] == [e["label"] for e in TINY_EXAMPLES]
+    # --data still wins over the config; unknown keys and stray arguments are errors.
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(data), "--limit", "2",
+                           "--eval.hellaswag_data=missing.jsonl", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["n"] == 2
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--eval.no_such_key=1"]) == 2
+    assert "unknown key eval.no_such_key" in capsys.readouterr().err
+    assert hellaswag.main(["--checkpoint", str(run_dir), "--dat", str(data)]) == 2
+    assert "unexpected argument '--dat'" in capsys.readouterr().err

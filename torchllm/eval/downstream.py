@@ -1,7 +1,8 @@
 """CORE-style downstream evaluation: per-task accuracy over several tasks and one centered score.
 
-    python -m torchllm.eval.downstream --checkpoint RUN --tasks arc_easy,copa:5,winogrande \
-        [--data-dir ../shared/data/evals] [--limit 100] [--shots 0] [--json OUT]
+    python -m torchllm.eval.downstream --checkpoint RUN [--tasks arc_easy,copa:5,winogrande] \
+        [--data-dir ../shared/data/evals] [--limit 100] [--shots 0] [--json OUT] \
+        [--section.key=value ...]                                  (overrides of the run's config)
     torchrun --nproc_per_node 2 -m torchllm.eval.downstream ...        (split over ranks)
 
 Each task's rows become `Item`s (torchllm.eval.tasks). A K-shot prompt puts K other rows of the
@@ -34,10 +35,10 @@ from torchllm.config import ConfigError
 from torchllm.data.tokenizer import Tokenizer
 from torchllm.eval.continuation import encode_continuation
 from torchllm.eval.hellaswag import score_rows
-from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, init_distributed, \
-    load_for_inference
+from torchllm.eval.loading import CHECKPOINT_HELP, OVERRIDES_HELP, inference_device, \
+    init_distributed, load_for_inference, parse_args_and_overrides
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
-from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
+from torchllm.eval.tasks import DEFAULT_TASKS, TASKS, Item, chance, load_items, parse_task
 from torchllm.log import init_logger, logger
 from torchllm.process_exit import exit_process
 
@@ -229,11 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchllm.eval.downstream",
         description="CORE-style downstream accuracy of a checkpoint, per task and centered.",
+        epilog=OVERRIDES_HELP, allow_abbrev=False,
     )
     add = parser.add_argument
     add("--checkpoint", required=True, help=CHECKPOINT_HELP)
-    add("--tasks", help=f"comma-separated, 'name' or 'name:K' (K-shot); default eval.tasks; "
-                        f"known: {', '.join(TASKS)}")
+    add("--tasks", help=f"comma-separated, 'name' or 'name:K' (K-shot); default eval.tasks, "
+                        f"else {','.join(DEFAULT_TASKS)}; known: {', '.join(TASKS)}")
     add("--data-dir", help="folder of local task copies (default: eval.tasks_data_dir)")
     add("--limit", type=int, help="rows per task (-1 = all; default eval.tasks_limit)")
     add("--shots", type=int, help="shots for tasks without ':K' (default eval.tasks_fewshot)")
@@ -241,16 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     add("--seed", type=int, help="few-shot example seed (default job.seed)")
     add("--json", help="write the per-task results and CORE score to this file")
     add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
-    args = parser.parse_args(argv)
     init_logger()
     try:
+        args, overrides = parse_args_and_overrides(parser, argv, hints={"--data": (
+            "the folder of task copies is --data-dir DIR (HellaSwag: DIR/hellaswag.jsonl), "
+            "HellaSwag's official file --eval.hellaswag_data=FILE")})
         device = inference_device(args.device)
         init_distributed(device)
-        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
+        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)
         e = cfg.eval
-        entries = args.tasks.split(",") if args.tasks else e.tasks
-        if not entries:
-            raise ValueError("no tasks: pass --tasks (e.g. arc_easy,copa) or set eval.tasks")
+        entries = args.tasks.split(",") if args.tasks else (e.tasks or list(DEFAULT_TASKS))
         data_dir = e.tasks_data_dir if args.data_dir is None else args.data_dir
         shots = e.tasks_fewshot if args.shots is None else args.shots
         tasks = load_tasks(entries, shots, data_dir, e.hellaswag_data)

@@ -1,6 +1,7 @@
 """HellaSwag: pick the most likely of 4 endings; acc (summed loss) and acc_norm (mean loss).
 
-    python -m torchllm.eval.hellaswag --checkpoint DIR [--data PATH] [--limit N] [--json OUT]
+    python -m torchllm.eval.hellaswag --checkpoint DIR [--data PATH] [--limit N] [--json OUT] \
+        [--section.key=value ...]                                  (overrides of the run's config)
     torchrun --nproc_per_node 2 -m torchllm.eval.hellaswag --checkpoint DIR   (split over ranks)
 
 Each example becomes 4 rows, the tokens of ctx + " " + ending encoded whole (split into context
@@ -26,9 +27,11 @@ from torchllm.data.tokenizer import Tokenizer
 from torchllm.eval.continuation import encode_continuation
 from torchllm.eval.loading import (
     CHECKPOINT_HELP,
+    OVERRIDES_HELP,
     inference_device,
     init_distributed,
     load_for_inference,
+    parse_args_and_overrides,
 )
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.log import init_logger, logger
@@ -36,6 +39,8 @@ from torchllm.process_exit import exit_process
 
 RANDOM_BASELINE = 0.25  # 4 endings
 REQUIRED_KEYS = ("ctx", "endings", "label")
+# What to do about a source that cannot be read, as this module's CLI says it.
+SOURCE_HINT = "pass an official-format .jsonl file with --data FILE (or --eval.hellaswag_data=FILE)"
 
 
 def _check_example(ex: dict, where: str) -> dict:
@@ -54,16 +59,17 @@ def _check_example(ex: dict, where: str) -> dict:
     return {**ex, "label": label}
 
 
-def load_examples(source: str, limit: int = -1) -> list[dict]:
+def load_examples(source: str, limit: int = -1, hint: str = SOURCE_HINT) -> list[dict]:
     """Examples from an official-format .jsonl file, or from a Hub dataset (its validation split).
 
     A local folder of jsonl/parquet files also works as a Hub source, through `datasets`.
-    `limit` keeps the first N (-1 = all).
+    `limit` keeps the first N (-1 = all). `hint` ends the error of a source that cannot be found.
     """
     path = Path(source)
     if path.suffix == ".jsonl" or path.is_file():
         if not path.is_file():
-            raise FileNotFoundError(f"HellaSwag file {path} does not exist")
+            raise FileNotFoundError(f"HellaSwag file {path} does not exist"
+                                    + (f"; {hint}" if hint else ""))
         examples = []
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -83,10 +89,9 @@ def load_examples(source: str, limit: int = -1) -> list[dict]:
 
             rows = datasets.load_dataset(source, split="validation")
         except Exception as e:  # offline, unknown name, no validation split: one clear line
-            raise ValueError(
-                f"could not load HellaSwag from {source!r} ({type(e).__name__}: {e}); pass an "
-                "official-format .jsonl file instead (eval.hellaswag_data or --data)"
-            ) from None
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise ValueError(f"could not load HellaSwag from {source!r} ({type(e).__name__}: "
+                             f"{first})" + (f"; {hint}" if hint else "")) from None
         if limit != -1:
             rows = rows.select(range(min(limit, len(rows))))
         examples = [_check_example(row, f"{source} row {i}") for i, row in enumerate(rows)]
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchllm.eval.hellaswag",
         description="HellaSwag accuracy of a checkpoint (a random model scores ~25%).",
+        epilog=OVERRIDES_HELP, allow_abbrev=False,
     )
     add = parser.add_argument
     add("--checkpoint", required=True, help=CHECKPOINT_HELP)
@@ -221,12 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     add("--json", help="write acc, acc_norm, n and the per-example predictions to this file")
     add("--batch-size", type=int, help="examples per forward (default: eval.hellaswag_batch_size)")
     add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
-    args = parser.parse_args(argv)
     init_logger()
     try:
+        args, overrides = parse_args_and_overrides(parser, argv)
         device = inference_device(args.device)
         init_distributed(device)
-        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
+        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)
         source = args.data or cfg.eval.hellaswag_data
         examples = load_examples(source, args.limit)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError

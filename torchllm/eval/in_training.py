@@ -109,7 +109,8 @@ class Evaluator(Callback):
             # Loaded once at start, so a bad path fails now rather than hours into the run.
             try:
                 self.hellaswag_examples = hellaswag.load_examples(
-                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit
+                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit,
+                    hint="set it to an official-format .jsonl file (--eval.hellaswag_data=FILE)",
                 )
             except (FileNotFoundError, ValueError) as e:
                 raise ConfigError(f"eval.hellaswag_data: {e}", "eval.hellaswag_data") from None

@@ -13,6 +13,7 @@ Layout (written by the trainer and the checkpointer):
 
 from __future__ import annotations
 
+import argparse
 import os
 import warnings
 from pathlib import Path
@@ -24,24 +25,49 @@ from torch import nn
 
 from torchllm import models
 from torchllm.checkpoint.layout import checkpoint_config, resolve_checkpoint
-from torchllm.config import JobConfig, load_config
+from torchllm.config import ConfigError, JobConfig, load_config
+from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer, build_tokenizer
 from torchllm.device import resolve_device
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
+OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
+                  "(e.g. --eval.hellaswag_data=hellaswag_val.jsonl).")
+
+
+def parse_args_and_overrides(parser: argparse.ArgumentParser, argv: list[str] | None,
+                             hints: dict[str, str] | None = None
+                             ) -> tuple[argparse.Namespace, list[str]]:
+    """The CLI's own options, and the other arguments as `--section.key=value` config overrides.
+
+    `parser` must have `allow_abbrev=False` (else `--data` would silently mean `--data-dir`).
+    An argument that is neither raises ConfigError; `hints` maps such an option to what to use.
+    """
+    assert not parser.allow_abbrev, "abbreviations would swallow unknown options"
+    args, rest = parser.parse_known_args(argv)
+    for arg in rest:
+        flag = arg.split("=", 1)[0]
+        if flag in (hints or {}):
+            raise ConfigError(f"command line: {flag} is not an option of {parser.prog}; "
+                              f"{hints[flag]}", flag)
+    parse_cli(rest)  # raises ConfigError naming an argument that is not an override
+    return args, rest
 
 
 def load_for_inference(
-    path: str | Path, device: torch.device | str
+    path: str | Path, device: torch.device | str, overrides: list[str] = ()
 ) -> tuple[nn.Module, JobConfig, Tokenizer]:
-    """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint."""
+    """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint.
+
+    `overrides` (`--section.key=value`) apply on top of the run's config, as for training.
+    """
     step_dir = resolve_checkpoint(path)
     run_dir = step_dir.parent.parent
     config_path = checkpoint_config(step_dir)
     if config_path is None:
         raise FileNotFoundError(f"{run_dir / 'config.toml'} is missing; it holds the run's "
                                 "model config")
-    cfg = load_config(["--job.config_file", str(config_path)])
+    cfg = load_config(["--job.config_file", str(config_path), *overrides])
     tokenizer = build_tokenizer(cfg, run_dir / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):

@@ -11,7 +11,8 @@ Task types (one scorer each):
 
 Rows come from, in order: `<data_dir>/<task>` in `datasets.save_to_disk` format (e.g. the copies
 in ../shared/data/evals/), a `<data_dir>/<task>.jsonl` file, or the Hub dataset below (online).
-HellaSwag reads `eval.hellaswag_data` (its official jsonl, or a Hub name), as
+HellaSwag reads `<data_dir>/hellaswag/` or `<data_dir>/hellaswag.jsonl` (the official jsonl
+format), else `eval.hellaswag_data` (its official jsonl, or a Hub name), as
 torchllm.eval.hellaswag does.
 """
 
@@ -150,6 +151,10 @@ TASKS: dict[str, TaskSpec] = {
 }
 # Local folder names that differ from the task name (the ../shared copy of sciq_lm is sciq's).
 LOCAL_NAME = {"sciq_lm": "sciq"}
+# The downstream CLI's tasks when neither --tasks nor eval.tasks names any: the 11 tasks with a
+# local copy in ../shared/data/evals (sciq_lm reads sciq's), and HellaSwag (lambada: Hub only).
+DEFAULT_TASKS = ("arc_easy", "arc_challenge", "piqa", "winogrande", "openbookqa", "boolq", "copa",
+                 "commonsense_qa", "social_iqa", "sciq", "sciq_lm", "hellaswag")
 
 
 def parse_task(entry: str, default_shots: int) -> tuple[str, int]:
@@ -187,16 +192,44 @@ def _read_local(name: str, path: Path, read: Callable[[Path], list[dict]]) -> li
             "load the Hub dataset") from None
 
 
+def _hellaswag_rows(local: Path | None, source: str) -> list[dict] | None:
+    """HellaSwag's rows from `<data_dir>/hellaswag.jsonl`, else from `eval.hellaswag_data` ('' =
+    the Hub dataset); None for a `<data_dir>/hellaswag/` folder (read as any task's). A source
+    that cannot be found or loaded is one line naming the paths looked at and the key to set."""
+    from torchllm.eval.hellaswag import load_examples
+
+    if local is not None and local.is_dir():
+        return None
+    jsonl = local.with_suffix(".jsonl") if local is not None else None
+    if jsonl is not None and jsonl.is_file():
+        return load_examples(str(jsonl))  # format errors name the file and line
+    if source and Path(source).is_file():
+        return load_examples(source)
+    looked = (f"neither {local}/ nor {jsonl} exists" if local is not None
+              else "no folder of local copies (eval.tasks_data_dir / --data-dir is empty)")
+    put = f"put the official hellaswag_val.jsonl at {jsonl}" if jsonl is not None \
+        else "set --data-dir (eval.tasks_data_dir) to a folder with hellaswag.jsonl"
+    source = source or TASKS["hellaswag"].hub[0]  # '' = the Hub dataset
+    try:
+        return load_examples(source, hint="")
+    except FileNotFoundError:
+        what = f"eval.hellaswag_data = {source!r} does not exist"
+    except (OSError, ValueError) as e:
+        what = f"eval.hellaswag_data: {e}"
+    raise ValueError(f"task hellaswag: {looked}, and {what}; {put}, or pass "
+                     "--eval.hellaswag_data=PATH/hellaswag_val.jsonl (the official file)")
+
+
 def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[dict]:
     """Every row of a task's evaluation split (see the module doc for where they come from)."""
     import datasets
 
     spec = TASKS[name]
     local = Path(data_dir) / LOCAL_NAME.get(name, name) if data_dir else None
-    if name == "hellaswag" and hellaswag_data and not (local and local.exists()):
-        from torchllm.eval.hellaswag import load_examples
-
-        return load_examples(hellaswag_data)
+    if name == "hellaswag":
+        rows = _hellaswag_rows(local, hellaswag_data)
+        if rows is not None:
+            return rows
     if local is not None and local.is_dir():
         return _read_local(name, local,
                            lambda p: [dict(r) for r in datasets.load_from_disk(str(p))])
