@@ -328,31 +328,6 @@ MUTANTS = [
         ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
     ),
     Mutant(
-        "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
-        "torchllm/checkpoint/vocab_resize.py",
-        "    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)\n",
-        "    mean = torch.zeros_like(keep[:1])\n",
-        ("tests/test_stage_boundaries.py::"
-         "test_new_stage_with_chat_tokens_grows_the_vocab_rows_to_their_mean",),
-    ),
-    Mutant(
-        "export_without_chat_template", "the export writes no chat_template for a chat run",
-        "torchllm/checkpoint/hf_tokenizer.py",
-        '        config["chat_template"], end_of_turn = found\n',
-        "        end_of_turn = found[1]\n",
-        ("tests/test_hf_tokenizer_export.py::"
-         "test_chat_template_in_the_export_gives_the_runs_chat_ids",),
-    ),
-    Mutant(
-        "chat_mask_past_end_of_turn",
-        "a Jinja template's loss mask also trains what follows the end-of-turn token",
-        "torchllm/data/chat_template.py",
-        "                trained[k] = last is None or k <= last\n",
-        "                trained[k] = True\n",
-        ("tests/test_chat_template.py::"
-         "test_own_template_renders_like_transformers_and_masks_the_assistant_turns",),
-    ),
-    Mutant(
         "hellaswag_data_dir_file_ignored",
         "the downstream HellaSwag task ignores <data_dir>/hellaswag.jsonl (needs the network)",
         "torchllm/eval/tasks.py",
@@ -378,6 +353,46 @@ MUTANTS = [
         '"commonsense_qa", "social_iqa", "sciq", "sciq_lm")',
         ("tests/test_eval_downstream.py::"
          "test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file",),
+    ),
+    Mutant(
+        "shape_keys_ignored", "the [model] shape keys are checked but never applied",
+        "torchllm/models/registry.py", "        return dataclasses.replace(args, **changes, **shape)\n",
+        "        return dataclasses.replace(args, **changes)\n",
+        ("tests/test_model_shapes.py::"
+         "test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count",),
+    ),
+    Mutant(
+        "moe_capacity_exact", "MoE's padded path uses the exact capacity: a new matmul shape "
+        "almost every step (oneDNN caches one kernel per shape: RSS grows)",
+        "torchllm/models/moe.py", "        capacity = padded_capacity(int(counts.max()))\n",
+        "        capacity = max(int(counts.max()), 1)\n",
+        ("tests/test_moe_memory.py::"
+         "test_rss_stays_flat_over_many_steps[qwen3_moe-extra0]",),
+    ),
+    Mutant(
+        "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
+        "torchllm/checkpoint/vocab_resize.py",
+        "    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)\n",
+        "    mean = torch.zeros_like(keep[:1])\n",
+        ("tests/test_stage_boundaries.py::"
+         "test_new_stage_with_chat_tokens_grows_the_vocab_rows_to_their_mean",),
+    ),
+    Mutant(
+        "export_without_chat_template", "the export writes no chat_template for a chat run",
+        "torchllm/checkpoint/hf_tokenizer.py",
+        '        config["chat_template"], end_of_turn = found\n',
+        "        end_of_turn = found[1]\n",
+        ("tests/test_hf_tokenizer_export.py::"
+         "test_chat_template_in_the_export_gives_the_runs_chat_ids",),
+    ),
+    Mutant(
+        "chat_mask_past_end_of_turn",
+        "a Jinja template's loss mask also trains what follows the end-of-turn token",
+        "torchllm/data/chat_template.py",
+        "                trained[k] = last is None or k <= last\n",
+        "                trained[k] = True\n",
+        ("tests/test_chat_template.py::"
+         "test_own_template_renders_like_transformers_and_masks_the_assistant_turns",),
     ),
 ]
 

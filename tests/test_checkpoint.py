@@ -287,7 +287,7 @@ def test_convert_dtype_and_errors(tmp_path, capsys):
     assert convert(["to-file", str(tmp_path / "run"), str(out), "--dtype", "bfloat16"]) == 0
     w = load_weights_file(out)
     assert w["tok_embeddings.weight"].dtype == torch.bfloat16
-    assert convert(["to-file", str(tmp_path / "nothing"), str(out)]) == 2
+    assert convert(["to-file", str(tmp_path / "nothing"), str(tmp_path / "w2.safetensors")]) == 2
     assert "is not a folder" in capsys.readouterr().err
     assert convert(["to-file", str(tmp_path / "run"), str(tmp_path / "w.bin")]) == 2
     assert convert(["to-dcp", str(out), str(tmp_path / "notastep")]) == 2

@@ -91,11 +91,13 @@ class ChatTemplate:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.native = False  # Llama 3's header tokens, rendered by hand below
         if getattr(tokenizer, "chat_template", None):  # the tokenizer's own (chat_template.py)
             self.kind = "jinja"
             self.jinja = JinjaChat(tokenizer, tokenizer.chat_template, special_names(tokenizer))
             self.end_of_turn = self.jinja.end_of_turn
         elif has_native_template(tokenizer):
+            self.native = True
             self.kind = "llama3"
             self.start_header, self.end_header, self.eot = (special_id(tokenizer, t)
                                                             for t in LLAMA3_TOKENS)
@@ -108,7 +110,6 @@ class ChatTemplate:
                 "this tokenizer has no chat template and no chat tokens; conversations need "
                 "data.chat_tokens = true (adds <|user_start|> ... to the vocab) or a tokenizer "
                 "with Llama 3's header tokens", "data.chat_tokens")
-        self.native = self.kind == "llama3"  # Llama 3's header tokens, no tokens added
 
     def header(self, role: str) -> list[int]:
         if self.native:

@@ -3,7 +3,7 @@
     run debug_model: Llama 3 debug model on the embedded corpus
       config    train_configs/debug_model.toml (full config: outputs/debug_model/config.toml)
       changed   training: steps=300 seq_len=256 ... (every key that differs from its default)
-      model     llama3/debug: 5,245,184 params (4,196,608 non-embedding), vocab 4096 (tokenizer 4096)
+      model     llama3/debug (4 layers x 256 dim, 8 heads (4 kv) of 32, ffn 768): 5,245,184 params (4,196,608 non-embedding), vocab 4096 (tokenizer 4096)
       parallel  1 process on cpu: no data/tensor parallelism | fp32 | compile off | AC none
       batch     global batch 8 seqs x 256 tokens = 8 local x 1 dp x 1 accumulation; 2,048 tokens/step
       data      embedded: 361 documents, 131,072 tokens; 485 windows of 257 tokens per epoch; ...
@@ -145,12 +145,20 @@ def active_params(counts: dict[str, int]) -> str:
     return f", {counts['active_params']:,} active per token"
 
 
+def model_shape(args) -> str:
+    """The model's shape from its args (after the [model] overrides), e.g. "4 layers x 128 dim,
+    4 heads (4 kv) of 32, ffn 512"."""
+    return (f"{args.n_layers} layers x {args.dim} dim, {args.n_heads} heads "
+            f"({args.n_kv_heads} kv) of {args.head_dim}, ffn {args.ffn_hidden_dim}")
+
+
 def trainer_header(trainer, counts: dict[str, int]) -> str:
     """The header of a built Trainer (duck-typed: its config, model, loaders and layout)."""
     cfg, tcfg = trainer.cfg, trainer.cfg.training
     return run_header(
         cfg, run_dir=trainer.run_dir,
-        model_line=(f"{cfg.model.name}/{cfg.model.flavor}: {counts['params']:,} params "
+        model_line=(f"{cfg.model.name}/{cfg.model.flavor} ({model_shape(trainer.model_args)}): "
+                    f"{counts['params']:,} params "
                     f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
                     "vocab "
                     f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"),

@@ -77,7 +77,10 @@ class GroupedExperts(nn.Module):
     @staticmethod
     def _padded(x: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
         n_experts = counts.shape[0]
-        capacity = max(int(counts.max()), 1)  # one host sync per layer on this path
+        # One host sync per layer on this path. The capacity is rounded up to one of a few
+        # shapes: oneDNN (CPU bf16) compiles and caches a kernel per matmul shape, and an exact
+        # capacity, new almost every step, grew the process by ~2 MiB a step without bound.
+        capacity = padded_capacity(int(counts.max()))
         expert, slot = token_slots(counts, x.shape[0])
         padded = x.new_zeros(n_experts, capacity, x.shape[-1])
         padded = padded.index_put((expert, slot), x)
@@ -100,6 +103,16 @@ def token_slots(counts: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torc
     expert = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts,
                                      output_size=n_tokens)
     return expert, torch.arange(n_tokens, device=counts.device) - starts[expert]
+
+
+def padded_capacity(load: int) -> int:
+    """The rows per expert of the padded path for a largest expert load of `load`: at least 8,
+    else `load` rounded up to a quarter of its power of two (<= 25 % padding, 4 shapes per
+    doubling of the load, so a run's matmul shapes are few whatever its routing does)."""
+    if load <= 8:
+        return 8
+    step = 1 << (load.bit_length() - 3)
+    return -(-load // step) * step
 
 
 def local(w: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.metrics.flops import flops_per_token, parameter_counts
+from torchllm.metrics.header import model_shape
 
 
 def tokenizer_vocab_hint(cfg) -> int | None:
@@ -37,6 +38,11 @@ def model_info(cfg) -> dict:
         "seq_len": cfg.training.seq_len,
         "vocab_size": args.vocab_size,
         "layers": args.n_layers,
+        "dim": args.dim,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.n_kv_heads,
+        "ffn_hidden_dim": args.ffn_hidden_dim,
+        "shape": model_shape(args),
         "shapes": {f"{name} {list(shape)}": count for (name, shape), count in shapes.items()},
         "tie_embeddings": args.tie_embeddings,
     }
