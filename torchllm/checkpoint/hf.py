@@ -141,9 +141,11 @@ def _run_config(step_path: Path, overrides: list[str]):
 
 def _trained_on_chat(cfg) -> bool:
     """Whether the run trained on conversations (its export then carries a chat template)."""
+    from torchllm.data.kinds.registry import spec_reads
+
     dcfg = cfg.data
     return bool(dcfg.chat_tokens) or any(
-        str(d).startswith("chat:") for d in [dcfg.dataset, *(s.dataset for s in dcfg.sources)])
+        "chat" in spec_reads(str(d)) for d in [dcfg.dataset, *(s.dataset for s in dcfg.sources)])
 
 
 def _tokenizer_of(cfg, run_dir: Path):

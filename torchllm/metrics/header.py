@@ -10,7 +10,8 @@
       tokenizer SentencePiece outputs/debug_model/data/tokenizer_embedded_sp4096.model (4096 tokens)
 
 Everything here is read from objects the trainer already built (duck-typed, so this module
-imports nothing above config/).
+imports nothing above config/ at import time); only which data specs read the Hub is asked of
+the data kinds' registry, the one place that knows the kinds.
 """
 
 from __future__ import annotations
@@ -31,14 +32,13 @@ HF_ONLY = {("data", "hf_subset"), ("data", "hf_split")}  # meaningless without a
 
 
 def _uses_hf(cfg: JobConfig) -> bool:
-    """Whether any data spec reads a Hugging Face dataset: 'hf:...', 'chat:hf:...' or a named
-    one (a bare name: no ':', '/' or '.'; not 'embedded')."""
+    """Whether any data spec reads a Hugging Face dataset ('hf:...', 'chat:hf:...', a named one,
+    or a spec the kinds do not know: shown rather than hidden)."""
+    from torchllm.data.kinds.registry import kind_class, spec_reads
+
     specs = [cfg.data.dataset, cfg.validation.dataset, *(s.dataset for s in cfg.data.sources)]
-    for spec in filter(None, specs):
-        spec = spec.removeprefix("chat:")
-        if spec.startswith("hf:") or (spec != "embedded" and not any(c in spec for c in ":/.")):
-            return True
-    return False
+    return any(kind_class(spec) is None or "hub" in spec_reads(spec)
+               for spec in filter(None, specs))
 
 
 def config_changes(cfg: JobConfig) -> dict[str, list[str]]:

@@ -27,6 +27,7 @@ class Chat(DataKind):
     prefix = "chat"
     usage, order = "chat:PATH' or 'chat:hf:NAME", 4
     chat = True
+    wraps = True
 
     @classmethod
     def parse(cls, dcfg, location: str) -> "Chat":

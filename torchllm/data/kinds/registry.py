@@ -40,3 +40,26 @@ def parse_source(dcfg, key: str = "data.dataset"):
     named = ", ".join(sorted(n for n, c in NAMES.items() if c.usage != n))
     raise ConfigError(f"{key} = {spec!r} is not known; use one of {usage}, or a named dataset "
                       f"({named})", key)
+
+
+def kind_class(spec: str):
+    """The kind class a spec names, from its prefix or name alone (no checks, nothing read), or
+    None for an unknown spec."""
+    if spec in NAMES:
+        return NAMES[spec]
+    prefix, sep, _ = spec.partition(":")
+    return PREFIXES.get(prefix) if sep else None
+
+
+def spec_reads(spec: str) -> set[str]:
+    """What a spec reads, by its kinds' classes alone: "chat" (conversations) and/or "hub" (a
+    Hugging Face dataset, by name or split), following kinds that wrap another spec (chat:hf:...).
+    For summaries and exports of a finished run, whose files may be gone: nothing is checked."""
+    reads, cls = set(), kind_class(spec)
+    while cls is not None:
+        reads |= {"chat"} if cls.chat else set()
+        reads |= {"hub"} if cls.splits_by_name else set()
+        spec = spec.partition(":")[2] if cls.wraps else ""
+        cls = kind_class(spec) if spec else None
+    return reads
+
