@@ -138,10 +138,14 @@ def test_load_step_moves_newer_aside_and_relaunch_continues_the_new_line(tmp_pat
 def test_flavor_change_names_parameter_and_both_shapes(tmp_path):
     trainer(tmp_path, "--training.steps=1").train()
     with pytest.raises(ConfigError) as err:
-        trainer(tmp_path, "--training.steps=1", "--model.vocab_size=600")
+        trainer(tmp_path, "--training.steps=1", "--model.dim=128")
     msg = str(err.value)
-    assert "model.tok_embeddings.weight saved [512, 256] vs expected [640, 256]" in msg
+    assert "model.tok_embeddings.weight saved [512, 256] vs expected [512, 128]" in msg
     assert str(folder(tmp_path) / "step-1" / ".metadata") in msg
+    with pytest.raises(ConfigError) as err:  # a vocabulary change names the tokenizers instead
+        trainer(tmp_path, "--training.steps=1", "--model.vocab_size=600")
+    assert "does not fit this model's vocabulary" in str(err.value)
+    assert "a run resumes with its own vocabulary" in str(err.value)
     with pytest.raises(ConfigError, match="unexpected: model.output.weight"):
         trainer(tmp_path, "--training.steps=1", "--model.tie_embeddings=true")
 
