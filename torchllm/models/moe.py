@@ -80,7 +80,10 @@ class GroupedExperts(nn.Module):
         # One host sync per layer on this path. The capacity is rounded up to one of a few
         # shapes: oneDNN (CPU bf16) compiles and caches a kernel per matmul shape, and an exact
         # capacity, new almost every step, grew the process by ~2 MiB a step without bound.
-        capacity = padded_capacity(int(counts.max()))
+        # Under torch.compile the load is a data-dependent symbol that cannot be branched on:
+        # the exact load there (inductor's graph, not a new eager kernel per step).
+        load = int(counts.max())
+        capacity = max(load, 1) if torch.compiler.is_compiling() else padded_capacity(load)
         expert, slot = token_slots(counts, x.shape[0])
         padded = x.new_zeros(n_experts, capacity, x.shape[-1])
         padded = padded.index_put((expert, slot), x)
