@@ -95,7 +95,9 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         f"--job.dump_folder={out_dir}", "--job.run_name=runs",  # one tokenizer cache for all
         "--job.print_config=false", "--checkpoint.enable=false",
         f"--metrics.log_freq={args.warmup + args.steps}", "--metrics.enable_tensorboard=false",
-        "--metrics.progress_bar=false",
+        "--metrics.progress_bar=false", "--metrics.report=false",
+        # no in-training samples or HellaSwag: not what is timed, and pipeline stages lack them
+        "--eval.sample_freq=0", "--eval.hellaswag_freq=0",
     ]
     try:  # what run_train.sh checks before it starts processes: a bad variant costs no launch
         check_config(config_args, args.nproc)
