@@ -117,10 +117,11 @@ def run_tool(module: str, *flags: str) -> dict:
 def test_tools_show_the_overridden_shape():
     flags = ["--model.name=gpt2", "--model.n_layers=4", "--model.dim=128", *BASE]
     expected = gpt2_params(4, 128, 512, 32)
-    info = run_tool("torchllm.tools.model_info", *flags)
+    info = run_tool("torchllm.tools.model_info", "--json", *flags)
     assert info["params"] == expected and (info["layers"], info["dim"]) == (4, 128)
     assert info["shape"].startswith("4 layers x 128 dim")
-    estimate = run_tool("torchllm.tools.estimate_memory", "--training.device=cpu", *flags)
+    estimate = run_tool("torchllm.tools.estimate_memory", "--json", "--training.device=cpu",
+                        *flags)
     assert estimate["params"] == expected
     assert estimate["terms_bytes"]["params"] == 4 * expected
 
