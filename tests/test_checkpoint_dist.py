@@ -109,6 +109,7 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
     for fqn, state in get_optimizer_state_dict(one.model, one.optimizer)["state"].items():
         flat.update({f"optimizer.state.{fqn}.{k}": v for k, v in state.items()})
     assert_same_tensors(flat, saved_state(tmp_path / "fsdp2" / "checkpoint" / "step-3"))
+    one.close()  # gives back the process-wide switches job.deterministic set
     # 1 rank -> FSDP2 on 2 ranks; DDP -> FSDP2.
     for out, run in (("loaded_2ranks.pt", "single"), ("ddp_to_fsdp2.pt", "ddp")):
         assert_same_tensors(torch.load(tmp_path / out),
@@ -118,10 +119,15 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
 def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
     torchrun(*tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=2", "--job.run_name=r"))
     from torchllm.config import ConfigError
+    from torchllm.device import determinism_settings, restore_determinism
 
-    with pytest.raises(ConfigError, match="exclude_from_loading"):
-        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r",
-                            "--training.global_batch_size=4"))  # the same global batch
+    before = determinism_settings()  # a Trainer that fails to build cannot give them back
+    try:
+        with pytest.raises(ConfigError, match="exclude_from_loading"):
+            Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r",
+                                "--training.global_batch_size=4"))  # the same global batch
+    finally:
+        restore_determinism(before)
 
 
 def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):
