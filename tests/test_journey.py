@@ -157,6 +157,14 @@ def test_the_users_journey_through_the_commands(tmp_path):
     done = re.search(r"done: step 8/8.*loss ([\d.]+) -> ([\d.]+)", out)
     assert done and float(done[2]) < float(done[1]), out[-3000:]  # it learned the replies
 
+    # Each stage wrote its own report; the lifecycle's three stages on shared axes (issue 31).
+    assert all((r / "report" / "report.md").is_file() for r in (pretrain, midtrain, sft))
+    run([sys.executable, "-m", "torchllm.report", str(pretrain), str(midtrain), str(sft)])
+    lifecycle = runs / "reports" / "debug_model_vs_debug_midtrain_vs_debug_sft" / "report.md"
+    text = lifecycle.read_text()
+    assert all(f"## Run {r.name}" in text for r in (pretrain, midtrain, sft)), text[:2000]
+    assert (lifecycle.parent / "loss.png").is_file()
+
     # 4. Downstream eval: HellaSwag from a local file.
     source = SHARED / "data" / "hellaswag_val.jsonl"
     if source.is_file():
