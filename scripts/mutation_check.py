@@ -445,6 +445,15 @@ MUTANTS = [
         "    if False:  # rank 0 reports its step",
         ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
     ),
+    Mutant(
+        "failed_build_keeps_state", "a Trainer that fails to build keeps deterministic kernels "
+        "and its run lock (the next Trainer in the process inherits both)",
+        "torchllm/train.py",
+        "            if self.run_lock is not None:\n                self.run_lock.release()\n"
+        "            restore_determinism(self.determinism)\n            raise",
+        "            raise",
+        ("tests/test_run_safety.py::test_a_trainer_that_fails_to_build_gives_back_what_it_took",),
+    ),
 ]
 
 

@@ -93,6 +93,25 @@ def test_trainer_takes_the_run_folder_lock(tmp_path):
         Trainer(tiny_config(tmp_path, "--job.run_name=r"))
 
 
+def test_a_trainer_that_fails_to_build_gives_back_what_it_took(tmp_path):
+    """Building fails after the seed (deterministic) and the run lock: both are given back, so
+    the next Trainer in this process (a notebook, a test) neither inherits deterministic
+    kernels nor finds the run folder locked by itself."""
+    import torch
+
+    from torchllm.train import Trainer
+
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9 " * 100)  # latin-1, not UTF-8: build_data fails
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(Exception, match="bad.txt"):
+        Trainer(tiny_config(tmp_path, "--job.run_name=r", "--job.deterministic",
+                            f"--data.dataset=local:{tmp_path / 'bad.txt'}"))
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
+    Trainer(tiny_config(tmp_path, "--job.run_name=r", "--training.steps=1")).close()
+
+
 def scalars(folder, tag):
     """(step, value) pairs of `tag` as TensorBoard shows them (purges applied)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

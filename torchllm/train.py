@@ -67,6 +67,19 @@ CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats, MoEBiasB
 
 class Trainer:
     def __init__(self, cfg: JobConfig):
+        # Process-wide state a Trainer changes is given back by close(), or here if building
+        # fails (a notebook's or a test's next Trainer must not inherit a half-built one's).
+        self.determinism = determinism_settings()
+        self.run_lock = None
+        try:
+            self._build(cfg)
+        except BaseException:
+            if self.run_lock is not None:
+                self.run_lock.release()
+            restore_determinism(self.determinism)
+            raise
+
+    def _build(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         tcfg = cfg.training
         self.device = resolve_device(tcfg.device)
@@ -87,7 +100,6 @@ class Trainer:
         self.batch_ramp = BatchSizeRamp(tcfg, per_pass, global_batch)
         self.seq_len_schedule = SeqLenSchedule(tcfg.seq_len_schedule, tcfg.seq_len, tcfg.steps)
 
-        self.determinism = determinism_settings()  # given back by close()
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
 
