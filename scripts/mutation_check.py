@@ -454,6 +454,13 @@ MUTANTS = [
         "            raise",
         ("tests/test_run_safety.py::test_a_trainer_that_fails_to_build_gives_back_what_it_took",),
     ),
+    Mutant(
+        "bytes_prefix_space", "the bytes tokenizer adds a space before each text (ids shift)",
+        "torchllm/data/byte_tokenizer.py", "ByteLevel(add_prefix_space=False, use_regex=True)",
+        "ByteLevel(add_prefix_space=True, use_regex=True)",
+        ("tests/test_hf_tokenizer_export.py::test_bytes_tokenizer_is_utf8_bytes_and_exports_with_"
+         "the_same_ids",),
+    ),
 ]
 
 

@@ -141,3 +141,21 @@ def test_sft_run_export_chats_like_torchllm_generate(tmp_path, capsys):
                           "--device", "cpu"]) == 0
     ids = capsys.readouterr().out.splitlines()[-1]
     assert ids == "ids: " + " ".join(map(str, reply))
+
+
+def test_bytes_tokenizer_is_utf8_bytes_and_exports_with_the_same_ids(tmp_path):
+    """data.tokenizer = "bytes": id b is byte b (oracle: str.encode), BOS/EOS follow; the export
+    is a tokenizer.json that AutoTokenizer loads with the same ids and the run's BOS."""
+    tok = load_tokenizer("bytes")
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (258, 256, 257)
+    hf, config = export(tok, tmp_path / "hf")
+    for text in held_out_text():
+        assert tok.encode(text) == list(text.encode("utf-8")), text
+        assert tok.encode(text, bos=True, eos=True) == [256, *text.encode("utf-8"), 257]
+        assert tok.decode(tok.encode(text)) == text
+        assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
+        assert hf(text)["input_ids"] == tok.encode(text, bos=True), text
+        assert hf.decode(tok.encode(text)) == text
+    assert (hf.bos_token_id, hf.eos_token_id) == (256, 257) == (
+        config["bos_token_id"], config["eos_token_id"])
+    assert len(hf) == 258

@@ -208,7 +208,11 @@ def _looks_like_tiktoken(path: Path) -> bool:
 
 
 def load_tokenizer(spec: str | Path) -> Tokenizer:
-    """A tokenizer from a file path (format detected from its content) or a Hub name."""
+    """A tokenizer from a file path (format detected from its content), "bytes" or a Hub name."""
+    if str(spec) == "bytes":
+        from torchllm.data.byte_tokenizer import ByteTokenizer
+
+        return ByteTokenizer()
     path = Path(spec)
     if path.is_dir() or path.suffix == ".json":
         return HFTokenizer(path)

@@ -1,0 +1,294 @@
+"""Time to quality on CPU: wall-clock seconds to a validation loss of 1.88 on tiny Shakespeare.
+
+    python benchmarks/bench_time_to_loss.py [--rounds 2] [--target 1.88]
+        [--text ../shared/data/tinyshakespeare.txt] [--contenders reference,same,speedrun]
+        [--json benchmarks/results/time_to_loss_cpu.json] [--md benchmarks/results/time_to_loss_cpu.md]
+
+The anchor is nanoGPT's published CPU run (README: `config/train_shakespeare_char.py` with
+`--device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12 --n_layer=4
+--n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`, "~3 minutes ...
+a loss of only 1.88"). Three contenders, each a fresh process, timed from its launch (start-up,
+data, validation and shutdown included), run alternately (reference, same, speedrun, reference,
+...) so they share the machine's moments:
+
+- reference: this file's own plain loop (`--reference-worker`): `transformers`' GPT-2 (4 x 128,
+  4 heads, dropout 0, SDPA attention) on characters, nanoGPT's recipe: random 12 x 64 windows of
+  the first 90% of the text, AdamW (0.9, 0.99), weight decay 0.1 on 2-D weights, lr 1e-3 with
+  100 linear warmup steps then cosine to 1e-4 at step 2000, clipping at 1.0, fp32, 2000 steps.
+- same: torchllm's `./run_train.sh` with the same model (`model.name = "gpt2"` and the `[model]`
+  shape keys), tokenizer (`data.tokenizer = "bytes"`: one token per character of this ASCII
+  text), split (`data.val_fraction = 0.1`), batch, steps, optimizer, schedule and precision.
+- speedrun: `CONFIG_FILE=train_configs/speedrun_shakespeare_cpu.toml ./run_train.sh`, the fastest
+  recipe this project has for the same split (see the config's comments).
+
+Every contender validates on the whole held-out 10% (non-overlapping windows; not nanoGPT's 20
+random batches, whose estimate moves by about +-0.02 between calls), the reference and `same`
+every 250 steps as nanoGPT does, the speedrun where its config says. Reported per contender: the
+time to the first validation at or below the target, its final validation loss and wall time,
+and the validation loss it had reached when the reference hit the target (equal wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+# nanoGPT's CPU recipe (its README's command line over config/train_shakespeare_char.py).
+RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block=64, batch=12, steps=2000, lr=1e-3,
+              min_lr=1e-4, warmup=100, beta1=0.9, beta2=0.99, weight_decay=0.1, clip=1.0,
+              eval_interval=250, val_fraction=0.1)
+
+
+# --- the reference loop (runs in its own process) -----------------------------------------------
+
+def reference_worker(text_path: Path, seed: int) -> None:
+    """nanoGPT's recipe as a plain loop; prints one JSON line per validation."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    r = RECIPE
+    torch.manual_seed(seed)
+    text = text_path.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    data = torch.tensor(_char_ids(text, chars), dtype=torch.long)
+    n = int(len(data) * (1 - r["val_fraction"]))
+    train, val = data[:n], data[n:]
+    model = GPT2LMHeadModel._from_config(GPT2Config(
+        vocab_size=len(chars), n_positions=r["block"], n_embd=r["n_embd"], n_layer=r["n_layer"],
+        n_head=r["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function="gelu_new", bos_token_id=None, eos_token_id=None),
+        attn_implementation="sdpa")
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=r["lr"], betas=(r["beta1"], r["beta2"]))
+
+    def lr_at(it: int) -> float:  # nanoGPT's get_lr
+        if it < r["warmup"]:
+            return r["lr"] * (it + 1) / (r["warmup"] + 1)
+        ratio = (it - r["warmup"]) / (r["steps"] - r["warmup"])
+        return r["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (r["lr"] - r["min_lr"])
+
+    def loss_of(x, y):
+        logits = model(input_ids=x, use_cache=False).logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+
+    @torch.no_grad()
+    def validate() -> float:  # the whole held-out part, non-overlapping windows
+        model.eval()
+        block = r["block"]
+        starts = torch.arange(0, len(val) - block - 1, block)
+        total, count = 0.0, 0
+        for chunk in starts.split(64):
+            x = torch.stack([val[s:s + block] for s in chunk.tolist()])
+            y = torch.stack([val[s + 1:s + 1 + block] for s in chunk.tolist()])
+            total += loss_of(x, y).item() * y.numel()
+            count += y.numel()
+        model.train()
+        return total / count
+
+    for it in range(r["steps"] + 1):
+        if it % r["eval_interval"] == 0 and it > 0:
+            print(json.dumps({"time": time.time(), "step": it, "val": validate()}), flush=True)
+        if it == r["steps"]:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(it)
+        ix = torch.randint(len(train) - r["block"], (r["batch"],))
+        x = torch.stack([train[i:i + r["block"]] for i in ix.tolist()])
+        y = torch.stack([train[i + 1:i + 1 + r["block"]] for i in ix.tolist()])
+        loss = loss_of(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), r["clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _char_ids(text: str, chars: list[str]) -> list[int]:
+    index = {c: i for i, c in enumerate(chars)}
+    return [index[c] for c in text]
+
+
+# --- the torchllm contenders ----------------------------------------------------------------------
+
+def same_recipe_args(text: Path) -> list[str]:
+    """nanoGPT's recipe as run_train.sh overrides (GPT-2 4 x 128, bytes = characters here)."""
+    r = RECIPE
+    return [
+        "--model.name=gpt2", "--model.flavor=debug", f"--model.dim={r['n_embd']}",
+        f"--model.n_layers={r['n_layer']}", f"--model.n_heads={r['n_head']}",
+        "--model.vocab_pad_multiple=1",
+        f"--data.dataset=local:{text}", "--data.tokenizer=bytes",
+        f"--data.val_fraction={r['val_fraction']}",
+        f"--training.seq_len={r['block']}", f"--training.local_batch_size={r['batch']}",
+        f"--training.steps={r['steps']}", f"--training.max_norm={r['clip']}",
+        "--training.mixed_precision=none",
+        "--optimizer.name=adamw", f"--optimizer.lr={r['lr']}", f"--optimizer.beta1={r['beta1']}",
+        f"--optimizer.beta2={r['beta2']}", f"--optimizer.weight_decay={r['weight_decay']}",
+        "--optimizer.decay_embeddings=true",
+        f"--lr_scheduler.warmup_steps={r['warmup']}", "--lr_scheduler.decay_type=cosine",
+        f"--lr_scheduler.min_lr_ratio={r['min_lr'] / r['lr']}",
+        "--validation.enable=true", f"--validation.freq={r['eval_interval']}",
+        "--validation.steps=100000",  # every held-out window
+        "--eval.sample_freq=0", "--checkpoint.enable=false", "--metrics.log_freq=250",
+    ]
+
+
+def val_curve(tb_folder: Path) -> list[tuple[float, int, float]]:
+    """(wall time, step, val loss) of every validation a run logged to TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_folder))
+    acc.Reload()
+    return [(e.wall_time, e.step, e.value) for e in acc.Scalars("val/loss")]
+
+
+def run_torchllm(name: str, args: list[str], config: Path | None, folder: Path) -> dict:
+    env = dict(os.environ, NGPU="1")
+    if config is not None:
+        env["CONFIG_FILE"] = str(config)
+    run_name = f"{name}_{time.time_ns()}"
+    cmd = [str(REPO / "run_train.sh"), f"--job.dump_folder={folder}",
+           f"--job.run_name={run_name}", *args]
+    start = time.time()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    end = time.time()
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: run_train.sh exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    curve = [(t - start, step, v) for t, step, v in val_curve(folder / "tb" / run_name)]
+    return {"wall": end - start, "curve": curve}
+
+
+def run_reference(text: Path, seed: int) -> dict:
+    start = time.time()
+    proc = subprocess.run([sys.executable, __file__, "--reference-worker", "--text", str(text),
+                           "--seed", str(seed)], capture_output=True, text=True)
+    end = time.time()
+    if proc.returncode != 0:
+        raise SystemExit(f"reference exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {"wall": end - start, "curve": [(r["time"] - start, r["step"], r["val"]) for r in rows]}
+
+
+def time_to(curve, target: float) -> float | None:
+    return next((t for t, _, v in curve if v <= target), None)
+
+
+def val_at(curve, seconds: float | None) -> float | None:
+    """The validation loss a run had reported by `seconds` after its launch."""
+    if seconds is None:
+        return None
+    seen = [v for t, _, v in curve if t <= seconds]
+    return min(seen) if seen else None
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+def summarize(results: dict[str, list[dict]], target: float) -> list[dict]:
+    ref_times = [time_to(r["curve"], target) for r in results.get("reference", [])]
+    ref_median = statistics.median([t for t in ref_times if t is not None]) if any(
+        t is not None for t in ref_times) else None
+    rows = []
+    for name, runs in results.items():
+        times = [time_to(r["curve"], target) for r in runs]
+        reached = [t for t in times if t is not None]
+        median = statistics.median(reached) if len(reached) == len(runs) else None
+        rows.append({
+            "contender": name, "runs": len(runs), "time_to_target_s": times,
+            "median_time_to_target_s": median,
+            "vs_reference": (median / ref_median) if median and ref_median else None,
+            "final_val": [r["curve"][-1][2] for r in runs],
+            "wall_s": [r["wall"] for r in runs],
+            "val_at_reference_time": [val_at(r["curve"], ref_median) for r in runs],
+            "curves": [r["curve"] for r in runs],
+        })
+    return rows
+
+
+def fmt(values, spec: str) -> str:
+    return ", ".join("-" if v is None else format(v, spec) for v in values)
+
+
+def markdown(rows: list[dict], target: float, machine: str) -> str:
+    lines = [f"Time to validation loss {target} on tiny Shakespeare ({machine}); seconds from "
+             "launch, each contender a fresh process, rounds alternating.", "",
+             f"| contender | time to {target} (s) | median | x reference | final val | "
+             "wall (s) | val at reference's time |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "-" if r["vs_reference"] is None else f"{r['vs_reference']:.2f}x"
+        median = "-" if r["median_time_to_target_s"] is None else \
+            f"{r['median_time_to_target_s']:.1f}"
+        lines.append(f"| {r['contender']} | {fmt(r['time_to_target_s'], '.1f')} | {median} | "
+                     f"{ratio} | {fmt(r['final_val'], '.4f')} | {fmt(r['wall_s'], '.1f')} | "
+                     f"{fmt(r['val_at_reference_time'], '.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--text", type=Path, default=TEXT)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--target", type=float, default=1.88)
+    p.add_argument("--contenders", default="reference,same,speedrun")
+    p.add_argument("--json", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.json")
+    p.add_argument("--md", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.md")
+    args = p.parse_args(argv)
+    if args.reference_worker:
+        reference_worker(args.text, args.seed)
+        return 0
+    if not args.text.is_file():
+        raise SystemExit(f"--text {args.text} does not exist (tiny Shakespeare: "
+                         "../shared/data/tinyshakespeare.txt)")
+    from torchllm.precision import cpu_flags, cpuinfo
+
+    flags = cpu_flags() or set()
+    machine = (f"{cpuinfo('model name') or 'unknown CPU'}, {os.cpu_count()} cores, "
+               f"{'native bf16' if flags & {'amx_bf16', 'avx512_bf16'} else 'no native bf16'}")
+    speedrun = REPO / "train_configs" / "speedrun_shakespeare_cpu.toml"
+    contenders = args.contenders.split(",")
+    results: dict[str, list[dict]] = {name: [] for name in contenders}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(args.rounds):
+            for name in contenders:
+                if name == "reference":
+                    out = run_reference(args.text, args.seed + rnd)
+                elif name == "same":
+                    out = run_torchllm(name, same_recipe_args(args.text)
+                                       + [f"--job.seed={args.seed + rnd}"], None, Path(tmp))
+                elif name == "speedrun":
+                    out = run_torchllm(name, [f"--data.dataset=local:{args.text}",
+                                              f"--job.seed={args.seed + rnd}"],
+                                       speedrun, Path(tmp))
+                else:
+                    raise SystemExit(f"--contenders: unknown {name!r} (reference, same, speedrun)")
+                results[name].append(out)
+                last = out["curve"][-1] if out["curve"] else (None, None, None)
+                print(f"round {rnd + 1} {name:9s} wall {out['wall']:6.1f}s  final val {last[2]}  "
+                      f"time to {args.target}: {time_to(out['curve'], args.target)}", flush=True)
+    rows = summarize(results, args.target)
+    table = markdown(rows, args.target, str(machine))
+    print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": str(machine), "target": args.target,
+                                     "recipe": RECIPE, "rows": rows}, indent=1))
+    args.md.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
