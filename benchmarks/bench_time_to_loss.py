@@ -52,35 +52,51 @@ RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block=64, batch=12, steps=2000, l
 
 # --- the reference loop (runs in its own process) -----------------------------------------------
 
-def reference_worker(text_path: Path, seed: int) -> None:
+def recipe(steps: int | None = None) -> dict:
+    """nanoGPT's recipe; `steps` shortens it (smoke tests), evaluating at the end at least."""
+    r = dict(RECIPE)
+    if steps is not None:
+        r.update(steps=steps, eval_interval=min(r["eval_interval"], steps),
+                 warmup=min(r["warmup"], steps // 2))
+    return r
+
+
+def reference_model(vocab_size: int, r: dict = RECIPE):
+    """`transformers`' GPT-2 in the recipe's shape: dropout 0, SDPA attention, tied output."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel._from_config(GPT2Config(
+        vocab_size=vocab_size, n_positions=r["block"], n_embd=r["n_embd"], n_layer=r["n_layer"],
+        n_head=r["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function="gelu_new", bos_token_id=None, eos_token_id=None),
+        attn_implementation="sdpa")
+
+
+def reference_lr(it: int, r: dict = RECIPE) -> float:
+    """nanoGPT's get_lr: linear warmup, then cosine from lr to min_lr at the last step."""
+    if it < r["warmup"]:
+        return r["lr"] * (it + 1) / (r["warmup"] + 1)
+    ratio = (it - r["warmup"]) / (r["steps"] - r["warmup"])
+    return r["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (r["lr"] - r["min_lr"])
+
+
+def reference_worker(text_path: Path, seed: int, r: dict) -> None:
     """nanoGPT's recipe as a plain loop; prints one JSON line per validation."""
     import torch
     import torch.nn.functional as F
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    r = RECIPE
     torch.manual_seed(seed)
     text = text_path.read_text(encoding="utf-8")
     chars = sorted(set(text))
     data = torch.tensor(_char_ids(text, chars), dtype=torch.long)
     n = int(len(data) * (1 - r["val_fraction"]))
     train, val = data[:n], data[n:]
-    model = GPT2LMHeadModel._from_config(GPT2Config(
-        vocab_size=len(chars), n_positions=r["block"], n_embd=r["n_embd"], n_layer=r["n_layer"],
-        n_head=r["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        activation_function="gelu_new", bos_token_id=None, eos_token_id=None),
-        attn_implementation="sdpa")
+    model = reference_model(len(chars), r)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=r["lr"], betas=(r["beta1"], r["beta2"]))
-
-    def lr_at(it: int) -> float:  # nanoGPT's get_lr
-        if it < r["warmup"]:
-            return r["lr"] * (it + 1) / (r["warmup"] + 1)
-        ratio = (it - r["warmup"]) / (r["steps"] - r["warmup"])
-        return r["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (r["lr"] - r["min_lr"])
 
     def loss_of(x, y):
         logits = model(input_ids=x, use_cache=False).logits
@@ -106,7 +122,7 @@ def reference_worker(text_path: Path, seed: int) -> None:
         if it == r["steps"]:
             break
         for group in opt.param_groups:
-            group["lr"] = lr_at(it)
+            group["lr"] = reference_lr(it, r)
         ix = torch.randint(len(train) - r["block"], (r["batch"],))
         x = torch.stack([train[i:i + r["block"]] for i in ix.tolist()])
         y = torch.stack([train[i + 1:i + 1 + r["block"]] for i in ix.tolist()])
@@ -124,9 +140,8 @@ def _char_ids(text: str, chars: list[str]) -> list[int]:
 
 # --- the torchllm contenders ----------------------------------------------------------------------
 
-def same_recipe_args(text: Path) -> list[str]:
+def same_recipe_args(text: Path, r: dict = RECIPE) -> list[str]:
     """nanoGPT's recipe as run_train.sh overrides (GPT-2 4 x 128, bytes = characters here)."""
-    r = RECIPE
     return [
         "--model.name=gpt2", "--model.flavor=debug", f"--model.dim={r['n_embd']}",
         f"--model.n_layers={r['n_layer']}", f"--model.n_heads={r['n_head']}",
@@ -172,10 +187,11 @@ def run_torchllm(name: str, args: list[str], config: Path | None, folder: Path) 
     return {"wall": end - start, "curve": curve}
 
 
-def run_reference(text: Path, seed: int) -> dict:
+def run_reference(text: Path, seed: int, steps: int | None) -> dict:
     start = time.time()
     proc = subprocess.run([sys.executable, __file__, "--reference-worker", "--text", str(text),
-                           "--seed", str(seed)], capture_output=True, text=True)
+                           "--seed", str(seed)] + (["--steps", str(steps)] if steps else []),
+                          capture_output=True, text=True)
     end = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"reference exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -244,12 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text", type=Path, default=TEXT)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--target", type=float, default=1.88)
+    p.add_argument("--steps", type=int, default=None,
+                   help="shorten every contender to N steps (a smoke test, not a measurement)")
     p.add_argument("--contenders", default="reference,same,speedrun")
     p.add_argument("--json", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.json")
     p.add_argument("--md", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.md")
     args = p.parse_args(argv)
     if args.reference_worker:
-        reference_worker(args.text, args.seed)
+        reference_worker(args.text, args.seed, recipe(args.steps))
         return 0
     if not args.text.is_file():
         raise SystemExit(f"--text {args.text} does not exist (tiny Shakespeare: "
@@ -265,14 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for name in contenders:
+                seed = [f"--job.seed={args.seed + rnd}"]
                 if name == "reference":
-                    out = run_reference(args.text, args.seed + rnd)
+                    out = run_reference(args.text, args.seed + rnd, args.steps)
                 elif name == "same":
-                    out = run_torchllm(name, same_recipe_args(args.text)
-                                       + [f"--job.seed={args.seed + rnd}"], None, Path(tmp))
+                    out = run_torchllm(name, same_recipe_args(args.text, recipe(args.steps))
+                                       + seed, None, Path(tmp))
                 elif name == "speedrun":
-                    out = run_torchllm(name, [f"--data.dataset=local:{args.text}",
-                                              f"--job.seed={args.seed + rnd}"],
+                    short = ([f"--training.steps={args.steps}", f"--validation.freq={args.steps}",
+                              f"--lr_scheduler.warmup_steps={args.steps // 2}"]
+                             if args.steps else [])
+                    out = run_torchllm(name, [f"--data.dataset=local:{args.text}", *seed, *short],
                                        speedrun, Path(tmp))
                 else:
                     raise SystemExit(f"--contenders: unknown {name!r} (reference, same, speedrun)")

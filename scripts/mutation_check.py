@@ -461,6 +461,13 @@ MUTANTS = [
         ("tests/test_hf_tokenizer_export.py::test_bytes_tokenizer_is_utf8_bytes_and_exports_with_"
          "the_same_ids",),
     ),
+    Mutant(
+        "same_recipe_default_beta2", "the benchmark's 'same recipe' forgets nanoGPT's beta2 "
+        "(torchllm's 0.95 instead of 0.99)",
+        "benchmarks/bench_time_to_loss.py",
+        "        f\"--optimizer.beta2={r['beta2']}\", ", "        ",
+        ("tests/test_time_to_loss.py::test_same_recipe_is_the_reference_model_schedule_and_split",),
+    ),
 ]
 
 

@@ -23,6 +23,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Variables libraries set once for the process, not state a test leaves behind: pytest's own,
+# inductor's private one (once anything is compiled), and KMP_DUPLICATE_LIB_OK, which
+# threadpoolctl sets at import (scipy imports it the first time `datasets` streams local files)
+# and inductor's C++ builder sets when it finds an OpenMP library.
+IMPORT_SET_ENV = ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+                  "KMP_DUPLICATE_LIB_OK")
+
+
 def _process_state() -> dict:
     """What one test module may not leave changed for the next: torch's compiler configs (a
     deleted or flipped key broke a dozen later tests once), logging handlers and levels, the
@@ -48,9 +56,7 @@ def _process_state() -> dict:
         "logging": {name or "root": (list(lg.handlers), lg.level, lg.propagate, lg.disabled)
                     for name, lg in loggers.items()},
         "logging.disable": logging.root.manager.disable,
-        # (inductor keeps one private variable of its own there once anything is compiled)
-        "os.environ": {k: v for k, v in os.environ.items()
-                       if k not in ("PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")},
+        "os.environ": {k: v for k, v in os.environ.items() if k not in IMPORT_SET_ENV},
         "cwd": os.getcwd(),
         "torch": {
             "default_dtype": torch.get_default_dtype(),
