@@ -468,6 +468,14 @@ MUTANTS = [
         "        f\"--optimizer.beta2={r['beta2']}\", ", "        ",
         ("tests/test_time_to_loss.py::test_same_recipe_is_the_reference_model_schedule_and_split",),
     ),
+    Mutant(
+        "speedrun_validates_a_sample", "the speedrun config validates on 10 batches, not on all of "
+        "nanoGPT's held-out 10%",
+        "train_configs/speedrun_shakespeare_cpu.toml",
+        "steps = 100000   # every held-out window\n", "\n",
+        ("tests/test_train_configs.py::test_speedrun_config_runs_through_run_train_sh_on_its_"
+         "default_text",),
+    ),
 ]
 
 
