@@ -50,6 +50,9 @@ TINY = {
     "python -m torchllm.tools.env_check": [],
     "python scripts/mutation_check.py": [],
     "python benchmarks/bench_throughput.py": ["--vocab", "2048"],
+    # (tests/test_time_to_loss.py runs all three contenders, shortened, and reads the JSON)
+    "python benchmarks/bench_time_to_loss.py": ["--contenders", "reference", "--steps", "2",
+                                                "--rounds", "1"],
     "python -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
                                            str(REPO.parent / "shared" / "data" / "evals")],
     "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
