@@ -445,6 +445,20 @@ MUTANTS = [
         "    if False:  # rank 0 reports its step",
         ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
     ),
+    Mutant(
+        "chat_hub_read_whole", "chat:hf:NAME conversations are read whole at start, not streamed",
+        "torchllm/data/kinds/chat.py", "        if rows.streams:\n", "        if False:\n",
+        ("tests/test_chat_stream.py::test_a_chat_hub_dataset_is_streamed_not_read_whole",
+         "tests/test_chat_stream.py::test_a_chat_stream_serves_whole_conversations_in_stream_order"),
+    ),
+    Mutant(
+        "chat_stream_mask_not_restored", "a resumed chat stream loses the loss mask of its "
+        "unbatched tokens", "torchllm/data/hf_stream.py",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = state\n",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = {**state, "
+        "**({'trained': [True] * len(state['trained'])} if 'trained' in state else {})}\n",
+        ("tests/test_chat_stream.py::test_a_text_and_chat_stream_mixture_resumes_exactly",),
+    ),
 ]
 
 
