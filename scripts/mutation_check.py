@@ -459,6 +459,22 @@ MUTANTS = [
         "**({'trained': [True] * len(state['trained'])} if 'trained' in state else {})}\n",
         ("tests/test_chat_stream.py::test_a_text_and_chat_stream_mixture_resumes_exactly",),
     ),
+    Mutant(
+        "from_initial_load_without_path", "from_initial_load with an empty initial_load_path "
+        "is not named as such", "torchllm/config/job_config.py",
+        '        if self.data.tokenizer == "from_initial_load" and not '
+        'self.checkpoint.initial_load_path:\n',
+        "        if False:\n",
+        ("tests/test_stage_tokenizer.py::test_without_initial_load_path_it_is_one_line",),
+    ),
+    Mutant(
+        "stage_config_keeps_from_initial_load", "the run's config.toml records "
+        "'from_initial_load', not the tokenizer it resolved to", "torchllm/train.py",
+        "        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "        self.cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
+         "load_trained_with",),
+    ),
 ]
 
 
