@@ -475,6 +475,25 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
          "load_trained_with",),
     ),
+    Mutant(
+        "generate_overrides_dropped", "generate parses --section.key=value but ignores it",
+        "torchllm/generate.py",
+        "        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)\n",
+        "        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)\n",
+        ("tests/test_generate.py::test_cli_takes_config_overrides_like_the_eval_clis",),
+    ),
+    Mutant(
+        "model_info_table_without_shape", "model_info's table has no shape row",
+        "torchllm/tools/model_info.py", "        f\"  shape            {info['shape']}\",\n", "",
+        ("tests/test_model_shapes.py::test_model_info_table_and_json_show_the_shape",),
+    ),
+    Mutant(
+        "end_block_prompt_for_chat_runs", "a chat run's end-of-run block suggests --prompt",
+        "torchllm/report/hook.py", "            ask = ('--chat \"Hi! How are you?\"' if "
+        "reads_conversations(cfg.data)\n", "            ask = ('--chat \"Hi! How are you?\"' "
+        "if False\n",
+        ("tests/test_data_kinds.py::test_run_train_sh_trains_the_shipped_sft_config",),
+    ),
 ]
 
 
