@@ -476,6 +476,55 @@ MUTANTS = [
         ("tests/test_train_configs.py::test_speedrun_config_runs_through_run_train_sh_on_its_"
          "default_text",),
     ),
+    Mutant(
+        "chat_hub_read_whole", "chat:hf:NAME conversations are read whole at start, not streamed",
+        "torchllm/data/kinds/chat.py", "        if rows.streams:\n", "        if False:\n",
+        ("tests/test_chat_stream.py::test_a_chat_hub_dataset_is_streamed_not_read_whole",
+         "tests/test_chat_stream.py::test_a_chat_stream_serves_whole_conversations_in_stream_order"),
+    ),
+    Mutant(
+        "chat_stream_mask_not_restored", "a resumed chat stream loses the loss mask of its "
+        "unbatched tokens", "torchllm/data/hf_stream.py",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = state\n",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = {**state, "
+        "**({'trained': [True] * len(state['trained'])} if 'trained' in state else {})}\n",
+        ("tests/test_chat_stream.py::test_a_text_and_chat_stream_mixture_resumes_exactly",),
+    ),
+    Mutant(
+        "from_initial_load_without_path", "from_initial_load with an empty initial_load_path "
+        "is not named as such", "torchllm/config/job_config.py",
+        '        if self.data.tokenizer == "from_initial_load" and not '
+        'self.checkpoint.initial_load_path:\n',
+        "        if False:\n",
+        ("tests/test_stage_tokenizer.py::test_without_initial_load_path_it_is_one_line",),
+    ),
+    Mutant(
+        "stage_config_keeps_from_initial_load", "the run's config.toml records "
+        "'from_initial_load', not the tokenizer it resolved to", "torchllm/train.py",
+        "        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "        self.cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
+         "load_trained_with",),
+    ),
+    Mutant(
+        "generate_overrides_dropped", "generate parses --section.key=value but ignores it",
+        "torchllm/generate.py",
+        "        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)\n",
+        "        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)\n",
+        ("tests/test_generate.py::test_cli_takes_config_overrides_like_the_eval_clis",),
+    ),
+    Mutant(
+        "model_info_table_without_shape", "model_info's table has no shape row",
+        "torchllm/tools/model_info.py", "        f\"  shape            {info['shape']}\",\n", "",
+        ("tests/test_model_shapes.py::test_model_info_table_and_json_show_the_shape",),
+    ),
+    Mutant(
+        "end_block_prompt_for_chat_runs", "a chat run's end-of-run block suggests --prompt",
+        "torchllm/report/hook.py", "            ask = ('--chat \"Hi! How are you?\"' if "
+        "reads_conversations(cfg.data)\n", "            ask = ('--chat \"Hi! How are you?\"' "
+        "if False\n",
+        ("tests/test_data_kinds.py::test_run_train_sh_trains_the_shipped_sft_config",),
+    ),
 ]
 
 

@@ -130,6 +130,9 @@ def test_run_train_sh_trains_the_shipped_sft_config(tmp_path, sp512):
     assert proc.returncode == 0, out[-3000:]
     assert "step     2/2" in out
     assert (tmp_path / "debug_sft" / "checkpoint" / "step-2" / "COMPLETE").is_file()
+    # The end-of-run block suggests chatting with a chat-trained run, not completing text.
+    assert f'python -m torchllm.generate --checkpoint {tmp_path / "debug_sft"} --chat "' in out
+    assert "--prompt" not in out
 
 
 # -- a local corpus mixed with a streamed `datasets` source ---------------------------------

@@ -201,9 +201,10 @@ def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
     assert tok.is_file()
     mid = Trainer(load_config(small + [
         f"--job.config_file={REPO / 'train_configs' / 'llama3_debug_midtrain.toml'}",
-        f"--data.tokenizer={tok}", f"--checkpoint.initial_load_path={tmp_path / 'debug_model'}",
+        f"--checkpoint.initial_load_path={tmp_path / 'debug_model'}",  # its tokenizer too
         f"--data.sources=embedded=0.7,local:{shared_path('data', 'tinyshakespeare.txt')}=0.3"]))
     assert mid.step == 0  # weights only: a fresh step counter, optimizer and data order
+    assert mid.cfg.data.tokenizer == str(tok)  # data.tokenizer = "from_initial_load"
     assert mid.model_args.vocab_size == 576  # 512 + 6 chat tokens, padded to 64
     mid.train()
     chat = tmp_path / "chat.jsonl"
@@ -213,7 +214,7 @@ def test_three_stage_lifecycle_with_the_shipped_configs(tmp_path):
         for i in range(1, 30)))
     sft = Trainer(load_config(small + [
         f"--job.config_file={REPO / 'train_configs' / 'llama3_debug_sft.toml'}",
-        f"--data.tokenizer={tok}", f"--data.dataset=chat:{chat}",
+        f"--data.dataset=chat:{chat}",
         f"--checkpoint.initial_load_path={tmp_path / 'debug_midtrain'}"]))
     assert sft.step == 0 and sft.model_args.vocab_size == mid.model_args.vocab_size
     assert all(torch.isfinite(torch.tensor(sft.train())))

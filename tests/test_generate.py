@@ -144,6 +144,32 @@ def test_cli_prints_the_completion_as_the_whole_sequence_decodes(tmp_path, capsy
     assert main(["--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
 
 
+def test_cli_takes_config_overrides_like_the_eval_clis(tmp_path, capfd):
+    """--section.key=value arguments override the run's config (here eval.max_new_tokens, which
+    an unset --max-new-tokens takes); anything else is one error line, exit code 2."""
+    from test_eval_loading import write_run
+    from torchllm.config import load_config
+
+    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+    default = load_config(["--job.config_file", str(run_dir / "config.toml")]).eval
+    assert default.max_new_tokens > 3
+    base = ["--checkpoint", str(run_dir), "--temperature", "0", "--prompt", "The", "--print-ids"]
+    model, _, tokenizer = load_for_inference(run_dir, "cpu")
+    lengths = []
+    for flags, n in (([], default.max_new_tokens), (["--eval.max_new_tokens=3"], 3)):
+        assert main(base + flags) == 0
+        (line,) = [ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("ids: ")]
+        ids = [int(t) for t in line.split()[1:]]
+        assert ids == generate(model, [tokenizer.encode("The", bos=True)], n, temperature=0,
+                               eos_id=tokenizer.eos_id)[0]
+        lengths.append(len(ids))
+    assert lengths[1] <= 3 < lengths[0]  # the override took effect
+    assert main(base + ["--eval.no_such_key=1"]) == 2
+    assert main(base + ["stray"]) == 2
+    err = capfd.readouterr().err
+    assert "eval.no_such_key" in err and "stray" in err
+
+
 def test_training_forward_still_compiles_as_one_graph(model):
     """The optional cache must not add graph breaks to the training forward."""
     torch._dynamo.reset()

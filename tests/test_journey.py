@@ -134,26 +134,29 @@ def test_the_users_journey_through_the_commands(tmp_path):
     (tok,) = (pretrain / "data").glob("tokenizer_*sp384.model")
 
     # 2. Mid-train on the novel + the streamed folder, from the pre-training weights. Without
-    # chat tokens (text only), so that SFT below starts from a base that has none.
-    out = run(["./run_train.sh", *common, f"--data.tokenizer={tok}",
+    # chat tokens (text only), so that SFT below starts from a base that has none. The shipped
+    # config's data.tokenizer = "from_initial_load": the pre-training's auto-trained file.
+    out = run(["./run_train.sh", *common,
                f"--data.sources=local:{novel}=0.7,hf:{stream}=0.3", "--data.val_documents=2",
                "--data.chat_tokens=false", f"--checkpoint.initial_load_path={pretrain}"],
               config="train_configs/llama3_debug_midtrain.toml")
     midtrain = runs / "debug_midtrain"
     assert (midtrain / "checkpoint" / "step-3" / "COMPLETE").is_file(), out[-3000:]
     assert f"hf:{stream}" in out and "step     3/3" in out, out[-3000:]
+    assert f"data.tokenizer = 'from_initial_load': {tok}, as recorded in" in out, out[-3000:]
 
     # 3. SFT on the chat file from the mid-training weights: the chat tokens are new, the
     # embedding rows grow at load.
     # A few more steps at a higher rate: a reply that is not one token repeated, so that the
     # comparison with transformers below has positions and different tokens to get wrong.
-    out = run(["./run_train.sh", *common, f"--data.tokenizer={tok}",
+    out = run(["./run_train.sh", *common,
                f"--data.dataset=chat:{chat}", f"--checkpoint.initial_load_path={midtrain}",
                "--training.steps=8", "--optimizer.lr=3e-3"],
               config="train_configs/llama3_debug_sft.toml")
     sft = runs / "debug_sft"
     assert (sft / "checkpoint" / "step-8" / "COMPLETE").is_file(), out[-3000:]
     assert "vocabulary grown at load: 384 -> 390 ids" in out, out[-3000:]
+    assert f'python -m torchllm.generate --checkpoint {sft} --chat "' in out  # what to run next
     done = re.search(r"done: step 8/8.*loss ([\d.]+) -> ([\d.]+)", out)
     assert done and float(done[2]) < float(done[1]), out[-3000:]  # it learned the replies
 

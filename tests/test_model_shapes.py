@@ -160,6 +160,23 @@ def test_inconsistent_shape_is_a_one_line_config_error(flags, key, match):
     assert e.value.key == key and "\n" not in str(e.value) and key in str(e.value)
 
 
+def test_model_info_table_and_json_show_the_shape(capsys):
+    """The table has a shape row (layers x dim, heads, ffn) and --json the same `shape`; the
+    numbers are the overridden ones."""
+    from torchllm.tools import model_info as mi
+
+    flags = ["--model.name=llama3", "--model.flavor=debug", "--model.n_layers=3",
+             "--model.dim=96", "--model.n_heads=4", "--model.n_kv_heads=2",
+             "--model.hidden_dim=200"]
+    assert mi.main(list(flags)) == 0
+    table = capsys.readouterr().out
+    assert mi.main([*flags, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    (row,) = [ln for ln in table.splitlines() if ln.split()[:1] == ["shape"]]
+    assert row.split(None, 1)[1] == info["shape"] == \
+        "3 layers x 96 dim, 4 heads (2 kv) of 24, ffn 200"
+
+
 def test_cli_reports_a_bad_shape_key_with_exit_code_2():
     out = subprocess.run([sys.executable, "-m", "torchllm.tools.model_info", "--model.name=gpt2",
                           "--model.n_kv_heads=2"], capture_output=True, text=True, cwd=REPO,

@@ -125,7 +125,7 @@ def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     assert "validation  loss " in block and "at step 2" in block
     assert f"report      {run / 'report' / 'report.md'}" in block
     assert f"log         {run / 'train.log'}" in block
-    assert f"python -m torchllm.generate --checkpoint {run} " in block
+    assert f'python -m torchllm.generate --checkpoint {run} --prompt "' in block  # a base model
     assert f"python -m torchllm.checkpoint.hf export --checkpoint {run} --out hf/r" in block
     # A second launch resumes (steps 3-4) and warns about a leftover: the warning is on stderr.
     (tmp_path / "r" / "checkpoint" / "step-9").mkdir()  # an incomplete save

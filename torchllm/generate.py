@@ -5,8 +5,10 @@
         [--seed S] [--print-ids]
     python -m torchllm.generate --checkpoint outputs/debug_model --interactive
     python -m torchllm.generate --checkpoint outputs/debug_sft --chat "What is 2 + 2?" [--system S]
+        [--section.key=value ...]                 (overrides of the run's config)
 
-Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values.
+Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values (which
+--eval.key=value overrides, e.g. --eval.max_new_tokens=32, as for the eval CLIs).
 --interactive reads one prompt per line from stdin (until end of input, Ctrl-D) and prints each
 completion token by token as it is generated. Completions stop at EOS and never show special
 tokens. The completion is the text exactly as the tokenizer decodes prompt + completion together
@@ -24,10 +26,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torchllm.config import ConfigError
 from torchllm.data.chat import ChatTemplate
 from torchllm.data.tokenizer import readable
 from torchllm.eval.generation import completion_text, generate, generate_stream
-from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
+from torchllm.eval.loading import (CHECKPOINT_HELP, OVERRIDES_HELP, inference_device,
+                                   load_for_inference, parse_args_and_overrides)
 from torchllm.log import init_logger, logger
 
 
@@ -83,7 +87,8 @@ def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
 def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     parser = argparse.ArgumentParser(prog="python -m torchllm.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=OVERRIDES_HELP, allow_abbrev=False)
     add = parser.add_argument
     add("--checkpoint", required=True, help=CHECKPOINT_HELP)
     add("--prompt", action="append", help="text to complete; repeat for a batch")
@@ -98,15 +103,18 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     add("--seed", type=int, help="default: the run's job.seed")
     add("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
     add("--print-ids", action="store_true", help="also print the generated token ids")
-    args = parser.parse_args(argv)
+    init_logger()
+    try:
+        args, overrides = parse_args_and_overrides(parser, argv)
+    except ValueError as e:  # ConfigError: an argument that is neither an option nor an override
+        logger.error("error: %s", e)
+        return 2
     if sum(map(bool, (args.prompt, args.chat, args.interactive))) != 1:
         parser.error("give one of --prompt TEXT (repeatable), --chat MESSAGE (repeatable) or "
                      "--interactive")
-
-    init_logger()
     try:
         device = inference_device(args.device)
-        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
+        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         logger.error("error: %s", e)
         return 2
@@ -126,7 +134,17 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     if args.chat:
         try:
             template = ChatTemplate(tokenizer)
-        except ValueError as err:
+        except ConfigError:  # its own message names a training key: not what helps here
+            logger.error(
+                "error: --chat: %s was not trained on conversations (its tokenizer has no chat "
+                "template and no chat tokens), so it has no assistant turn to answer in; "
+                "complete text with --prompt \"...\" instead, or fine-tune it on conversations "
+                "first: a new run on a chat: source from it (e.g. CONFIG_FILE="
+                "train_configs/llama3_debug_sft.toml ./run_train.sh "
+                "--checkpoint.initial_load_path=%s), then --chat that run", args.checkpoint,
+                args.checkpoint)
+            return 2
+        except ValueError as err:  # a template that cannot render
             logger.error("error: --chat: %s", err)
             return 2
         system = [{"role": "system", "content": args.system}] if args.system else []

@@ -40,6 +40,7 @@ PREFIX = "run_train:"
 def check_config(train_args: list[str], world_size: int | None):
     """Everything about the config that can be checked without a process group; ConfigError."""
     from torchllm import models
+    from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
     from torchllm.data.kinds import check_data
     from torchllm.device import resolve_device
     from torchllm.parallel import build_parallel_dims
@@ -50,6 +51,7 @@ def check_config(train_args: list[str], world_size: int | None):
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
     check_data(cfg)  # every dataset spec, by the code the trainer parses them with
+    stage_tokenizer(cfg)  # data.tokenizer = "from_initial_load": it is recorded there
     return cfg
 
 

@@ -19,6 +19,7 @@ from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
+from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
@@ -80,7 +81,9 @@ class Trainer:
             raise
 
     def _build(self, cfg: JobConfig) -> None:
-        self.cfg = cfg
+        # data.tokenizer = "from_initial_load": the previous stage's, made concrete first, so
+        # that the config.toml this run writes names it for generate, evals and the next stage.
+        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)
         tcfg = cfg.training
         self.device = resolve_device(tcfg.device)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -141,11 +141,9 @@ def _run_config(step_path: Path, overrides: list[str]):
 
 def _trained_on_chat(cfg) -> bool:
     """Whether the run trained on conversations (its export then carries a chat template)."""
-    from torchllm.data.kinds.registry import spec_reads
+    from torchllm.data.kinds.registry import reads_conversations
 
-    dcfg = cfg.data
-    return bool(dcfg.chat_tokens) or any(
-        "chat" in spec_reads(str(d)) for d in [dcfg.dataset, *(s.dataset for s in dcfg.sources)])
+    return bool(cfg.data.chat_tokens) or reads_conversations(cfg.data)
 
 
 def _tokenizer_of(cfg, run_dir: Path):

@@ -34,7 +34,8 @@ def tokenizer_record(tokenizer) -> dict:
     digest = None
     if path is not None and Path(path).is_file():
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return {"name": str(path) if path is not None else type(base).__name__,
+    name = getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)
+    return {"name": name,  # what load_tokenizer (and data.tokenizer = from_initial_load) reads
             "vocab_size": int(tokenizer.vocab_size), "base_vocab_size": int(base.vocab_size),
             "base_sha256": digest, "chat_tokens": base is not tokenizer}
 

@@ -147,6 +147,13 @@ class JobConfig:
                 raise ConfigError(f"{key} = {self.value(key)}: {allowed}", key)
         for key, message in path_errors(self):
             raise ConfigError(message, key)
+        if self.data.tokenizer == "from_initial_load" and not self.checkpoint.initial_load_path:
+            raise ConfigError(
+                "data.tokenizer = 'from_initial_load' takes the tokenizer of the run at "
+                "checkpoint.initial_load_path, which is empty; set checkpoint.initial_load_path "
+                "to the previous stage's run folder, or name the tokenizer in data.tokenizer",
+                "data.tokenizer",
+            )
         if self.checkpoint.initial_load_in_hf and not self.checkpoint.initial_load_path:
             raise ConfigError(
                 "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (a "

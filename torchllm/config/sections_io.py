@@ -31,7 +31,8 @@ class Data:
         "auto",
         "SentencePiece/tiktoken .model, .tiktoken, tokenizer.json, Hub name; auto = train a "
         "SentencePiece model on the corpus (shards: the one in index.json); bytes = UTF-8 bytes "
-        "+ BOS/EOS (258 ids, nothing to train: character-level recipes)",
+        "+ BOS/EOS (258 ids, nothing to train: character-level recipes); from_initial_load = "
+        "the one the run at checkpoint.initial_load_path trained with (a later stage)",
     )
     tokenizer_vocab_size: int = opt(4096, "Vocab size when auto-training a tokenizer")
     tokenizer_train_chars: int = opt(

@@ -50,7 +50,11 @@ def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
     once on its (first source's) text and cached.
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
+    'from_initial_load': the tokenizer recorded by checkpoint.initial_load_path's checkpoint.
     """
+    from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+
+    job_config = stage_tokenizer(job_config)
     kind = parse_data(job_config.data)
     base = _base_tokenizer(kind.tokenizer_source(), data_dir)
     if (kind.chat or job_config.data.chat_tokens) and not has_native_template(base):

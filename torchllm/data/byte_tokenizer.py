@@ -39,6 +39,7 @@ class ByteTokenizer(HFTokenizer):
 
     def __init__(self):  # noqa: D107 (no file: HFTokenizer's loading is skipped)
         self.tok = byte_level_tokenizer()
+        self.spec = BYTES  # the data.tokenizer value that loads it (checkpoints record it)
         self.path = None
         self.config = {"bos_token": BOS, "eos_token": EOS}
         self.chat_template = None

@@ -155,37 +155,53 @@ def special_names(tokenizer) -> dict[str, str]:
     return names
 
 
-def window_rows(convs: list[Rendered], window: int, packing: str, pad_id: int):
-    """Pack rendered conversations into windows of `window` tokens (seq_len + 1).
+def append_conversation(buf: dict[str, list], conv: Rendered, window: int, packing: str,
+                        pad_id: int) -> bool:
+    """Lay one rendered conversation into flat buffers of whole windows of `window` tokens
+    (`tokens`, `trained`, `positions`; their length starts at a window boundary).
 
-    packing "pack": in order, as many whole conversations per window as fit (a conversation
-    that fits a window is never split; the rest of the window is padding); "pad": one per
-    window. Longer conversations are truncated to one window. Returns (tokens, trained,
-    positions) arrays [n, window] and the number of truncated conversations.
+    packing "pack": a conversation goes into the current window if it fits, else the rest of
+    that window is padding (pad_id, not trained, position 0) and it starts the next one, so a
+    conversation that fits a window is never split; "pad": one conversation per window. A
+    conversation longer than a window is cut to one window. Returns whether it was cut.
     """
-    rows, current, truncated = [], [], 0
-    for c in convs:
-        ids, trained = c.ids, c.trained
-        if len(ids) > window:
-            ids, trained, truncated = ids[:window], trained[:window], truncated + 1
-        used = sum(len(x[0]) for x in current)
-        if current and (packing == "pad" or used + len(ids) > window):
-            rows.append(current)
-            current = []
-        current.append((ids, trained))
-    if current:
-        rows.append(current)
-    tokens = np.full((len(rows), window), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), window), dtype=bool)
-    positions = np.zeros((len(rows), window), dtype=np.int64)
-    for r, row in enumerate(rows):
-        at = 0
-        for ids, trained in row:
-            tokens[r, at : at + len(ids)] = ids
-            mask[r, at : at + len(ids)] = trained
-            positions[r, at : at + len(ids)] = np.arange(len(ids))
-            at += len(ids)
-    return tokens, mask, positions, truncated
+    ids, trained, cut = conv.ids, conv.trained, len(conv.ids) > window
+    if cut:
+        ids, trained = ids[:window], trained[:window]
+    used = len(buf["tokens"]) % window
+    if used and (packing == "pad" or used + len(ids) > window):
+        pad = window - used
+        buf["tokens"] += [pad_id] * pad
+        buf["trained"] += [False] * pad
+        buf["positions"] += [0] * pad
+    buf["tokens"] += ids
+    buf["trained"] += trained
+    buf["positions"] += range(len(ids))
+    return cut
+
+
+def window_rows(convs: list[Rendered], window: int, packing: str, pad_id: int):
+    """Pack rendered conversations into windows of `window` tokens (seq_len + 1), in order, as
+    `append_conversation` lays them (the last window padded to its end). Returns (tokens,
+    trained, positions) arrays [n, window] and the number of truncated conversations."""
+    buf: dict[str, list] = {"tokens": [], "trained": [], "positions": []}
+    truncated = sum(append_conversation(buf, c, window, packing, pad_id) for c in convs)
+    rows = -(-len(buf["tokens"]) // window)
+    tail = rows * window - len(buf["tokens"])
+    buf["tokens"] += [pad_id] * tail
+    buf["trained"] += [False] * tail
+    buf["positions"] += [0] * tail
+    shaped = {k: np.array(v, dtype=bool if k == "trained" else np.int64).reshape(rows, window)
+              for k, v in buf.items()}
+    return shaped["tokens"], shaped["trained"], shaped["positions"], truncated
+
+
+def masked_batch(tokens: torch.Tensor, trained: torch.Tensor, positions: torch.Tensor):
+    """The batch of whole windows [k, seq_len + 1]: targets are the next tokens where they
+    are trained (assistant tokens), IGNORE elsewhere."""
+    targets = tokens[:, 1:].clone()
+    targets[~trained[:, 1:]] = IGNORE  # only assistant tokens
+    return {"inputs": tokens[:, :-1], "targets": targets, "positions": positions[:, :-1]}
 
 
 class ChatSource:
@@ -201,11 +217,8 @@ class ChatSource:
 
     def read(self, ids) -> dict[str, torch.Tensor]:
         ids = np.asarray(ids, dtype=np.int64)
-        tokens = torch.from_numpy(self.tokens[ids])
-        targets = tokens[:, 1:].clone()
-        targets[~torch.from_numpy(self.mask[ids][:, 1:])] = IGNORE  # only assistant tokens
-        return {"inputs": tokens[:, :-1], "targets": targets,
-                "positions": torch.from_numpy(self.positions[ids][:, :-1])}
+        return masked_batch(*(torch.from_numpy(a[ids])
+                              for a in (self.tokens, self.mask, self.positions)))
 
 
 class ChatVal(torch.utils.data.Dataset):
@@ -224,20 +237,25 @@ class ChatVal(torch.utils.data.Dataset):
         return {k: v[0] for k, v in self.source.read([self.first + i]).items()}
 
 
-def read_conversations(location: str, dcfg) -> list[list[dict]]:
-    """`messages` lists of chat:PATH (jsonl/parquet file, glob or folder) or chat:hf:NAME."""
+def read_conversations(location: str, dcfg) -> list:
+    """`messages` values of chat:PATH's rows (jsonl/parquet file, glob or folder), read whole."""
     from torchllm.data.kinds.chat import rows_source
 
     ds, column = rows_source(location, dcfg).open_rows(dcfg.chat_column)
-    convs = []
-    for i, row in enumerate(ds):  # a local file that cannot be read is named (sources.py)
-        messages = row[column]
-        if not isinstance(messages, (list, tuple)):
-            raise ConfigError(f"chat:{location}: row {i}: {column!r} must be a list of "
-                              f"{{'role', 'content'}} messages, got {type(messages).__name__} "
-                              f"{_short(messages)}", "data.dataset")
-        convs.append(list(messages))
-    return convs
+    return [row[column] for row in ds]  # a local file that cannot be read is named (sources.py)
+
+
+def render_row(template: ChatTemplate, messages, where: str, column: str) -> Rendered:
+    """A row's conversation rendered; ConfigError naming `where` (the source, the row) when it
+    is not a list of {'role', 'content'} messages."""
+    if not isinstance(messages, (list, tuple)):
+        raise ConfigError(f"{where}: {column!r} must be a list of {{'role', 'content'}} "
+                          f"messages, got {type(messages).__name__} {_short(messages)}",
+                          "data.dataset")
+    try:
+        return template.render(list(messages))
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}", "data.dataset") from None
 
 
 def _short(value) -> str:
@@ -245,19 +263,14 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-
 def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_degree: int,
                       seed: int):
-    """(ChatSource of the training windows, ChatVal) for chat:LOCATION."""
+    """(ChatSource of the training windows, ChatVal) for chat:LOCATION (local files, whole)."""
     dcfg, window = job_config.data, job_config.training.seq_len + 1
     template = ChatTemplate(tokenizer)
     convs = read_conversations(location, dcfg)
-    rendered = []
-    for i, c in enumerate(convs):
-        try:
-            rendered.append(template.render(c))
-        except ValueError as e:
-            raise ConfigError(f"chat:{location}: row {i}: {e}", "data.dataset") from None
+    rendered = [render_row(template, c, f"chat:{location}: row {i}", dcfg.chat_column)
+                for i, c in enumerate(convs)]
     tokens, mask, positions, truncated = window_rows(rendered, window, dcfg.chat_packing,
                                                      tokenizer.eos_id)
     if dp_rank == 0:

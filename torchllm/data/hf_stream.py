@@ -9,6 +9,11 @@ NOT the batch a single rank would see: which rows a rank reads depends on the dp
 `state_dict()` plus the not yet used tokens, so resuming continues exactly where the last
 yielded batch ended.
 
+How a row's value becomes tokens is the stream's packing: `TextPacking` (text: BOS..EOS,
+concatenated, a document may span windows) or torchllm.data.chat.ChatPacking (conversations:
+rendered with a chat template, whole conversations per window, the rest padding, a loss mask).
+The same reader, state and resume serve both.
+
 Validation documents are held out by content (a set of text digests), not by position: a
 skip count would be divided among files once the stream is split by rank and worker.
 """
@@ -17,9 +22,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from typing import Callable
 
 import torch
+
+from torchllm.data.token_stream import TokenStream, pack_documents
+from torchllm.data.windows import ValWindows
 
 
 class StreamWindows:
@@ -28,13 +37,14 @@ class StreamWindows:
 
     sequential = True  # read in order, not by window index (torchllm.data.mixture)
 
-    def __init__(self, open_rows: Callable, text_column: str, name: str, tokenizer, seq_len: int,
+    def __init__(self, open_rows: Callable, text_column: str, name: str, pack, seq_len: int,
                  dp_rank: int, dp_degree: int, held_out: frozenset[bytes]):
-        """open_rows(column) -> (a streaming `datasets.IterableDataset`, the text column)."""
+        """open_rows(column) -> (a streaming `datasets.IterableDataset`, the column);
+        `pack`: how each row's value joins the unbatched buffers (TextPacking, ChatPacking)."""
         self.open_rows, self.text_column, self.name = open_rows, text_column, name
-        self.tokenizer, self.window = tokenizer, seq_len + 1
+        self.pack, self.window = pack, seq_len + 1
         self.dp_rank, self.dp_degree, self.held_out = dp_rank, dp_degree, held_out
-        self.state = {"epoch": 0, "stream": None, "tokens": [], "positions": []}
+        self.state = {"epoch": 0, "stream": None, **{key: [] for key in pack.buffers}}
         self.restart()
 
     def __getstate__(self):
@@ -82,24 +92,21 @@ class StreamWindows:
         """The next k windows as a batch, or None when this loader worker's part is empty."""
         if self._rows is None:
             self._rows = self._documents()
-        tokens, positions = list(self.state["tokens"]), list(self.state["positions"])
+        buf = {key: list(self.state[key]) for key in self.pack.buffers}
         need = k * self.window
-        while len(tokens) < need:
+        while len(buf["tokens"]) < need:
             item = next(self._rows, None)
             if item is None:
                 return None
             self._at = item[:2]
-            ids = self.tokenizer.encode(item[2], bos=True, eos=True)
-            tokens.extend(ids)
-            positions.extend(range(len(ids)))
+            self.pack.add(item[2], buf, self.window)
         epoch, stream = self.state["epoch"], self.state["stream"]
         if self._at is not None:  # datasets returns its live state object: copy it
             epoch, stream = self._at[0], copy.deepcopy(self._at[1].state_dict())
-        self.state = {"epoch": epoch, "stream": stream, "tokens": tokens[need:],
-                      "positions": positions[need:]}
-        t = torch.tensor(tokens[:need]).view(k, self.window)
-        p = torch.tensor(positions[:need]).view(k, self.window)
-        return {"inputs": t[:, :-1], "targets": t[:, 1:], "positions": p[:, :-1]}
+        self.state = {"epoch": epoch, "stream": stream,
+                      **{key: values[need:] for key, values in buf.items()}}
+        return self.pack.batch({key: torch.tensor(values[:need]).view(k, self.window)
+                                for key, values in buf.items()})
 
     def state_dict(self) -> dict:
         return copy.deepcopy(self.state)
@@ -130,6 +137,36 @@ class HFStreamBatches(torch.utils.data.IterableDataset):
         self.reader.load_state_dict(state)
 
 
-def text_digest(text: str) -> bytes:
-    """A stable (process-independent) fingerprint of a document's text."""
+class TextPacking:
+    """Text documents: each encoded BOS..EOS and appended to one stream of tokens (a document
+    may span windows); `positions` restart at 0 in each document."""
+
+    buffers = ("tokens", "positions")
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def add(self, text: str, buf: dict[str, list], window: int) -> None:
+        ids = self.tokenizer.encode(text, bos=True, eos=True)
+        buf["tokens"].extend(ids)
+        buf["positions"].extend(range(len(ids)))
+
+    def batch(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The training batch of k whole windows ([k, seq_len + 1] per buffer)."""
+        t, p = rows["tokens"], rows["positions"]
+        return {"inputs": t[:, :-1], "targets": t[:, 1:], "positions": p[:, :-1]}
+
+    def validation(self, texts: list[str], ctx):
+        """The validation windows of the held-out documents."""
+        tokens, starts = pack_documents(self.tokenizer.encode(t, bos=True, eos=True)
+                                        for t in texts)
+        return ValWindows(TokenStream([tokens], starts), ctx.seq_len, ctx.dp_rank,
+                          ctx.dp_degree)
+
+
+def text_digest(value) -> bytes:
+    """A stable (process-independent) fingerprint of a row's value (a document's text, or a
+    conversation's messages)."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True,
+                                                           ensure_ascii=False)
     return hashlib.blake2b(text.encode(), digest_size=12).digest()

@@ -22,6 +22,7 @@ import torch
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
+from torchllm.data.kinds.registry import reads_conversations
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.metrics.reduce import rank
@@ -173,7 +174,10 @@ class RunReport(Callback):
         q = shlex.quote(str(run))
         if ckpt:
             tasks = "" if cfg.eval.tasks else " --tasks arc_easy,copa"
-            nxt = [f'python -m torchllm.generate --checkpoint {q} --prompt "Once upon a time"',
+            # A chat-trained run answers questions; a base model completes text.
+            ask = ('--chat "Hi! How are you?"' if reads_conversations(cfg.data)
+                   else '--prompt "Once upon a time"')
+            nxt = [f"python -m torchllm.generate --checkpoint {q} {ask}",
                    f"python -m torchllm.eval.loss --checkpoint {q}  # or --data local:FILE",
                    f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200",
                    f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}",

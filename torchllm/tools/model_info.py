@@ -69,6 +69,7 @@ def info_table(info: dict) -> str:
         f"backward, seq_len {info['seq_len']})",
         f"  vocab            {info['vocab_size']:,}",
         f"  layers           {info['layers']}",
+        f"  shape            {info['shape']}",
         f"  tied embeddings  {'yes' if info['tie_embeddings'] else 'no'}",
         "",
         f"  {'tensor':<24}{'shape':<20}{'count':>6}{'params':>16}",

@@ -57,6 +57,7 @@ class DataKind:
     chat = False  # conversations: the tokenizer needs a chat template (or the chat tokens)
     splits_by_name = False  # validation.split applies (Hugging Face datasets' named splits)
     wraps = False  # its location is another data spec (chat:hf:NAME reads rows through hf)
+    streams = False  # rows read in order as they arrive (`stream_windows`), never whole
 
     def __init__(self, dcfg, location: str):
         self.dcfg, self.spec, self.location = dcfg, dcfg.dataset, location

@@ -1,6 +1,8 @@
 """data.dataset = "chat:PATH" (.jsonl/.parquet conversations: a file, glob or folder) or
 "chat:hf:NAME" (a Hugging Face dataset): conversations rendered with a chat template, loss on the
-assistant's replies only (torchllm/data/chat.py). Rows are read through the local or hf kind."""
+assistant's replies only (torchllm/data/chat.py). Rows are read through the local or hf kind:
+local files whole (windows in a seeded order per epoch), a Hugging Face dataset streamed as it
+arrives, like Hub text (torchllm/data/chat_stream.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import copy
 
 from torchllm.config.job_config import ConfigError
 from torchllm.data.chat import build_chat_source
+from torchllm.data.chat_stream import stream_chat_windows
 from torchllm.data.kinds.base import Context, DataKind
 from torchllm.data.kinds.registry import parse_source, register
 
@@ -40,6 +43,9 @@ class Chat(DataKind):
                           "tokenizer (e.g. the base model's)", "data.tokenizer")
 
     def windows(self, ctx: Context):
+        rows = rows_source(self.location, self.dcfg)
+        if rows.streams:
+            return stream_chat_windows(rows, self.location, ctx)
         return build_chat_source(self.location, ctx.job_config, ctx.tokenizer, ctx.dp_rank,
                                  ctx.dp_degree, ctx.seed)
 

@@ -51,6 +51,13 @@ def kind_class(spec: str):
     return PREFIXES.get(prefix) if sep else None
 
 
+def reads_conversations(dcfg) -> bool:
+    """Whether a data config trains on conversations (data.dataset, or with [[data.sources]]
+    any of them, is a chat kind), by the specs alone: for finished runs, nothing is read."""
+    specs = [s.dataset for s in dcfg.sources] or [dcfg.dataset]
+    return any("chat" in spec_reads(str(spec)) for spec in specs)
+
+
 def spec_reads(spec: str) -> set[str]:
     """What a spec reads, by its kinds' classes alone: "chat" (conversations) and/or "hub" (a
     Hugging Face dataset, by name or split), following kinds that wrap another spec (chat:hf:...).
