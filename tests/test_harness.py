@@ -54,7 +54,8 @@ def task_requests(name: str, limit: int) -> tuple[object, list[Instance]]:
     """(task, its requests for the first `limit` documents) of a shipped offline task."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(TASKS_DIR), metadata=resolve_sources(None))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                          metadata=resolve_sources(None))
     task = manager.load([name])["tasks"][name]
     task.build_all_requests(limit=limit, rank=0, world_size=1)
     return task, list(task.instances)
@@ -111,7 +112,8 @@ def evaluate_in_process(lm, tasks: list[str], limit: int) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(TASKS_DIR), metadata=resolve_sources(None))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                          metadata=resolve_sources(None))
     return simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager,
                            log_samples=True)
 
