@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write each document's requests and responses (samples_<task>.jsonl beside "
              "the results; needs --output_path)")
     add("--include_path", help="another folder of lm-eval task YAMLs")
-    add("--seed", type=int, default=0, help="few-shot example and sampling seed (default 0)")
+    add("--seed", type=int, help="one seed for python, numpy, torch and the few-shot examples "
+                                 "(default: lm-eval's, 0 for python and 1234 for the others)")
     add("--data-dir", help="folder of local task copies (default eval.tasks_data_dir, else "
                            "../shared/data/evals beside the checkout)")
     add("--tensorboard", action="store_true",
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                                recorded_precision(step_dir.parent, step, device))
         autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16
                     else contextlib.nullcontext)
+        seeds = (dict(random_seed=args.seed, numpy_random_seed=args.seed,
+                      torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+                 if args.seed is not None else {})  # else simple_evaluate's defaults
         lm = TorchllmLM(model, tokenizer, device, args.batch_size, args.max_length,
-                        args.max_gen_toks, autocast, seed=args.seed)
+                        args.max_gen_toks, autocast, seed=1234 if args.seed is None else args.seed)
         sources = resolve_sources(args.data_dir, cfg.eval.tasks_data_dir,
                                   cfg.eval.hellaswag_data)
         include = [str(TASKS_DIR)] + ([args.include_path] if args.include_path else [])
@@ -159,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     results = simple_evaluate(
         model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit,
-        task_manager=task_manager, log_samples=args.log_samples, random_seed=args.seed,
-        numpy_random_seed=args.seed, torch_random_seed=args.seed,
-        fewshot_random_seed=args.seed)
+        task_manager=task_manager, log_samples=args.log_samples, **seeds)
     precision = "bf16" if bf16 else "fp32"
     if rank_and_world()[0] == 0:
         results["config"].update(model="torchllm", model_args={
