@@ -525,6 +525,57 @@ MUTANTS = [
         "if False\n",
         ("tests/test_data_kinds.py::test_run_train_sh_trains_the_shipped_sft_config",),
     ),
+    Mutant(
+        "harness_truncation_off_by_one", "a long request keeps max_length - 1 tokens of input, "
+        "not max_length (lm-eval's hf model keeps the last max_length + 1, drops the last)",
+        "torchllm/eval/harness/model.py",
+        "            inputs.append((ctx + cont)[-(self.max_length + 1):][:-1])\n",
+        "            inputs.append((ctx + cont)[-self.max_length:][:-1])\n",
+        ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",),
+    ),
+    Mutant(
+        "harness_rolling_scores_bos", "loglikelihood_rolling encodes the text with BOS, so "
+        "the first window scores a BOS after the prefix BOS",
+        "torchllm/eval/harness/model.py",
+        "            ids = self.tokenizer.encode(text)  # no BOS",
+        "            ids = self.tokenizer.encode(text, bos=True)  # no BOS",
+        ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",),
+    ),
+    Mutant(
+        "harness_context_without_bos", "loglikelihood contexts are encoded without BOS",
+        "torchllm/eval/harness/model.py",
+        "        return self.tokenizer.encode(string, bos=add_special_tokens is not False)",
+        "        return self.tokenizer.encode(string, bos=bool(add_special_tokens))",
+        ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",
+         "tests/test_harness.py::test_predictions_equal_downstream_where_the_formats_agree"),
+    ),
+    Mutant(
+        "harness_scores_misordered", "a batch's scores go back to the requests in index order, "
+        "not in the length-sorted order they were computed in",
+        "torchllm/eval/harness/model.py",
+        "            for i, score in zip(batch, self._score([requests[i][1:] for i in batch])):",
+        "            for i, score in zip(sorted(batch),\n"
+        "                                self._score([requests[i][1:] for i in batch])):",
+        ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",),
+    ),
+    Mutant(
+        "harness_gather_own_rank_only", "rank 0 keeps only its own documents' results",
+        "torchllm/eval/harness/model.py",
+        "        return parts if self._rank == dst else None",
+        "        return [obj] if self._rank == dst else None",
+        ("tests/test_harness.py::test_two_ranks_equal_one_rank",),
+    ),
+    Mutant(
+        "harness_stop_sequences_ignored", "generate_until returns the text past its stop sequence",
+        "torchllm/eval/harness/model.py", "        if stop:\n", "        if False:\n",
+        ("tests/test_harness.py::test_generate_until_stops_at_stop_sequences_and_equals_greedy_decoding",),
+    ),
+    Mutant(
+        "harness_missing_lm_eval_traceback", "without lm-eval the CLI dies with a traceback",
+        "torchllm/eval/harness/cli.py", "    except ImportError:\n        print(INSTALL_HINT",
+        "    except OSError:\n        print(INSTALL_HINT",
+        ("tests/test_harness.py::test_missing_lm_eval_is_one_clear_line",),
+    ),
 ]
 
 

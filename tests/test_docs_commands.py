@@ -57,6 +57,8 @@ TINY = {
                                            str(REPO.parent / "shared" / "data" / "evals")],
     "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
                                              str(REPO.parent / "shared" / "data" / "evals")],
+    "python -m torchllm.eval.harness": ["--limit", "4"],
+    "torchrun -m torchllm.eval.harness": ["--limit", "4"],
     "ls": [],
     "cat": [],
     "python -m torchllm.bench": ["--matrix", "ddp", "--ac", "none", "--compile", "off",
