@@ -189,13 +189,15 @@ def test_kill_during_a_mirror_upload_leaves_a_step_that_resume_ignores_and_delet
     sentinel = tmp_path / "uploading"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "s3_kill_worker.py"),
-                             str(sentinel), *tiny_args(tmp_path, *ckpt)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "s3_kill_worker.py"),
+                                 str(sentinel), *tiny_args(tmp_path, *ckpt)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         while not sentinel.exists():
-            assert proc.poll() is None, proc.stdout.read()[-6000:]
+            assert proc.poll() is None, log.read_text()[-6000:]
             assert time.monotonic() < deadline, "step 4's upload never started"
             time.sleep(0.2)
     finally:

@@ -25,7 +25,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.layout import complete_steps, delete_step, scan_steps, step_dir, write_durably
+from torchllm.checkpoint.layout import (
+    complete_steps,
+    delete_step,
+    scan_steps,
+    step_dir,
+    write_durably,
+)
 from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger

@@ -175,9 +175,11 @@ class Checkpointer(LoadingMixin, RankAgreement):
             return
         self.wait()
         path = step_dir(self.folder, step)
-        if self.rank == 0:
-            self._forget(step)
+        self._forget(step)
+        if self.rank == 0:  # (the next collective keeps the others from writing before this)
             delete_step(path)  # a crashed or stale save of this step; complete ones are rewritten
+            if self.mirror is not None:
+                self.mirror.remove(step)
         export = last and self.cfg.last_save_model_only
         model_only = model_only or export
         if model_only:
@@ -216,8 +218,6 @@ class Checkpointer(LoadingMixin, RankAgreement):
         """A background save: DCP's async save, and/or (local_mirror) a local save uploaded by a
         background thread. `pending["future"]` is done once this rank's part is written."""
         target = path if self.mirror is None else self.mirror.step_dir(step)
-        if self.mirror is not None:
-            self.mirror.remove(step)  # what a crashed earlier save of this step left
         if self.cfg.async_mode == "disabled" or model_only:  # mirror: write locally now
             dcp.save(state, storage_writer=storage_for(target).writer(target))
             written, stager = done_future(), None
@@ -341,7 +341,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
         on every rank), then kept up to date by this Checkpointer's own saves and deletions
         (an object store's listing is slow, and a run lock keeps other writers out)."""
         if self.steps is None:
-            steps = complete_steps(self.folder)
+            steps = complete_steps(self.folder) if self.rank == 0 or not agree else None
             self.steps = sorted(self._gather(steps)[0] if agree else steps)
         return self.steps
 

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from torchllm.checkpoint.storage import Location, as_location, join, name_of, storage_for
+from torchllm.checkpoint.storage import (
+    Location,
+    as_location,
+    join,
+    name_of,
+    parent_of,
+    storage_for,
+)
 from torchllm.log import logger
 
 # Dtypes a checkpoint's weights can be exported in (checkpoint.export_dtype, convert, hf).
@@ -169,11 +176,26 @@ def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Locat
     )
 
 
-def checkpoint_config(step_path: Path) -> Path | None:
-    """The config a step was written under: its own config.toml, else the run's
-    (run/<folder>/step-N -> run/config.toml), else None. The step's wins: a later launch of the
-    run (another shape, a failed resume of older code) may have rewritten the run's."""
-    for path in (Path(step_path) / "config.toml", Path(step_path).parent.parent / "config.toml"):
-        if path.is_file():
-            return path
+def checkpoint_config(step_path: Location) -> Path | None:
+    """The config a step was written under (a local copy of it for a step on object storage):
+    its own config.toml, else the run's (run/<folder>/step-N -> run/config.toml), else None.
+    The step's wins: a later launch of the run (another shape, a failed resume of older code)
+    may have rewritten the run's."""
+    step_path = as_location(step_path)
+    for path in (join(step_path, "config.toml"),
+                 join(parent_of(parent_of(step_path)), "config.toml")):
+        store = storage_for(path)
+        if store.is_file(path):
+            return store.local_copy(path)
     return None
+
+
+def run_folder_of(step_path: Location, cfg) -> Path:
+    """The local run folder that wrote `step_path` (its tokenizer cache is in data/): the
+    step's grandparent, or for a step on object storage the run folder its config names."""
+    step_path = as_location(step_path)
+    if storage_for(step_path).remote:
+        from torchllm.config.paths import run_name
+
+        return Path(cfg.job.dump_folder) / run_name(cfg.job)
+    return Path(parent_of(parent_of(step_path)))

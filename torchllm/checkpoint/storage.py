@@ -128,6 +128,10 @@ class LocalStorage:
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         Path(src).rename(dst)
 
+    def local_copy(self, location: Location) -> Path:
+        """A local path holding `location`'s content (the file itself when it is local)."""
+        return Path(location)
+
     def upload(self, local: Path, location: Location) -> None:
         """Copy the local file `local` to `location`."""
         Path(location).parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +236,13 @@ class FsspecStorage(LocalStorage):
 
         self.remove_file(join(src, MARKER))
         self.remove_tree(src)
+
+    def local_copy(self, location: Location) -> Path:
+        import tempfile
+
+        path = Path(tempfile.mkdtemp(prefix="torchllm-")) / name_of(location)
+        path.write_bytes(self.read_bytes(location))
+        return path
 
     def upload(self, local: Path, location: Location) -> None:
         self.fs.put_file(str(local), self._key(location))
