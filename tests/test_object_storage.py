@@ -215,3 +215,32 @@ def test_kill_during_a_mirror_upload_leaves_a_step_that_resume_ignores_and_delet
     assert not [n for n in objects(remote) if n.startswith("step-4/")]
     assert resumed.train() == straight[2:]  # steps 3 and 4 again, bit for bit
     assert complete_steps(remote) == [2, 4]
+
+
+def test_inference_and_hf_export_from_and_to_a_bucket(s3, tmp_path):
+    """The inference tools load a step from the bucket (config read from the step, tokenizer
+    from the local run folder) with the trained weights; `hf export` from the bucket to the
+    bucket writes a folder that `transformers` loads, after a download, with the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from torchllm.checkpoint.hf import main as hf_cli
+    from torchllm.eval.loading import load_for_inference
+
+    remote = f"{s3}/ckpt"
+    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+                                  "--training.steps=1", f"--checkpoint.folder={remote}"))
+    trainer.train()  # (it closes the trainer: the save is complete)
+    model, _, tokenizer = load_for_inference(remote, "cpu")
+    assert tokenizer.vocab_size == trainer.tokenizer.vocab_size
+    for (name, a), b in zip(trainer.model.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    out = f"{s3}/hf/run"
+    assert hf_cli(["export", "--checkpoint", remote, "--out", out]) == 0
+    assert {"config.json", "model.safetensors"} <= set(objects(out))
+    local = tmp_path / "downloaded"
+    s3fs_client().get(out.split("://", 1)[1] + "/", str(local), recursive=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(local).eval()
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = trainer.model.eval()(x)[..., :hf.config.vocab_size]
+        assert (ours - hf(x).logits).abs().max().item() < 1e-4
+    assert hf_cli(["export", "--checkpoint", remote, "--out", out]) == 2  # not over an export

@@ -98,8 +98,8 @@ class Trainer:
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
         # A resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe).
         ccfg = cfg.checkpoint
-        recorded = (recorded_precision(checkpoint_folder(self.run_dir, ccfg.folder), ccfg.load_step, self.device)
-                    if ccfg.enable else None)
+        folder = checkpoint_folder(self.run_dir, ccfg.folder)
+        recorded = recorded_precision(folder, ccfg.load_step, self.device) if ccfg.enable else None
         self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type, recorded)
         self.precision = "bf16" if self.bf16 else "fp32"
         (logger.info if recorded in (None, self.precision) else logger.warning)(

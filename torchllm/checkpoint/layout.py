@@ -8,7 +8,9 @@
                                   abandoned-<time>/step-<M>/  moved aside by a load_step going back
 
 A folder without COMPLETE is a save that crashed, is still being written or holds non-finite
-values: it is never loaded and never counted for retention.
+values: it is never loaded and never counted for retention (a resume deletes the ones without
+either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
+here takes a local path or a URL, and does its file operations through `storage.storage_for`.
 """
 
 from __future__ import annotations
