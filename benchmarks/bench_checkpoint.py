@@ -12,6 +12,11 @@ on CPU, then measures, with the same Checkpointer the trainer uses:
     staging before the next optimizer step, while a real forward/backward runs in between),
     and the time until the checkpoint is complete on disk.
 Target: blocked by an async save <= 10% of a synchronous save. Prints a table, writes JSON.
+
+`--s3` adds rows for a local S3 server (moto's, started on 127.0.0.1 for the run; needs
+`pip install -e ".[test]"`): a sync save and a load through s3fs (MB/s against the local disk's),
+and the training loop's blocked time of an async save straight to the store and of one written
+to a local mirror and uploaded in the background (checkpoint.local_mirror).
 """
 
 from __future__ import annotations
@@ -55,9 +60,71 @@ def checkpoint_config(**overrides) -> SimpleNamespace:
                initial_load_path="", initial_load_model_only=True, last_save_model_only=False,
                export_dtype="float32", create_seed_checkpoint=False, checksums=True,
                on_save_error="stop", optimizer_hparams_from="checkpoint",
-               allow_global_batch_change=False)
+               allow_global_batch_change=False, local_mirror="")
     cfg.update(overrides)
     return SimpleNamespace(**cfg)
+
+
+def async_save(ccfg, run_dir, model, optimizer, forward_backward) -> tuple[float, float]:
+    """(seconds the training loop is blocked, seconds until complete) of one async save."""
+    asyn = Checkpointer(ccfg, run_dir, model, optimizer, train_state=TrainState())
+    t0 = time.perf_counter()
+    asyn.save(1)
+    blocked = time.perf_counter() - t0
+    forward_backward()  # the next training step runs while staging proceeds
+    t1 = time.perf_counter()
+    asyn.wait_for_staging()
+    blocked += time.perf_counter() - t1
+    optimizer.step()
+    asyn.wait()
+    total = time.perf_counter() - t0
+    asyn.close()
+    return blocked, total
+
+
+def s3_rows(root: Path, model, optimizer, forward_backward, size: int) -> dict:
+    """Sync save, load and async saves (direct, local mirror) against a local moto server."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from s3_server import free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
+                          AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+        import s3fs
+
+        for _ in range(300):
+            try:
+                s3fs.S3FileSystem(skip_instance_cache=True).mkdir("bench")
+                break
+            except Exception:  # noqa: BLE001 - the server is still starting
+                time.sleep(0.2)
+        url = "s3://bench/ckpt"
+        sync = Checkpointer(checkpoint_config(folder=f"{url}/sync"), root / "s3sync", model,
+                            optimizer, train_state=TrainState())
+        t0 = time.perf_counter()
+        sync.save(1)
+        save_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sync.load()
+        load_s = time.perf_counter() - t0
+        blocked, total = async_save(checkpoint_config(folder=f"{url}/async", async_mode="async"),
+                                    root / "s3async", model, optimizer, forward_backward)
+        mblocked, mtotal = async_save(
+            checkpoint_config(folder=f"{url}/mirror", async_mode="async",
+                              local_mirror="mirror"),
+            root / "s3mirror", model, optimizer, forward_backward)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return dict(s3_sync_save_s=save_s, s3_sync_save_MBps=size / save_s / 1e6, s3_load_s=load_s,
+                s3_load_MBps=size / load_s / 1e6, s3_async_blocked_s=blocked,
+                s3_async_total_s=total, s3_mirror_blocked_s=mblocked, s3_mirror_total_s=mtotal)
 
 
 def folder_bytes(path: Path) -> int:
@@ -70,6 +137,7 @@ def main() -> None:
     parser.add_argument("--folder", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--json", default="benchmarks/results/checkpoint.json")
+    parser.add_argument("--s3", action="store_true", help="add rows for a local S3 server")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -110,19 +178,10 @@ def main() -> None:
 
         results["disk_write_MBps"] = disk_write_speed(root, min(size, 2 << 30))
 
-        asyn = Checkpointer(checkpoint_config(async_mode="async"), root / "async", model,
-                            optimizer, train_state=TrainState())
-        t0 = time.perf_counter()
-        asyn.save(1)
-        blocked = time.perf_counter() - t0
-        forward_backward()  # the next training step runs while staging proceeds
-        t1 = time.perf_counter()
-        asyn.wait_for_staging()
-        blocked += time.perf_counter() - t1
-        optimizer.step()
-        asyn.wait()
-        async_total = time.perf_counter() - t0
-        asyn.close()
+        blocked, async_total = async_save(checkpoint_config(async_mode="async"),
+                                          root / "async", model, optimizer, forward_backward)
+        if args.s3:
+            results.update(s3_rows(root, model, optimizer, forward_backward, size))
 
         results.update(
             checkpoint_MB=size / 1e6,
@@ -157,6 +216,18 @@ def main() -> None:
          f"({results['async_blocked_pct_of_sync']:.1f}% of sync; target <= 10%)"),
         ("async save: until complete", f"{async_total:.2f} s"),
     ]
+    if args.s3:
+        r = results
+        rows += [
+            ("S3 (local moto server): sync save", f"{r['s3_sync_save_s']:.2f} s "
+             f"({r['s3_sync_save_MBps']:.0f} MB/s; local disk {results['sync_save_MBps']:.0f})"),
+            ("S3: load", f"{r['s3_load_s']:.2f} s ({r['s3_load_MBps']:.0f} MB/s; local disk "
+             f"{results['load_MBps']:.0f})"),
+            ("S3: async save, training blocked", f"{r['s3_async_blocked_s']:.3f} s (complete "
+             f"after {r['s3_async_total_s']:.2f} s)"),
+            ("S3: local mirror + upload, blocked", f"{r['s3_mirror_blocked_s']:.3f} s "
+             f"(complete after {r['s3_mirror_total_s']:.2f} s)"),
+        ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

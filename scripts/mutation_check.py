@@ -576,6 +576,39 @@ MUTANTS = [
         "    except OSError:\n        print(INSTALL_HINT",
         ("tests/test_harness.py::test_missing_lm_eval_is_one_clear_line",),
     ),
+    Mutant(
+        "object_store_partial_step_kept",
+        "a step prefix without a marker (an upload cut short) stays on the store forever",
+        "torchllm/checkpoint/loading.py",
+        "                    delete_step(step_dir(self.folder, step))\n",
+        "                    pass\n",
+        ("tests/test_object_storage.py::test_flipped_byte_in_a_shard_object_falls_back_and_"
+         "partial_steps_are_deleted",),
+    ),
+    Mutant(
+        "object_store_crc_not_compared",
+        "a same-size flipped byte in a shard object loads silently (only sizes are checked)",
+        "torchllm/checkpoint/integrity.py", '        if crc != want["crc32"]:\n',
+        "        if False:\n",
+        ("tests/test_object_storage.py::test_flipped_byte_in_a_shard_object_falls_back_and_"
+         "partial_steps_are_deleted",),
+    ),
+    Mutant(
+        "step_list_not_updated_by_saves",
+        "the checkpointer's cached step list misses its own saves: retention never deletes",
+        "torchllm/checkpoint/checkpointer.py", "            self._known().append(step)\n", "",
+        ("tests/test_checkpoint.py::test_retention_keeps_exactly_k",),
+    ),
+    Mutant(
+        "object_store_prefix_not_own",
+        "deleting step-1 on a store deletes every key starting with step-1 (step-10 too)",
+        "torchllm/checkpoint/storage.py",
+        '            return self.fs.find(self._key(folder) + "/")\n',
+        '            return [k for k in self.fs.find(parent_of(self._key(folder)) + "/")\n'
+        '                    if k.startswith(self._key(folder))]\n',
+        ("tests/test_object_storage.py::test_steps_on_a_bucket_complete_partial_and_their_own_"
+         "prefix",),
+    ),
 ]
 
 

@@ -76,7 +76,7 @@ def test_disk_full_before_save_is_one_line_and_keeps_earlier(tmp_path, monkeypat
     t = trainer(tmp_path, "--checkpoint.interval=2")
     t.train()
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr("torchllm.checkpoint.integrity.shutil.disk_usage",
+    monkeypatch.setattr("torchllm.checkpoint.storage.shutil.disk_usage",
                         lambda path: usage._replace(free=1000))
     with pytest.raises(CheckpointSaveError) as err:
         t.checkpointer.save(5)

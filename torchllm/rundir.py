@@ -25,7 +25,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.layout import complete_steps, step_of, write_durably
+from torchllm.checkpoint.layout import (
+    complete_steps,
+    delete_step,
+    scan_steps,
+    step_dir,
+    write_durably,
+)
+from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm.metrics.writers import tensorboard_folder
@@ -39,8 +46,10 @@ def run_name(cfg: JobConfig) -> str:
 
 def own_folders(cfg: JobConfig, run_dir: Path) -> list[tuple[Path, Path]]:
     """(folder, the folder it must lie strictly below) of what `--job.overwrite` may delete:
-    this run's checkpoint folder and its own TensorBoard folder, nothing else."""
-    return [(run_dir / cfg.checkpoint.folder, run_dir),
+    this run's checkpoint folder and its own TensorBoard folder, nothing else (a checkpoint
+    URL is not listed here: its steps are deleted one by one, see delete_own_outputs)."""
+    ckpt = [] if is_url(cfg.checkpoint.folder) else [(run_dir / cfg.checkpoint.folder, run_dir)]
+    return [*ckpt,
             (tensorboard_folder(cfg, run_name(cfg)),
              Path(cfg.job.dump_folder) / cfg.metrics.tb_folder)]
 
@@ -48,6 +57,13 @@ def own_folders(cfg: JobConfig, run_dir: Path) -> list[tuple[Path, Path]]:
 def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None:
     """Delete this run's checkpoint and TensorBoard folders, and log what went."""
     deleted = []
+    ckpt = checkpoint_folder(run_dir, cfg.checkpoint.folder)
+    if is_url(ckpt):  # on an object store: this run's step prefixes, each its own only
+        steps = sorted(scan_steps(ckpt))
+        for step in steps:
+            delete_step(step_dir(ckpt, step))
+        if steps:
+            deleted.append(f"{ckpt} ({len(steps)} step(s): {steps})")
     for folder, parent in own_folders(cfg, run_dir):
         if not folder.is_dir():
             continue
@@ -55,7 +71,7 @@ def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None
         if real_parent not in real.parents:  # config checks make this unreachable: a symlink?
             raise ConfigError(f"job.overwrite: {folder} (really {real}) is not inside "
                               f"{real_parent}; not deleting it, remove it by hand", "job.overwrite")
-        inside = [p.name for p in found if folder in p.parents]
+        inside = [p.name for p in found if isinstance(p, Path) and folder in p.parents]
         shutil.rmtree(folder)
         deleted.append(f"{folder} ({len(inside)} item(s): {', '.join(inside[:4])}"
                        f"{', ...' if len(inside) > 4 else ''})")
@@ -65,10 +81,9 @@ def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None
 
 def previous_outputs(cfg: JobConfig, run_dir: Path) -> list[Path]:
     """What an earlier run left that a fresh start would mix with: checkpoints, TB events."""
-    found: list[Path] = []
-    ckpt = run_dir / cfg.checkpoint.folder
-    if ckpt.is_dir():
-        found += sorted(p for p in ckpt.iterdir() if p.is_dir() and step_of(p) is not None)
+    found: list = []
+    ckpt = checkpoint_folder(run_dir, cfg.checkpoint.folder)
+    found += [step_dir(ckpt, step) for step in sorted(scan_steps(ckpt))]
     tb = tensorboard_folder(cfg, run_name(cfg))
     if tb.is_dir():
         found += sorted(tb.rglob("events.out.tfevents.*"))
@@ -77,7 +92,8 @@ def previous_outputs(cfg: JobConfig, run_dir: Path) -> list[Path]:
 
 def will_resume(cfg: JobConfig, run_dir: Path) -> bool:
     """Whether the checkpointer will load one of this run's own checkpoints."""
-    return cfg.checkpoint.enable and bool(complete_steps(run_dir / cfg.checkpoint.folder))
+    return cfg.checkpoint.enable and bool(
+        complete_steps(checkpoint_folder(run_dir, cfg.checkpoint.folder)))
 
 
 def check_fresh_start(cfg: JobConfig, run_dir: Path) -> None:

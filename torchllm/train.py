@@ -20,6 +20,7 @@ from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
 from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
@@ -112,8 +113,8 @@ class Trainer:
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
         # A resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe).
         ccfg = cfg.checkpoint
-        recorded = (recorded_precision(self.run_dir / ccfg.folder, ccfg.load_step, self.device)
-                    if ccfg.enable else None)
+        folder = checkpoint_folder(self.run_dir, ccfg.folder)
+        recorded = recorded_precision(folder, ccfg.load_step, self.device) if ccfg.enable else None
         self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type, recorded)
         self.precision = "bf16" if self.bf16 else "fp32"
         (logger.info if recorded in (None, self.precision) else logger.warning)(

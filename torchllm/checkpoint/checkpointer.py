@@ -11,7 +11,6 @@ failed or finished) is agreed over a small gloo group, so ranks never hang or di
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.integrity import (
@@ -33,16 +31,19 @@ from torchllm.checkpoint.integrity import (
 )
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
-    MARKER,
     complete_steps,
+    delete_step,
     mark_complete,
     mark_nonfinite,
     step_dir,
     write_durably,
 )
+from torchllm.checkpoint.agree import RankAgreement
 from torchllm.checkpoint.loading import LoadingMixin
+from torchllm.checkpoint.mirror import Mirror, done_future
 from torchllm.checkpoint.resume import hparams_snapshot
 from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
+from torchllm.checkpoint.storage import Location, checkpoint_folder, join, storage_for
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
@@ -57,13 +58,13 @@ class CheckpointSaveError(RuntimeError):
     """A save failed (disk full, I/O error): one line with the folder and the bytes involved."""
 
 
-def saved_keys(path: Path) -> set[str]:
+def saved_keys(path: Location) -> set[str]:
     """Top-level keys of a DCP checkpoint (reads only its metadata file)."""
-    metadata = FileSystemReader(str(path)).read_metadata()
+    metadata = storage_for(path).reader(path).read_metadata()
     return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
 
-class Checkpointer(LoadingMixin):
+class Checkpointer(LoadingMixin, RankAgreement):
     """Saves and restores model, optimizer, scheduler, data position, counters and RNGs."""
 
     def __init__(
@@ -86,7 +87,9 @@ class Checkpointer(LoadingMixin):
         silently)."""
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
-        self.folder = Path(run_dir) / ccfg.folder
+        self.folder = checkpoint_folder(run_dir, ccfg.folder)  # a local path or a URL
+        self.storage = storage_for(self.folder)
+        self.steps: list[int] | None = None  # complete steps: listed once, then kept here
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.run_info = run_info or {}
         self.device = device
@@ -127,6 +130,9 @@ class Checkpointer(LoadingMixin):
         self.async_group = None
         if self.enabled and ccfg.async_mode != "disabled":
             self._setup_async(ccfg.async_mode, device)
+        # Steps written locally first, uploaded in the background (object storage only).
+        self.mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.rank) \
+            if self.enabled and ccfg.local_mirror else None
 
     def _setup_async(self, mode: str, device: torch.device) -> None:
         """Stage (copy to host memory) in a background thread, then write in another.
@@ -153,35 +159,6 @@ class Checkpointer(LoadingMixin):
             # Background saves talk on their own gloo group, never interleaving with training's.
             self.async_group = dist.new_group(backend="gloo")
 
-    # -------------------------------------------------------------- agreement
-
-    def _gather(self, obj: Any) -> list:
-        """Every rank's `obj`, on every rank (rank order)."""
-        if self.group is None:
-            return [obj]
-        out = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-    def _all(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on every rank."""
-        if self.group is None:
-            return flag
-        t = torch.tensor([int(flag)])
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(t.item())
-
-    def _one(self, messages: list[str | None]) -> str | None:
-        """The gathered messages as one line, each prefixed with the ranks that reported it."""
-        by_text: dict[str, list[int]] = {}
-        for r, m in enumerate(messages):
-            if m:
-                by_text.setdefault(m, []).append(r)
-        if self.world == 1:
-            return next(iter(by_text), None)
-        return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {m}"
-                         for m, rs in by_text.items()) or None
-
     # ---------------------------------------------------------------- saving
 
     def should_save(self, step: int, last: bool = False) -> bool:
@@ -198,8 +175,11 @@ class Checkpointer(LoadingMixin):
             return
         self.wait()
         path = step_dir(self.folder, step)
-        if self.rank == 0 and path.exists():
-            shutil.rmtree(path)  # a crashed or stale save of this step; complete ones are rewritten
+        self._forget(step)
+        if self.rank == 0:  # (the next collective keeps the others from writing before this)
+            delete_step(path)  # a crashed or stale save of this step; complete ones are rewritten
+            if self.mirror is not None:
+                self.mirror.remove(step)
         export = last and self.cfg.last_save_model_only
         model_only = model_only or export
         if model_only:
@@ -214,16 +194,17 @@ class Checkpointer(LoadingMixin):
         counts = self._gather(nonfinite_and_bytes(tensors))
         nonfinite, self.needed = sum(c[0] for c in counts), sum(c[1] for c in counts)
         free = free_bytes(self.folder)
-        if not self._all(free >= self.needed):
+        if not self._all(free is None or free >= self.needed):
             self._failed(step, "not enough free space on that disk")
             return
         try:
-            if self.cfg.async_mode == "disabled" or model_only:
-                dcp.save(state, checkpoint_id=str(path))
+            if self.mirror is None and (self.cfg.async_mode == "disabled" or model_only):
+                dcp.save(state, storage_writer=self.storage.writer(path))
             else:
-                self._save_async(step, path, state, nonfinite)
-                logger.info("checkpoint %s: staging and writing in the background (blocked "
-                            "%.2fs)", path, time.perf_counter() - t0)
+                self._save_async(step, path, state, nonfinite, model_only)
+                logger.info("checkpoint %s: %s in the background (blocked %.2fs)", path,
+                            "uploading" if self.mirror else "staging and writing",
+                            time.perf_counter() - t0)
                 return
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises on every rank
             self._failed(step, describe_failure(e))
@@ -232,21 +213,34 @@ class Checkpointer(LoadingMixin):
             logger.info("saved checkpoint %s in %.2fs%s", path, time.perf_counter() - t0,
                         " (model only)" if model_only else "")
 
-    def _save_async(self, step: int, path: Path, state: dict, nonfinite: int) -> None:
+    def _save_async(self, step: int, path: Location, state: dict, nonfinite: int,
+                    model_only: bool = False) -> None:
+        """A background save: DCP's async save, and/or (local_mirror) a local save uploaded by a
+        background thread. `pending["future"]` is done once this rank's part is written."""
+        target = path if self.mirror is None else self.mirror.step_dir(step)
+        if self.cfg.async_mode == "disabled" or model_only:  # mirror: write locally now
+            dcp.save(state, storage_writer=storage_for(target).writer(target))
+            written, stager = done_future(), None
+        else:
+            written, stager = self._dcp_async(target, state)
+        future = written if self.mirror is None else self.mirror.start(written, step, path)
+        self.pending = {"step": step, "future": future, "stager": stager,
+                        "nonfinite": nonfinite, "mirror": self.mirror is not None}
+
+    def _dcp_async(self, target: Location, state: dict):
         if self.device.type == "cuda":
             # DCP's staging stream does not wait for the compute stream: let the optimizer
             # step's kernels finish before the copies read the weights.
             torch.cuda.current_stream(self.device).synchronize()
         stager = self._stager_cls(self.async_options)
         try:
-            response = dcp.async_save(state, checkpoint_id=str(path),
+            response = dcp.async_save(state, storage_writer=storage_for(target).writer(target),
                                       process_group=self.async_group, async_stager=stager)
         except BaseException:
             stager.close()
             raise
         self.staging = response.staging_completion
-        self.pending = {"step": step, "future": response.upload_completion, "stager": stager,
-                        "nonfinite": nonfinite}
+        return response.upload_completion, stager
 
     def wait_for_staging(self) -> None:
         """Block until a background save has copied the state; call before weights change."""
@@ -265,73 +259,109 @@ class Checkpointer(LoadingMixin):
         if self.pending is None:
             return
         pending, self.pending = self.pending, None
-        error = None
+        error, files = None, None
         try:
             self.wait_for_staging()
-            pending["future"].result()
+            result = pending["future"].result()
+            files = result if pending["mirror"] else None  # the uploaded files' checksums
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - agreed on below
             error = describe_failure(e)
         finally:
-            pending["stager"].close()
-        error = self._one(self._gather(error))  # commit only if every rank's write succeeded
+            if pending["stager"] is not None:
+                pending["stager"].close()
+        gathered = self._gather((error, files))  # commit only if every rank's write succeeded
+        error = self._one([e for e, _ in gathered])
         if error is not None:
             self._failed(pending["step"], error)
-        elif self._complete(pending["step"], pending["nonfinite"]):
+        elif self._complete(pending["step"], pending["nonfinite"],
+                            {k: v for _, f in gathered for k, v in (f or {}).items()}
+                            if pending["mirror"] else None):
             logger.info("checkpoint step-%d written", pending["step"])
 
-    def _complete(self, step: int, nonfinite: int) -> bool:
-        """Every rank's shards are on disk: rank 0 commits (or flags NaN/inf); ranks agree."""
+    def _complete(self, step: int, nonfinite: int, files: dict | None = None) -> bool:
+        """Every rank's shards are on disk: rank 0 commits (or flags NaN/inf); ranks agree.
+        `files`: the checksums of every file, when the ranks computed them (local mirror)."""
         error = None
         if self.rank == 0:
             try:
-                self._commit(step, nonfinite)
+                self._commit(step, nonfinite, files)
+                if self.mirror is not None:
+                    self.mirror.remove(step)
             except OSError as e:
                 error = describe_failure(e)
         error = self._one(self._gather(error))
         if error is not None:
             self._failed(step, error)
-        return error is None and not nonfinite
+            return False
+        if not nonfinite:
+            self._known().append(step)
+            self._purge()
+        return not nonfinite
 
-    def _commit(self, step: int, nonfinite: int) -> None:
+    def _commit(self, step: int, nonfinite: int, files: dict | None = None) -> None:
         path = step_dir(self.folder, step)
         if "config_toml" in self.run_info:
-            write_durably(path / "config.toml", self.run_info["config_toml"])
+            write_durably(join(path, "config.toml"), self.run_info["config_toml"])
         if nonfinite:
             what = f"{nonfinite} saved tensors hold NaN or inf"
             mark_nonfinite(path, what)
             logger.error("checkpoint %s is not marked complete: %s; it is kept for inspection "
                          "and never loaded or counted by retention", path, what)
             return
-        files = folder_checksums(path) if self.cfg.checksums else None
+        if not self.cfg.checksums:
+            files = None
+        elif files is None:  # read back (on an object store: downloaded) by rank 0
+            files = folder_checksums(path)
         info = {k: v for k, v in self.run_info.items() if k != "config_toml"}
-        mark_complete(path, step, files, **info)
-        self._purge()
+        mark_complete(path, step, files, **info)  # last: the commit point
 
     def _failed(self, step: int, cause: str) -> None:
         """Every rank: remove the partial folder, keep the rest, stop or carry on."""
         path = step_dir(self.folder, step)
         if self.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                delete_step(path)
+            except OSError:
+                pass  # never committed: ignored, and deleted by the next resume
+        if self.mirror is not None:
+            self.mirror.remove(step)
+        free = free_bytes(self.folder)
+        room = "" if free is None else f"; {human(free)} free"
         msg = (f"checkpoint step {step} could not be saved to {path}: {cause} (it needs about "
-               f"{human(self.needed)}; {human(free_bytes(self.folder))} free); partial folder "
-               f"removed, earlier checkpoints kept: {complete_steps(self.folder) or 'none'}")
+               f"{human(self.needed)}{room}); partial folder removed, earlier checkpoints "
+               f"kept: {self._known() or 'none'}")
         if self.cfg.on_save_error == "continue":
             logger.error("%s; training continues and saves again at the next interval "
                          "(checkpoint.on_save_error = 'continue')", msg)
             return
         raise CheckpointSaveError(msg + " (checkpoint.on_save_error = 'continue' keeps training)")
 
+    def _known(self, agree: bool = True) -> list[int]:
+        """This run's complete steps, oldest first: listed once per launch (rank 0's listing,
+        on every rank), then kept up to date by this Checkpointer's own saves and deletions
+        (an object store's listing is slow, and a run lock keeps other writers out)."""
+        if self.steps is None:
+            steps = complete_steps(self.folder) if self.rank == 0 or not agree else None
+            self.steps = sorted(self._gather(steps)[0] if agree else steps)
+        return self.steps
+
+    def _forget(self, step: int) -> None:
+        if self.steps is not None and step in self.steps:
+            self.steps.remove(step)
+
     def _purge(self) -> None:
-        """Retention: only complete (hence finite) checkpoints older than the newest K."""
+        """Retention: only complete (hence finite) checkpoints older than the newest K (every
+        rank updates its list; rank 0 deletes)."""
         k = self.cfg.keep_latest_k
         if k <= 0:
             return
-        for old in complete_steps(self.folder)[:-k]:
+        for old in sorted(self._known())[:-k]:
+            self._forget(old)
+            if self.rank != 0:
+                continue
             path = step_dir(self.folder, old)
             try:
-                # The marker first: a folder that is only partly deleted never looks complete.
-                (path / MARKER).unlink(missing_ok=True)
-                shutil.rmtree(path)
+                delete_step(path)  # the marker first: never partly deleted yet complete
             except OSError as e:
                 logger.warning("retention (checkpoint.keep_latest_k = %d) could not delete %s: "
                                "%s; it stays on disk, delete it by hand", k, path,
@@ -345,11 +375,18 @@ class Checkpointer(LoadingMixin):
         elif self.pending is not None:
             pending, self.pending = self.pending, None
             try:
-                pending["future"].result()
-                if self.rank == 0:
-                    self._commit(pending["step"], pending["nonfinite"])
+                result = pending["future"].result()
+                # With a mirror, rank 0 cannot know that the other ranks' uploads finished:
+                # the step stays without its marker (deleted by the next resume).
+                if self.rank == 0 and (not pending["mirror"] or self.world == 1):
+                    self._commit(pending["step"], pending["nonfinite"],
+                                 result if pending["mirror"] else None)
+                    if not pending["nonfinite"]:
+                        self._known(agree=False).append(pending["step"])
+                        self._purge()
             except (Exception, CheckpointException) as e:  # noqa: BLE001 - already failing
                 logger.error("checkpoint step-%d was not completed: %s", pending["step"],
                              describe_failure(e))
             finally:
-                pending["stager"].close()
+                if pending["stager"] is not None:
+                    pending["stager"].close()

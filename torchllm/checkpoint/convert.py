@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, resolve_checkpoint, step_of
+from torchllm.checkpoint.storage import storage_for
 
 PREFIX = "model."
 
@@ -35,7 +35,7 @@ def load_dcp_tensors(path: str | Path, prefix: str = PREFIX) -> dict[str, torch.
     """Every tensor of a DCP checkpoint whose flattened key starts with `prefix`, as plain CPU
     tensors keyed by the rest of the key (e.g. "model." -> parameter names)."""
     step_path = resolve_checkpoint(path)
-    metadata = FileSystemReader(str(step_path)).read_metadata()
+    metadata = storage_for(step_path).reader(step_path).read_metadata()
     tensors = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in metadata.state_dict_metadata.items()
@@ -43,7 +43,7 @@ def load_dcp_tensors(path: str | Path, prefix: str = PREFIX) -> dict[str, torch.
     }
     if not tensors:
         raise ValueError(f"checkpoint {step_path} holds no tensors under {prefix!r}")
-    dcp.load(tensors, checkpoint_id=str(step_path), no_dist=True)
+    dcp.load(tensors, storage_reader=storage_for(step_path).reader(step_path), no_dist=True)
     return {key[len(prefix):]: value for key, value in tensors.items()}
 
 

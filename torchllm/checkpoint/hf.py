@@ -39,8 +39,10 @@ from torchllm.checkpoint.layout import (
     checkpoint_config,
     mark_complete,
     resolve_checkpoint,
+    run_folder_of,
     step_of,
 )
+from torchllm.checkpoint.storage import is_url, join, storage_for
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
 
@@ -134,8 +136,8 @@ def _run_config(step_path: Path, overrides: list[str]):
         return load_config(overrides)
     path = checkpoint_config(step_path)
     if path is None:
-        raise ConfigError(f"neither {step_path / 'config.toml'} nor the run's config.toml exists; "
-                          "pass the run's config with --job.config_file")
+        raise ConfigError(f"neither {join(step_path, 'config.toml')} nor the run's config.toml "
+                          "exists; pass the run's config with --job.config_file")
     return load_config(["--job.config_file", str(path), *overrides])
 
 
@@ -160,11 +162,15 @@ def _tokenizer_of(cfg, run_dir: Path):
 def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = (),
               dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
               vocab_size: int | None = None, overwrite: bool = False) -> Path:
-    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder.
+    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder. An fsspec
+    URL `out` (s3://bucket/prefix) gets a local export uploaded file by file, config.json last.
 
     It is written beside `out` and renamed when complete; a non-empty `out` is refused (stale
     shards of an earlier export would mix with this one) unless overwrite, which replaces it.
     """
+    if is_url(out):
+        return _export_to_store(checkpoint, out, overrides, dtype, max_shard_bytes, vocab_size,
+                                overwrite)
     out = Path(out)
     used = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if used and not overwrite:
@@ -178,7 +184,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     step_path = resolve_checkpoint(checkpoint)
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
-    tokenizer = _tokenizer_of(cfg, step_path.parent.parent)
+    tokenizer = _tokenizer_of(cfg, run_folder_of(step_path, cfg))
     vocab = vocab_size or cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else None)
     if vocab is None:
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
@@ -203,6 +209,25 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     logger.info("exported %s (%s, vocab %d of %d padded) to %s", step_path, cfg.model.name, vocab,
                 args.vocab_size, final)
     return final
+
+
+def _export_to_store(checkpoint, out: str, overrides, dtype, max_shard_bytes, vocab_size,
+                     overwrite: bool) -> str:
+    import tempfile
+
+    store = storage_for(out)
+    if store.is_dir(out) and not overwrite:
+        raise FileExistsError(f"{out} is not empty; pass --overwrite to replace it, or export "
+                              "into a new prefix")
+    with tempfile.TemporaryDirectory(prefix="torchllm-export-") as tmp:
+        local = export_hf(checkpoint, Path(tmp) / "export", overrides, dtype, max_shard_bytes,
+                          vocab_size)
+        store.remove_tree(out)  # an earlier export's shards must not mix with this one's
+        names = sorted(p.name for p in local.iterdir())
+        for name in sorted(names, key=lambda n: n == "config.json"):  # config.json last
+            store.upload(local / name, join(out, name))
+    logger.info("uploaded the export to %s", out)
+    return out
 
 
 def _write_export(out: Path, adapter, args, vocab: int, hf_weights: dict, tokenizer,

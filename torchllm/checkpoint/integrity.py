@@ -6,9 +6,7 @@ All functions here are rank-local; the Checkpointer makes the ranks agree on the
 
 from __future__ import annotations
 
-import shutil
 import zlib
-from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -16,34 +14,38 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.layout import MARKER
+from torchllm.checkpoint.storage import Location, as_location, iter_chunks, join, storage_for
 
 CHUNK = 16 << 20
 
 
-def file_crc32(path: Path) -> str:
-    """CRC-32 of a file, read in 16 MiB chunks (zlib releases the GIL while hashing)."""
+def file_crc32(path: Location) -> str:
+    """CRC-32 of a file or object, read in 16 MiB chunks (zlib releases the GIL while hashing)."""
     crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
+    with storage_for(path).open(path) as f:
+        for chunk in iter_chunks(f, CHUNK):
             crc = zlib.crc32(chunk, crc)
     return f"{crc:08x}"
 
 
-def folder_checksums(path: Path) -> dict[str, dict]:
+def folder_checksums(path: Location) -> dict[str, dict]:
     """{file name: {"bytes", "crc32"}} for every file of a checkpoint folder but the markers."""
-    return {f.name: {"bytes": f.stat().st_size, "crc32": file_crc32(f)}
-            for f in sorted(Path(path).iterdir())
-            if f.is_file() and f.name != MARKER and not f.name.startswith(f".{MARKER}")}
+    path = as_location(path)
+    return {name: {"bytes": size, "crc32": file_crc32(join(path, name))}
+            for name, size in sorted(storage_for(path).files(path).items())
+            if name != MARKER and not name.startswith(f".{MARKER}")}
 
 
-def verify_files(path: Path, recorded: dict[str, dict], names: list[str]) -> str | None:
+def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) -> str | None:
     """Check `names` (a share of the recorded files) against the marker; the first problem."""
+    path = as_location(path)
+    sizes = storage_for(path).files(path) if names else {}
     for name in names:
-        f = Path(path) / name
+        f = join(path, name)
         want = recorded[name]
-        if not f.is_file():
+        if name not in sizes:
             return f"file {f} is missing"
-        size = f.stat().st_size
+        size = sizes[name]
         if size != want["bytes"]:
             return f"file {f} has {size} bytes, {want['bytes']} when saved"
         crc = file_crc32(f)
@@ -84,12 +86,9 @@ def nonfinite_and_bytes(tensors: list[torch.Tensor]) -> tuple[int, int]:
     return bad, nbytes
 
 
-def free_bytes(folder: Path) -> int:
-    """Free bytes on the disk holding `folder` (or its nearest existing parent)."""
-    folder = Path(folder).absolute()
-    while not folder.exists():
-        folder = folder.parent
-    return shutil.disk_usage(folder).free
+def free_bytes(folder: Location) -> int | None:
+    """Free bytes on the disk holding `folder` (None on an object store: no such limit)."""
+    return storage_for(folder).free_bytes(as_location(folder))
 
 
 def human(n: float) -> str:

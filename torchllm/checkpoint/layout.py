@@ -8,19 +8,28 @@
                                   abandoned-<time>/step-<M>/  moved aside by a load_step going back
 
 A folder without COMPLETE is a save that crashed, is still being written or holds non-finite
-values: it is never loaded and never counted for retention.
+values: it is never loaded and never counted for retention (a resume deletes the ones without
+either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
+here takes a local path or a URL, and does its file operations through `storage.storage_for`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import torch
 
+from torchllm.checkpoint.storage import (
+    Location,
+    as_location,
+    join,
+    name_of,
+    parent_of,
+    storage_for,
+)
 from torchllm.log import logger
 
 # Dtypes a checkpoint's weights can be exported in (checkpoint.export_dtype, convert, hf).
@@ -31,38 +40,26 @@ NONFINITE = "NONFINITE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def step_dir(folder: Path, step: int) -> Path:
-    return Path(folder) / f"step-{step}"
+def step_dir(folder: Location, step: int) -> Location:
+    return join(as_location(folder), f"step-{step}")
 
 
-def step_of(path: Path) -> int | None:
-    match = _STEP_DIR.match(Path(path).name)
+def step_of(path: Location) -> int | None:
+    match = _STEP_DIR.match(name_of(as_location(path)))
     return int(match.group(1)) if match else None
 
 
-def is_complete(path: Path) -> bool:
-    return (Path(path) / MARKER).is_file()
+def is_complete(path: Location) -> bool:
+    return storage_for(path).is_file(join(as_location(path), MARKER))
 
 
-def write_durably(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically and durably: a temp file, fsync'd, renamed over
-    `path`, then the folder fsync'd, so that after a crash or power loss `path` holds either
-    its old content or all of `text` (never an empty or partial file)."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself
-    finally:
-        os.close(fd)
+def write_durably(path: Location, text: str) -> None:
+    """Replace `path` with `text` atomically and durably (storage.LocalStorage.write_durably: a
+    temp file, fsync, rename, folder fsync; on an object store, one PUT)."""
+    storage_for(path).write_durably(as_location(path), text)
 
 
-def mark_complete(path: Path, step: int, files: dict | None = None, **info) -> None:
+def mark_complete(path: Location, step: int, files: dict | None = None, **info) -> None:
     """Write the marker atomically and durably: it is the commit point of a save.
 
     `files` maps each file name to {"bytes": size, "crc32": hex} (verified at load); `info`
@@ -71,20 +68,20 @@ def mark_complete(path: Path, step: int, files: dict | None = None, **info) -> N
     record = {"step": step, "time": time.time(), **info}
     if files is not None:
         record["files"] = files
-    write_durably(Path(path) / MARKER, json.dumps(record, indent=1) + "\n")
+    write_durably(join(as_location(path), MARKER), json.dumps(record, indent=1) + "\n")
 
 
 class MarkerError(ValueError):
     """A COMPLETE marker that cannot be read or holds no record: its step is not used."""
 
 
-def read_marker(path: Path) -> dict:
+def read_marker(path: Location) -> dict:
     """The COMPLETE marker's record; MarkerError (one line naming the marker) when it cannot be
     read, is empty or cut short, or is not the record `mark_complete` writes. Such a step is
     unusable: without its record the files' checksums cannot be verified."""
-    marker = Path(path) / MARKER
+    marker = join(as_location(path), MARKER)
     try:
-        data = marker.read_bytes()
+        data = storage_for(marker).read_bytes(marker)
     except OSError as e:
         raise MarkerError(f"marker {marker} cannot be read ({e.strerror or e})") from None
     try:
@@ -97,70 +94,110 @@ def read_marker(path: Path) -> dict:
     return record
 
 
-def mark_nonfinite(path: Path, what: str) -> None:
+def mark_nonfinite(path: Location, what: str) -> None:
     """Record why a finished save must never be loaded (it stays on disk for inspection)."""
-    (Path(path) / NONFINITE).write_text(what + "\n")
+    write_durably(join(as_location(path), NONFINITE), what + "\n")
 
 
-def move_aside(folder: Path, after_step: int) -> tuple[list[int], Path | None]:
+def delete_step(path: Location) -> None:
+    """Delete a step folder (or prefix), its marker first: a step that is only partly deleted
+    never looks complete."""
+    store, path = storage_for(path), as_location(path)
+    store.remove_file(join(path, MARKER))
+    store.remove_tree(path)
+
+
+def move_aside(folder: Location, after_step: int) -> tuple[list[int], Location | None]:
     """Move every step folder newer than `after_step` (complete or not) into one
     `abandoned-<time>` folder beside them; returns (moved steps, that folder)."""
-    folder = Path(folder)
-    newer = sorted(s for s in (step_of(c) for c in folder.iterdir() if c.is_dir())
-                   if s is not None and s > after_step) if folder.is_dir() else []
+    folder = as_location(folder)
+    store = storage_for(folder)
+    newer = sorted(s for s in map(step_of, store.scan(folder))
+                   if s is not None and s > after_step)
     if not newer:
         return [], None
-    dest = folder / time.strftime(f"abandoned-%Y%m%d-%H%M%S-after-step-{after_step}")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = join(folder, time.strftime(f"abandoned-%Y%m%d-%H%M%S-after-step-{after_step}"))
     for step in newer:
-        step_dir(folder, step).rename(dest / f"step-{step}")
+        store.move(step_dir(folder, step), join(dest, f"step-{step}"))
     return newer, dest
 
 
-def complete_steps(folder: Path, warn_incomplete: bool = False) -> list[int]:
+def scan_steps(folder: Location) -> dict[int, str]:
+    """{step: "complete" | "nonfinite" | "partial"} of every step folder in `folder`, from one
+    listing (one LIST request on an object store)."""
+    folder = as_location(folder)
+    out = {}
+    for name, files in storage_for(folder).scan(folder).items():
+        step = step_of(name)
+        if step is not None:
+            out[step] = ("complete" if MARKER in files else
+                         "nonfinite" if NONFINITE in files else "partial")
+    return out
+
+
+def warn_unusable(folder: Location, steps: dict[int, str]) -> None:
+    """One warning per step of `scan_steps` that is never loaded, with the reason."""
+    for step, state in sorted(steps.items()):
+        child = step_dir(folder, step)
+        if state == "nonfinite":
+            what = storage_for(child).read_bytes(join(child, NONFINITE)).decode().strip()
+            logger.warning("ignoring checkpoint %s: it holds non-finite values (%s)", child, what)
+        elif state == "partial":
+            logger.warning("ignoring incomplete checkpoint %s (no %s marker); deleting it", child,
+                           MARKER)
+
+
+def complete_steps(folder: Location, warn_incomplete: bool = False) -> list[int]:
     """Steps with a complete checkpoint in `folder`, oldest first."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    steps = []
-    for child in folder.iterdir():
-        step = step_of(child)
-        if step is None or not child.is_dir():
-            continue
-        if is_complete(child):
-            steps.append(step)
-        elif warn_incomplete and (child / NONFINITE).is_file():
-            logger.warning("ignoring checkpoint %s: it holds non-finite values (%s)", child,
-                           (child / NONFINITE).read_text().strip())
-        elif warn_incomplete:
-            logger.warning("ignoring incomplete checkpoint %s (no %s marker)", child, MARKER)
-    return sorted(steps)
+    steps = scan_steps(folder)
+    if warn_incomplete:
+        warn_unusable(as_location(folder), steps)
+    return sorted(s for s, state in steps.items() if state == "complete")
 
 
-def resolve_checkpoint(path: str | Path, folder_name: str = "checkpoint") -> Path:
-    """A complete step folder from a step folder, a checkpoint folder, or a run folder."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
+def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Location:
+    """A complete step folder from a step folder, a checkpoint folder, or a run folder (each a
+    local path or a URL)."""
+    path = as_location(path)
+    store = storage_for(path)
     if step_of(path) is not None:
         if not is_complete(path):
+            if not store.is_dir(path):
+                raise FileNotFoundError(f"checkpoint path {path} is not a folder")
             raise FileNotFoundError(f"checkpoint {path} is incomplete (no {MARKER} marker)")
         return path
-    for folder in (path, path / folder_name):
+    if not store.is_dir(path):
+        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
+    for folder in (path, join(path, folder_name)):
         steps = complete_steps(folder)
         if steps:
             return step_dir(folder, steps[-1])
     raise FileNotFoundError(
         f"no complete checkpoint under {path} (looked for step-<N>/{MARKER} in {path} and "
-        f"{path / folder_name})"
+        f"{join(path, folder_name)})"
     )
 
 
-def checkpoint_config(step_path: Path) -> Path | None:
-    """The config a step was written under: its own config.toml, else the run's
-    (run/<folder>/step-N -> run/config.toml), else None. The step's wins: a later launch of the
-    run (another shape, a failed resume of older code) may have rewritten the run's."""
-    for path in (Path(step_path) / "config.toml", Path(step_path).parent.parent / "config.toml"):
-        if path.is_file():
-            return path
+def checkpoint_config(step_path: Location) -> Path | None:
+    """The config a step was written under (a local copy of it for a step on object storage):
+    its own config.toml, else the run's (run/<folder>/step-N -> run/config.toml), else None.
+    The step's wins: a later launch of the run (another shape, a failed resume of older code)
+    may have rewritten the run's."""
+    step_path = as_location(step_path)
+    for path in (join(step_path, "config.toml"),
+                 join(parent_of(parent_of(step_path)), "config.toml")):
+        store = storage_for(path)
+        if store.is_file(path):
+            return store.local_copy(path)
     return None
+
+
+def run_folder_of(step_path: Location, cfg) -> Path:
+    """The local run folder that wrote `step_path` (its tokenizer cache is in data/): the
+    step's grandparent, or for a step on object storage the run folder its config names."""
+    step_path = as_location(step_path)
+    if storage_for(step_path).remote:
+        from torchllm.config.paths import run_name
+
+        return Path(cfg.job.dump_folder) / run_name(cfg.job)
+    return Path(parent_of(parent_of(step_path)))

@@ -8,22 +8,23 @@ on every rank when one fails) -> applying the states (rank-local again).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.integrity import describe_failure, structure_mismatch, verify_files
 from torchllm.checkpoint.layout import (
-    complete_steps,
+    delete_step,
     move_aside,
     read_marker,
     resolve_checkpoint,
+    scan_steps,
     step_dir,
+    warn_unusable,
 )
 from torchllm.checkpoint.resume import apply_hparams, config_changes
+from torchllm.checkpoint.storage import Location, join, storage_for
 from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
@@ -40,7 +41,10 @@ class LoadingMixin:
         a warning naming the cause, for the one before it; if a specific `load_step` was asked
         for, its failure is an error, and newer checkpoints are moved aside (never deleted).
         """
-        steps = self._gather(complete_steps(self.folder, warn_incomplete=True))[0]
+        scanned = self._gather(scan_steps(self.folder) if self.rank == 0 else None)[0]
+        steps = self.steps = sorted(s for s, state in scanned.items() if state == "complete")
+        if self.rank == 0:
+            self._clean_partial(scanned)
         load_step = self.cfg.load_step
         if load_step != -1:
             if load_step not in steps:
@@ -63,6 +67,7 @@ class LoadingMixin:
                             moved, dest, load_step)
             if error := self._one(self._gather(error)):  # the others wait for the move
                 raise RuntimeError(f"checkpoint.load_step = {load_step}: {error}")
+            self.steps = [s for s in steps if s <= load_step]
         for step in reversed([load_step] if load_step != -1 else steps):
             path = step_dir(self.folder, step)
             error = self._try_load(path, self.cfg.exclude_from_loading, resume=True)
@@ -96,7 +101,20 @@ class LoadingMixin:
             return 0
         return None
 
-    def _try_load(self, path: Path, exclude: list[str], resume: bool) -> str | None:
+    def _clean_partial(self, scanned: dict[int, str]) -> None:
+        """Rank 0: warn about the steps that are never loaded, and delete the partial ones (a
+        save or upload cut short: no marker, so nothing trusts them; on an object store they
+        would linger and cost). Steps holding NaN/inf stay for inspection."""
+        warn_unusable(self.folder, scanned)
+        for step, state in sorted(scanned.items()):
+            if state == "partial":
+                try:
+                    delete_step(step_dir(self.folder, step))
+                except OSError as e:
+                    logger.warning("could not delete the incomplete checkpoint %s: %s",
+                                   step_dir(self.folder, step), describe_failure(e))
+
+    def _try_load(self, path: Location, exclude: list[str], resume: bool) -> str | None:
         """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
         # 1. Rank-local checks, before any collective: checksums (each rank a share of the
@@ -108,7 +126,7 @@ class LoadingMixin:
             if self.cfg.checksums and files:
                 problem = verify_files(path, files, sorted(files)[self.rank::self.world])
             if problem is None:
-                metadata = FileSystemReader(str(path)).read_metadata()
+                metadata = storage_for(path).reader(path).read_metadata()
                 present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
                 sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
                 grow = self._plan_growth(path, metadata, marker, sds, resume)
@@ -117,7 +135,7 @@ class LoadingMixin:
                 if mismatch:
                     raise ConfigError(
                         f"checkpoint {path} does not fit this model (saved shapes in "
-                        f"{path / '.metadata'}): {mismatch}; did model.name or model.flavor "
+                        f"{join(path, '.metadata')}): {mismatch}; did model.name or model.flavor "
                         "change?", "model.flavor")
                 if resume:
                     self._check_batch(path, marker)
@@ -129,7 +147,7 @@ class LoadingMixin:
             return problem
         # 2. Read (DCP gathers every rank's read errors and raises on all of them).
         try:
-            dcp.load(sds, checkpoint_id=str(path))
+            dcp.load(sds, storage_reader=storage_for(path).reader(path))
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             problem = describe_failure(e)
         if problem := self._one(self._gather(problem)):
@@ -147,7 +165,7 @@ class LoadingMixin:
             problem = describe_failure(e)
         return self._agreed(misfit, problem)
 
-    def _plan_growth(self, path: Path, metadata, marker: dict, sds: dict, resume: bool):
+    def _plan_growth(self, path: Location, metadata, marker: dict, sds: dict, resume: bool):
         """For a new run whose vocabulary adds tokens to the checkpoint's: read the saved
         embedding/output rows whole (plain tensors replace the model's in `sds`) and return
         what `_grow` needs; None when nothing grows (vocab_resize.plan_growth raises on a
@@ -184,7 +202,7 @@ class LoadingMixin:
             raise ConfigError(misfit, "checkpoint")
         return self._one([p for _, p in outcomes])
 
-    def _check_batch(self, path: Path, marker: dict) -> None:
+    def _check_batch(self, path: Location, marker: dict) -> None:
         saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
         if saved and now and saved != now and not self.cfg.allow_global_batch_change:
             raise ConfigError(
@@ -194,11 +212,13 @@ class LoadingMixin:
                 "checkpoint.allow_global_batch_change = true to resume with the new batch",
                 "checkpoint.allow_global_batch_change")
 
-    def _after_resume(self, path: Path) -> None:
+    def _after_resume(self, path: Location) -> None:
         """One warning listing the config changes since `path` was saved, and what wins."""
-        saved, now = path / "config.toml", self.run_info.get("config_toml")
-        if saved.is_file() and now:
-            changes = config_changes(saved.read_text(), now, self.cfg.optimizer_hparams_from)
+        saved, now = join(path, "config.toml"), self.run_info.get("config_toml")
+        store = storage_for(saved)
+        if now and store.is_file(saved):
+            changes = config_changes(store.read_bytes(saved).decode(), now,
+                                     self.cfg.optimizer_hparams_from)
             if changes:
                 logger.warning("resuming with %d config change(s) since %s: %s", len(changes),
                                saved, "; ".join(changes))
@@ -207,7 +227,7 @@ class LoadingMixin:
             logger.info("optimizer hyperparameters (peak LR, betas, eps, weight decay) taken "
                         "from the config (checkpoint.optimizer_hparams_from = 'config')")
 
-    def _wanted(self, path: Path, present: set[str], exclude: list[str]) -> dict[str, Any]:
+    def _wanted(self, path: Location, present: set[str], exclude: list[str]) -> dict[str, Any]:
         wanted = {}
         for key, state in self.states.items():
             kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key

@@ -7,7 +7,9 @@
 
 The run name is one path component, and the other keys are relative paths strictly below the
 folder they hang off: so no key can make one run's folders those of another run or the dump
-folder itself, which `--job.overwrite` would then delete.
+folder itself, which `--job.overwrite` would then delete. The one exception: `checkpoint.folder`
+may be an fsspec URL (`s3://bucket/prefix`, `gs://...`), used as is (docs/checkpointing.md,
+"Object storage"); its protocol's package must be installed.
 """
 
 from __future__ import annotations
@@ -54,9 +56,26 @@ def path_errors(cfg) -> list[tuple[str, str]]:
                   ("metrics.tb_folder", "job.dump_folder")]
     for key, where in subfolders:
         value = cfg.value(key)
+        if key == "checkpoint.folder" and "://" in value:
+            from torchllm.checkpoint.storage import missing_package
+
+            if problem := missing_package(value):
+                errors.append((key, f"{key} = {problem}"))
+            continue
         if bad_subfolder(value):
             errors.append((key, f"{key} = {value!r}: must be "
-                           + SUBFOLDER_ALLOWED.format(where=where)))
+                           + SUBFOLDER_ALLOWED.format(where=where)
+                           + (" (or an fsspec URL such as s3://bucket/prefix)"
+                              if key == "checkpoint.folder" else "")))
+    mirror = cfg.checkpoint.local_mirror
+    if mirror and "://" not in cfg.checkpoint.folder:
+        errors.append(("checkpoint.local_mirror", f"checkpoint.local_mirror = {mirror!r} mirrors "
+                       "a checkpoint folder on object storage, but checkpoint.folder = "
+                       f"{cfg.checkpoint.folder!r} is local; set checkpoint.folder to a URL "
+                       "(s3://bucket/prefix) or leave local_mirror unset"))
+    elif mirror and bad_subfolder(mirror):
+        errors.append(("checkpoint.local_mirror", f"checkpoint.local_mirror = {mirror!r}: must "
+                       "be " + SUBFOLDER_ALLOWED.format(where="the run folder")))
     tb_top = PurePosixPath(cfg.metrics.tb_folder.replace("\\", "/")).parts[:1]
     if not errors and tb_top == (name,):
         errors.append(("job.run_name", f"job.run_name = {name!r} is the first folder of "

@@ -112,8 +112,13 @@ class Profiling:
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints, and resume from the run's latest one at start")
     folder: str = opt(
-        "checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints; a relative "
-        "path without '..'"
+        "checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints (a relative "
+        "path without '..'), or an fsspec URL used as is (s3://bucket/prefix, gs://...; "
+        "credentials from the store's environment; docs/checkpointing.md)"
+    )
+    local_mirror: str = opt(
+        "", "With a URL checkpoint.folder: write each step to this subfolder of the run folder "
+        "first, then upload it in the background (marker last); '' = write to the URL directly"
     )
     interval: int = opt(500, "Save every N steps (and at the last step of the run)")
     keep_latest_k: int = opt(3, "Keep only the newest K complete checkpoints; 0 keeps all")
@@ -126,7 +131,8 @@ class Checkpoint:
                 "loss_guard"]
     ] = opt([], "States not to restore when resuming")
     initial_load_path: str = opt(
-        "", "Checkpoint (run, folder or step dir) to start from when the run has none of its own"
+        "", "Checkpoint (run, folder or step dir; a path or an fsspec URL) to start from when "
+        "the run has none of its own"
     )
     initial_load_model_only: bool = opt(True, "Take only the weights from initial_load_path")
     initial_load_in_hf: bool = opt(

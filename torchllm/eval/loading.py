@@ -24,7 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.layout import checkpoint_config, resolve_checkpoint
+from torchllm.checkpoint.layout import checkpoint_config, resolve_checkpoint, run_folder_of
+from torchllm.checkpoint.storage import join, storage_for
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer, build_tokenizer
@@ -62,13 +63,12 @@ def load_for_inference(
     `overrides` (`--section.key=value`) apply on top of the run's config, as for training.
     """
     step_dir = resolve_checkpoint(path)
-    run_dir = step_dir.parent.parent
     config_path = checkpoint_config(step_dir)
     if config_path is None:
-        raise FileNotFoundError(f"{run_dir / 'config.toml'} is missing; it holds the run's "
-                                "model config")
+        raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
+                                "missing; they hold the run's model config")
     cfg = load_config(["--job.config_file", str(config_path), *overrides])
-    tokenizer = build_tokenizer(cfg, run_dir / "data")
+    tokenizer = build_tokenizer(cfg, run_folder_of(step_dir, cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):
         model = spec.build(models.model_args(cfg, tokenizer.vocab_size))
@@ -77,7 +77,7 @@ def load_for_inference(
     state = model.state_dict()
     with warnings.catch_warnings():  # one process without a group is the intended use here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load({"model": state}, checkpoint_id=step_dir)
+        dcp.load({"model": state}, storage_reader=storage_for(step_dir).reader(step_dir))
     model.load_state_dict(state)
     model.eval()
     return model, cfg, tokenizer

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from torchllm.checkpoint.layout import resolve_checkpoint, step_of
+from torchllm.checkpoint.storage import parent_of
 from torchllm.checkpoint.resume import recorded_precision
 from torchllm.data import build_data
 from torchllm.eval.in_training import validation_loader
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         device = inference_device(args.device)
         model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
         step = resolve_checkpoint(args.checkpoint)
-        recorded = recorded_precision(step.parent, step_of(step), device)
+        recorded = recorded_precision(parent_of(step), step_of(step), device)
         result = evaluate_loss(model, cfg, tokenizer, device, args.data, args.steps,
                                args.max_tokens, recorded)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError

@@ -23,6 +23,7 @@ import torch
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
 from torchllm.data.kinds.registry import reads_conversations
+from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.metrics.reduce import rank
@@ -129,8 +130,9 @@ class RunReport(Callback):
         ccfg = self.cfg.checkpoint
         if not ccfg.enable:
             return None
-        folder = self.run_dir / ccfg.folder
-        steps = complete_steps(folder) if folder.is_dir() else []
+        folder = checkpoint_folder(self.run_dir, ccfg.folder)
+        known = getattr(trainer.checkpointer, "steps", None)  # its list: no second listing
+        steps = list(known) if known is not None else complete_steps(folder)
         pending = getattr(trainer.checkpointer, "pending", None)
         if pending:
             steps.append(pending["step"])
