@@ -67,6 +67,26 @@ def assert_batches_equal(a, b):
             assert torch.equal(x[key], y[key]), key
 
 
+def resumed_equals_straight(cfg, tokenizer, rank: int, dp: int, stop: int = 7, more: int = 40):
+    """Oracle for exact resume: a straight loader's batches `stop`..`stop + more` against a new
+    loader built from its state after `stop` batches (pickled, as a checkpoint holds it).
+    Returns those batches for further checks."""
+    import pickle
+
+    from torchllm.data import build_data
+
+    loader, _ = build_data(cfg, tokenizer, rank, dp)
+    it = iter(loader)
+    for _ in range(stop):
+        next(it)
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    after = [next(it) for _ in range(more)]
+    resumed, _ = build_data(cfg, tokenizer, rank, dp)
+    resumed.load_state_dict(state)
+    assert_batches_equal(take(resumed, more), after)
+    return after
+
+
 def test_packing_conserves_tokens_and_positions(tmp_path, jsonl):
     cfg = cfg_for(tmp_path, f"local:{jsonl}", "--data.val_fraction=0",
                   "--data.shuffle_windows=false", batch=1)
