@@ -553,9 +553,9 @@ MUTANTS = [
         "harness_scores_misordered", "a batch's scores go back to the requests in index order, "
         "not in the length-sorted order they were computed in",
         "torchllm/eval/harness/model.py",
-        "            for i, score in zip(batch, self._score([requests[i][1:] for i in batch])):",
-        "            for i, score in zip(sorted(batch),\n"
-        "                                self._score([requests[i][1:] for i in batch])):",
+        "            for i, (ll, greedy) in zip(batch, self._score([pieces[i] for i in batch])):",
+        "            for i, (ll, greedy) in zip(sorted(batch),\n"
+        "                                       self._score([pieces[i] for i in batch])):",
         ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",),
     ),
     Mutant(
@@ -608,6 +608,23 @@ MUTANTS = [
         '                    if k.startswith(self._key(folder))]\n',
         ("tests/test_object_storage.py::test_steps_on_a_bucket_complete_partial_and_their_own_"
          "prefix",),
+    ),
+    Mutant(
+        "harness_long_continuation_cut",
+        "a continuation longer than max_length keeps one token of context per window",
+        "torchllm/eval/harness/model.py",
+        "            pieces.append((full[max(0, end - 1 - self.max_length) : start], full[start:end]))",
+        "            pieces.append((full[start - 1 : start], full[start:end]))",
+        ("tests/test_harness.py::test_requests_equal_lm_eval_hf_model_on_the_export",),
+    ),
+    Mutant(
+        "harness_generates_past_stop",
+        "generate_until runs every request to max_gen_toks, cutting at the stop sequence after",
+        "torchllm/eval/harness/model.py",
+        "                                     stop_when=stopped)",
+        "                                     stop_when=None)",
+        ("tests/test_harness.py::test_generate_until_stops_at_stop_sequences_and_equals_greedy_"
+         "decoding",),
     ),
 ]
 

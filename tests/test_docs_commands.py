@@ -85,7 +85,8 @@ SKIP = {  # substring of the command -> why it does not run here
 # Documents whose training commands each start their own run: parallelism.md launches the same
 # config under other layouts, and resuming a run under another data-parallel degree is refused
 # by design (the data order depends on it), so each launch gets a run name of its own.
-OWN_RUN = {"parallelism.md", "data.md"}  # data.md: runs on several prepared datasets
+OWN_RUN = {"parallelism.md", "data.md",  # data.md: runs on several prepared datasets
+           "performance.md"}  # its speedrun command is README's too
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
 NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
     ("checkpointing.md", "<dump_folder>/"): "a folder layout",

@@ -105,6 +105,13 @@ def test_requests_equal_lm_eval_hf_model_on_the_export(trained):
                                                   1))) for r in rolling]
     assert min(windows) >= 2, windows  # several windows per text
 
+    # A continuation longer than max_length (where HFLM fails) is scored in the same disjoint
+    # windows: after an empty context (BOS) it is the rolling score of its text.
+    long_cont = [Instance("loglikelihood", r.doc, ("", r.args[0]), r.idx) for r in rolling]
+    windowed = ours.loglikelihood(long_cont)
+    for i, ((a, _), b) in enumerate(zip(windowed, mine)):
+        assert abs(a - b) < 1e-4, (i, a, b)
+
 
 # --- (b) the same questions as torchllm.eval.downstream ----------------------------------------
 
@@ -190,6 +197,14 @@ def test_generate_until_stops_at_stop_sequences_and_equals_greedy_decoding(token
     expected.append(full[0])
     lm = TorchllmLM(model, tok, CPU, batch_size=3)  # prompts of 4 lengths over 2 batches
     assert lm.generate_until(requests) == expected
+    # A request stops generating once its stop sequence is out (not after max_gen_toks).
+    steps = []
+    hook = model.register_forward_pre_hook(lambda *_: steps.append(1))
+    try:
+        assert lm.generate_until(requests[:1]) == expected[:1]
+    finally:
+        hook.remove()
+    assert len(steps) < n, len(steps)
 
 
 # --- (c) 2 ranks == 1 rank, and (e) the CLI ----------------------------------------------------

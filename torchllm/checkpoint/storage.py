@@ -33,6 +33,7 @@ PACKAGES = {"s3": ("s3fs", 's3fs (pip install -e ".[s3]")'),
             "gcs": ("gcsfs", "gcsfs (pip install gcsfs)"),
             "az": ("adlfs", "adlfs (pip install adlfs)"),
             "abfs": ("adlfs", "adlfs (pip install adlfs)")}
+MIN_S3FS = 2024  # calendar-versioned releases; pyproject's extras ask for >= 2024.6
 
 
 def is_url(location: Location | None) -> bool:
@@ -76,6 +77,14 @@ def missing_package(url: str) -> str | None:
         return f"{url}: {protocol}:// needs {needs}"
     except ValueError:
         return f"{url}: unknown protocol {protocol}:// (fsspec knows none by that name)"
+    package = PACKAGES.get(protocol, (None,))[0]
+    if package == "s3fs":  # 0.x releases (2019-20) predate the async API the DCP writer uses
+        from importlib.metadata import version
+
+        found = version("s3fs")
+        if int(found.split(".")[0]) < MIN_S3FS:
+            return (f"{url}: s3fs {found} is too old; needs s3fs >= {MIN_S3FS} "
+                    '(pip install -U "s3fs>=2024.6")')
     return None
 
 

@@ -8,7 +8,7 @@ row's output does not depend on the other rows of its batch.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -74,6 +74,7 @@ def generate(
     use_cache: bool = True,
     stop_early: bool = True,
     device: torch.device | None = None,
+    stop_when: Callable[[int, list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """The generated ids of each prompt (prompt excluded), cut after EOS when eos_id is given.
 
@@ -82,7 +83,9 @@ def generate(
     the cache is tested against). `stop_early = False` runs every step even after all rows hit
     EOS, so all ranks of a sharded model run the same number of forward passes. `device` is
     where the tokens live and the model computes (default: its first parameter's device; pass
-    the training device when FSDP offloads the parameters to CPU).
+    the training device when FSDP offloads the parameters to CPU). `stop_when(row, ids)`, asked
+    after each new token of a row still generating (ids: that row's generated ids so far), ends
+    that row when it returns True (e.g. a stop sequence appeared in its text).
     """
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or max_new_tokens < 0:
         raise ValueError(f"temperature = {temperature}, top_k = {top_k}, top_p = {top_p}, "
@@ -126,6 +129,10 @@ def generate(
                 tokens[:, cur] = torch.where(generating | in_prompt[:, cur], nxt, tokens[:, cur])
                 if eos_id is not None:
                     done |= generating & (nxt == eos_id)
+                if stop_when is not None:
+                    for row in generating.nonzero().flatten().tolist():
+                        if stop_when(row, tokens[row, lengths[row] : cur + 1].tolist()):
+                            limit[row] = cur + 1  # its output ends here
                 done |= cur + 1 >= limit
                 prev = cur
                 if stop_early and bool(done.all()):

@@ -1,4 +1,5 @@
 from torchllm.eval.harness.cli import main
 from torchllm.process_exit import exit_process
 
-exit_process(main())
+if __name__ == "__main__":
+    exit_process(main())

@@ -6,14 +6,16 @@ on the HF export of the same checkpoint, so the numbers are comparable with publ
 - loglikelihood: the context is encoded with BOS, the continuation is what the encoding of
   context + continuation adds after it (TemplateLM._encode_pair: the context's trailing
   whitespace moves to the continuation); an empty context is BOS alone. When the pair is
-  longer than `max_length` + 1 the oldest tokens are dropped (HFLM's left truncation).
+  longer than `max_length` + 1 the oldest tokens are dropped (HFLM's left truncation); a
+  continuation longer than `max_length` is scored in disjoint windows, like a rolling text
+  (where HFLM, which assumes continuations fit, fails).
 - loglikelihood_rolling: the text (no BOS) in disjoint windows of `max_length` predicted tokens,
   the first conditioned on BOS, each later one on the tokens before it (lm_eval.utils'
   rolling windows with context_len 1), summed. HFLM matches with add_bos_token=False there
   (with the tokenizer's default it also scores a second BOS after the prefix BOS).
 - generate_until: the context with BOS, its oldest tokens dropped to leave max_gen_toks of
-  room, greedy (or sampled with do_sample) torchllm.eval.generation.generate; the text is cut
-  before the first stop sequence (`until`) and at EOS.
+  room, greedy (or sampled with do_sample) torchllm.eval.generation.generate; a row stops
+  once its text holds a stop sequence (`until`) or at EOS, and is cut before the first one.
 
 Batches are sorted by length (longest first) and right-padded; results come back in request
 order. Distributed: lm-eval's evaluator splits the documents over `rank`/`world_size` and
@@ -81,9 +83,6 @@ class TorchllmLM(TemplateLM):
         right-padded forward; each input is (context + continuation)[-(max_length + 1):-1]."""
         inputs = []
         for ctx, cont in pairs:
-            if not ctx or not cont or len(cont) > self.max_length:
-                raise ValueError(f"a request has {len(ctx)} context and {len(cont)} "
-                                 f"continuation tokens; both must be 1..{self.max_length}")
             inputs.append((ctx + cont)[-(self.max_length + 1):][:-1])
         tokens = torch.zeros(len(inputs), max(map(len, inputs)), dtype=torch.long)
         for i, ids in enumerate(inputs):
@@ -99,15 +98,34 @@ class TorchllmLM(TemplateLM):
                         bool((logp.argmax(dim=-1) == target).all())))
         return out
 
+    def _windows(self, ctx: list[int], cont: list[int]) -> list[tuple[list[int], list[int]]]:
+        """(context, continuation) pieces that each fit one forward: a continuation longer than
+        max_length is scored in disjoint windows of max_length tokens, each conditioned on the
+        max_length tokens before it (as loglikelihood_rolling scores a text; HFLM would fail)."""
+        if not ctx or not cont:
+            raise ValueError(f"a request has {len(ctx)} context and {len(cont)} "
+                             "continuation tokens; both must be >= 1")
+        full, pieces = ctx + cont, []
+        for start in range(len(ctx), len(full), self.max_length):
+            end = min(start + self.max_length, len(full))
+            pieces.append((full[max(0, end - 1 - self.max_length) : start], full[start:end]))
+        return pieces
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-        """Scores of (request, context ids, continuation ids) in batches sorted by length."""
-        order = sorted(range(len(requests)),
-                       key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
-        out: list = [None] * len(requests)
+        """Scores of (request, context ids, continuation ids): pieces (see _windows) scored in
+        batches sorted by length, summed per request (greedy if every piece is)."""
+        pieces, owner = [], []
+        for i, (_, ctx, cont) in enumerate(requests):
+            mine = self._windows(ctx, cont)
+            pieces += mine
+            owner += [i] * len(mine)
+        order = sorted(range(len(pieces)), key=lambda i: -sum(map(len, pieces[i])))
+        out: list = [(0.0, True)] * len(requests)
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            for i, score in zip(batch, self._score([requests[i][1:] for i in batch])):
-                out[i] = score
+            for i, (ll, greedy) in zip(batch, self._score([pieces[i] for i in batch])):
+                total, all_greedy = out[owner[i]]
+                out[owner[i]] = (total + ll, all_greedy and greedy)
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -151,10 +169,17 @@ class TorchllmLM(TemplateLM):
             _, _, _, max_gen, temperature = jobs[start]
             batch = [j for j in jobs[start : start + self.batch_size]
                      if (j[3], j[4]) == (max_gen, temperature)]
+
+            def stopped(row: int, ids: list[int], batch=batch) -> bool:
+                _, prompt, until, _, _ = batch[row]
+                text = completion_text(self.tokenizer, prompt, ids)
+                return any(stop and stop in text for stop in until)
+
             with self.autocast():
                 generated = generate(self.model, [j[1] for j in batch], max_gen,
                                      temperature=temperature, seed=self.seed,
-                                     eos_id=self.tokenizer.eos_id, device=self._device)
+                                     eos_id=self.tokenizer.eos_id, device=self._device,
+                                     stop_when=stopped)
             for (i, prompt, until, _, _), ids in zip(batch, generated):
                 out[i] = cut_at_stop(completion_text(self.tokenizer, prompt, ids), until)
             start += len(batch)
