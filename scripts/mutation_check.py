@@ -247,7 +247,7 @@ MUTANTS = [
     Mutant(
         "unlisted_shard_read", "training ignores shard files index.json does not list",
         "torchllm/data/shards.py",
-        "        if SHARD_FILE.fullmatch(path.name) and path.name not in listed:",
+        "        if SHARD_FILE.fullmatch(name) and name not in listed:",
         "        if False:",
         ("tests/test_data_safety.py::test_training_refuses_a_shard_not_listed_in_the_index",),
     ),
@@ -625,6 +625,28 @@ MUTANTS = [
         "                                     stop_when=None)",
         ("tests/test_harness.py::test_generate_until_stops_at_stop_sequences_and_equals_greedy_"
          "decoding",),
+    ),
+    Mutant(
+        "remote_shards_read_whole",
+        "a shard object on a store is fetched whole for every window (not its byte range)",
+        "torchllm/data/token_stream.py",
+        "        data = self.storage.read_range(self.part.path, base + lo * self.itemsize,\n"
+        "                                       base + hi * self.itemsize)\n"
+        "        return np.frombuffer(data, dtype=self.part.dtype)\n",
+        "        data = self.storage.read_range(self.part.path, base,\n"
+        "                                       base + self.part.length * self.itemsize)\n"
+        "        return np.frombuffer(data, dtype=self.part.dtype)[lo:hi]\n",
+        ("tests/test_object_storage.py::test_shards_on_a_bucket_train_the_same_batches_as_on_"
+         "disk",),
+    ),
+    Mutant(
+        "remote_shards_header_as_tokens",
+        "ranged reads of a shard object start at the file's first byte, not after the header",
+        "torchllm/data/token_stream.py",
+        "        base = self.part.offset\n",
+        "        base = 0\n",
+        ("tests/test_object_storage.py::test_shards_on_a_bucket_train_the_same_batches_as_on_"
+         "disk",),
     ),
 ]
 

@@ -153,6 +153,12 @@ class LocalStorage:
     def open(self, location: Location) -> IO[bytes]:
         return open(location, "rb")
 
+    def read_range(self, location: Location, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file (one ranged GET on an object store)."""
+        with open(location, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
     def free_bytes(self, folder: Location) -> int | None:
         """Free bytes on the disk holding `folder` (or its nearest existing parent)."""
         folder = Path(folder).absolute()
@@ -264,6 +270,9 @@ class FsspecStorage(LocalStorage):
 
     def open(self, location: Location) -> IO[bytes]:
         return self.fs.open(self._key(location), "rb")
+
+    def read_range(self, location: Location, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self._key(location), start=start, end=end)
 
     def free_bytes(self, folder: Location) -> int | None:
         return None  # an object store does not fill up like a disk

@@ -25,7 +25,8 @@ class Data:
     dataset: str = opt(
         "embedded",
         "embedded (CPython's docs, no download) | fineweb_edu | fineweb_edu_100b | hf:NAME | "
-        "local:PATH (.txt/.jsonl/.parquet file, glob or folder) | shards:DIR (from prepare)",
+        "local:PATH (.txt/.jsonl/.parquet file, glob or folder) | shards:DIR or shards:s3://B/P "
+        "(from prepare)",
     )
     tokenizer: str = opt(
         "auto",

@@ -1,6 +1,6 @@
 """Tokenize a dataset once into fixed-size shards, so training reads tokens instead of text.
 
-    python -m torchllm.data.prepare --dataset local:corpus/ --tokenizer tok.model --out DIR \
+    python -m torchllm.data.prepare --dataset local:corpus/ --tokenizer tok.model --out DIR|URL \
         [--shard-tokens 100_000_000] [--val-fraction 0.005] [--val-max-tokens 10_000_000]
         [--val-tokens N] [--workers 2]
 
@@ -24,14 +24,16 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from torchllm.checkpoint.storage import Location, as_location, is_url, join
 from torchllm.config.job_config import ConfigError
 from torchllm.config.sections import Data
-from torchllm.data.shards import INDEX, SHARD_FILE, token_dtype, write_doc_starts, write_index, \
-    write_shard
+from torchllm.data.shards import INDEX, SHARD_FILE, storage_of, token_dtype, write_doc_starts, \
+    write_index, write_shard
 from torchllm.data.sources import documents
 from torchllm.data.tokenizer import load_tokenizer
 
@@ -104,12 +106,15 @@ class ValSplit:
 TMP_PREFIX = ".prepare-tmp-"  # the folder inside --out a run writes into before the swap
 
 
-def check_out(out: Path, overwrite: bool) -> None:
+def check_out(out: Location, overwrite: bool) -> None:
     """--out must be new or empty, or (with overwrite) hold only an earlier prepare's files."""
-    if out.exists() and not out.is_dir():
+    if is_url(out):
+        entries = list(storage_of(out).files(out))
+    elif out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; name a folder")
-    entries = [p.name for p in out.iterdir() if not p.name.startswith(TMP_PREFIX)] \
-        if out.is_dir() else []
+    else:
+        entries = [p.name for p in out.iterdir() if not p.name.startswith(TMP_PREFIX)] \
+            if out.is_dir() else []
     if not entries:
         return
     foreign = sorted(n for n in entries if n != INDEX and not SHARD_FILE.fullmatch(n))
@@ -122,19 +127,25 @@ def check_out(out: Path, overwrite: bool) -> None:
                           "--overwrite to replace them, or choose a new or empty folder")
 
 
-def swap_in(tmp: Path, out: Path) -> None:
+def swap_in(tmp: Path, out: Location) -> None:
     """Replace out's shard files by tmp's. The old index goes first and the new one comes
-    last, so no moment has an index listing shards of another corpus."""
-    (out / INDEX).unlink(missing_ok=True)
-    for old in out.iterdir():
-        if SHARD_FILE.fullmatch(old.name):
-            old.unlink()
+    last, so no moment has an index listing shards of another corpus (on a store: uploads,
+    the index object last)."""
+    storage = storage_of(out)
+    storage.remove_file(join(out, INDEX))
+    for old in storage.files(out):
+        if SHARD_FILE.fullmatch(old):
+            storage.remove_file(join(out, old))
     for new in sorted(tmp.iterdir(), key=lambda p: p.name == INDEX):
-        new.replace(out / new.name)
+        if storage.remote:
+            storage.upload(new, join(out, new.name))
+            new.unlink()
+        else:
+            new.replace(out / new.name)
     tmp.rmdir()
 
 
-def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
+def prepare(dcfg: Data, tokenizer_spec: str, out: Location, shard_tokens: int,
             val_tokens: int | None, workers: int, docs_per_task: int = 64,
             progress: bool = True, val_fraction: float = 0.005,
             val_max_tokens: int = 10_000_000, overwrite: bool = False) -> dict:
@@ -142,22 +153,25 @@ def prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
 
     val_tokens = None: the proportional split (val_fraction, at least one document, at most
     val_max_tokens); else exactly the first val_tokens tokens. Everything is written into a
-    temporary folder inside `out` and swapped in at the end: a run that fails leaves `out` as
-    it was. A used `out` is refused unless overwrite.
+    temporary folder inside `out` (for an object-store URL: a local temporary folder) and
+    swapped in at the end: a run that fails leaves `out` as it was. A used `out` is refused
+    unless overwrite.
     """
+    out = as_location(out)
     check_out(out, overwrite)
-    created = not out.exists()
-    tmp = out / f"{TMP_PREFIX}{os.getpid()}"
-    tmp.mkdir(parents=True)
+    created = not is_url(out) and not out.exists()
+    tmp = (Path(tempfile.mkdtemp(prefix=TMP_PREFIX)) if is_url(out)
+           else out / f"{TMP_PREFIX}{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
     try:
         index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens, val_tokens, workers,
                          docs_per_task, progress, val_fraction, val_max_tokens)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if created:
             shutil.rmtree(out, ignore_errors=True)  # nothing else was ever in it
         raise
-    swap_in(tmp, out)
     return index
 
 
@@ -236,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="embedded, a registry name, hf:NAME or local:PATH (as data.dataset)")
     p.add_argument("--tokenizer", required=True, help="tokenizer file or Hub name")
     p.add_argument("--out", required=True, help="folder to write shards and index.json into "
-                   "(new or empty)")
+                   "(new or empty), or an object-store URL (s3://bucket/prefix; the shards are "
+                   "staged in a local temporary folder, then uploaded, index.json last)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards of an earlier prepare in --out (only once this one "
                    "has finished)")
@@ -265,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     dcfg = Data(dataset=args.dataset, text_column=args.text_column, hf_subset=args.hf_subset,
                 hf_split=args.hf_split)
     try:
-        index = prepare(dcfg, tokenizer, Path(args.out), args.shard_tokens, args.val_tokens,
+        index = prepare(dcfg, tokenizer, args.out, args.shard_tokens, args.val_tokens,
                         args.workers, val_fraction=args.val_fraction,
                         val_max_tokens=args.val_max_tokens, overwrite=args.overwrite)
     except ConfigError as e:
@@ -274,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, split in index["splits"].items():
         print(f"{name}: {split['tokens']:,} tokens, {split['documents']:,} documents, "
               f"{len(split['shards'])} shards ({index['dtype']})")
-    print(f"wrote {Path(args.out) / 'index.json'}")
+    print(f"wrote {join(as_location(args.out), INDEX)}")
     return 0
 
 

@@ -6,11 +6,14 @@ A shard directory holds
     {split}_{i:06d}.bin      a 256-byte header (magic, version, bytes per token, token count)
                              followed by the tokens (uint16 when the vocab fits, else uint32)
     {split}_docs.npy         int64 offset of every document's first token within the split
-Shards are read through memory maps: a shard is never loaded whole.
+Shards are read through memory maps: a shard is never loaded whole. The folder may be an
+object-store URL (s3://bucket/prefix, any fsspec URL): each window is then one ranged read of
+its bytes, so a rank fetches only the windows it trains on.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torchllm.checkpoint.storage import Location, as_location, is_url, join, storage_for
 from torchllm.config.job_config import ConfigError
 from torchllm.data.token_stream import ShardPart, TokenStream
 
@@ -54,59 +58,76 @@ def write_doc_starts(path: Path, starts: np.ndarray) -> None:
     _atomic_write(path, lambda f: np.save(f, np.asarray(starts, dtype=np.int64)))
 
 
-def check_shard(path: Path, dtype: np.dtype, expected_tokens: int) -> None:
-    """Raise a one-line error unless `path` has a valid header matching the index."""
-    if not path.is_file():
+def storage_of(location: Location):
+    """The storage holding `location` (a folder, or an object-store URL such as s3://b/p); a
+    missing fsspec package (s3fs) is one line naming it."""
+    try:
+        return storage_for(location)
+    except ImportError as e:
+        raise ConfigError(f"data.dataset: {e}", "data.dataset") from None
+
+
+def check_shard(path: Location, dtype: np.dtype, expected_tokens: int, size: int | None) -> None:
+    """Raise a one-line error unless `path` (`size` bytes; None = missing) has a valid header
+    matching the index."""
+    if size is None:
         raise ConfigError(f"shard {path} listed in {INDEX} does not exist")
-    with open(path, "rb") as f:
-        header = f.read(HEADER_BYTES)
+    header = storage_of(path).read_range(path, 0, min(size, HEADER_BYTES))
     if len(header) < HEADER_BYTES or header[:8] != MAGIC:
         raise ConfigError(f"shard {path} has a corrupt header: expected the {MAGIC!r} magic in a "
                           f"{HEADER_BYTES}-byte header (write shards with torchllm.data.prepare)")
     version, itemsize, count = np.frombuffer(header[8:32], "<i8")
-    size = path.stat().st_size
     if (version, itemsize, count) != (VERSION, dtype.itemsize, expected_tokens) or (
         size != HEADER_BYTES + count * itemsize
     ):
         raise ConfigError(
             f"shard {path} has a corrupt header: version {version}, {itemsize} bytes/token, "
-            f"{count} tokens, {size} bytes on disk; expected version {VERSION}, "
+            f"{count} tokens, {size} bytes {'stored' if is_url(path) else 'on disk'}; expected "
+            f"version {VERSION}, "
             f"{dtype.itemsize} bytes/token, {expected_tokens} tokens as {INDEX} says"
         )
 
 
-def read_index(directory: str | Path) -> dict:
-    path = Path(directory) / INDEX
-    if not path.is_file():
+def read_index(directory: Location) -> dict:
+    path = join(as_location(directory), INDEX)
+    storage = storage_of(path)
+    if not storage.is_file(path):
         raise ConfigError(f"data.dataset: {path} does not exist; write shards with "
                           "`python -m torchllm.data.prepare --out DIR ...`", "data.dataset")
     try:
-        index = json.loads(path.read_text())
+        index = json.loads(storage.read_bytes(path))
         index["splits"], index["dtype"], index["vocab_size"]
     except (ValueError, KeyError) as e:
         raise ConfigError(f"{path} is not a torchllm shard index ({e})") from None
     return index
 
 
-def open_split(directory: str | Path, split: str) -> TokenStream:
-    """The split's shards as one token stream (headers checked, contents memory-mapped)."""
-    directory = Path(directory)
+def open_split(directory: Location, split: str) -> TokenStream:
+    """The split's shards as one token stream (headers checked; contents memory-mapped, or on
+    an object store read in byte ranges as windows are asked for)."""
+    directory = as_location(directory)
     index = read_index(directory)
+    storage = storage_of(directory)
     info = index["splits"].get(split)
     listed = {s["file"] for s in (info or {}).get("shards", [])}
-    for path in sorted(directory.glob(f"{split}_*.bin")):
-        if SHARD_FILE.fullmatch(path.name) and path.name not in listed:
+    stored = storage.files(directory)
+    for name in sorted(n for n in stored if n.startswith(f"{split}_") and n.endswith(".bin")):
+        if SHARD_FILE.fullmatch(name) and name not in listed:
             raise ConfigError(
-                f"shard {path} is not listed in {directory / INDEX}: a leftover of another "
-                "prepare into this folder? Re-run prepare into a new folder (or with "
-                "--overwrite) so the folder holds one corpus", "data.dataset")
+                f"shard {join(directory, name)} is not listed in {join(directory, INDEX)}: a "
+                "leftover of another prepare into this folder? Re-run prepare into a new folder "
+                "(or with --overwrite) so the folder holds one corpus", "data.dataset")
     if info is None or info["tokens"] == 0:
         return TokenStream([np.zeros(0, np.int64)], np.zeros(0, np.int64))
     dtype = np.dtype(index["dtype"])
     parts = []
     for shard in info["shards"]:
-        path = directory / shard["file"]
-        check_shard(path, dtype, shard["tokens"])
+        path = join(directory, shard["file"])
+        check_shard(path, dtype, shard["tokens"], stored.get(shard["file"]))
         parts.append(ShardPart(str(path), dtype.str, HEADER_BYTES, shard["tokens"]))
-    doc_starts = np.load(directory / info["doc_starts"], mmap_mode="r")
+    docs = join(directory, info["doc_starts"])
+    if is_url(docs):  # one int64 per document: read whole
+        doc_starts = np.load(io.BytesIO(storage.read_bytes(docs)))
+    else:
+        doc_starts = np.load(docs, mmap_mode="r")
     return TokenStream(parts, doc_starts)

@@ -7,7 +7,8 @@ targets = window[1:], so the windows partition the stream and no token is lost o
 each token's position within its document is known (for cross-document attention masks).
 
 The tokens live in one or more parts: in-memory arrays, or shard files read through memory maps
-(opened lazily in each process, so a loader worker never receives a copy of a shard).
+(opened lazily in each process, so a loader worker never receives a copy of a shard), or shard
+objects on a store read by byte range (RangeReads).
 """
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ class ShardPart:
     dtype: str
     offset: int
     length: int
+
+
+class RangeReads:
+    """A shard object on a store (part.path an fsspec URL), sliced like its memory map: each
+    slice is one ranged read of just its bytes."""
+
+    def __init__(self, part: ShardPart):
+        from torchllm.checkpoint.storage import storage_for
+
+        self.part, self.storage = part, storage_for(part.path)
+        self.itemsize = np.dtype(part.dtype).itemsize
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        lo, hi, _ = s.indices(self.part.length)
+        if hi <= lo:
+            return np.zeros(0, self.part.dtype)
+        base = self.part.offset
+        data = self.storage.read_range(self.part.path, base + lo * self.itemsize,
+                                       base + hi * self.itemsize)
+        return np.frombuffer(data, dtype=self.part.dtype)
 
 
 class TokenStream:
@@ -61,8 +82,8 @@ class TokenStream:
         if isinstance(part, np.ndarray):
             return part
         if i not in self._open:
-            self._open[i] = np.memmap(part.path, dtype=part.dtype, mode="r",
-                                      offset=part.offset, shape=(part.length,))
+            self._open[i] = RangeReads(part) if "://" in part.path else np.memmap(
+                part.path, dtype=part.dtype, mode="r", offset=part.offset, shape=(part.length,))
         return self._open[i]
 
     def read(self, a: int, b: int) -> np.ndarray:

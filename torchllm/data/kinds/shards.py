@@ -1,12 +1,12 @@
-"""data.dataset = "shards:DIR": tokens written by `python -m torchllm.data.prepare`, memory-mapped;
-the index records the tokenizer and the train / val splits."""
+"""data.dataset = "shards:DIR": tokens written by `python -m torchllm.data.prepare`, memory-mapped
+(or shards:s3://bucket/prefix, any fsspec URL: read by byte range); the index records the
+tokenizer and the train / val splits."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from torchllm.checkpoint.storage import as_location, join
 from torchllm.config.job_config import ConfigError
 from torchllm.data import shards
 from torchllm.data.kinds.base import TokenKind
@@ -17,7 +17,7 @@ from torchllm.data.token_stream import TokenStream
 @register
 class Shards(TokenKind):
     prefix = "shards"
-    usage, order = "shards:DIR", 2
+    usage, order = "shards:DIR' or 'shards:s3://BUCKET/PREFIX", 2
 
     def carried_tokenizer(self) -> str:
         return shards.read_index(self.location)["tokenizer"]
@@ -30,7 +30,7 @@ class Shards(TokenKind):
         index = shards.read_index(self.location)
         if index["vocab_size"] != tokenizer.vocab_size:
             raise ConfigError(
-                f"{Path(self.location) / shards.INDEX}: shards were tokenized with a "
+                f"{join(as_location(self.location), shards.INDEX)}: shards were tokenized with a "
                 f"{index['vocab_size']}-token vocab ({index['tokenizer']}), but data.tokenizer "
                 f"has {tokenizer.vocab_size}; use the shards' tokenizer (data.tokenizer = "
                 "'auto' does)", "data.tokenizer"
