@@ -30,7 +30,8 @@ SHELL = {"", "sh", "bash", "shell"}
 RUN_TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
             "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1",
             "--lr_scheduler.warmup_steps=1", "--checkpoint.interval=1",
-            "--training.global_batch_size=-1"]
+            "--training.global_batch_size=-1",
+            "--validation.steps=2"]  # where a config validates (the speedrun: every window)
 # Appended to every command of this program (argparse and the config loader: last value wins).
 TINY = {
     "./run_train.sh": RUN_TINY,

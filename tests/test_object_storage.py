@@ -248,18 +248,18 @@ def test_inference_and_hf_export_from_and_to_a_bucket(s3, tmp_path):
 
 # --- shards on a bucket ------------------------------------------------------------------------
 
-def prepare_to(out: str, corpus) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.data.prepare", "--dataset", f"local:{corpus}",
-         "--tokenizer", "bytes", "--out", out, "--shard-tokens", "3000", "--val-tokens", "500",
-         "--workers", "1"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def prepare_to(out: str, corpus, *extra: str) -> int:
+    """`python -m torchllm.data.prepare` (its main, in this process) into `out`."""
+    from torchllm.data.prepare import main as prepare_cli
+
+    return prepare_cli(["--dataset", f"local:{corpus}", "--tokenizer", "bytes", "--out", out,
+                        "--shard-tokens", "3000", "--val-tokens", "500", "--workers", "1",
+                        *extra])
 
 
 @pytest.mark.slow
-def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monkeypatch):
+def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monkeypatch,
+                                                             capsys):
     """`prepare --out s3://...` writes what `--out DIR` writes; each rank's batches from
     shards:s3:// equal those from the disk copy, read as ranged GETs of just its windows; and
     ./run_train.sh trains on it with the losses of the same run on disk."""
@@ -276,19 +276,14 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
     for i, text in enumerate(embedded_documents()[:12]):
         (corpus / f"{i:02d}.txt").write_text(text)
     url, disk = f"{s3}/corpus/bytes", tmp_path / "shards"
-    prepare_to(url, corpus)
-    prepare_to(str(disk), corpus)
+    assert prepare_to(url, corpus) == prepare_to(str(disk), corpus) == 0
     local_files = sorted(p.name for p in disk.iterdir())
     assert objects(url) == local_files and len(local_files) > 5  # several shards per split
     for name in local_files:
         assert s3fs_client().cat_file(f"{url}/{name}".split("://")[1]) == \
             (disk / name).read_bytes(), name
     # A used prefix is refused as a used folder is.
-    proc = subprocess.run([sys.executable, "-m", "torchllm.data.prepare", "--dataset",
-                           f"local:{corpus}", "--tokenizer", "bytes", "--out", url], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 2 and "already holds shards" in proc.stderr
+    assert prepare_to(url, corpus) == 2 and "already holds shards" in capsys.readouterr().err
 
     fetched = []
     read_range = storage.FsspecStorage.read_range
@@ -313,8 +308,10 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
         assert sum(windows) < sum((disk / n).stat().st_size for n in local_files) / 4
 
     args = ("--training.steps=3", "--data.tokenizer=auto", "--metrics.log_freq=1")
-    for name, spec in (("on_s3", f"shards:{url}"), ("on_disk", f"shards:{disk}")):
-        proc = run_train(tmp_path, f"--data.dataset={spec}", f"--job.run_name={name}", *args)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = run_train(tmp_path, f"--data.dataset=shards:{url}", "--job.run_name=on_s3", *args)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    Trainer(tiny_config(tmp_path, f"--job.config_file={REPO}/train_configs/debug_model.toml",
+                        f"--data.dataset=shards:{disk}", "--job.run_name=on_disk",
+                        "--metrics.progress_bar=false", *args)).train()  # as run_train.sh
     on_s3, on_disk = tb_losses(tmp_path, "on_s3"), tb_losses(tmp_path, "on_disk")
     assert len(on_s3) == 3 and on_s3 == on_disk
