@@ -648,6 +648,14 @@ MUTANTS = [
         ("tests/test_object_storage.py::test_shards_on_a_bucket_train_the_same_batches_as_on_"
          "disk",),
     ),
+    Mutant(
+        "harness_scores_padding",
+        "a right-padded request's continuation is read at the batch's last positions (padding)",
+        "torchllm/eval/harness/model.py",
+        "            logp = logits[i, len(ids) - len(cont) : len(ids)].float().log_softmax(dim=-1)",
+        "            logp = logits[i, tokens.shape[1] - len(cont) :].float().log_softmax(dim=-1)",
+        ("tests/test_harness.py::test_every_family_scores_batched_requests_as_one_at_a_time",),
+    ),
 ]
 
 

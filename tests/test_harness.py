@@ -296,3 +296,34 @@ def test_missing_lm_eval_is_one_clear_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and 'pip install -e ".[harness]"' in lines[0], proc.stderr
     assert proc.stdout == ""
+
+
+# --- (f) every family, batched == one request at a time ----------------------------------------
+
+@pytest.mark.parametrize("family", ["llama3", "gpt2", "qwen3", "qwen3_moe"])
+def test_every_family_scores_batched_requests_as_one_at_a_time(family, tokenizer):
+    """Right-padded batches score each request as its own unpadded forward does, for every
+    registered family (MoE routing included) and two tokenizer kinds (bytes, SentencePiece)."""
+    import dataclasses
+
+    from conftest import build_model
+
+    from torchllm.data.tokenizer import load_tokenizer
+    from torchllm.models.registry import get
+
+    spec = get(family)
+    _, requests = task_requests("arc_easy_local", 2)
+    rolling = rolling_requests(1)
+    for tok in (tokenizer, load_tokenizer("bytes")):
+        args = dataclasses.replace(spec.flavors["debug"], vocab_size=tok.vocab_size,
+                                   max_seq_len=128)  # most pairs fit: batches are padded
+        model = build_model(spec.model_cls, args, seed=1).eval()
+        batched = TorchllmLM(model, tok, CPU, batch_size=8)
+        single = TorchllmLM(model, tok, CPU, batch_size=1)
+        lengths = {sum(map(len, batched._encode_pair(*r.args))) for r in requests}
+        assert len([n for n in lengths if n <= 129]) > 1, lengths
+        for a, b in zip(batched.loglikelihood(requests), single.loglikelihood(requests)):
+            assert a[0] == pytest.approx(b[0], abs=1e-4) and a[1] == b[1], (family, a, b)
+        for a, b in zip(batched.loglikelihood_rolling(rolling),
+                        single.loglikelihood_rolling(rolling)):
+            assert a == pytest.approx(b, abs=1e-4), (family, a, b)
