@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -119,8 +120,24 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
          str(spec_path), str(out_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    assert proc.returncode == 0, launch_failure(proc)
     return json.loads(out_path.read_text())
+
+
+def launch_failure(proc: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun launch printed, for the assertion message: each rank's first
+    error (one rank's crash makes the others fail at their next collective, with long
+    tracebacks that would push it out of a plain tail), then torchrun's own lines."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    first: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        rank = re.match(r"\[rank(\d+)\]:", line)
+        if rank and re.search(r"Traceback|terminate called|Error|Fatal|Abort", line):
+            first.setdefault(rank[1], i)
+    heads = [f"--- rank {r}'s first error ---\n" + "\n".join(lines[i : i + 30])
+             for r, i in sorted(first.items())]
+    own = "\n".join(line for line in lines if not line.startswith("[rank"))
+    return "\n".join(heads)[-12000:] + "\n--- the launcher ---\n" + own[-3000:]
 
 
 @pytest.fixture(scope="module")

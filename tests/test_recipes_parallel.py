@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from test_parallel_multiprocess import launch_failure
+
 STEPS = 6
 COMMON = (
     f"--training.steps={STEPS}", "--training.seq_len=16", "--lr_scheduler.warmup_steps=2",
@@ -89,7 +91,7 @@ def results(tmp_path_factory):
          __file__, str(spec_path), str(out_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    assert proc.returncode == 0, launch_failure(proc)
     return reference, json.loads(out_path.read_text())
 
 
