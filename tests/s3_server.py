@@ -2,6 +2,7 @@
 process, reached over HTTP by s3fs exactly as a real bucket would be.
 
     def test_x(s3):            # s3 = "s3://<a fresh bucket>"; AWS_* set for this test only
+    (s3_module: the same for a module-scoped fixture)
 """
 
 from __future__ import annotations
@@ -58,11 +59,10 @@ def _forget_clients() -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-@pytest.fixture
-def s3(s3_endpoint, monkeypatch, request) -> str:
-    """A fresh bucket on the module's server, as "s3://bucket"; the AWS_* variables point at
-    the server for this test only (torchrun's ranks inherit them)."""
-    for key, value in zip(ENV, (s3_endpoint, "testing", "testing", "us-east-1")):
+def _bucket(endpoint: str, monkeypatch) -> str:
+    """A fresh bucket on `endpoint`, with the AWS_* variables pointing at it (through
+    `monkeypatch`, so they are restored after); returns "s3://bucket"."""
+    for key, value in zip(ENV, (endpoint, "testing", "testing", "us-east-1")):
         monkeypatch.setenv(key, value)
     for key in UNSET:
         monkeypatch.delenv(key, raising=False)
@@ -71,5 +71,20 @@ def s3(s3_endpoint, monkeypatch, request) -> str:
 
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem().mkdir(bucket)
-    yield f"s3://{bucket}"
+    return f"s3://{bucket}"
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch) -> str:
+    """A fresh bucket on the module's server, as "s3://bucket"; the AWS_* variables point at
+    the server for this test only (torchrun's ranks inherit them)."""
+    yield _bucket(s3_endpoint, monkeypatch)
     _forget_clients()
+
+
+@pytest.fixture(scope="module")
+def s3_module(s3_endpoint) -> str:
+    """As `s3`, for a module-scoped fixture: one bucket and the variables for the module."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _bucket(s3_endpoint, monkeypatch)
+        _forget_clients()

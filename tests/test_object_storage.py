@@ -26,14 +26,13 @@ from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
-from s3_server import s3, s3_endpoint  # noqa: F401 - fixtures
+from s3_server import s3, s3_endpoint, s3_module  # noqa: F401 - fixtures
 from test_checkpoint_dist import (
     COMMON,
     FSDP2,
     assert_same_tensors,
     saved_state,
     tb_losses,
-    torchrun,
     torchrun_jobs,
 )
 
@@ -88,43 +87,57 @@ MODES = {"sync": (), "async": ("--checkpoint.async_mode=async",),
          "async_mirror": ("--checkpoint.async_mode=async", "--checkpoint.local_mirror=mirror")}
 
 
+@pytest.fixture(scope="module")
+def split_runs(s3_module, tmp_path_factory):
+    """A straight 2-rank FSDP2 run on local disk, and per mode a run split over two launches
+    on the bucket (the three first halves, then the three second halves, in one launch each):
+    (tmp folder, bucket)."""
+    tmp = tmp_path_factory.mktemp("split")
+    args = tiny_args(tmp, *COMMON, *FSDP2, "--training.steps=6", "--checkpoint.interval=2",
+                     "--checkpoint.keep_latest_k=2")
+    split = {mode: [*args, f"--job.run_name=split_{mode}",
+                    f"--checkpoint.folder={s3_module}/ckpt/{mode}", *extra]
+             for mode, extra in MODES.items()}
+    torchrun_jobs(tmp / "first.json", [
+        {"train": [*args, "--job.run_name=straight"]},
+        *({"train": [*argv, "--training.stop_after_steps=3"]} for argv in split.values())])
+    for mode in MODES:
+        assert complete_steps(f"{s3_module}/ckpt/{mode}") == [2, 3], mode
+    torchrun_jobs(tmp / "second.json", [{"train": argv} for argv in split.values()])
+    return tmp, s3_module
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-def test_fsdp2_split_run_on_s3_equals_straight_run_on_disk_and_reshards(s3, tmp_path, mode):
+def test_fsdp2_split_run_on_s3_equals_straight_run_on_disk_and_reshards(split_runs, mode):
     """Two launches of 2-rank FSDP2 writing to and resuming from a bucket (sync, async, or
     written locally and uploaded in the background) == one launch on local disk, loss for loss
     and tensor for tensor; retention on the bucket keeps the newest 2 (each a step prefix with
     its COMPLETE marker and checksums); the bucket's step then loads into one process (2 -> 1
     ranks) with the same weights and optimizer state."""
-    remote = f"{s3}/ckpt/split"
-    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=6",
-                     "--checkpoint.interval=2", "--checkpoint.keep_latest_k=2")
-    split = [*args, "--job.run_name=split", f"--checkpoint.folder={remote}", *MODES[mode]]
-    torchrun_jobs(tmp_path / "jobs.json", [
-        {"train": [*args, "--job.run_name=straight"]},
-        {"train": [*split, "--training.stop_after_steps=3"]}])
-    assert complete_steps(remote) == [2, 3]
-    log = torchrun(*split)
-    assert f"resumed from {remote}/step-3 (step 3)" in log
-    straight, resumed = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, "split")
+    tmp_path, bucket = split_runs
+    remote, run = f"{bucket}/ckpt/{mode}", f"split_{mode}"
+    straight, resumed = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, run)
     assert [s for s, _ in straight] == list(range(1, 7))
-    assert resumed == straight  # every step's loss, bit for bit
+    # Every step's loss, bit for bit, each logged once: the second launch resumed at step 4
+    # from the bucket's step-3 (a fresh start would log steps 1-3 again).
+    assert resumed == straight
     local = tmp_path / "straight" / "checkpoint"
     assert complete_steps(local) == [4, 6]
     assert sorted({name.split("/")[0] for name in objects(remote)}) == ["step-4", "step-6"]
     marker = read_marker(step_dir(remote, 6))
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(marker["files"])
     assert_same_tensors(saved_state(step_dir(remote, 6)), saved_state(local / "step-6"))
-    assert not (tmp_path / "split" / "checkpoint").exists()  # nothing written locally
-    assert (tmp_path / "split" / "config.toml").is_file()  # the run folder (and lock) stay local
+    assert not (tmp_path / run / "checkpoint").exists()  # nothing written locally
+    assert (tmp_path / run / "config.toml").is_file()  # the run folder (and lock) stay local
     if mode == "async_mirror":  # written there first, deleted once uploaded
-        assert (tmp_path / "split" / "mirror").is_dir()
-        assert list((tmp_path / "split" / "mirror").iterdir()) == []
+        assert (tmp_path / run / "mirror").is_dir()
+        assert list((tmp_path / run / "mirror").iterdir()) == []
     if mode != "sync":
         return
 
     # 2 -> 1 rank: the data order belongs to 2 dp ranks and is not restored.
-    one = Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=6", "--job.run_name=split",
+    one = Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=6", f"--job.run_name={run}",
                               f"--checkpoint.folder={remote}",
                               "--checkpoint.exclude_from_loading=dataloader",
                               "--checkpoint.allow_global_batch_change"))
