@@ -86,8 +86,7 @@ SKIP = {  # substring of the command -> why it does not run here
 # Documents whose training commands each start their own run: parallelism.md launches the same
 # config under other layouts, and resuming a run under another data-parallel degree is refused
 # by design (the data order depends on it), so each launch gets a run name of its own.
-OWN_RUN = {"parallelism.md", "data.md",  # data.md: runs on several prepared datasets
-           "performance.md"}  # its speedrun command is README's too
+OWN_RUN = {"parallelism.md", "data.md"}  # data.md: runs on several prepared datasets
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
 NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
     ("checkpointing.md", "<dump_folder>/"): "a folder layout",
@@ -216,7 +215,10 @@ def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tup
     env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     ran = []
+    readme = set() if path.name == "README.md" else {c for _, c in commands(REPO / "README.md")}
     for n, cmd in [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)][part]:
+        if cmd in readme and program(cmd) == "./run_train.sh":
+            continue  # README's newcomer run trains it already, in the same clone
         extra = list(TINY[program(cmd)])
         if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
             extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]

@@ -222,19 +222,27 @@ def read_samples(folder, task: str) -> dict[int, dict]:
     return {r["doc_id"]: r for r in rows}
 
 
+TWO_TASKS = ["arc_easy_local", "winogrande_local"]
+CLI_ARGS = ("--tasks", ",".join(TWO_TASKS), "--limit", "7", "--log_samples", "--batch_size", "3")
+
+
+@pytest.fixture(scope="module")
+def one_rank_cli(trained, tmp_path_factory):
+    """The CLI on one rank, with TensorBoard logging: (its output folder, the process)."""
+    folder = tmp_path_factory.mktemp("ranks1")
+    proc = run_cli(trained[0], folder / "results.json", *CLI_ARGS, "--tensorboard")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return folder, proc
+
+
 @pytest.mark.slow
-def test_two_ranks_equal_one_rank(trained, tmp_path):
-    run = trained[0]
-    tasks = ["arc_easy_local", "winogrande_local"]
-    args = ("--tasks", ",".join(tasks), "--limit", "7", "--log_samples", "--batch_size", "3")
-    outs = {}
-    for ranks in (1, 2):
-        folder = tmp_path / f"ranks{ranks}"
-        proc = run_cli(run, folder / "results.json", *args, ranks=ranks)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        outs[ranks] = folder
+def test_two_ranks_equal_one_rank(trained, one_rank_cli, tmp_path):
+    folder = tmp_path / "ranks2"
+    proc = run_cli(trained[0], folder / "results.json", *CLI_ARGS, ranks=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    outs = {1: one_rank_cli[0], 2: folder}
     one, two = (json.loads((outs[r] / "results.json").read_text()) for r in (1, 2))
-    for task in tasks:
+    for task in TWO_TASKS:
         assert one["n-samples"][task]["effective"] == two["n-samples"][task]["effective"] == 7
         for key, value in one["results"][task].items():
             assert two["results"][task][key] == pytest.approx(value, abs=1e-12), (task, key)
@@ -247,29 +255,34 @@ def test_two_ranks_equal_one_rank(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_prints_the_table_writes_json_and_logs_to_tensorboard(trained, tmp_path):
+def test_cli_prints_the_table_writes_json_and_logs_to_tensorboard(trained, one_rank_cli):
     run = trained[0]
-    out = tmp_path / "out" / "arc.json"
-    proc = run_cli(run, out, "--tasks", "arc_easy_local", "--limit", "5", "--tensorboard")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    folder, proc = one_rank_cli
     table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     assert table[0].split("|")[1].strip() == "Tasks"
-    rows = {line.split("|")[5].strip(): line for line in table[2:]}
-    assert set(rows) == {"acc", "acc_norm"} and "arc_easy_local" in rows["acc"]
-    result = json.loads(out.read_text())  # lm-eval's results format
+    rows, task = {}, ""
+    for line in table[2:]:  # a task's later metric rows leave its name blank
+        task = line.split("|")[1].strip() or task
+        rows[(task, line.split("|")[5].strip())] = line
+    assert {("arc_easy_local", "acc"), ("arc_easy_local", "acc_norm"),
+            ("winogrande_local", "acc")} <= set(rows)
+    result = json.loads((folder / "results.json").read_text())  # lm-eval's results format
     metrics = result["results"]["arc_easy_local"]
     assert {"acc,none", "acc_stderr,none", "acc_norm,none"} <= set(metrics)
-    assert result["n-samples"]["arc_easy_local"]["effective"] == 5
+    assert result["n-samples"]["arc_easy_local"]["effective"] == 7
     assert result["config"]["model"] == "torchllm"
     assert result["config"]["model_args"]["step"] == 20
-    assert float(rows["acc"].split("|")[7]) == pytest.approx(metrics["acc,none"], abs=1e-4)
+    acc = rows[("arc_easy_local", "acc")]
+    assert float(acc.split("|")[7]) == pytest.approx(metrics["acc,none"], abs=1e-4)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run.parent / "tb" / "run"))
     events.Reload()
-    logged = events.Scalars("harness/arc_easy_local/acc")
-    assert [(e.step, e.value) for e in logged] == [(20, pytest.approx(metrics["acc,none"]))]
+    for task in TWO_TASKS:
+        logged = events.Scalars(f"harness/{task}/acc")
+        expected = result["results"][task]["acc,none"]
+        assert [(e.step, e.value) for e in logged] == [(20, pytest.approx(expected))], task
 
 
 def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys):

@@ -254,13 +254,16 @@ def test_float8_all_gather_matches_unsharded_float8(reference, two_process):
 @pytest.mark.slow
 def test_run_train_sh_with_two_ranks(reference):
     """The documented launch: NGPU=2 ./run_train.sh --parallelism.data_parallel_shard_degree=2."""
-    tmp, _ = reference  # reuses the cached tokenizer of run "parallel"
+    tmp, _ = reference
+    # A run of its own (the shipped config saves checkpoints: in run "parallel" they would make
+    # the module's later launches a refused fresh start), on run "parallel"'s cached tokenizer.
+    tokenizer = tmp / "parallel" / "data" / "tokenizer_embedded_sp512.model"
     env = {**os.environ, "NGPU": "2", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         ["./run_train.sh", "--parallelism.data_parallel_shard_degree=2", "--training.steps=3",
          "--training.seq_len=16", "--training.local_batch_size=2", "--metrics.log_freq=1",
-         "--data.tokenizer_vocab_size=512", f"--job.dump_folder={tmp}", "--job.run_name=parallel",
-         "--job.print_config=false"],
+         f"--data.tokenizer={tokenizer}", f"--job.dump_folder={tmp}",
+         "--job.run_name=run_train_sh", "--job.print_config=false"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     out = proc.stdout + proc.stderr
