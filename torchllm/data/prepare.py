@@ -166,12 +166,16 @@ def prepare(dcfg: Data, tokenizer_spec: str, out: Location, shard_tokens: int,
     try:
         index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens, val_tokens, workers,
                          docs_per_task, progress, val_fraction, val_max_tokens)
-        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if created:
             shutil.rmtree(out, ignore_errors=True)  # nothing else was ever in it
         raise
+    try:
+        swap_in(tmp, out)
+    finally:
+        if is_url(out):  # the local staging copy (uploaded, or not: the store keeps no index)
+            shutil.rmtree(tmp, ignore_errors=True)
     return index
 
 
