@@ -18,6 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
+from torchllm.checkpoint.storage import is_url
+
 
 @dataclass(frozen=True)
 class ShardPart:
@@ -82,7 +84,7 @@ class TokenStream:
         if isinstance(part, np.ndarray):
             return part
         if i not in self._open:
-            self._open[i] = RangeReads(part) if "://" in part.path else np.memmap(
+            self._open[i] = RangeReads(part) if is_url(part.path) else np.memmap(
                 part.path, dtype=part.dtype, mode="r", offset=part.offset, shape=(part.length,))
         return self._open[i]
 
