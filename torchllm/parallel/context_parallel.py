@@ -5,8 +5,8 @@ keeps chunks r and 2·cp-1-r, so each rank holds early and late tokens and does 
 of causal-attention work. Everything but attention is per token and runs on the local chunk.
 
 Attention (the all-gather scheme of the Llama 3 paper, used for its 128k training): each layer
-all-gathers keys and values over the cp group with autograd-aware functional collectives (their
-backward is a reduce-scatter of the key/value gradients), and each rank attends its queries
+all-gathers keys and values over the cp group (`gather_sequence`, whose backward reduce-scatters
+the key/value gradients), and each rank attends its queries
 over the gathered keys with a mask built from the global token indices and document ids of both
 sides (attention.build_masks), so causal, block_causal and sliding-window masks stay exact.
 This runs on CPU/gloo as on CUDA/NCCL. (torch's `context_parallel` ring attention has no CPU
@@ -35,18 +35,37 @@ def head_tail_index(seqlen: int, cp: int, rank: int, device=None) -> torch.Tenso
     return torch.cat([first, last])
 
 
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along `dim` over `group`; backward reduce-scatters the gradient.
+
+    Plain c10d calls that complete before they return (on CUDA: ordered on the stream, as the
+    functional collectives are). Not torch's functional collectives: with gloo, their
+    reduce-scatter in backward, run while the pipeline schedule's p2p sends are in flight,
+    corrupted the heap (`malloc(): unaligned tcache chunk detected`, rank abort) in about one
+    4-rank pp x cp launch in three on torch 2.13; 0 of 15 with this function.
+    """
+
+    @staticmethod
+    def forward(ctx, t, dim, group):
+        ctx.dim, ctx.group = dim, group
+        world = dist.get_world_size(group)
+        moved = t.movedim(dim, 0).contiguous()
+        out = moved.new_empty((world * moved.shape[0], *moved.shape[1:]))
+        dist.all_gather_into_tensor(out, moved, group=group)
+        return out.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        world = dist.get_world_size(ctx.group)
+        moved = grad.movedim(ctx.dim, 0).contiguous()
+        out = moved.new_empty((moved.shape[0] // world, *moved.shape[1:]))
+        dist.reduce_scatter_tensor(out, moved, group=ctx.group)
+        return out.movedim(0, ctx.dim), None, None
+
+
 def gather_sequence(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Concatenate every cp rank's `t` along `dim` (in rank order); differentiable."""
-    from torch.distributed import _functional_collectives as funcol
-
-    # torch 2.13 renamed all_gather_tensor(_autograd) to all_gather_single (autograd-aware).
-    if hasattr(funcol, "all_gather_single"):
-        out = funcol.all_gather_single(t.contiguous(), dim, group)
-    elif t.is_floating_point():
-        out = funcol.all_gather_tensor_autograd(t.contiguous(), gather_dim=dim, group=group)
-    else:
-        out = funcol.all_gather_tensor(t.contiguous(), gather_dim=dim, group=group)
-    return funcol.wait_tensor(out) if not t.is_floating_point() else out
+    return _GatherSequence.apply(t, dim, group)
 
 
 def apply_cp(model: nn.Module, cp_group) -> None:
