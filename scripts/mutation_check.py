@@ -60,11 +60,11 @@ MUTANTS = [
     ),
     Mutant(
         "loss_upcast_removed",
-        "the trainer's (fused) cross entropy takes a bf16 log-softmax of bf16 logits",
+        "the trainer's (fused) cross entropy takes a bf16 log-sum-exp of bf16 logits",
         "torchllm/loss.py",
-        "logp = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32)",
-        "logp = torch.log_softmax(logits[start:end], dim=-1).float()",
-        ("tests/test_train.py::test_loss_is_float32_under_bf16_autocast",),
+        "lse[start:start + rows] = torch.logsumexp(logits[start:start + rows].float(), dim=-1)",
+        "lse[start:start + rows] = torch.logsumexp(logits[start:start + rows], dim=-1)",
+        ("tests/test_speed_paths.py::test_fused_cross_entropy_equals_float32_cross_entropy",),
     ),
     Mutant(
         "chunked_loss_upcast_removed",
@@ -655,6 +655,14 @@ MUTANTS = [
         "            logp = logits[i, len(ids) - len(cont) : len(ids)].float().log_softmax(dim=-1)",
         "            logp = logits[i, tokens.shape[1] - len(cont) :].float().log_softmax(dim=-1)",
         ("tests/test_harness.py::test_every_family_scores_batched_requests_as_one_at_a_time",),
+    ),
+    Mutant(
+        "loss_size_rule_ignored",
+        "bf16 logits always take the chunked cross entropy, however small (the size rule lost)",
+        "torchllm/loss.py",
+        "            or 4 * logits.numel() <= _PLAIN_MAX_BYTES):",
+        "            or False):",
+        ("tests/test_speed_paths.py::test_fused_cross_entropy_equals_float32_cross_entropy",),
     ),
 ]
 

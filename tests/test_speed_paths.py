@@ -50,6 +50,14 @@ def test_fused_cross_entropy_equals_float32_cross_entropy(dtype, monkeypatch):
     with torch.no_grad():  # validation: forward only
         torch.testing.assert_close(fused_cross_entropy_sum(logits, targets), ref.detach(),
                                    rtol=1e-6, atol=1e-5)
+    # The entry point: bf16 logits past _PLAIN_MAX_BYTES take the chunked pass, smaller ones
+    # and float32 logits the plain kernels.
+    for limit in (0, 4 * logits.numel()):
+        monkeypatch.setattr(loss_mod, "_PLAIN_MAX_BYTES", limit)
+        out = fused_cross_entropy_sum(logits, targets)
+        chunked = dtype == torch.bfloat16 and limit == 0
+        assert ("_FusedCrossEntropy" in type(out.grad_fn).__name__) == chunked, out.grad_fn
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-6, atol=1e-5)
 
 
 def rope_reference(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:

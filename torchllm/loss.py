@@ -26,6 +26,8 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
 # Rows of logits per chunk of the fused loss: ~4 MiB of float32 per chunk, so that a chunk's
 # float32 copy, exponentials and gradient stay in cache between the kernels that use them.
 _CHUNK_BYTES = 4 << 20
+# bf16 logits whose float32 copy is at most this size take the plain kernels (see below).
+_PLAIN_MAX_BYTES = 256 << 20
 
 
 class _FusedCrossEntropy(torch.autograd.Function):
@@ -43,31 +45,29 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets):
         rows = max(1, _CHUNK_BYTES // (4 * logits.shape[-1]))
-        picked = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
-        safe = targets.clamp(min=0).unsqueeze(-1)
+        lse = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
         for start in range(0, logits.shape[0], rows):
-            end = start + rows
-            # log_softmax in float32, one fused kernel per chunk; keep the targets' entries.
-            logp = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32)
-            picked[start:end] = logp.gather(-1, safe[start:end]).squeeze(-1)
+            # Each row's log-sum-exp in float32 (kept for backward: one float per token).
+            lse[start:start + rows] = torch.logsumexp(logits[start:start + rows].float(), dim=-1)
+        safe = targets.clamp(min=0).unsqueeze(-1)
+        picked = logits.gather(-1, safe).squeeze(-1).float() - lse  # log p(target)
         total = -(picked * (targets != IGNORE_INDEX)).sum()
-        ctx.save_for_backward(logits, targets)
+        ctx.save_for_backward(logits, targets, lse)
         ctx.rows = rows
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        logits, targets = ctx.saved_tensors
+        logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         valid = (targets != IGNORE_INDEX).unsqueeze(-1)
         safe = targets.clamp(min=0).unsqueeze(-1)
         for start in range(0, logits.shape[0], ctx.rows):
             end = start + ctx.rows
             # (softmax - onehot) x upstream on valid rows, 0 on ignored ones (masked ops only:
-            # no host sync), in the order log_softmax's own backward rounds it: exp(log p)
-            # scaled, then the target's entry lowered by the scale.
+            # no host sync): softmax = exp(logits - lse) in float32, one exponential per entry.
             scale = valid[start:end] * grad_total
-            g = torch.log_softmax(logits[start:end], dim=-1, dtype=torch.float32).exp_()
+            g = torch.sub(logits[start:end], lse[start:end, None]).exp_()  # float32
             g.mul_(scale).scatter_add_(-1, safe[start:end], -scale)
             grad[start:end] = g
         return grad, None
@@ -79,7 +79,11 @@ def fused_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torc
     default)."""
     # float32 logits need no copies, and there the plain kernels are as fast (measured) and
     # round exactly like every reference loop; vocab-sharded DTensor logits have their own path.
-    if logits.dtype == torch.float32 or isinstance(logits, DTensor):
+    # Small bf16 logits too: their float32 buffers stay few and reused, and the plain kernels
+    # do less arithmetic than the chunked pass (measured in a training step on the AMD EPYC
+    # class, 32k vocab: plain 1.5-2.5% faster per step at 2k tokens, fused 13% faster at 4k).
+    if (logits.dtype == torch.float32 or isinstance(logits, DTensor)
+            or 4 * logits.numel() <= _PLAIN_MAX_BYTES):
         return cross_entropy_sum(logits, targets)
     return _FusedCrossEntropy.apply(logits.flatten(0, -2), targets.flatten())
 
