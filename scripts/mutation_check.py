@@ -660,9 +660,17 @@ MUTANTS = [
         "loss_size_rule_ignored",
         "bf16 logits always take the chunked cross entropy, however small (the size rule lost)",
         "torchllm/loss.py",
-        "            or 4 * logits.numel() <= _PLAIN_MAX_BYTES):",
-        "            or False):",
+        "    return 4 * logits_numel <= _PLAIN_MAX_BYTES",
+        "    return False",
         ("tests/test_speed_paths.py::test_fused_cross_entropy_equals_float32_cross_entropy",),
+    ),
+    Mutant(
+        "estimate_ignores_loss_size_rule",
+        "the memory estimator counts small bf16 logits as the chunked cross entropy's",
+        "torchllm/tools/estimate_memory.py",
+        "    if act != FP32 and not plain_kernels(vocab_tokens):",
+        "    if act != FP32:",
+        ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug",),
     ),
 ]
 

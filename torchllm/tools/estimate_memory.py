@@ -48,6 +48,7 @@ import torch
 from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.device import resolve_device
+from torchllm.loss import plain_kernels
 from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
@@ -122,8 +123,10 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tupl
       chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
                     forward; in backward a chunk's float32 softmax and its gradient, the
                     float32 head-weight gradient and the hidden states' gradient
-      bf16 logits   the fused cross entropy keeps the logits; backward writes their gradient
-                    once (float32 only a few MiB at a time)
+      bf16 logits   up to loss._PLAIN_MAX_BYTES in float32 (loss.plain_kernels): as float32
+                    logits, plus the bf16 logits beside their float32 copy in forward (their
+                    bf16 gradient comes after the float32 ones are freed); larger: the chunked cross entropy keeps the
+                    logits and backward writes their gradient once (float32 a few MiB at a time)
       fp32 logits   log-softmax keeps its float32 output (the logits are freed after the loss,
                     unless a pipeline stage keeps its output); in forward both exist at once;
                     backward adds d(log-softmax) and d(logits)"""
@@ -133,10 +136,11 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tupl
         return (0, chunk * (act + 2 * FP32),
                 chunk * (FP32 + act) + vocab * dim * FP32 + tokens * dim * act)
     vocab_tokens = tokens * vocab
-    if act != FP32:
+    if act != FP32 and not plain_kernels(vocab_tokens):
         return vocab_tokens * act, 0, vocab_tokens * act
+    extra = 0 if act == FP32 else vocab_tokens * act  # bf16 logits beside their float32 copy
     kept = vocab_tokens * FP32 * (2 if pipelined else 1)
-    return kept, vocab_tokens * FP32 * (0 if pipelined else 1), 2 * vocab_tokens * FP32
+    return kept, vocab_tokens * FP32 * (0 if pipelined else 1) + extra, 2 * vocab_tokens * FP32
 
 
 def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
