@@ -81,8 +81,8 @@ def plain_kernels(logits_numel: int) -> bool:
 
 def fused_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Equals `cross_entropy_sum(logits, targets)` in value and gradient (float32 math); for bf16
-    logits it reads them chunk by chunk instead of materializing float32 copies (the eager
-    default)."""
+    logits too large for `plain_kernels` it reads them chunk by chunk instead of materializing
+    float32 copies (the eager default)."""
     # float32 logits need no copies, and there the plain kernels are as fast (measured) and
     # round exactly like every reference loop; vocab-sharded DTensor logits have their own path.
     # Small bf16 logits too: their float32 buffers stay few and reused, and the plain kernels

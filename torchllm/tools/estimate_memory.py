@@ -125,8 +125,9 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tupl
                     float32 head-weight gradient and the hidden states' gradient
       bf16 logits   up to loss._PLAIN_MAX_BYTES in float32 (loss.plain_kernels): as float32
                     logits, plus the bf16 logits beside their float32 copy in forward (their
-                    bf16 gradient comes after the float32 ones are freed); larger: the chunked cross entropy keeps the
-                    logits and backward writes their gradient once (float32 a few MiB at a time)
+                    bf16 gradient comes after the float32 ones are freed); larger: the
+                    chunked cross entropy keeps the logits and backward writes their gradient
+                    once (float32 a few MiB at a time)
       fp32 logits   log-softmax keeps its float32 output (the logits are freed after the loss,
                     unless a pipeline stage keeps its output); in forward both exist at once;
                     backward adds d(log-softmax) and d(logits)"""
