@@ -49,7 +49,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for name, lr in (("a", "1e-3"), ("b", "3e-3")):
-        trainer = Trainer(tiny_config(root, "--training.steps=6", "--metrics.log_freq=2",
+        trainer = Trainer(tiny_config(root, "--metrics.report=true", "--training.steps=6",
+                                      "--metrics.log_freq=2",
                                       "--validation.enable", "--validation.freq=3",
                                       "--validation.steps=2", f"--optimizer.lr={lr}",
                                       f"--job.run_name={name}"))
@@ -113,7 +114,8 @@ def test_report_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
 def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     """main(): training lines on stdout, warnings on stderr, both in RUN/train.log, appended
     (one marker line per launch) when the run resumes; the end block names this run's paths."""
-    args = tiny_args(tmp_path, "--job.run_name=r", "--checkpoint.enable", "--training.steps=2",
+    args = tiny_args(tmp_path, "--metrics.report=true", "--job.run_name=r", "--checkpoint.enable",
+                     "--training.steps=2",
                      "--validation.enable", "--validation.steps=1")
     assert main(args) == 0
     out = capfd.readouterr()
