@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             for b in blocks:
                 row[f"block_{b}_ms"] = timed(lambda q, k, v: blocked(q, k, v, b), q, k, v)
             rows.append(row)
-            cells = [f"{f:6.1f}/{b:6.1f}" for key, (f, b) in row.items() if key.endswith("_ms")]
+            cells = [f"{row[key][0]:6.1f}/{row[key][1]:6.1f}" for key in row
+                     if key.endswith("_ms")]
             print(f"{name:5s} {str(shape):22s} " + " ".join(f"{c:>16s}" for c in cells),
                   flush=True)
     if args.json:

@@ -179,3 +179,19 @@ def test_blocked_cpu_attention_of_the_attention_benchmark_equals_sdpa():
     for block in (7, 16, 64):  # several blocks, two, one
         errors = bench.max_errors(block)
         assert max(errors) < 1e-12, (block, errors)
+
+
+def test_attention_benchmark_prints_and_writes_its_table(tmp_path, monkeypatch, capsys):
+    """The command docs/performance.md names runs to its table and JSON (its printing once
+    unpacked every field of a row as a (forward, backward) pair and crashed on the first)."""
+    bench = benchmark_script("bench_cpu_attention")
+    monkeypatch.setattr(bench, "SHAPES", [(1, 24, 4, 2, 8)])
+    out = tmp_path / "attention.json"
+    assert bench.main(["--dtypes", "fp32,bf16", "--blocks", "8,16", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["dtype"] for r in rows] == ["fp32", "bf16"]
+    for r in rows:
+        assert set(r) == {"dtype", "shape", "sdpa_ms", "block_8_ms", "block_16_ms"}
+        assert all(len(r[k]) == 2 and min(r[k]) > 0 for k in r if k.endswith("_ms"))
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and printed[1].startswith("fp32") and printed[2].startswith("bf16")
