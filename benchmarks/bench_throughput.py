@@ -5,10 +5,12 @@
         [--md OUT.md]
 
 For every (shape, precision, mode) both peers are built in this process, warmed up, then timed
-in alternating rounds (torchllm, HF, torchllm, HF, ...) so that both see the same machine at
-the same moments; the median step time per peer gives tokens/s, the ratio torchllm / HF, and
+in alternating rounds (torchllm then HF, then HF then torchllm, ...) so that both see the same
+machine at the same moments. The median step time per peer over all rounds gives tokens/s and
 MFU against this machine's matmul peak in the precision the run uses (measured here, best of
-several trials). Both peers see the same random-token batches and do the same work per step:
+several trials). The ratio torchllm / HF is paired: each round's ratio of the two peers' median
+step times, their geometric mean over the rounds, and a 95% interval for it (Student's t on
+the logarithms; none from a single round): a row's ratio is only as sure as that interval. Both peers see the same random-token batches and do the same work per step:
 forward, float32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW.
 
 - torchllm: the real Trainer (`train_step`, metrics and guard included) with synthetic batches
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -125,6 +128,24 @@ class _null:
         return False
 
 
+# Student's t 97.5% quantiles by degrees of freedom (the 95% two-sided interval); between the
+# listed ones the next smaller's (a slightly wider, conservative interval).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def paired_ratio(ratios: list[float]) -> tuple[float, tuple[float, float] | None]:
+    """Geometric mean of per-round ratios and its 95% interval (None from one round)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None
+    df = len(logs) - 1
+    t = _T975[max(k for k in _T975 if k <= df)]
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+
+
 def timed(peer, steps: int) -> list[float]:
     out = []
     for _ in range(steps):
@@ -145,9 +166,14 @@ def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, war
             timed(peer, warmup)
         setup_s = time.perf_counter() - t0
         times = {ours.name: [], hf.name: []}
-        for _ in range(rounds):
-            for peer in (ours, hf):
-                times[peer.name] += timed(peer, steps)
+        round_ratios = []
+        for r in range(rounds):
+            this_round = {}
+            for peer in ((ours, hf) if r % 2 == 0 else (hf, ours)):  # who goes first alternates
+                this_round[peer.name] = timed(peer, steps)
+                times[peer.name] += this_round[peer.name]
+            round_ratios.append(statistics.median(this_round[hf.name])
+                                / statistics.median(this_round[ours.name]))
         peak = Peak(torch.device("cpu"), bf16)
         row = {"shape": shape, "precision": precision, "mode": mode, "vocab": vocab,
                "steps_timed": steps * rounds,
@@ -159,7 +185,8 @@ def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, war
         for name, value in tok_s.items():
             row[f"{name}_tok_s"] = value
             row[f"{name}_mfu_pct"] = 100 * value * ours.flops_per_token / row["peak_flops"]
-        row["ratio"] = row["torchllm_tok_s"] / row["hf_tok_s"]
+        row["round_ratios"] = round_ratios
+        row["ratio"], row["ratio_ci95"] = paired_ratio(round_ratios)
         del ours, hf
         gc.collect()
     return row
@@ -175,13 +202,17 @@ def markdown(rows: list[dict], peaks: dict[str, float], threads: int) -> str:
              + f": the limit is {limit_dtype}'s. MFU = model FLOPs (6N + attention) / peak of "
              "the precision used.", "",
              "| shape | precision | mode | torchllm tok/s | HF tok/s | torchllm / HF | "
-             f"torchllm MFU % | HF MFU % | % of the {limit_dtype} limit (torchllm) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"95% interval | torchllm MFU % | HF MFU % | % of the {limit_dtype} limit "
+             "(torchllm) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         of_limit = 100 * r["torchllm_tok_s"] * r["flops_per_token"] / limit
+        ci = r.get("ratio_ci95")
+        interval = f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"
         lines.append(
             f"| {r['shape']} | {r['precision']} | {r['mode']} | {r['torchllm_tok_s']:,.0f} | "
-            f"{r['hf_tok_s']:,.0f} | {r['ratio']:.2f}x | {r['torchllm_mfu_pct']:.1f} | "
+            f"{r['hf_tok_s']:,.0f} | {r['ratio']:.3f}x | {interval} | "
+            f"{r['torchllm_mfu_pct']:.1f} | "
             f"{r['hf_mfu_pct']:.1f} | {of_limit:.1f} |")
     best = {}
     for r in rows:
@@ -219,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                                args.vocab)
                 rows.append(row)
                 print(f"{shape:6s} {precision:5s} {mode:8s} torchllm {row['torchllm_tok_s']:8,.0f} "
-                      f"tok/s | HF {row['hf_tok_s']:8,.0f} tok/s | {row['ratio']:.2f}x | MFU "
+                      f"tok/s | HF {row['hf_tok_s']:8,.0f} tok/s | {row['ratio']:.3f}x | MFU "
                       f"{row['torchllm_mfu_pct']:.1f}% vs {row['hf_mfu_pct']:.1f}%", flush=True)
     # Each dtype's peak: measured now, and no lower than any row's (a row's peak is raised to
     # what its steps reached when the machine was busy during its measurement).

@@ -672,6 +672,23 @@ MUTANTS = [
         "    if act != FP32:",
         ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug",),
     ),
+    Mutant(
+        "bench_ratio_population_sd",
+        "the throughput benchmark's interval uses the population standard deviation (too narrow)",
+        "benchmarks/bench_throughput.py",
+        "    half = t * statistics.stdev(logs) / math.sqrt(len(logs))",
+        "    half = t * statistics.pstdev(logs) / math.sqrt(len(logs))",
+        ("tests/test_bench.py::test_throughput_ratio_is_paired_with_a_t_interval",),
+    ),
+    Mutant(
+        "bench_ratio_arithmetic_mean",
+        "the throughput benchmark's ratio is the arithmetic mean of the rounds' ratios, not "
+        "their geometric mean",
+        "benchmarks/bench_throughput.py",
+        "    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))",
+        "    return statistics.fmean(ratios), (math.exp(mean - half), math.exp(mean + half))",
+        ("tests/test_bench.py::test_throughput_ratio_is_paired_with_a_t_interval",),
+    ),
 ]
 
 

@@ -162,13 +162,35 @@ def test_throughput_table_measures_against_the_faster_dtype():
     the limit column is fp32's, not bf16's (which would put a row over 100%)."""
     bench = benchmark_script("bench_throughput")
     row = {"shape": "small", "precision": "fp32", "mode": "eager", "torchllm_tok_s": 1000.0,
-           "hf_tok_s": 800.0, "ratio": 1.25, "flops_per_token": 150e6, "torchllm_mfu_pct": 50.0,
-           "hf_mfu_pct": 40.0}
+           "hf_tok_s": 800.0, "ratio": 1.25, "ratio_ci95": [1.2, 1.3], "flops_per_token": 150e6,
+           "torchllm_mfu_pct": 50.0, "hf_mfu_pct": 40.0}
     for peaks, dtype, pct in (({"fp32": 300e9, "bf16": 150e9}, "fp32", "50.0"),
                               ({"fp32": 300e9, "bf16": 1200e9}, "bf16", "12.5")):
         table = bench.markdown([row], peaks, 2)
         assert f"the limit is {dtype}'s" in table and f"% of the {dtype} limit" in table
         assert table.splitlines()[4].endswith(f"| {pct} |"), table
+        assert "| 1.250x | 1.200-1.300 |" in table, table
+
+
+def test_throughput_ratio_is_paired_with_a_t_interval():
+    """The ratio is the geometric mean of the rounds' ratios, its interval Student's t on the
+    logarithms (scipy as the oracle); a single round gives no interval; between tabled degrees
+    of freedom the interval is wider, never narrower, than the exact one."""
+    stats = pytest.importorskip("scipy.stats")
+    bench = benchmark_script("bench_throughput")
+    assert bench.paired_ratio([1.04]) == (pytest.approx(1.04), None)
+    for ratios in ([1.01, 0.99], [1.02, 0.995, 1.01, 1.0, 1.03], [1.0 + 0.01 * (i % 5) for i in
+                                                                  range(12)]):
+        logs = np.log(ratios)
+        n = len(logs)
+        half = stats.t.ppf(0.975, n - 1) * logs.std(ddof=1) / np.sqrt(n)
+        mean, (lo, hi) = bench.paired_ratio(ratios)
+        assert mean == pytest.approx(np.exp(logs.mean()), rel=1e-12)
+        exact = (np.exp(logs.mean() - half), np.exp(logs.mean() + half))
+        if n - 1 in bench._T975:
+            assert (lo, hi) == (pytest.approx(exact[0], rel=1e-4), pytest.approx(exact[1], rel=1e-4))
+        else:
+            assert lo < exact[0] and hi > exact[1] and hi / lo < 1.01 * exact[1] / exact[0]
 
 
 def test_blocked_cpu_attention_of_the_attention_benchmark_equals_sdpa():
