@@ -8,9 +8,11 @@ For every (shape, precision, mode) both peers are built in this process, warmed 
 in alternating rounds (torchllm then HF, then HF then torchllm, ...) so that both see the same
 machine at the same moments. The median step time per peer over all rounds gives tokens/s and
 MFU against this machine's matmul peak in the precision the run uses (measured here, best of
-several trials). The ratio torchllm / HF is paired: each round's ratio of the two peers' median
-step times, their geometric mean over the rounds, and a 95% interval for it (Student's t on
-the logarithms; none from a single round): a row's ratio is only as sure as that interval. Both peers see the same random-token batches and do the same work per step:
+several trials). The ratio torchllm / HF is paired: each round's ratio of the two peers'
+fastest step times (other processes only ever slow a step down: a round's fastest step is
+the one least disturbed), their geometric mean over the rounds, and a 95% interval for it
+(Student's t on the logarithms; none from a single round): a row's ratio is only as sure as
+that interval. Both peers see the same random-token batches and do the same work per step:
 forward, float32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW.
 
 - torchllm: the real Trainer (`train_step`, metrics and guard included) with synthetic batches
@@ -172,8 +174,7 @@ def run_pair(shape: str, precision: str, mode: str, steps: int, rounds: int, war
             for peer in ((ours, hf) if r % 2 == 0 else (hf, ours)):  # who goes first alternates
                 this_round[peer.name] = timed(peer, steps)
                 times[peer.name] += this_round[peer.name]
-            round_ratios.append(statistics.median(this_round[hf.name])
-                                / statistics.median(this_round[ours.name]))
+            round_ratios.append(min(this_round[hf.name]) / min(this_round[ours.name]))
         peak = Peak(torch.device("cpu"), bf16)
         row = {"shape": shape, "precision": precision, "mode": mode, "vocab": vocab,
                "steps_timed": steps * rounds,

@@ -689,6 +689,14 @@ MUTANTS = [
         "    return statistics.fmean(ratios), (math.exp(mean - half), math.exp(mean + half))",
         ("tests/test_bench.py::test_throughput_ratio_is_paired_with_a_t_interval",),
     ),
+    Mutant(
+        "compiled_rope_backward_sign",
+        "the compiled bf16 RoPE's own backward rotates by +angle (the forward's direction)",
+        "torchllm/models/llama/model.py",
+        "        return _rotate_pairs(grad, cos, -sin), None, None",
+        "        return _rotate_pairs(grad, cos, sin), None, None",
+        ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
+    ),
 ]
 
 

@@ -71,18 +71,23 @@ def rope_reference(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_equals_the_written_out_rotation(dtype):
+def test_rope_equals_the_written_out_rotation(dtype, compiled):
     """A shared table [seq, ...] and per-sequence positions [batch, seq, ...] (documents), with
-    the gradient (the transposed rotation)."""
+    the gradient (the transposed rotation); eager (complex multiply) and compiled (reals; for
+    bf16 with a backward of its own)."""
     args = LlamaArgs(dim=64, n_heads=4, max_seq_len=16)
     table = rope_table(args)
     angles = torch.atan2(table[..., 1], table[..., 0])  # [seq, head_dim/2]
     torch.manual_seed(0)
     positions = torch.stack([torch.arange(16), torch.tensor([0, 1, 2] + list(range(13)))])
+    torch._dynamo.reset()
+    rope = torch.compile(apply_rope, backend="aot_eager", fullgraph=True) if compiled \
+        else apply_rope
     for tab, ang in ((table, angles[None]), (table[positions], angles[positions])):
         x = torch.randn(2, 16, 4, 16).to(dtype).requires_grad_()
-        out = apply_rope(x, tab)
+        out = rope(x, tab)
         assert out.dtype == dtype
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
         torch.testing.assert_close(out.double(), rope_reference(x, ang), **tol)

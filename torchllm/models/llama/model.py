@@ -96,13 +96,37 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         # Inductor generates no code for complex ops (it falls back to eager kernels, with a
         # warning): compiled, the same product spelled in reals fuses into one kernel.
         cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
-        pairs = x.float().unflatten(-1, (-1, 2))
-        x0, x1 = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-        return rotated.flatten(-2).type_as(x)
+        if x.dtype == torch.float32:
+            return _rotate_pairs(x, cos, sin)
+        return _RotatePairs.apply(x, cos, sin)
     angle = torch.view_as_complex(table)[:, :, None, :]  # [batch | 1, seq, 1, head_dim/2]
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
     return torch.view_as_real(pairs * angle).flatten(-2).type_as(x)
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope's rotation spelled in reals (for inductor), computed in float32."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+class _RotatePairs(torch.autograd.Function):
+    """The compiled rotation of bf16/fp16 inputs, with its backward written as what it is: the
+    rotation by -angle. Inductor's kernel for the derived backward (a scatter into each
+    selected half, then the cast) took ~6x the forward's time on CPU for bf16 (2.5 vs 1.05 ms
+    forward + backward at 4 x 256 tokens x 12 heads x 64, same values); for float32 inputs the
+    derived one is as fast, and apply_rope keeps it there."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate_pairs(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate_pairs(grad, cos, -sin), None, None
 
 
 class RMSNorm(nn.Module):
