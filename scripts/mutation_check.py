@@ -697,6 +697,37 @@ MUTANTS = [
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
+    # --- golden curves ---
+    Mutant(
+        "golden_init_std", "Llama's linear layers initialized with std 1/sqrt(fan_out), not fan_in",
+        "torchllm/models/llama/model.py",
+        "std = scale / math.sqrt(linear.in_features)",
+        "std = scale / math.sqrt(linear.out_features)",
+        ("tests/test_golden_curves.py::test_single_process_curve[llama]",),
+    ),
+    Mutant(
+        "golden_rope_theta_default", "Llama's default RoPE base frequency is 10000 (Llama 2's)",
+        "torchllm/models/llama/args.py",
+        "    rope_theta: float = 500000.0\n",
+        "    rope_theta: float = 10000.0\n",
+        ("tests/test_golden_curves.py::test_single_process_curve[llama]",),
+    ),
+    Mutant(
+        "golden_warmup_off_by_one",
+        "the LR schedule is evaluated at the completed-step count: step 1 runs at LR 0",
+        "torchllm/optim/lr_schedule.py",
+        "lambda done: factor(done + 1) * scale(done + 1)",
+        "lambda done: factor(done) * scale(done + 1)",
+        ("tests/test_golden_curves.py::test_single_process_curve[llama]",),
+    ),
+    Mutant(
+        "golden_checkpoint_key_renamed",
+        "a refactor renames a checkpoint state key: its own saves load, older checkpoints do not",
+        "torchllm/checkpoint/checkpointer.py",
+        'self.states["train_state"] = PickledState(train_state)',
+        'self.states["trainer_state"] = PickledState(train_state)',
+        ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
+    ),
 ]
 
 
