@@ -697,6 +697,21 @@ MUTANTS = [
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
+    # --- fresh clone / offline Hub (issue 43) ---
+    Mutant(
+        "local_data_not_preflighted", "the launcher's pre-flight check does not look for local files",
+        "torchllm/data/kinds/local.py",
+        "        local_files(self.location)  # a missing file",
+        "        pass  # a missing file",
+        ("tests/test_run_safety.py::test_launcher_config_error_is_one_line_before_torchrun",),
+    ),
+    Mutant(
+        "hub_probe_skipped", "a Hub lookup offline waits through huggingface_hub's retries",
+        "torchllm/hub.py",
+        "    if not hub_reachable():\n        set_offline()\n        return True\n    return False",
+        "    return False",
+        ("tests/test_fresh_clone.py::test_hub_config_fails_offline_in_one_line[llama3_1b]",),
+    ),
 ]
 
 
