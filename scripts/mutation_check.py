@@ -712,6 +712,22 @@ MUTANTS = [
         "    return False",
         ("tests/test_fresh_clone.py::test_hub_config_fails_offline_in_one_line[llama3_1b]",),
     ),
+    Mutant(
+        "cpu_peak_raised_to_fit", "the CPU peak is raised to what a step reached (MFU ~100% by construction)",
+        "torchllm/metrics/flops.py",
+        "        if achieved > self.flops and not self.warned:",
+        "        self.flops = max(self.flops, achieved)\n        if achieved > self.flops and not self.warned:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
+    Mutant(
+        "cpu_peak_not_cached", "the CPU peak is measured again at every start",
+        "torchllm/metrics/flops.py",
+        "    if remeasure or not isinstance(entry, dict) or not entry.get(\"flops\"):",
+        "    if True:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
 ]
 
 
