@@ -728,6 +728,13 @@ MUTANTS = [
         ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
          "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
     ),
+    Mutant(
+        "console_loss_is_the_steps_own", "the console's loss is the logging step's own, not the interval's mean",
+        "torchllm/metrics/metrics_logger.py",
+        "                                      loss=self.interval_loss()))",
+        "                                      loss=None))",
+        ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
+    ),
 ]
 
 
