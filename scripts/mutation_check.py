@@ -727,6 +727,43 @@ MUTANTS = [
         'self.states["train_state"] = PickledState(train_state)',
         'self.states["trainer_state"] = PickledState(train_state)',
         ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
+    # --- fresh clone / offline Hub (issue 43) ---
+    Mutant(
+        "local_data_not_preflighted", "the launcher's pre-flight check does not look for local files",
+        "torchllm/data/kinds/local.py",
+        "        local_files(self.location)  # a missing file",
+        "        pass  # a missing file",
+        ("tests/test_run_safety.py::test_launcher_config_error_is_one_line_before_torchrun",),
+    ),
+    Mutant(
+        "hub_probe_skipped", "a Hub lookup offline waits through huggingface_hub's retries",
+        "torchllm/hub.py",
+        "    if not hub_reachable():\n        set_offline()\n        return True\n    return False",
+        "    return False",
+        ("tests/test_fresh_clone.py::test_hub_config_fails_offline_in_one_line[llama3_1b]",),
+    ),
+    Mutant(
+        "cpu_peak_raised_to_fit", "the CPU peak is raised to what a step reached (MFU ~100% by construction)",
+        "torchllm/metrics/flops.py",
+        "        if achieved > self.flops and not self.warned:",
+        "        self.flops = max(self.flops, achieved)\n        if achieved > self.flops and not self.warned:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
+    Mutant(
+        "cpu_peak_not_cached", "the CPU peak is measured again at every start",
+        "torchllm/metrics/flops.py",
+        "    if remeasure or not isinstance(entry, dict) or not entry.get(\"flops\"):",
+        "    if True:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
+    Mutant(
+        "console_loss_is_the_steps_own", "the console's loss is the logging step's own, not the interval's mean",
+        "torchllm/metrics/metrics_logger.py",
+        "                                      loss=self.interval_loss()))",
+        "                                      loss=None))",
+        ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
     ),
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,11 @@ from torchllm.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+# The suite's runs (and the ranks they launch) cache the CPU peak MFU divides by in a folder of
+# their own, not in the user's ~/.cache/torchllm (a peak measured under the suite's load).
+if "TORCHLLM_CACHE_DIR" not in os.environ:
+    os.environ["TORCHLLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchllm-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -122,6 +122,25 @@ def test_tensorboard_events_match_what_the_trainer_computed(tmp_path, tiny):
     assert dict(events["param_norm/embeddings"])[3] == pytest.approx(emb.norm().item(), rel=1e-5)
 
 
+def test_console_loss_is_the_mean_over_the_logging_interval(tmp_path, tiny, log_text, caplog):
+    """Logged every 4 steps, the console's loss at step 4 stands for steps 2-4 (their mean:
+    every step has the same token count), not step 4 alone; TensorBoard keeps step 4's own."""
+    import re
+
+    cfg = tiny(tmp_path, "--metrics.log_freq=4", "--job.run_name=iv", "--training.steps=5")
+    caplog.set_level("INFO", logger="torchllm")
+    losses = Trainer(cfg).train()
+    console = {int(step): float(loss) for step, loss in
+               re.findall(r"step +(\d+)/5 \| loss ([\d.]+)", log_text())}
+    assert sorted(console) == [1, 4, 5]
+    assert console[1] == pytest.approx(losses[0], abs=1e-4)
+    assert console[4] == pytest.approx(sum(losses[1:4]) / 3, abs=1e-4)
+    assert abs(console[4] - losses[3]) > 1e-3  # the test tells the mean from the step's value
+    assert console[5] == pytest.approx(losses[4], abs=1e-4)
+    assert dict(read_scalars(tmp_path / "tb" / "iv")["loss/avg"])[4] == pytest.approx(
+        losses[3], rel=1e-6)
+
+
 def test_group_norms_and_update_ratio_against_sgd():
     """Plain SGD moves W by exactly lr·g, so ‖ΔW‖/‖W‖ = lr·‖g‖/‖W‖."""
     torch.manual_seed(0)

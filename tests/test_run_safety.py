@@ -247,6 +247,9 @@ def test_launcher_config_error_is_one_line_before_torchrun(tmp_path):
     for flag, message in [
         ("--compile.backend=inductr", "compile.backend = 'inductr' must be one of"),
         ("--parallelism.tensor_parallel_degree=2", "tp=2 = 2, but the world size is 1"),
+        # a missing local file is named before any rank starts (a fresh clone without ../shared)
+        (f"--data.dataset=local:{tmp_path}/gone.txt",
+         f"data.dataset = 'local:{tmp_path}/gone.txt': no such file"),
     ]:
         proc = subprocess.run(["./run_train.sh", *tiny_args(tmp_path), flag], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)

@@ -78,6 +78,11 @@ def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None
     and HF_DATASETS_OFFLINE=1 works.
     """
     datasets = import_datasets(f"data.dataset = {where!r}")
+    offline = False
+    if local is None:  # a Hub dataset: reachable within seconds, or offline mode now
+        from torchllm.hub import prepare_hub
+
+        offline = prepare_hub()
     try:
         ds = datasets.load_dataset(path, streaming=True, **kwargs)
     except StopIteration:  # datasets' json reader on files without a single row
@@ -85,9 +90,13 @@ def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None
     except Exception as e:  # offline, unknown name, bad subset, unreadable file: many types
         if local is not None and (found := unreadable(f"{local[0]}:{local[1]}", local[1])):
             raise found from None
+        from torchllm.hub import offline_note
+
+        reason = " ".join(str(e).split())[:300]
         raise ConfigError(
             f"data.dataset: cannot open {where!r} (subset {subset!r}, split {split!r}): "
-            f"{type(e).__name__}: {e}", "data.dataset"
+            f"{type(e).__name__}: {reason}"
+            + ("" if local is not None else offline_note(offline)), "data.dataset"
         ) from None
     if local is not None:
         ds = LocalRows(ds, *local)

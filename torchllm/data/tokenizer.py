@@ -153,10 +153,14 @@ class HFTokenizer:
             if cfg_file.is_file():
                 config = json.loads(cfg_file.read_text())
         else:
+            from torchllm.hub import offline_note, prepare_hub
+
+            offline = prepare_hub()
             try:
-                self.tok = _Tok.from_pretrained(str(spec))
+                self.tok = _from_hub(str(spec), offline)
             except Exception as e:
-                raise ConfigError(hub_failure_message(str(spec), e), "data.tokenizer") from None
+                raise ConfigError(hub_failure_message(str(spec), e) + offline_note(offline),
+                                  "data.tokenizer") from None
         self.path = path
         self.config = config  # tokenizer_config.json: special tokens, chat_template
         self.chat_template = template_of(config)
@@ -234,6 +238,21 @@ HOW_TO_GET_A_TOKENIZER = (
     "meta-llama/Llama-3.2-1B original/tokenizer.model --local-dir assets/llama3`), or set "
     "'auto' to train a SentencePiece model on data.dataset"
 )
+
+
+def _from_hub(name: str, offline: bool):
+    """tokenizer.json of a Hub repo: downloaded (or cached), or offline from the cache only,
+    failing at once when it is not there (the Rust loader would retry the network first)."""
+    from tokenizers import Tokenizer as _Tok
+
+    if not offline:
+        return _Tok.from_pretrained(name)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "tokenizer.json")
+    if not isinstance(cached, str):
+        raise FileNotFoundError(f"{name}/tokenizer.json is not in the local Hugging Face cache")
+    return _Tok.from_file(cached)
 
 
 def hub_failure_message(name: str, error: Exception) -> str:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import time
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from torchllm.log import logger
 from torchllm.models.moe import moe_parameter_counts
-from torchllm.precision import matmul_flops
+from torchllm.precision import cpuinfo, matmul_flops
 
 # Dense bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
@@ -61,32 +66,63 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     return 6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
 
 
-class CPUPeak:
-    """The CPU's matmul peak in the dtype training runs in, measured at start (best of several
-    short trials, never read from an old cache), and measured again whenever a step's achieved
-    FLOP/s exceed it: a peak measured while the machine was busy would otherwise put MFU over
-    100%. A machine that stays busy (a VM's noisy neighbours) can keep every measurement low:
-    then what a step achieved is itself a lower bound of the peak, and the peak is at least
-    that, so MFU never exceeds 100%."""
+def cpu_peak_cache() -> Path:
+    """Where measured CPU peaks are kept: $TORCHLLM_CACHE_DIR, else ~/.cache/torchllm."""
+    root = os.environ.get("TORCHLLM_CACHE_DIR") or (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchllm")
+    return Path(root) / "cpu_peak_flops.json"
 
-    MAX_REMEASURES = 3
+
+def cpu_peak_key(dtype: torch.dtype) -> str:
+    """One machine's peak: its CPU model, the thread count and the dtype."""
+    model = cpuinfo("model name", "Model", "CPU part") or platform.processor() or "unknown CPU"
+    return f"{model} | {torch.get_num_threads()} threads | {str(dtype).removeprefix('torch.')}"
+
+
+def cpu_peak(dtype: torch.dtype, remeasure: bool = False) -> tuple[float, str]:
+    """(FLOP/s, when measured): this machine's matmul peak in `dtype`, measured once (the best
+    of 10 trials of 50 ms) and cached; `remeasure` measures again and replaces the entry."""
+    path, key = cpu_peak_cache(), cpu_peak_key(dtype)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key)
+    if remeasure or not isinstance(entry, dict) or not entry.get("flops"):
+        entry = {"flops": matmul_flops(dtype, trials=10, seconds=0.05),
+                 "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+        cache[key] = entry
+        try:  # written whole or not at all (ranks of one machine may measure at once)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError as e:
+            logger.warning("could not cache the CPU peak in %s (%s): measured again next run",
+                           path, e)
+    return float(entry["flops"]), str(entry.get("measured", "?"))
+
+
+class CPUPeak:
+    """The CPU's matmul peak in the dtype training runs in: measured once per machine (CPU
+    model, thread count, dtype) and cached (`cpu_peak`), never raised to fit a step. A step
+    faster than the cached peak means the peak was measured on a busy machine: MFU then reads
+    over 100%, and one warning says how to measure it again."""
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
-        self.flops = matmul_flops(dtype)
-        self.remeasures = 0
+        self.flops, self.measured = cpu_peak(dtype)
+        self.warned = False
 
     def check(self, achieved: float) -> float:
-        if achieved <= self.flops:
-            return self.flops
-        before = self.flops
-        if self.remeasures < self.MAX_REMEASURES:
-            self.remeasures += 1
-            self.flops = max(self.flops, matmul_flops(self.dtype))
-        if achieved > self.flops:
-            self.flops = achieved
-        logger.info("CPU peak raised: %.0f -> %.0f GFLOP/s (%s; a step reached %.0f)",
-                    before / 1e9, self.flops / 1e9, self.dtype, achieved / 1e9)
+        if achieved > self.flops and not self.warned:
+            self.warned = True
+            logger.warning(
+                "MFU over 100%%: a step reached %.0f GFLOP/s, above this CPU's cached peak of "
+                "%.0f GFLOP/s (%s, measured %s in %s, probably while the machine was busy); "
+                "measure it again on a quiet machine: python -m torchllm.tools.cpu_peak "
+                "--remeasure", achieved / 1e9, self.flops / 1e9, self.dtype, self.measured,
+                cpu_peak_cache())
         return self.flops
 
 
@@ -123,7 +159,7 @@ class Peak:
             self.flops = self.cpu.flops
 
     def check(self, achieved: float) -> float | None:
-        """The peak to divide `achieved` FLOP/s by (a CPU peak is re-measured when exceeded)."""
+        """The peak to divide `achieved` FLOP/s by (a CPU's cached peak warns once when exceeded)."""
         if self.cpu is not None:
             self.flops = self.cpu.check(achieved)
         return self.flops

@@ -40,7 +40,7 @@ class MetricsLogger:
 
     @staticmethod
     def _empty_interval() -> dict[str, float]:
-        return {"steps": 0, "time": 0.0, "data_time": 0.0, "tokens": 0}
+        return {"steps": 0, "time": 0.0, "data_time": 0.0, "tokens": 0, "loss_sum": 0.0}
 
     def is_log_step(self, step: int) -> bool:
         return step % self.log_freq == 0 or step in (1, self.total_steps)
@@ -93,10 +93,17 @@ class MetricsLogger:
         out.update({f"guard/{k}": v for k, v in self.guard.counts.items()})
         return {k: float(v) for k, v in out.items()}
 
-    def console_line(self, step: int, s: dict[str, float], skipped: bool) -> str:
+    def interval_loss(self) -> float:
+        """The loss over every step since the last log (token-weighted: total / tokens)."""
+        iv = self.interval
+        return iv["loss_sum"] / iv["tokens"] if iv["tokens"] else float("nan")
+
+    def console_line(self, step: int, s: dict[str, float], skipped: bool,
+                     loss: float | None = None) -> str:
+        """`loss`: the console's loss, the interval's mean (default: this step's)."""
         parts = [
             f"step {step:>5}/{self.total_steps}",
-            f"loss {s['loss/avg']:.4f}",
+            f"loss {s['loss/avg'] if loss is None else loss:.4f}",
             f"lr {s['optim/lr']:.2e}",
             f"grad_norm {s['grad_norm/total']:.3f}",
             f"tok/s/device {s['throughput/tokens_per_s_device']:,.0f}",
@@ -124,12 +131,16 @@ class MetricsLogger:
         iv["time"] += step_time
         iv["data_time"] += m["data_time"]
         iv["tokens"] += m["tokens"]
+        iv["loss_sum"] += m["loss"] * m["tokens"]
         self.progress.update(step)
         if not self.is_log_step(step):
             return None
         scalars = self.scalars(m)
         self.progress.clear()
-        logger.info(self.console_line(step, scalars, m.get("skipped", False)))
+        # The console's loss is the interval's mean (steps since the last log), so a noisy
+        # step does not stand for log_freq steps; TensorBoard's loss/avg is this step's own.
+        logger.info(self.console_line(step, scalars, m.get("skipped", False),
+                                      loss=self.interval_loss()))
         for writer in self.writers:
             writer.write(step, scalars)
         self.interval = self._empty_interval()

@@ -6,6 +6,7 @@
 
 Registered kinds (prefix or name -> class, registry.py):
     embedded            Embedded     CPython's bundled docs (embedded.py)
+    tinyshakespeare     TinyShakespeare  tiny Shakespeare, shipped with the package (embedded.py)
     local:PATH          LocalFiles   .txt/.jsonl/.parquet files, tokenized in memory (local.py)
     shards:DIR          Shards       pre-tokenized shards from torchllm.data.prepare (shards.py)
     hf:NAME, <named>    HFStream     a Hugging Face dataset, streamed (hf.py)
@@ -28,11 +29,11 @@ def check_data(job_config) -> None:
     """Parse every dataset spec of a job config (the launcher's pre-flight check)."""
     import copy
 
-    parse_data(job_config.data)
+    parse_data(job_config.data).preflight()
     if job_config.validation.dataset:
         other = copy.copy(job_config.data)
         other.dataset, other.sources = job_config.validation.dataset, []
-        parse_source(other, "validation.dataset")
+        parse_source(other, "validation.dataset").preflight()
 
 
 __all__ = ["Context", "DataKind", "Mixture", "NAMES", "PREFIXES", "check_data", "parse_data",

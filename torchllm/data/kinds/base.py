@@ -73,6 +73,9 @@ class DataKind:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
 
+    def preflight(self) -> None:
+        """The launcher's cheap check that the data is there (local files exist); no reading."""
+
     # -- tokenizer -------------------------------------------------------------------------
     def tokenizer_source(self) -> "DataKind":
         """The source whose tokenizer the run uses (a mixture: its first)."""

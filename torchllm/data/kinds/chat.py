@@ -38,6 +38,9 @@ class Chat(DataKind):
         rows_source(location, dcfg)  # the inner spec is checked now too
         return kind
 
+    def preflight(self) -> None:
+        rows_source(self.location, self.dcfg).preflight()  # chat:PATH's local files exist
+
     def texts(self):
         raise ConfigError("data.tokenizer = 'auto' cannot be trained on conversations; name the "
                           "tokenizer (e.g. the base model's)", "data.tokenizer")

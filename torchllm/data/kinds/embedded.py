@@ -1,8 +1,9 @@
-"""data.dataset = "embedded": CPython's bundled docs, tokenized in memory (the default)."""
+"""data.dataset = "embedded" (CPython's bundled docs, the default) or "tinyshakespeare" (shipped
+with the package): corpora that need no download, tokenized in memory."""
 
 from __future__ import annotations
 
-from torchllm.data.embedded import embedded_documents
+from torchllm.data.embedded import embedded_documents, tiny_shakespeare
 from torchllm.data.kinds.base import CorpusKind
 from torchllm.data.kinds.registry import register
 
@@ -14,3 +15,12 @@ class Embedded(CorpusKind):
 
     def texts(self):
         return iter(embedded_documents())
+
+
+@register
+class TinyShakespeare(CorpusKind):
+    names = ("tinyshakespeare",)
+    usage, order = "tinyshakespeare", 0
+
+    def texts(self):
+        return iter(tiny_shakespeare())

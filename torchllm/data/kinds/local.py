@@ -16,6 +16,9 @@ class LocalFiles(CorpusKind):
     usage, order = "local:PATH", 1
     label = "local"  # the kind the user wrote, in unreadable-file errors (chat: sets "chat")
 
+    def preflight(self) -> None:
+        local_files(self.location)  # a missing file: one line naming it, before any rank starts
+
     def open_rows(self, column: str):
         """(streaming dataset of the files' rows, the column holding `column`'s values)."""
         files = local_files(self.location)

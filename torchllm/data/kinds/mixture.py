@@ -33,6 +33,13 @@ class Mixture(DataKind):
                 raise _in_source(e, dcfg, i) from None
         return cls(dcfg, parts)
 
+    def preflight(self) -> None:
+        for i, part in enumerate(self.parts):
+            try:
+                part.preflight()
+            except ConfigError as e:
+                raise _in_source(e, self.dcfg, i) from None
+
     def tokenizer_source(self) -> DataKind:
         return self.parts[0]  # 'auto' trains on (or, for shards, loads the tokenizer of) the first
 

@@ -1,0 +1,35 @@
+"""This CPU's matmul peak, the denominator of MFU on CPU: cached once per machine.
+
+    python -m torchllm.tools.cpu_peak               # the cached peaks (measured if absent)
+    python -m torchllm.tools.cpu_peak --remeasure   # measure again (on a quiet machine)
+
+The cache is ~/.cache/torchllm/cpu_peak_flops.json ($TORCHLLM_CACHE_DIR overrides the folder),
+one entry per CPU model, thread count and dtype (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_key
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m torchllm.tools.cpu_peak",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure again and replace the cached values")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), action="append",
+                        help="the dtype(s) (default: both)")
+    args = parser.parse_args(argv)
+    for name in args.dtype or ("float32", "bfloat16"):
+        dtype = getattr(torch, name)
+        flops, measured = cpu_peak(dtype, remeasure=args.remeasure)
+        print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured})")
+    print(f"cache: {cpu_peak_cache()}")
+
+
+if __name__ == "__main__":
+    main()
