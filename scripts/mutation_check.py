@@ -727,6 +727,7 @@ MUTANTS = [
         'self.states["train_state"] = PickledState(train_state)',
         'self.states["trainer_state"] = PickledState(train_state)',
         ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
+    ),
     # --- fresh clone / offline Hub (issue 43) ---
     Mutant(
         "local_data_not_preflighted", "the launcher's pre-flight check does not look for local files",
