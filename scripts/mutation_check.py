@@ -697,6 +697,35 @@ MUTANTS = [
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
+    # --- validation across layouts ---
+    Mutant(
+        "val_held_out_per_local_batch",
+        "the held-out set is validation.steps x local batch windows (with 1 rank accumulating, "
+        "half of what 2 ranks score: val/loss depends on the layout)",
+        "torchllm/eval/in_training.py",
+        "        n = min(len(windows), vcfg.steps * global_batch)\n        batches = HeldOut",
+        "        n = min(len(windows), vcfg.steps * local)\n        batches = HeldOut",
+        ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[fsdp2]",),
+    ),
+    Mutant(
+        "val_reduced_over_the_world",
+        "validation sums loss and tokens over every rank, not the data-parallel group (pipeline "
+        "peers count the same batch twice)",
+        "torchllm/eval/in_training.py",
+        "trainer.autocast, group=trainer.parallel_dims.dp_group,",
+        "trainer.autocast, group=None,",
+        ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[pp2]",),
+    ),
+    Mutant(
+        "val_share_drops_the_remainder",
+        "each rank's share of the held-out windows is floor(n / dp degree): the last windows are "
+        "scored by one process, left out by several",
+        "torchllm/eval/in_training.py",
+        "        share = -(-n // dp_degree)\n",
+        "        share = n // dp_degree\n",
+        ("tests/test_eval_validation.py::"
+         "test_held_out_windows_are_shared_out_whole_in_equal_full_batches",),
+    ),
 ]
 
 
