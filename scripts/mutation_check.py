@@ -726,6 +726,16 @@ MUTANTS = [
         ("tests/test_eval_validation.py::"
          "test_held_out_windows_are_shared_out_whole_in_equal_full_batches",),
     ),
+    # --- prepare's validation split ---
+    Mutant(
+        "prepare_val_takes_big_documents_whole",
+        "prepare gives validation a whole document whenever it is behind its fraction, counting "
+        "the document first (one big document makes most of the corpus validation)",
+        "torchllm/data/prepare.py",
+        "        if n <= max(room, self.WHOLE_DOCUMENT):\n",
+        "        if True:\n",
+        ("tests/test_prepare_split.py::test_a_big_document_cannot_swell_the_validation_split",),
+    ),
 ]
 
 
