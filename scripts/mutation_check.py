@@ -766,6 +766,43 @@ MUTANTS = [
         "                                      loss=None))",
         ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
     ),
+    Mutant(
+        "val_held_out_per_local_batch",
+        "the held-out set is validation.steps x local batch windows (with 1 rank accumulating, "
+        "half of what 2 ranks score: val/loss depends on the layout)",
+        "torchllm/eval/in_training.py",
+        "        n = min(len(windows), vcfg.steps * global_batch)\n        batches = HeldOut",
+        "        n = min(len(windows), vcfg.steps * local)\n        batches = HeldOut",
+        ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[fsdp2]",),
+    ),
+    Mutant(
+        "val_reduced_over_the_world",
+        "validation sums loss and tokens over every rank, not the data-parallel group (pipeline "
+        "peers count the same batch twice)",
+        "torchllm/eval/in_training.py",
+        "trainer.autocast, group=trainer.parallel_dims.dp_group,",
+        "trainer.autocast, group=None,",
+        ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[pp2]",),
+    ),
+    Mutant(
+        "val_share_drops_the_remainder",
+        "each rank's share of the held-out windows is floor(n / dp degree): the last windows are "
+        "scored by one process, left out by several",
+        "torchllm/eval/in_training.py",
+        "        share = -(-n // dp_degree)\n",
+        "        share = n // dp_degree\n",
+        ("tests/test_eval_validation.py::"
+         "test_held_out_windows_are_shared_out_whole_in_equal_full_batches",),
+    ),
+    Mutant(
+        "prepare_val_takes_big_documents_whole",
+        "prepare gives validation a whole document whenever it is behind its fraction, counting "
+        "the document first (one big document makes most of the corpus validation)",
+        "torchllm/data/prepare.py",
+        "        if n <= max(room, self.WHOLE_DOCUMENT):\n",
+        "        if True:\n",
+        ("tests/test_prepare_split.py::test_a_big_document_cannot_swell_the_validation_split",),
+    ),
 ]
 
 

@@ -4,9 +4,11 @@ process group, so that the cost of starting N Python processes is paid once.
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
 SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...],
-"record_dtypes": [name, ...], "record_qk_norm": [name, ...]}. OUT (rank 0): {name: {"loss":
-[...], "grad_norm": [...], "all_reduce_dtypes": {dtype: calls} (record_dtypes runs),
-"qk_norm": [{param: values} per rank] (record_qk_norm runs)}, "sync_counts": {name: {...}},
+"record_dtypes": [name, ...], "record_qk_norm": [name, ...], "validate": [name, ...]}. OUT
+(rank 0): {name: {"loss": [...], "grad_norm": [...], "all_reduce_dtypes": {dtype: calls}
+(record_dtypes runs), "qk_norm": [{param: values} per rank] (record_qk_norm runs), "val": every
+rank's in-training validation after the last step (validate runs: {"val/loss", "val/tokens",
+...} per rank)}, "sync_counts": {name: {...}},
 "host_syncs": {name: [event, ...]}} (see test_host_syncs.step_events).
 """
 
@@ -84,6 +86,10 @@ def main(spec_path: str, out_path: str) -> None:
             ranks = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, mine)
             results[name]["qk_norm"] = ranks
+        if name in spec.get("validate", []):  # what the Evaluator logs at the last step
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, trainer.evaluator.validation(spec["steps"]))
+            results[name]["val"] = ranks
         if name in spec.get("count_sync", []):
             results["sync_counts"][name] = {
                 "one_micro_step": reduce_collectives(trainer, 1),

@@ -13,6 +13,7 @@ from torchllm.data.token_stream import TokenStream
 from torchllm.data.windows import ValWindows
 from torchllm.data.tokenizer import SentencePieceTokenizer
 from torchllm.eval import hellaswag
+from torchllm.eval.in_training import HeldOutBatches
 from torchllm.eval.validation import validate
 
 from conftest import SHARED
@@ -22,11 +23,11 @@ CPU = torch.device("cpu")
 VAL_STEPS, VAL_BATCH = 3, 2
 
 
-def val_loader(rank: int, world: int) -> torch.utils.data.DataLoader:
-    """The data pipeline's validation loader over 14 windows: 7 per rank, 3 full batches each."""
+def val_loader(rank: int, world: int) -> HeldOutBatches:
+    """In-training validation's batches of 12 of 14 windows: 6 per rank, 3 full batches each."""
     tokens = np.random.default_rng(0).integers(0, 512, 17 * 14)
-    windows = ValWindows(TokenStream([tokens], np.array([0])), 16, rank, world)
-    return torch.utils.data.DataLoader(windows, batch_size=VAL_BATCH, drop_last=True)
+    windows = ValWindows(TokenStream([tokens], np.array([0])), 16)
+    return HeldOutBatches(windows, 12, VAL_BATCH, rank, world)
 
 
 def _worker(rank: int, world: int, tmp: str, tokenizer_path: str, examples: list[dict]) -> None:

@@ -1,20 +1,27 @@
-"""Validation loss against a hand computation, held-out batches, and the in-training hooks."""
+"""Validation loss against a hand computation, held-out batches, the in-training hooks, and the
+same held-out windows and value whatever the parallel layout (1 process, FSDP2, DDP, EP, PP)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from torchllm.config import ConfigError
+from torchllm.eval.in_training import HeldOutBatches
 from torchllm.eval.validation import validate
 from torchllm.loss import IGNORE_INDEX
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 from torchllm.train import Trainer
 
-from conftest import build_model, tiny_config
+from conftest import REPO, build_model, tiny_args, tiny_config
 from test_eval_hellaswag import write_tiny_jsonl
 
 
@@ -126,3 +133,92 @@ def test_validation_split_reads_that_hugging_face_split(tmp_path):
     with pytest.raises(ConfigError, match="validation.split = 'validation' applies to Hugging"):
         Trainer(tiny_config(tmp_path / "e", "--validation.enable",
                             "--validation.split=validation"))
+
+
+@pytest.mark.parametrize("n, batch", [(7, 2), (12, 4), (1, 3)])
+def test_held_out_windows_are_shared_out_whole_in_equal_full_batches(n, batch):
+    """Ranks r of 1..3 together score exactly windows 0..n-1, each once, in the same number of
+    full-size batches; the filler rows score nothing."""
+    windows = [{"inputs": torch.full((4,), i), "targets": torch.full((4,), i),
+                "positions": torch.arange(4)} for i in range(20)]
+    for world in (1, 2, 3):
+        shares = [list(HeldOutBatches(windows, n, batch, r, world)) for r in range(world)]
+        assert len({len(s) for s in shares}) == 1  # every rank: the same number of batches
+        assert all(b["inputs"].shape == (batch, 4) for s in shares for b in s)
+        scored = [int(row[0]) for s in shares for b in s for row in b["targets"]
+                  if (row != IGNORE_INDEX).any()]
+        assert scored == list(range(n)), world
+        fillers = sum(int((b["targets"] == IGNORE_INDEX).all(1).sum()) for s in shares for b in s)
+        assert fillers == len(shares[0]) * batch * world - n
+
+
+# The held-out set is the first validation.steps x global batch windows of the split, wherever
+# it runs: 2 steps of global batch 4 on 1 process (2 x 2 accumulated) and on 2 gloo ranks.
+VAL_STEPS, VAL_BATCHES, GLOBAL, SEQ = 2, 3, 4, 16
+LAYOUT = (f"--training.steps={VAL_STEPS}", f"--training.seq_len={SEQ}",
+          f"--training.global_batch_size={GLOBAL}", "--validation.enable",
+          f"--validation.steps={VAL_BATCHES}", "--job.deterministic", "--job.run_name=val_layout",
+          "--model.tie_embeddings=false", "--lr_scheduler.warmup_steps=1", "--optimizer.lr=3e-4")
+MOE = ("--model.name=qwen3_moe", "--model.moe_aux_loss_coef=0")
+LAYOUTS = {
+    "fsdp2": ["--training.local_batch_size=2"],
+    "ddp_accumulate": ["--parallelism.dp_mode=ddp", "--training.local_batch_size=1"],
+    "pp2": ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"],
+    "ep2": [*MOE, "--parallelism.expert_parallel_degree=2", "--training.local_batch_size=2"],
+}
+
+
+def one_process_validation(tmp, *extra) -> dict:
+    """val/* after VAL_STEPS steps in one process, checked against a plain loop over the first
+    VAL_BATCHES x GLOBAL windows of the held-out split."""
+    trainer = Trainer(tiny_config(tmp, *LAYOUT, *extra))
+    for _ in range(VAL_STEPS):
+        trainer.train_step()
+    got = trainer.evaluator.validation(VAL_STEPS)
+    total, count = 0.0, 0
+    trainer.model.eval()
+    with torch.no_grad():
+        for i in range(VAL_BATCHES * GLOBAL):
+            window = trainer.val_loader.dataset[i]
+            logits = trainer.model(window["inputs"][None])
+            total += F.cross_entropy(logits[0].double(), window["targets"],
+                                     reduction="sum").item()
+            count += window["targets"].numel()
+    trainer.close()
+    assert got["val/tokens"] == count == VAL_BATCHES * GLOBAL * SEQ
+    assert got["val/loss"] == pytest.approx(total / count, rel=1e-6)
+    return got
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """One process (dense, 2 x 2 accumulated; MoE, 4), then one torchrun launch of 2 gloo ranks
+    running every layout (tests/parallel_worker.py)."""
+    from test_parallel_multiprocess import launch_failure
+
+    tmp = tmp_path_factory.mktemp("val_layouts")  # the first run trains the shared tokenizer
+    single = {"dense": one_process_validation(tmp, "--training.local_batch_size=2"),
+              "moe": one_process_validation(tmp, *MOE, "--training.local_batch_size=4")}
+    spec = {"runs": {name: tiny_args(tmp, *LAYOUT, *args) for name, args in LAYOUTS.items()},
+            "steps": VAL_STEPS, "validate": list(LAYOUTS)}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "tests" / "parallel_worker.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, launch_failure(proc)
+    return single, json.loads((tmp / "out.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_validation_is_the_same_on_every_layout(layouts, name):
+    """fp32: the same held-out tokens and val/loss (rel 1e-5) on every rank of every layout as
+    in one process; counted once per data-parallel rank (pp peers hold the same batch)."""
+    single, ranks = layouts
+    want = single["moe" if name == "ep2" else "dense"]
+    for got in ranks[name]["val"]:
+        assert got["val/tokens"] == want["val/tokens"], (name, got, want)
+        assert got["val/loss"] == pytest.approx(want["val/loss"], rel=1e-5), (name, got, want)

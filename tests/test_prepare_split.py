@@ -75,6 +75,47 @@ def test_default_split_is_proportional_whole_documents(tmp_path, sp_path):
     assert len(open_split(capped, "val")) + len(open_split(capped, "train")) == total
 
 
+@pytest.mark.slow
+def test_a_big_document_cannot_swell_the_validation_split(tmp_path, sp_path):
+    """200 documents of ~500 bytes and one of 500 kB (the 101st) at the default --val-fraction:
+    validation stays within 0.005 of the tokens (+ one 2,048-token document of slack), and the
+    big document is cut, not lost: its head in validation, the rest in training."""
+    rng = np.random.default_rng(1)
+    words = "the river ran quietly past old stone walls while birds sang above".split()
+    small = [f"doc{i:04d} " + " ".join(rng.choice(words, 90)) for i in range(200)]
+    big = "big " + " ".join(rng.choice(words, 100_000))
+    corpus = small[:100] + [big] + small[100:]
+    assert all(450 < len(t) < 650 for t in small) and len(big) > 500_000
+    tok = load_tokenizer(sp_path)
+    encoded = [tok.encode(t, bos=True, eos=True) for t in corpus]
+    out = tmp_path / "s"
+    assert prepare_cli(["--dataset", f"local:{write_jsonl(tmp_path / 'c.jsonl', corpus)}",
+                        "--tokenizer", str(sp_path), "--out", str(out), "--shard-tokens",
+                        "50000", "--workers", "1"]) == 0
+    val, train = open_split(out, "val"), open_split(out, "train")
+    total = sum(map(len, encoded))
+    assert len(val) + len(train) == total
+    assert len(encoded[100]) > 0.5 * total  # the big one is most of the corpus
+    assert 0 < len(val) <= 0.005 * total + 2048, (len(val), total)
+    # Every token is somewhere: the big document's head in validation (cut there), its tail in
+    # training, and every small document whole in exactly one split.
+    v, t, doc = val.read(0, len(val)).tolist(), train.read(0, len(train)).tolist(), encoded[100]
+    i = next(k for k in range(len(v)) if v[k : k + 8] == doc[:8])
+    h = next((k for k in range(1, len(v) - i) if v[i + k] == tok.bos_id), len(v) - i)
+    assert 0 < h < len(doc) and v[i : i + h] == doc[:h]
+    j = next(k for k in range(len(t)) if t[k : k + 8] == doc[h : h + 8])
+    assert t[j : j + len(doc) - h] == doc[h:]
+    rest = [v[:i] + v[i + h :], t[:j] + t[j + len(doc) - h :]]
+    whole = [tuple(d) for r in rest for d in split_at(r, tok.bos_id)]
+    assert sorted(whole) == sorted(map(tuple, encoded[:100] + encoded[101:]))
+
+
+def split_at(tokens: list[int], bos: int) -> list[list[int]]:
+    starts = [k for k, x in enumerate(tokens) if x == bos] + [len(tokens)]
+    assert not tokens or starts[0] == 0
+    return [tokens[a:b] for a, b in zip(starts, starts[1:])]
+
+
 def test_one_document_corpus_and_explicit_val_tokens(tmp_path, sp_path):
     text = shared_path("data", "tinyshakespeare.txt")  # one .txt file = one document
     tok = load_tokenizer(sp_path)

@@ -169,8 +169,9 @@ class Validation:
     enable: bool = opt(False, "Compute the validation loss during training")
     freq: int = opt(250, "Validate every N steps (and after the last step)")
     steps: int = opt(
-        10, "Batches per validation of a held-out split, the same ones every time (fewer if too "
-        "few); a dedicated validation.dataset is read whole instead"
+        10, "Global batches per validation of a held-out split: its first steps x global batch "
+        "windows (all if fewer), the same ones whatever the number of ranks; a dedicated "
+        "validation.dataset is read whole instead"
     )
     dataset: str = opt(
         "", "A dedicated validation dataset (same forms as data.dataset), read whole up to "

@@ -92,7 +92,8 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     """(train_loader, val_loader) for this data-parallel rank.
 
     train_loader never runs out and resumes exactly from `state_dict()`; val_loader is finite
-    and starts over, in the same order, each time it is iterated.
+    and starts over, in the same order, each time it is iterated: all the held-out windows, the
+    same on every rank (evaluation shares them out: torchllm.eval.in_training.HeldOutBatches).
     """
     kind = parse_data(job_config.data)
     ctx = Context(job_config, tokenizer, dp_rank, dp_degree, job_config.job.seed)

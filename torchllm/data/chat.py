@@ -222,11 +222,11 @@ class ChatSource:
 
 
 class ChatVal(torch.utils.data.Dataset):
-    """Held-out windows of a ChatSource, rank r taking the r-th contiguous share."""
+    """The held-out windows of a ChatSource, all of them (the same on every rank: evaluation
+    shares them out, see torchllm.data.windows.ValWindows)."""
 
-    def __init__(self, source: ChatSource, first: int, count: int, dp_rank: int, dp_degree: int):
-        self.source, self.count = source, count // dp_degree
-        self.first = first + dp_rank * self.count
+    def __init__(self, source: ChatSource, first: int, count: int):
+        self.source, self.first, self.count = source, first, count
 
     def __len__(self) -> int:
         return self.count
@@ -290,4 +290,4 @@ def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_deg
             f"trained; {replies} of {len(convs)} conversations have one"
             f"{', all cut off or held out for validation' if replies else ''}); check the "
             "messages' 'role' values", "data.dataset")
-    return source, ChatVal(source, len(tokens) - n_val, n_val, dp_rank, dp_degree)
+    return source, ChatVal(source, len(tokens) - n_val, n_val)

@@ -55,8 +55,7 @@ class ChatPacking:
         tokens, mask, positions, _ = window_rows([self.render(m) for m in held],
                                                  ctx.seq_len + 1, self.packing,
                                                  self.tokenizer.eos_id)
-        return ChatVal(ChatSource(tokens, mask, positions, ctx.seed), 0, len(tokens),
-                       ctx.dp_rank, ctx.dp_degree)
+        return ChatVal(ChatSource(tokens, mask, positions, ctx.seed), 0, len(tokens))
 
 
 def stream_chat_windows(rows, location: str, ctx):
@@ -76,5 +75,5 @@ def stream_chat_windows(rows, location: str, ctx):
         logger.info("chat:%s: streamed, %s template, whole conversations %s into windows of %d "
                     "tokens as they are read; the first %d held out for validation (%d windows)",
                     location, pack.template.kind, "packed" if pack.packing == "pack" else
-                    "one per window", ctx.seq_len + 1, dcfg.val_documents, val.count * ctx.dp_degree)
+                    "one per window", ctx.seq_len + 1, dcfg.val_documents, val.count)
     return reader, val

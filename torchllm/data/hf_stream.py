@@ -160,8 +160,7 @@ class TextPacking:
         """The validation windows of the held-out documents."""
         tokens, starts = pack_documents(self.tokenizer.encode(t, bos=True, eos=True)
                                         for t in texts)
-        return ValWindows(TokenStream([tokens], starts), ctx.seq_len, ctx.dp_rank,
-                          ctx.dp_degree)
+        return ValWindows(TokenStream([tokens], starts), ctx.seq_len)
 
 
 def text_digest(value) -> bytes:

@@ -10,8 +10,11 @@ may be shorter). See torchllm/data/shards.py for the format.
 
 The validation split is proportional by default: a document goes to it whenever the split holds
 less than --val-fraction of the tokens read so far (so the first document always does, and then
-about every 1/fraction-th token's document), until it reaches --val-max-tokens. A corpus of a
-single document gives its first tokens to validation instead. --val-tokens N takes exactly the
+about every 1/fraction-th token's document), until it reaches --val-max-tokens. A document longer
+than 2,048 tokens that does not fit in the fraction is cut: validation gets its first tokens, up
+to the fraction, training the rest (so validation stays within the fraction + 2,048 tokens,
+whatever the document sizes). A corpus of a single document gives its first tokens to
+validation instead. --val-tokens N takes exactly the
 first N tokens instead (a document cut there starts the training split with its tail).
 Documents with no text (empty or whitespace only) are skipped.
 """
@@ -87,7 +90,16 @@ class SplitWriter:
 
 
 class ValSplit:
-    """Decides, document by document, which tokens go to the validation split."""
+    """Decides, document by document, which tokens go to the validation split.
+
+    Proportional: a document goes to validation while the split holds less than `fraction` of
+    the tokens read (counting the document). It goes whole when it fits in the split's room
+    (ceil(fraction x tokens read) - validation tokens) or is at most WHOLE_DOCUMENT tokens long;
+    a longer one gives validation only its first `room` tokens and training the rest. So the
+    split ends within fraction x total + WHOLE_DOCUMENT tokens, whatever the document sizes.
+    """
+
+    WHOLE_DOCUMENT = 2048  # tokens: a document this short may go to validation whole
 
     def __init__(self, val_tokens: int | None, fraction: float, max_tokens: int):
         self.val_tokens, self.fraction, self.max_tokens = val_tokens, fraction, max_tokens
@@ -98,9 +110,13 @@ class ValSplit:
         self.seen += n
         if self.val_tokens is not None:  # exactly the first val_tokens tokens
             return max(0, min(n, self.val_tokens - val_total))
-        if val_total < self.fraction * self.seen and val_total < self.max_tokens:
-            return min(n, self.max_tokens - val_total)  # a whole document, up to the cap
-        return 0
+        cap = self.max_tokens - val_total
+        if val_total >= self.fraction * self.seen or cap <= 0:
+            return 0
+        room = int(-(-self.fraction * self.seen // 1)) - val_total  # ceil(fraction x seen) - val
+        if n <= max(room, self.WHOLE_DOCUMENT):
+            return min(n, cap)  # a whole document, up to the cap
+        return min(room, cap)  # a long document: only as far as the fraction allows
 
 
 TMP_PREFIX = ".prepare-tmp-"  # the folder inside --out a run writes into before the swap
@@ -262,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-tokens", type=lambda s: int(s.replace("_", "")), default=100_000_000)
     p.add_argument("--val-fraction", type=float, default=0.005,
                    help="fraction of the tokens held out for validation, in whole documents "
-                   "(at least one)")
+                   "(at least one; a longer one than 2,048 tokens is cut to the fraction)")
     p.add_argument("--val-max-tokens", type=lambda s: int(s.replace("_", "")),
                    default=10_000_000, help="cap on the proportional validation split")
     p.add_argument("--val-tokens", type=lambda s: int(s.replace("_", "")), default=None,

@@ -96,16 +96,14 @@ class WindowBatches(IndexedBatches):
 
 
 class ValWindows(torch.utils.data.Dataset):
-    """The validation split's windows in stream order; rank r takes the r-th contiguous share.
+    """The validation split's windows, all of them, in stream order. Every rank holds the same
+    ones: evaluation shares out a fixed number of them over the data-parallel ranks
+    (torchllm.eval.in_training.HeldOutBatches), so the held-out set does not depend on the
+    layout."""
 
-    Every rank gets the same number of windows (a remainder of fewer than dp degree windows is
-    left out), so every rank runs the same number of validation batches.
-    """
-
-    def __init__(self, stream: TokenStream, seq_len: int, dp_rank: int, dp_degree: int):
+    def __init__(self, stream: TokenStream, seq_len: int):
         self.stream, self.window = stream, seq_len + 1
-        self.count = stream.num_windows(self.window) // dp_degree
-        self.first = dp_rank * self.count
+        self.count = stream.num_windows(self.window)
 
     def __len__(self) -> int:
         return self.count
@@ -113,5 +111,5 @@ class ValWindows(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < self.count:
             raise IndexError(i)
-        batch = window_batch(self.stream, [self.first + i], self.window)
+        batch = window_batch(self.stream, [i], self.window)
         return {k: v[0] for k, v in batch.items()}

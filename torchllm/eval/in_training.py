@@ -19,21 +19,66 @@ from torchllm.eval import hellaswag
 from torchllm.eval.generation import completion_text, generate
 from torchllm.eval.validation import validate
 from torchllm.log import logger
+from torchllm.loss import IGNORE_INDEX
+from torchllm.optim.batch_ramp import global_batch_size
 
 
-def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable, dp_rank: int,
-                      dp_degree: int) -> tuple[Iterable, int]:
-    """(batches, batches per validation): the training data's held-out loader and
-    validation.steps, or a dedicated validation.dataset read whole (all its batches), or the
-    Hugging Face split validation.split names.
+class HeldOutBatches:
+    """This data-parallel rank's batches of a fixed held-out set: the first `n` windows of
+    `windows` (a map-style dataset of window dicts), rank r taking the r-th contiguous share of
+    ceil(n / dp degree), in batches of `batch_size`.
 
+    Every rank runs the same number of full-size batches (sharded models run collectives in
+    forward, pipeline schedules want whole batches): places past the end of a share are filled
+    with copies of window 0 whose targets are all IGNORE_INDEX, which count for nothing. So the
+    windows scored, and the token-weighted loss summed over the ranks, are the same whatever the
+    number of ranks or the batch size. Iterating again starts over.
+    """
+
+    def __init__(self, windows, n: int, batch_size: int, dp_rank: int, dp_degree: int):
+        self.windows, self.n, self.batch_size = windows, n, batch_size
+        share = -(-n // dp_degree)
+        self.ids = range(min(n, dp_rank * share), min(n, (dp_rank + 1) * share))
+        self.batches = -(-share // batch_size)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def padding(self) -> dict[str, torch.Tensor]:
+        row = {k: v.clone() for k, v in self.windows[0].items()}
+        row["targets"].fill_(IGNORE_INDEX)
+        return row
+
+    def __iter__(self):
+        for b in range(self.batches):
+            rows = [self.windows[i] for i in self.ids[b * self.batch_size:
+                                                      (b + 1) * self.batch_size]]
+            rows += [self.padding() for _ in range(self.batch_size - len(rows))]
+            yield {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank: int,
+                      dp_degree: int, global_batch: int | None = None) -> tuple[Iterable, int]:
+    """(this rank's batches, batches per validation) of the held-out set: the first
+    validation.steps x global batch windows of the training data's held-out split (all of it
+    when smaller; `val_loader`: build_data's held-out loader, whose dataset holds the whole
+    split on every rank), or of the Hugging Face split validation.split names, or a dedicated
+    validation.dataset read whole. See HeldOutBatches for how the ranks share it.
+
+    `global_batch`: sequences per optimizer step (default: training.global_batch_size resolved
+    for `dp_degree`), so the held-out set is the same for every layout with that global batch.
     With validation.split, the first data.val_documents documents of that Hugging Face split
     are the validation set (e.g. a dataset's official "validation" split).
     """
-    vcfg = cfg.validation
+    vcfg, local = cfg.validation, cfg.training.local_batch_size
+    if global_batch is None:
+        global_batch = global_batch_size(cfg.training, dp_degree)
     name = vcfg.dataset or cfg.data.dataset
     if not vcfg.enable or (name == cfg.data.dataset and not vcfg.split):
-        return val_loader, vcfg.steps
+        windows = val_loader.dataset
+        n = min(len(windows), vcfg.steps * global_batch)
+        batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
+        return batches, len(batches)
     other = copy.deepcopy(cfg)
     other.data.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
@@ -47,13 +92,16 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader: Iterable
         other.data.hf_split = vcfg.split
     try:
         if vcfg.split:
-            return build_data(other, tokenizer, dp_rank, dp_degree)[1], vcfg.steps
-        stream = whole_stream(other.data, tokenizer, vcfg.max_tokens)
+            windows = build_data(other, tokenizer, dp_rank, dp_degree)[1].dataset
+            n = min(len(windows), vcfg.steps * global_batch)
+        else:
+            stream = whole_stream(other.data, tokenizer, vcfg.max_tokens)
+            windows = ValWindows(stream, cfg.training.seq_len)
+            n = len(windows)
     except ConfigError as e:
         raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
-    windows = ValWindows(stream, cfg.training.seq_len, dp_rank, dp_degree)
-    loader = torch.utils.data.DataLoader(windows, batch_size=cfg.training.local_batch_size)
-    return loader, len(loader)
+    batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
+    return batches, len(batches)
 
 
 EvalReport = StepReport  # what one step's evaluation produced
@@ -67,7 +115,8 @@ class Evaluator(Callback):
     def from_trainer(cls, trainer) -> "Evaluator":
         cfg = trainer.cfg
         val_batches, val_steps = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
-                                                   trainer.dp_rank, trainer.dp_degree)
+                                                   trainer.dp_rank, trainer.dp_degree,
+                                                   trainer.global_batch)
         return cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
                    trainer.autocast, group=trainer.parallel_dims.dp_group, val_steps=val_steps,
                    pipeline=trainer.pipeline)
@@ -101,9 +150,9 @@ class Evaluator(Callback):
         self.val_steps = cfg.validation.steps if val_steps is None else val_steps
         if cfg.validation.enable and next(iter(val_batches), None) is None:
             raise ConfigError(
-                "validation.enable = true but the validation data has no full batch; give it "
-                "more tokens (data.val_fraction, validation.dataset / max_tokens) or lower "
-                "training.seq_len / local_batch_size",
+                "validation.enable = true but the validation data has no window of "
+                "training.seq_len + 1 tokens; give it more tokens (data.val_fraction, "
+                "validation.dataset / max_tokens) or lower training.seq_len",
                 "validation.enable",
             )
         self.hellaswag_examples = None

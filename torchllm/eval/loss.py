@@ -5,10 +5,11 @@ training (nanoGPT's eval_only, nanochat's base_loss).
     python -m torchllm.eval.loss --checkpoint outputs/debug_model --data local:notes.txt
 
 The windows are the ones in-training validation reads (`validation_loader`): without --data, or
-with the run's own data.dataset, the held-out part of its training data (validation.steps
-batches, --steps); any other spec (local:, shards:, embedded, hf:...) is read whole, up to
---max-tokens (validation.max_tokens). Batches of training.local_batch_size windows of
-training.seq_len tokens, in the run's precision.
+with the run's own data.dataset, the held-out part of its training data (the first
+validation.steps x global batch windows, --steps; the global batch the checkpoint recorded), so
+the number equals the run's val/loss whatever its number of ranks; any other spec (local:,
+shards:, embedded, hf:...) is read whole, up to --max-tokens (validation.max_tokens). Batches
+of training.local_batch_size windows of training.seq_len tokens, in the run's precision.
 
 Bits per byte: the summed loss in bits over the UTF-8 bytes the scored target tokens decode to
 (each window's targets decoded together), a measure that does not depend on the tokenizer.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from torchllm.checkpoint.layout import resolve_checkpoint, step_of
+from torchllm.checkpoint.layout import MarkerError, read_marker, resolve_checkpoint, step_of
 from torchllm.checkpoint.storage import parent_of
 from torchllm.checkpoint.resume import recorded_precision
 from torchllm.data import build_data
@@ -49,9 +50,20 @@ def target_bytes(batches, steps: int, tokenizer) -> int:
     return total
 
 
+def recorded_global_batch(step) -> int | None:
+    """The global batch (sequences) the checkpoint at `step` was trained with, as its marker
+    records it; None when it records none (the config's training.global_batch_size is used)."""
+    try:
+        saved = read_marker(step).get("global_batch_size")
+    except MarkerError:
+        return None
+    return saved if isinstance(saved, int) and saved > 0 else None
+
+
 def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
-                       max_tokens: int | None):
-    """(batches, how many, description): in-training validation's windows for `data`."""
+                       max_tokens: int | None, global_batch: int | None = None):
+    """(batches, how many, description): in-training validation's windows for `data`;
+    `global_batch`: the run's (default: training.global_batch_size for one rank)."""
     cfg = copy.deepcopy(cfg)
     cfg.validation.enable, cfg.validation.split = True, ""
     own = data is None or data == cfg.data.dataset
@@ -61,7 +73,7 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
     if max_tokens is not None:
         cfg.validation.max_tokens = max_tokens
     held_out = build_data(cfg, tokenizer, 0, 1)[1] if own else None
-    batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1)
+    batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1, global_batch)
     what = (f"{cfg.data.dataset or 'mixture'} (held-out split, up to {n} batches)" if own
             else f"{data} ({n} batches)")
     return batches, n, what
@@ -69,10 +81,11 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
 
 def evaluate_loss(model, cfg, tokenizer, device, data: str | None = None,
                   steps: int | None = None, max_tokens: int | None = None,
-                  recorded: str | None = None) -> dict:
+                  recorded: str | None = None, global_batch: int | None = None) -> dict:
     """{loss, perplexity, bits_per_byte, tokens, bytes, data} of `model` on `data`, in the
-    precision the checkpoint recorded (`recorded`: "bf16"/"fp32"), else training's."""
-    batches, n, what = evaluation_batches(cfg, tokenizer, data, steps, max_tokens)
+    precision the checkpoint recorded (`recorded`: "bf16"/"fp32"), else training's;
+    `global_batch`: the run's, which sizes the held-out set (see evaluation_batches)."""
+    batches, n, what = evaluation_batches(cfg, tokenizer, data, steps, max_tokens, global_batch)
     bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type, recorded)
 
     def autocast():
@@ -108,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         step = resolve_checkpoint(args.checkpoint)
         recorded = recorded_precision(parent_of(step), step_of(step), device)
         result = evaluate_loss(model, cfg, tokenizer, device, args.data, args.steps,
-                               args.max_tokens, recorded)
+                               args.max_tokens, recorded, recorded_global_batch(step))
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         logger.error("error: %s", e)
         return 2

@@ -1,4 +1,5 @@
-"""Validation loss: a fixed number of held-out batches, no gradients, averaged over dp ranks."""
+"""Validation loss: held-out batches, no gradients, the token-weighted mean over the
+data-parallel ranks (each scores its share of a fixed held-out set: eval.in_training)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def validate(
     `batches` yields dicts with "inputs", "targets" and optionally "positions" (where tokens sit
     in their documents: block_causal masks, per-document positions); iterating it again must start over, so every validation sees the same
     data. Every rank must yield the same number of batches (sharded models run collectives in
-    forward). The model is put in eval mode and returned to its previous mode.
+    forward); `group` is the data-parallel group only: ranks that hold the same batch (tp, cp,
+    pp peers) must not count it twice. The model is put in eval mode and returned to its
+    previous mode.
     With pipeline parallelism, `pipeline` (torchllm.parallel.Pipeline) runs the batches through
     the stages and returns their summed loss on every pp rank.
     Returns TensorBoard-ready scalars: val/loss (token-weighted mean), val/perplexity, val/tokens.

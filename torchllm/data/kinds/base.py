@@ -138,13 +138,13 @@ class TokenKind(DataKind):
 
         train, val = self.token_split(ctx.tokenizer)
         source = StreamSource(train, ctx.seq_len, ctx.seed, self.dcfg.shuffle_windows, self.spec)
-        return source, ValWindows(val, ctx.seq_len, ctx.dp_rank, ctx.dp_degree)
+        return source, ValWindows(val, ctx.seq_len)
 
     def batches(self, ctx: Context):
         train, val = self.token_split(ctx.tokenizer)
         batches = WindowBatches(train, ctx.seq_len, ctx.batch_size, ctx.dp_rank, ctx.dp_degree,
                                 ctx.seed, self.dcfg.shuffle_windows, self.spec)
-        return batches, ValWindows(val, ctx.seq_len, ctx.dp_rank, ctx.dp_degree)
+        return batches, ValWindows(val, ctx.seq_len)
 
 
 class CorpusKind(TokenKind):
