@@ -766,6 +766,14 @@ MUTANTS = [
         "                                      loss=None))",
         ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
     ),
+    Mutant(
+        "report_mixture_rows_as_repr", "the comparison report shows a mixture's unused data.dataset and a DataSource repr",
+        "torchllm/report/markdown.py",
+        '        flat["data.sources"] = ", ".join(f"{s.dataset} x {s.weight:g}" for s in sources)\n'
+        '        flat["data.dataset"] = "(mixture: data.sources)"',
+        "        pass",
+        ("tests/test_report.py::test_differences_show_a_mixtures_sources_and_weights",),
+    ),
 ]
 
 
