@@ -803,6 +803,14 @@ MUTANTS = [
         "        if True:\n",
         ("tests/test_prepare_split.py::test_a_big_document_cannot_swell_the_validation_split",),
     ),
+    Mutant(
+        "report_mixture_rows_as_repr", "the comparison report shows a mixture's unused data.dataset and a DataSource repr",
+        "torchllm/report/markdown.py",
+        '        flat["data.sources"] = ", ".join(f"{s.dataset} x {s.weight:g}" for s in sources)\n'
+        '        flat["data.dataset"] = "(mixture: data.sources)"',
+        "        pass",
+        ("tests/test_report.py::test_differences_show_a_mixtures_sources_and_weights",),
+    ),
 ]
 
 

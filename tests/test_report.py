@@ -10,6 +10,7 @@ import pytest
 from torchllm.report import write_report
 from torchllm.train import Trainer, main
 
+from torchllm.config import load_config
 from conftest import tiny_args, tiny_config
 
 pytest.importorskip("matplotlib")
@@ -102,6 +103,21 @@ def test_several_runs_share_the_axes_and_their_differences_are_tabulated(runs):
     assert "## Run a" in text and "## Run b" in text
 
 
+def test_differences_show_a_mixtures_sources_and_weights(tmp_path):
+    """A mixture run beside a single-source one: data.dataset is not 'embedded' (unused in a
+    mixture) and data.sources lists each source with its weight, whole, not a repr."""
+    from types import SimpleNamespace
+
+    from torchllm.report.markdown import differences
+
+    long = "local:" + "a_long_folder_name/" * 4
+    mix = load_config(tiny_args(tmp_path, f"--data.sources=embedded=0.7,{long}=0.3"))
+    one = load_config(tiny_args(tmp_path))
+    rows = {r[0]: r[1:] for r in differences([SimpleNamespace(cfg=one), SimpleNamespace(cfg=mix)])}
+    assert rows["data.dataset"] == ["embedded", "(mixture: data.sources)"]
+    assert rows["data.sources"] == ["none", f"embedded x 0.7, {long} x 0.3"]
+
+
 def test_report_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
     from torchllm.report.__main__ import main as report_main
 
@@ -129,6 +145,9 @@ def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     assert f"log         {run / 'train.log'}" in block
     assert f'python -m torchllm.generate --checkpoint {run} --prompt "' in block  # a base model
     assert f"python -m torchllm.checkpoint.hf export --checkpoint {run} --out hf/r" in block
+    # The evals that download say so, with the offline form (none configured here).
+    assert "--limit 200  # downloads it; offline: --data hellaswag_val.jsonl" in block
+    assert "# downloads them; offline: --data-dir DIR" in block
     # A second launch resumes (steps 3-4) and warns about a leftover: the warning is on stderr.
     (tmp_path / "r" / "checkpoint" / "step-9").mkdir()  # an incomplete save
     assert main([*args, "--training.steps=4"]) == 0

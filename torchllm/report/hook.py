@@ -181,8 +181,7 @@ class RunReport(Callback):
                    else '--prompt "Once upon a time"')
             nxt = [f"python -m torchllm.generate --checkpoint {q} {ask}",
                    f"python -m torchllm.eval.loss --checkpoint {q}  # or --data local:FILE",
-                   f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200",
-                   f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}",
+                   *evals_offline(cfg, q, tasks),
                    f"python -m torchllm.checkpoint.hf export --checkpoint {q} "
                    f"--out {shlex.quote('hf/' + run.name)}"]
         else:
@@ -191,3 +190,22 @@ class RunReport(Callback):
                                                        if report else ""))
         rows += [("next" if i == 0 else "", cmd) for i, cmd in enumerate(nxt)]
         return "\n".join([lines[0], *(f"  {k:<12}{v}" for k, v in rows)])
+
+
+def evals_offline(cfg, q: str, tasks: str) -> list[str]:
+    """The HellaSwag and downstream commands: with the run's local copies when it names them
+    (eval.hellaswag_data a file, eval.tasks_data_dir), else the Hub form and the offline one."""
+    hs = cfg.eval.hellaswag_data
+    if Path(hs).is_file():
+        hellaswag = f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200 " \
+                    f"--data {shlex.quote(hs)}"
+    else:
+        hellaswag = (f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200  "
+                     "# downloads it; offline: --data hellaswag_val.jsonl")
+    if cfg.eval.tasks_data_dir:
+        downstream = (f"python -m torchllm.eval.downstream --checkpoint {q}{tasks} "
+                      f"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}")
+    else:
+        downstream = (f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}  "
+                      "# downloads them; offline: --data-dir DIR (docs/evaluation.md)")
+    return [hellaswag, downstream]

@@ -66,8 +66,15 @@ def summary_rows(run: RunData) -> dict[str, str]:
 
 
 def _flat(cfg) -> dict[str, object]:
-    return {f"{name}.{f.name}": getattr(section, f.name)
+    flat = {f"{name}.{f.name}": getattr(section, f.name)
             for name, section in cfg.sections() for f in dataclasses.fields(section)}
+    sources = flat.get("data.sources")
+    if sources:  # a mixture: its sources and weights are the data; data.dataset is unused
+        flat["data.sources"] = ", ".join(f"{s.dataset} x {s.weight:g}" for s in sources)
+        flat["data.dataset"] = "(mixture: data.sources)"
+    elif "data.sources" in flat:
+        flat["data.sources"] = "none"
+    return flat
 
 
 def differences(runs: list[RunData]) -> list[list[str]]:
@@ -80,8 +87,15 @@ def differences(runs: list[RunData]) -> list[list[str]]:
             continue
         values = [f.get(key, "?") for f in flats]
         if any(v != values[0] for v in values[1:]):
-            rows.append([key, *(str(v)[:60] for v in values)])
+            rows.append([key, *(_cell(key, v) for v in values)])
     return rows
+
+
+def _cell(key: str, value) -> str:
+    """A value in the differences table: long ones cut at 60 characters, except the data's
+    sources (what a comparison of data mixtures is about)."""
+    text = str(value)
+    return text if key == "data.sources" or len(text) <= 60 else text[:59] + "…"
 
 
 def header_text(run: RunData) -> str:
