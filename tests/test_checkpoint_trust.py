@@ -222,17 +222,6 @@ def test_initial_load_path_refuses_a_metadata_that_runs_code(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_stored_value_that_runs_code(run, tmp_path):
-    marker = tmp_path / "PWNED"
-    shard = poison_rng_value(step_of(run), marker)
-    proc = command(sys.executable, "-m", "torchllm.train", *tiny_args(run, *CKPT),
-                   "--training.steps=4")
-    refused_naming(proc, shard)
-    assert "rng_rank0.python" in proc.stdout + proc.stderr
-    assert not marker.exists()
-
-
-@pytest.mark.slow
 def test_generate_and_export_refuse_a_flipped_byte(run):
     shard = flip_a_byte(step_of(run))
     for proc in (generate(run), export(run)):
@@ -258,6 +247,23 @@ def test_convert_and_inference_loading_refuse_a_flipped_byte_or_code(run, tmp_pa
     with pytest.raises(UntrustedCheckpoint, match=f"{metadata} {REFUSED}.*os.system"):
         load_for_inference(run / "run", "cpu")
     assert convert(["to-file", str(run / "run"), str(out)]) == 2 and not out.exists()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("poison", [poison_rng_value, poison_pickled_state],
+                         ids=["torch_saved_value", "pickled_state"])
+def test_dcp_reads_of_poisoned_values_are_refused_naming_the_file(run, tmp_path, poison):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from torchllm.checkpoint.safe_load import untrusted_cause
+
+    marker = tmp_path / "PWNED"
+    step = step_of(run)
+    shard = poison(step, marker)
+    key, fqn = ("rng_rank0", "python") if poison is poison_rng_value else ("train_state", "pickle")
+    with pytest.raises(CheckpointException) as e:
+        dcp.load({key: {fqn: None}}, storage_reader=storage_for(step).reader(step), no_dist=True)
+    assert f"{shard} (value {key}.{fqn}) {REFUSED}" in untrusted_cause(e.value)
     assert not marker.exists()
 
 
