@@ -811,6 +811,65 @@ MUTANTS = [
         "        pass",
         ("tests/test_report.py::test_differences_show_a_mixtures_sources_and_weights",),
     ),
+    Mutant(
+        "metadata_plain_pickle",
+        "the checkpoint reader unpickles .metadata with plain pickle (a payload runs)",
+        "torchllm/checkpoint/safe_load.py",
+        "            metadata = restricted_load(stream.read(), METADATA_GLOBALS, str(path))",
+        "            metadata = pickle.loads(stream.read())",
+        ("tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",
+         "tests/test_checkpoint_trust.py::test_fsspec_checkpoints_are_read_through_the_allow_list"),
+    ),
+    Mutant(
+        "pickled_state_plain_pickle",
+        "torchllm's pickled states (scheduler, data position, counters) load with pickle.loads",
+        "torchllm/checkpoint/state.py",
+        "        self.obj.load_state_dict(load_state_pickle(sd[\"pickle\"], where))",
+        "        self.obj.load_state_dict(pickle.loads(sd[\"pickle\"]))",
+        ("tests/test_checkpoint_trust.py::test_pickled_state_loads_plain_pickles_of_data_and_refuses_code",),
+    ),
+    Mutant(
+        "stored_values_not_weights_only",
+        "DCP's non-tensor values load with torch.load(weights_only=False)",
+        "torchllm/checkpoint/safe_load.py",
+        "            return torch.load(io.BytesIO(data), map_location=\"cpu\", weights_only=True)",
+        "            return torch.load(io.BytesIO(data), map_location=\"cpu\", weights_only=False)",
+        ("tests/test_checkpoint_trust.py::test_stored_values_load_as_data_only",),
+    ),
+    Mutant(
+        "reader_passes_bytes_unchecked",
+        "the reader hands DCP's planner the bytes values unchecked (its torch.load is unsafe)",
+        "torchllm/checkpoint/safe_load.py",
+        "        return super().read_data(plan, _SafeBytesPlanner(planner, self))",
+        "        return super().read_data(plan, planner)",
+        ("tests/test_checkpoint_trust.py::test_dcp_reads_of_poisoned_values_are_refused_naming_the_file",),
+    ),
+    Mutant(
+        "inference_skips_checksums",
+        "generate, the evals and convert read a checkpoint without its COMPLETE CRC-32s",
+        "torchllm/checkpoint/integrity.py",
+        "    problem = check_files(step, read_marker(step))",
+        "    problem = None",
+        ("tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",),
+    ),
+    Mutant(
+        "export_skips_checksums",
+        "hf export resolves the checkpoint without checking it (a flipped byte exports)",
+        "torchllm/checkpoint/hf.py",
+        "    step_path = open_for_reading(checkpoint)  # checksums, data-only metadata",
+        "    from torchllm.checkpoint.layout import resolve_checkpoint\n"
+        "    step_path = resolve_checkpoint(checkpoint)",
+        ("tests/test_checkpoint_trust.py::test_generate_and_export_refuse_a_flipped_byte",),
+    ),
+    Mutant(
+        "resume_falls_back_from_untrusted",
+        "a resume treats a value that would run code as a read error and falls back",
+        "torchllm/checkpoint/loading.py",
+        "            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop",
+        "            problem, misfit = describe_failure(e), None",
+        ("tests/test_checkpoint_trust.py::"
+         "test_run_train_sh_resume_refuses_a_checkpoint_that_runs_code[pickled_state]",),
+    ),
 ]
 
 

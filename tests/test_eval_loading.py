@@ -13,6 +13,8 @@ from torchllm import models
 from torchllm.config import to_toml
 from torchllm.data import build_tokenizer
 from torchllm.checkpoint import resolve_checkpoint
+from torchllm.checkpoint.integrity import folder_checksums
+from torchllm.checkpoint.layout import mark_complete
 from torchllm.eval.loading import load_for_inference
 
 from conftest import tiny_config
@@ -37,7 +39,7 @@ def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({"model": model.state_dict()}, checkpoint_id=step_dir)
-        (step_dir / "COMPLETE").write_text("")
+        mark_complete(step_dir, step, folder_checksums(step_dir))  # as the checkpointer does
     for step in incomplete_steps:  # a save that never finished: data, but no marker
         shutil.copytree(step_dir, run_dir / "checkpoint" / f"step-{step}",
                         ignore=shutil.ignore_patterns("COMPLETE"))

@@ -25,16 +25,20 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, resolve_checkpoint, step_of
-from torchllm.checkpoint.storage import storage_for
+from torchllm.checkpoint.integrity import open_for_reading
+from torchllm.checkpoint.layout import EXPORT_DTYPES, mark_complete, step_of
+from torchllm.checkpoint.storage import as_location, storage_for
 
 PREFIX = "model."
 
 
-def load_dcp_tensors(path: str | Path, prefix: str = PREFIX) -> dict[str, torch.Tensor]:
+def load_dcp_tensors(path: str | Path, prefix: str = PREFIX, opened: bool = False,
+                     what: str | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a DCP checkpoint whose flattened key starts with `prefix`, as plain CPU
-    tensors keyed by the rest of the key (e.g. "model." -> parameter names)."""
-    step_path = resolve_checkpoint(path)
+    tensors keyed by the rest of the key (e.g. "model." -> parameter names). The checkpoint is
+    checked first (integrity.open_for_reading: checksums, data-only metadata) unless `opened`
+    says the caller already did; `what` names the tensors in the error when there are none."""
+    step_path = as_location(path) if opened else open_for_reading(path)
     metadata = storage_for(step_path).reader(step_path).read_metadata()
     tensors = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -42,17 +46,14 @@ def load_dcp_tensors(path: str | Path, prefix: str = PREFIX) -> dict[str, torch.
         if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
     if not tensors:
-        raise ValueError(f"checkpoint {step_path} holds no tensors under {prefix!r}")
+        raise ValueError(f"checkpoint {step_path} holds no {what or f'tensors under {prefix!r}'}")
     dcp.load(tensors, storage_reader=storage_for(step_path).reader(step_path), no_dist=True)
     return {key[len(prefix):]: value for key, value in tensors.items()}
 
 
-def load_dcp_weights(path: str | Path) -> dict[str, torch.Tensor]:
+def load_dcp_weights(path: str | Path, opened: bool = False) -> dict[str, torch.Tensor]:
     """The model weights of a DCP checkpoint, keyed by parameter name."""
-    try:
-        return load_dcp_tensors(path, PREFIX)
-    except ValueError:
-        raise ValueError(f"checkpoint {resolve_checkpoint(path)} holds no model weights") from None
+    return load_dcp_tensors(path, PREFIX, opened, what="model weights")
 
 
 def file_mode() -> int:

@@ -34,11 +34,11 @@ from torchllm import models
 from torchllm.checkpoint.convert import load_dcp_weights, refuse_step_folder, replace_dir, \
     save_safetensors, save_seed_checkpoint, temp_sibling
 from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
+from torchllm.checkpoint.integrity import open_for_reading
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
     checkpoint_config,
     mark_complete,
-    resolve_checkpoint,
     run_folder_of,
     step_of,
 )
@@ -181,7 +181,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
         raise FileExistsError(f"{out} holds files an export does not write "
                               f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                               "--overwrite replaces only an earlier export: choose a new folder")
-    step_path = resolve_checkpoint(checkpoint)
+    step_path = open_for_reading(checkpoint)  # checksums, data-only metadata
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
     tokenizer = _tokenizer_of(cfg, run_folder_of(step_path, cfg))
@@ -190,7 +190,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
                           "found); pass --vocab-size")
     args = models.model_args(cfg, vocab)
-    weights = load_dcp_weights(step_path)
+    weights = load_dcp_weights(step_path, opened=True)
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
     if saved_vocab != args.vocab_size:
         raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "

@@ -13,7 +13,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchllm.checkpoint.integrity import describe_failure, structure_mismatch, verify_files
+from torchllm.checkpoint.integrity import check_files, describe_failure, structure_mismatch
 from torchllm.checkpoint.layout import (
     delete_step,
     move_aside,
@@ -24,6 +24,7 @@ from torchllm.checkpoint.layout import (
     warn_unusable,
 )
 from torchllm.checkpoint.resume import apply_hparams, config_changes
+from torchllm.checkpoint.safe_load import untrusted_cause
 from torchllm.checkpoint.storage import Location, join, storage_for
 from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
 from torchllm.config.job_config import ConfigError
@@ -122,9 +123,8 @@ class LoadingMixin:
         sds, problem, misfit, grow = {}, None, None, None
         try:
             marker = read_marker(path)
-            files = marker.get("files") or {}
-            if self.cfg.checksums and files:
-                problem = verify_files(path, files, sorted(files)[self.rank::self.world])
+            if self.cfg.checksums:
+                problem = check_files(path, marker, self.rank, self.world)
             if problem is None:
                 metadata = storage_for(path).reader(path).read_metadata()
                 present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
@@ -149,8 +149,8 @@ class LoadingMixin:
         try:
             dcp.load(sds, storage_reader=storage_for(path).reader(path))
         except (Exception, CheckpointException) as e:  # noqa: BLE001
-            problem = describe_failure(e)
-        if problem := self._one(self._gather(problem)):
+            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop
+        if problem := self._agreed(misfit, problem):
             return problem
         # 3. Apply (rank-local: a failure here is agreed on like the others; a ConfigError,
         # e.g. the data loader refusing another data-parallel degree, stops every rank).

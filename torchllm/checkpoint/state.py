@@ -4,7 +4,8 @@ Model and optimizer go through `torch.distributed.checkpoint.state_dict`, whose 
 parameter names however the model is wrapped (DDP, FSDP2, TP): that is what makes a checkpoint
 loadable under another parallelism or world size. Small Python objects (scheduler, data loader
 position, counters, RNG states) are pickled into one bytes value each, so their structure never
-has to match a template at load time.
+has to match a template at load time; they are read back by an unpickler that builds plain
+containers of numbers and strings only (safe_load.load_state_pickle: checkpoints are data).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from torchllm.checkpoint.safe_load import load_state_pickle
 
 
 class ModelState:
@@ -69,7 +72,8 @@ class PickledState:
         return {"pickle": pickle.dumps(self.obj.state_dict())}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.obj.load_state_dict(pickle.loads(sd["pickle"]))
+        where = f"the saved state of {type(self.obj).__name__} (a checkpoint's *.pickle value)"
+        self.obj.load_state_dict(load_state_pickle(sd["pickle"], where))
 
 
 class RNGState:

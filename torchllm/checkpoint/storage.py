@@ -172,9 +172,10 @@ class LocalStorage:
         return FileSystemWriter(str(location))
 
     def reader(self, location: Location):
-        from torch.distributed.checkpoint import FileSystemReader
+        """DCP's reader, whose pickles are data only (safe_load: allow-listed types)."""
+        from torchllm.checkpoint.safe_load import SafeFileSystemReader
 
-        return FileSystemReader(str(location))
+        return SafeFileSystemReader(str(location))
 
 
 class FsspecStorage(LocalStorage):
@@ -284,9 +285,9 @@ class FsspecStorage(LocalStorage):
         return FsspecWriter(str(location), sync_files=False, **self.OPTIONS)
 
     def reader(self, location: Location):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+        from torchllm.checkpoint.safe_load import safe_fsspec_reader
 
-        return FsspecReader(str(location), **self.OPTIONS)
+        return safe_fsspec_reader(str(location), **self.OPTIONS)
 
 
 _LOCAL = LocalStorage()

@@ -24,7 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.layout import checkpoint_config, resolve_checkpoint, run_folder_of
+from torchllm.checkpoint.integrity import open_for_reading
+from torchllm.checkpoint.layout import checkpoint_config, run_folder_of
 from torchllm.checkpoint.storage import join, storage_for
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
@@ -62,7 +63,7 @@ def load_for_inference(
 
     `overrides` (`--section.key=value`) apply on top of the run's config, as for training.
     """
-    step_dir = resolve_checkpoint(path)
+    step_dir = open_for_reading(path)  # checksums verified, .metadata data-only
     config_path = checkpoint_config(step_dir)
     if config_path is None:
         raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
