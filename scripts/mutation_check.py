@@ -697,6 +697,32 @@ MUTANTS = [
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
+    # --- chat isolation, chat tokenization, new token rows ---
+    Mutant(
+        "chat_packing_causal_by_default",
+        "chat data keeps plain causal attention over the packed window (conversations see the "
+        "ones packed before them)",
+        "torchllm/config/job_config.py",
+        '    return (("block_causal" if chat else "causal") if mask == "auto" else mask,',
+        '    return ("causal" if mask == "auto" else mask,',
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "chat_packing_positions_run_on",
+        "chat data's positions run on over the packed window (restart off by default)",
+        "torchllm/config/job_config.py",
+        "            chat if restart is None else restart)",
+        "            False if restart is None else restart)",
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "chat_packing_explicit_causal_accepted",
+        "an explicit causal mask with packed conversations trains silently",
+        "torchllm/data/chat.py",
+        '    if mask != "block_causal" or not restart:\n        key = (',
+        '    if False:\n        key = (',
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
 ]
 
 

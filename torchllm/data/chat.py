@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchllm.config.job_config import ConfigError
+from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.data.chat_template import JinjaChat
 from torchllm.log import logger
 
@@ -261,6 +261,24 @@ def render_row(template: ChatTemplate, messages, where: str, column: str) -> Ren
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_independent(job_config, where: str) -> None:
+    """Packed conversations must not see each other: ConfigError unless each attends only
+    within itself with its positions from 0 (model.attn_mask_type = block_causal,
+    restart_positions_per_document; their unset values for chat data), or one per window."""
+    if job_config.data.chat_packing != "pack":
+        return  # one conversation per window: plain causal attention sees only its own tokens
+    mask, restart = document_masking(job_config)
+    if mask != "block_causal" or not restart:
+        key = ("model.attn_mask_type" if mask != "block_causal"
+               else "model.restart_positions_per_document")
+        raise ConfigError(
+            f"{where}: data.chat_packing = 'pack' with model.attn_mask_type = {mask!r} and "
+            f"model.restart_positions_per_document = {str(restart).lower()} trains each "
+            "conversation of a window as a continuation of the ones packed before it; leave both "
+            "unset (chat data: block_causal with restarted positions) or set them so, or use "
+            "data.chat_packing = 'pad' (one conversation per window)", key)
 
 
 def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_degree: int,
