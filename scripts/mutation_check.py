@@ -373,8 +373,8 @@ MUTANTS = [
     Mutant(
         "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
         "torchllm/checkpoint/vocab_resize.py",
-        "    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)\n",
-        "    mean = torch.zeros_like(keep[:1])\n",
+        "    mean = flat.mean(0)\n",
+        "    mean = torch.zeros_like(flat[0])\n",
         ("tests/test_stage_boundaries.py::"
          "test_new_stage_with_chat_tokens_grows_the_vocab_rows_to_their_mean",),
     ),
@@ -722,6 +722,51 @@ MUTANTS = [
         '    if mask != "block_causal" or not restart:\n        key = (',
         '    if False:\n        key = (',
         ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "new_vocab_rows_all_the_mean",
+        "new token rows all start equal to the mean row (transformers draws them around it)",
+        "torchllm/checkpoint/vocab_resize.py",
+        "    if int(info) == 0:  # positive definite",
+        "    if False:  # positive definite",
+        ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
+    ),
+    Mutant(
+        "new_vocab_rows_full_covariance",
+        "new token rows drawn with the old rows' full covariance (transformers scales it by 1e-9)",
+        "torchllm/checkpoint/vocab_resize.py",
+        "    covariance = 1e-9 * (centered.T @ centered / saved_vocab)",
+        "    covariance = centered.T @ centered / saved_vocab",
+        ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
+    ),
+    Mutant(
+        "chat_llama3_header_newlines_apart",
+        "Llama 3's header \"\\n\\n\" tokenized apart from the content (a reply starting with "
+        "\"\\n\" gets 271, 198 where apply_chat_template gives 1432)",
+        "torchllm/data/chat.py",
+        '                head = head[: -len(self.tokenizer.encode("\\n\\n"))]\n'
+        '                body = self.tokenizer.encode("\\n\\n" + content)\n',
+        '                body = self.tokenizer.encode(content)\n',
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tiktoken-llama3]",),
+    ),
+    Mutant(
+        "chat_jinja_mask_by_token_start",
+        "a template's token that merges the header's end with the reply's start is not a target "
+        "(transformers' assistant mask counts it)",
+        "torchllm/data/chat_template.py",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if s < end and e > start]",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if start <= s < end]",
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tokenizer.json-llama3-split]",),
+    ),
+    Mutant(
+        "local_text_bom_kept",
+        "a UTF-8 byte-order mark starting a local .txt file is read as text",
+        "torchllm/data/kinds/local.py",
+        '            kwargs["encoding"] = "utf-8-sig"',
+        '            kwargs["encoding"] = "utf-8"',
+        ("tests/test_local_text_bom.py::test_a_bom_starting_a_local_text_file_is_not_read",),
     ),
 ]
 

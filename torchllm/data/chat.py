@@ -131,9 +131,18 @@ class ChatTemplate:
             return Rendered(*self.jinja.render(messages))
         for m in messages:
             role, content = m["role"], m["content"]
-            head, body, foot = self.header(role), self.tokenizer.encode(content), self.footer(role)
+            head, foot = self.header(role), self.footer(role)
+            content_from = 0
+            if self.native:  # the header's "\n\n" and the content are one text run, tokenized
+                # whole as transformers does: "\n\n" + "\nHi" is "\n\n\n", "Hi"
+                head = head[: -len(self.tokenizer.encode("\n\n"))]
+                body = self.tokenizer.encode("\n\n" + content)
+                content_from = _text_start(self.tokenizer, body, 2)
+            else:
+                body = self.tokenizer.encode(content)
             ids += head + body + foot
-            trained += [False] * len(head) + [role == "assistant"] * (len(body) + len(foot))
+            trained += [False] * (len(head) + content_from) + [role == "assistant"] * (
+                len(body) - content_from + len(foot))
         return Rendered(ids, trained)
 
     def prompt(self, messages: list[dict]) -> list[int]:
@@ -141,6 +150,16 @@ class ChatTemplate:
         if self.kind == "jinja":
             return self.jinja.prompt(messages)
         return self.render(messages).ids + self.header("assistant")
+
+
+def _text_start(tokenizer, ids: list[int], prefix_bytes: int) -> int:
+    """How many leading `ids` hold only the first `prefix_bytes` bytes of their text: the first
+    token holding any later character (a merged "\n\n\n" too) is the content's (a target, as
+    in transformers' assistant mask)."""
+    k = 0
+    while k < len(ids) and len(tokenizer.decode(ids[: k + 1]).encode()) <= prefix_bytes:
+        k += 1
+    return k
 
 
 def special_names(tokenizer) -> dict[str, str]:
