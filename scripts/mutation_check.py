@@ -870,6 +870,76 @@ MUTANTS = [
         ("tests/test_checkpoint_trust.py::"
          "test_run_train_sh_resume_refuses_a_checkpoint_that_runs_code[pickled_state]",),
     ),
+    Mutant(
+        "chat_packing_causal_by_default",
+        "chat data keeps plain causal attention over the packed window (conversations see the "
+        "ones packed before them)",
+        "torchllm/config/job_config.py",
+        '    return (("block_causal" if chat else "causal") if mask == "auto" else mask,',
+        '    return ("causal" if mask == "auto" else mask,',
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "chat_packing_positions_run_on",
+        "chat data's positions run on over the packed window (restart off by default)",
+        "torchllm/config/job_config.py",
+        "            chat if restart is None else restart)",
+        "            False if restart is None else restart)",
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "chat_packing_explicit_causal_accepted",
+        "an explicit causal mask with packed conversations trains silently",
+        "torchllm/data/chat.py",
+        '    if mask != "block_causal" or not restart:\n        key = (',
+        '    if False:\n        key = (',
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "new_vocab_rows_all_the_mean",
+        "new token rows all start equal to the mean row (transformers draws them around it)",
+        "torchllm/checkpoint/vocab_resize.py",
+        "    if int(info) == 0:  # positive definite",
+        "    if False:  # positive definite",
+        ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
+    ),
+    Mutant(
+        "new_vocab_rows_full_covariance",
+        "new token rows drawn with the old rows' full covariance (transformers scales it by 1e-9)",
+        "torchllm/checkpoint/vocab_resize.py",
+        "    covariance = 1e-9 * (centered.T @ centered / saved_vocab)",
+        "    covariance = centered.T @ centered / saved_vocab",
+        ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
+    ),
+    Mutant(
+        "chat_llama3_header_newlines_apart",
+        "Llama 3's header \"\\n\\n\" tokenized apart from the content (a reply starting with "
+        "\"\\n\" gets 271, 198 where apply_chat_template gives 1432)",
+        "torchllm/data/chat.py",
+        '                head = head[: -len(self.tokenizer.encode("\\n\\n"))]\n'
+        '                body = self.tokenizer.encode("\\n\\n" + content)\n',
+        '                body = self.tokenizer.encode(content)\n',
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tiktoken-llama3]",),
+    ),
+    Mutant(
+        "chat_jinja_mask_by_token_start",
+        "a template's token that merges the header's end with the reply's start is not a target "
+        "(transformers' assistant mask counts it)",
+        "torchllm/data/chat_template.py",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if s < end and e > start]",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if start <= s < end]",
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tokenizer.json-llama3-split]",),
+    ),
+    Mutant(
+        "local_text_bom_kept",
+        "a UTF-8 byte-order mark starting a local .txt file is read as text",
+        "torchllm/data/kinds/local.py",
+        '            kwargs["encoding"] = "utf-8-sig"',
+        '            kwargs["encoding"] = "utf-8"',
+        ("tests/test_local_text_bom.py::test_a_bom_starting_a_local_text_file_is_not_read",),
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from torchllm.data import build_tokenizer, load_tokenizer
 from torchllm.data.chat import ChatTemplate, ChatTokenizer
+from torchllm.data.tokenizer import LLAMA3_PATTERN
 
 from conftest import shared_path, tiny_config
 
@@ -52,15 +53,16 @@ TEMPLATES = {
 }
 
 
-def tokenizer_folder(tmp_path, kind: str):
-    """GPT-2's BPE as a tokenizer.json with the family's special tokens and its template."""
+def tokenizer_folder(tmp_path, kind: str, pattern: str | None = None):
+    """GPT-2's BPE as a tokenizer.json with the family's special tokens and its template
+    (`pattern`: another pre-tokenization regex than GPT-2's)."""
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     from torchllm.data.tokenizer import GPT2_PATTERN
 
     template, specials, bos, eos = TEMPLATES[kind]
     ranks = shared_path("tokenizers", "gpt2", "gpt2.tiktoken")
-    TikTokenConverter(vocab_file=str(ranks), pattern=GPT2_PATTERN,
+    TikTokenConverter(vocab_file=str(ranks), pattern=pattern or GPT2_PATTERN,
                       extra_special_tokens=specials).converted().save(
         str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
@@ -114,3 +116,85 @@ def test_a_tokenizer_with_a_template_gets_no_added_tokens(tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     tok = build_tokenizer(cfg, tmp_path / "data")
     assert isinstance(tok, ChatTokenizer) and ChatTemplate(tok).kind == "tokens"
+
+
+# -- every tokenizer kind against transformers on the exported tokenizer (36 conversations) ----
+
+REPLIES = ["\nHello there.", "4, of course.", "Line one\n\nLine two\n", "naïve café 😀 日本",
+           "Tabs\tand, commas; done", "x"]
+
+
+def conversations() -> list[list[dict]]:
+    """36: without / with a system turn, 1-3 user-assistant rounds, the last reply one of
+    REPLIES (one starts with a newline, which Llama 3's header "\\n\\n" merges with)."""
+    out = []
+    for system in (None, "You are terse.\n"):
+        for reply in REPLIES:
+            for rounds in (1, 2, 3):
+                conv = [{"role": "system", "content": system}] if system else []
+                for r in range(rounds):
+                    conv += [{"role": "user", "content": f"Question {r}?" + "\n" * (r % 2)},
+                             {"role": "assistant",
+                              "content": reply if r == rounds - 1 else f"Answer {r}."}]
+                out.append(conv)
+    return out
+
+
+def marked(kind: str, space: bool) -> str:
+    """torchllm's fallback template with {% generation %} around each assistant reply and its
+    end of turn: transformers' own assistant mask for it is the loss mask's oracle."""
+    sp = "' ' + " if space else ""
+    if kind == "llama3":
+        head = "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+        turn = "message['content'] + '<|eot_id|>'"
+    else:
+        head = "'<|' + message['role'] + '_start|>'"
+        turn = f"{sp}message['content'] + '<|' + message['role'] + '_end|>'"
+    return ("{{ bos_token }}{% for message in messages %}{{ " + head + " }}"
+            "{% if message['role'] == 'assistant' %}{% generation %}{{ " + turn + " }}"
+            "{% endgeneration %}{% else %}{{ " + turn + " }}{% endif %}{% endfor %}")
+
+
+CHAT_KINDS = {
+    "sentencepiece": lambda tmp: ChatTokenizer(load_tokenizer(
+        shared_path("tokenizers", "mistral-sp32k", "tokenizer.model"))),
+    "tiktoken-gpt2": lambda tmp: ChatTokenizer(load_tokenizer(
+        shared_path("tokenizers", "gpt2", "gpt2.tiktoken"))),
+    "tiktoken-llama3": lambda tmp: load_tokenizer(
+        shared_path("tokenizers", "llama3", "tokenizer.model")),
+    "tokenizer.json": lambda tmp: load_tokenizer(tokenizer_folder(tmp, "qwen3-generation")),
+    # Llama 3's split keeps newline runs whole: "assistant\n" + "\nHello" gives one "\n\n"
+    "tokenizer.json-llama3-split": lambda tmp: load_tokenizer(tokenizer_folder(
+        tmp, "qwen3-generation", LLAMA3_PATTERN)),
+    "bytes": lambda tmp: ChatTokenizer(load_tokenizer("bytes")),
+}
+
+
+@pytest.mark.parametrize("kind", [k if k != "tiktoken-llama3" else pytest.param(
+    k, marks=pytest.mark.slow) for k in CHAT_KINDS])
+def test_every_tokenizer_kind_renders_36_conversations_like_transformers(tmp_path, kind):
+    """ids = `apply_chat_template` of the exported tokenizer, loss mask = transformers'
+    assistant mask (`{% generation %}` around each reply), conversation by conversation."""
+    from transformers import AutoTokenizer
+
+    from torchllm.checkpoint.hf_tokenizer import write_tokenizer
+
+    (tmp_path / "src").mkdir()
+    tok = CHAT_KINDS[kind](tmp_path / "src")
+    (tmp_path / "hf").mkdir()
+    write_tokenizer(tok, tmp_path / "hf", {"max_position_embeddings": 4096}, chat=True)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    template = ChatTemplate(tok)
+    mask_template = None if template.kind == "jinja" else marked(
+        template.kind, space=kind == "sentencepiece")
+    convs = conversations()
+    assert len(convs) == 36
+    for conv in convs:
+        rendered = template.render(conv)
+        ids = list(hf.apply_chat_template(conv, tokenize=True, return_dict=False))
+        assert rendered.ids == ids, conv
+        mask = hf.apply_chat_template(conv, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True,
+                                      chat_template=mask_template)
+        assert list(mask["input_ids"]) == ids, conv  # the marked template renders the same
+        assert rendered.trained == list(map(bool, mask["assistant_masks"])), conv

@@ -1,5 +1,5 @@
 """Stage boundaries: a base model trained without chat tokens goes on to a stage with them (the
-embedding and output rows grow, new rows = the mean of the saved rows), a vocabulary that
+embedding and output rows grow, new rows drawn around the mean of the saved rows), a vocabulary that
 shrinks or changes base is an error naming both tokenizers, and relaunching a finished run
 says so."""
 
@@ -47,13 +47,15 @@ def next_stage(tmp_path, tok, name="mid", *extra):
 
 
 def assert_grown(model_sd: dict, saved: dict, rows: int = 576) -> None:
-    """The saved 512 rows kept; rows 512.. (6 chat tokens + padding to 576) = their mean."""
+    """The saved 512 rows kept; rows 512.. (6 chat tokens + padding to 576) drawn around their
+    mean, each its own (transformers' draw: tests/test_vocab_rows.py)."""
     for key in VOCAB:
         old, new = saved[key], model_sd[key]
         assert old.shape[0] == 512 and new.shape[0] == rows, key
         assert torch.equal(new[:512], old), key
         mean = old.double().mean(0).float()
-        assert torch.allclose(new[512:], mean.expand(rows - 512, -1), atol=1e-6), key
+        assert torch.allclose(new[512:], mean.expand(rows - 512, -1), atol=1e-4), key
+        assert len({tuple(r.tolist()) for r in new[512:]}) == rows - 512, key
         assert not torch.allclose(new[512:], torch.zeros_like(new[512:])), key
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -186,11 +187,12 @@ class LoadingMixin:
         return targets, saved_vocab
 
     def _grow(self, model_sd: dict, targets: dict, saved_vocab: int) -> None:
-        for key, like in targets.items():
+        generator = torch.Generator().manual_seed(0)  # the same rows on every rank
+        for key, like in targets.items():  # embedding first, then output (as transformers)
             saved_rows, rows = model_sd[key].shape[0], like.shape[0]
-            model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows), like)
+            model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows, generator), like)
         logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
-                    "from id %d set to the mean of the saved rows in %s", saved_vocab,
+                    "from id %d drawn around the mean of the saved rows in %s", saved_vocab,
                     self.run_info["tokenizer"]["vocab_size"], saved_rows, rows, saved_vocab,
                     ", ".join(targets))
 

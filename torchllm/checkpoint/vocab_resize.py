@@ -4,9 +4,10 @@ to mid-training / SFT with them.
 A new run that starts from another run's weights (`checkpoint.initial_load_path`) with the same
 base vocabulary plus added tokens (`data.chat_tokens`) gets the saved embedding and output rows
 for the old ids and, for every row past them (the added tokens and the padding up to
-`model.vocab_pad_multiple`), the mean of the saved rows, as transformers'
-`resize_token_embeddings` does. The rows are grown on the full tensors read from the checkpoint,
-before they are distributed (FSDP / TP shards), so every layout grows the same way.
+`model.vocab_pad_multiple`), a draw around the mean of the saved rows with their covariance
+(scaled by 1e-9), as transformers' `resize_token_embeddings` does (`grow_rows`). The rows are
+grown on the full tensors read from the checkpoint, with one seeded generator, before they are
+distributed (FSDP / TP shards), so every layout grows the same way.
 
 Anything else (a vocabulary that shrinks, another base vocabulary, resuming the same run with
 another vocabulary) stays an error that names both tokenizers.
@@ -106,11 +107,29 @@ def plan_growth(path: Path, metadata, marker: dict, sd: dict, now: dict | None,
     return keys, saved_vocab
 
 
-def grow_rows(saved: torch.Tensor, saved_vocab: int, rows: int) -> torch.Tensor:
-    """`saved`'s first `saved_vocab` rows, then rows up to `rows` set to their mean."""
+def grow_rows(saved: torch.Tensor, saved_vocab: int, rows: int,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """`saved`'s first `saved_vocab` rows, then rows up to `rows` drawn as transformers'
+    `resize_token_embeddings` (`_init_added_embeddings_weights_with_mean`) draws them: from
+    N(mean, 1e-9 * covariance) of the kept rows (float32), or the mean where that covariance is
+    not positive definite. Distinct rows, so the added tokens do not start identical; the same
+    `generator` (default: seeded 0) gives the same rows on every rank, and transformers' own
+    after `torch.manual_seed` of that seed."""
     keep = saved[:saved_vocab]
-    mean = keep.float().mean(0, keepdim=True).to(saved.dtype)
-    return torch.cat([keep, mean.expand(rows - saved_vocab, *keep.shape[1:])])
+    flat = keep.reshape(saved_vocab, -1).float()
+    mean = flat.mean(0)
+    centered = flat - mean
+    covariance = 1e-9 * (centered.T @ centered / saved_vocab)
+    scale, info = torch.linalg.cholesky_ex(covariance)
+    added = rows - saved_vocab
+    if int(info) == 0:  # positive definite: MultivariateNormal(mean, covariance).sample()
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        noise = torch.randn(added, flat.shape[1], generator=generator)
+        new = mean + (scale @ noise.unsqueeze(-1)).squeeze(-1)
+    else:
+        new = mean.expand(added, -1)
+    return torch.cat([keep, new.to(saved.dtype).reshape(added, *keep.shape[1:])])
 
 
 def full_templates(metadata, sd: dict, keys: list[str]) -> dict[str, torch.Tensor]:

@@ -96,9 +96,10 @@ class Model:
         "overloaded); the bias steers top-k selection only, not the gate weights; 0 = off",
         NON_NEGATIVE,
     )
-    attn_mask_type: Literal["causal", "block_causal"] = opt(
-        "causal", "causal | block_causal (a token attends only within its own document of the "
-        "packed window)"
+    attn_mask_type: Literal["auto", "causal", "block_causal"] = opt(
+        "auto", "causal | block_causal (a token attends only within its own document of the "
+        "packed window) | auto = block_causal when the data has chat: sources (each "
+        "conversation independent), else causal"
     )
     attention: Literal["sdpa", "flex"] = opt(
         "sdpa", "Attention kernel: sdpa (every device; causal fast path, boolean mask otherwise) "
@@ -108,8 +109,9 @@ class Model:
         [], "Sliding-window attention: [] = off, [W] = every layer sees the last W tokens, or "
         "one entry per layer (0 = full attention for that layer)"
     )
-    restart_positions_per_document: bool = opt(
-        False, "RoPE (GPT-2: learned) positions restart at 0 at each document of a packed window"
+    restart_positions_per_document: Optional[bool] = opt(
+        None, "RoPE (GPT-2: learned) positions restart at 0 at each document of a packed window; "
+        "unset = on when the data has chat: sources, else off"
     )
 
 

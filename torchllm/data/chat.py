@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchllm.config.job_config import ConfigError
+from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.data.chat_template import JinjaChat
 from torchllm.log import logger
 
@@ -131,9 +131,18 @@ class ChatTemplate:
             return Rendered(*self.jinja.render(messages))
         for m in messages:
             role, content = m["role"], m["content"]
-            head, body, foot = self.header(role), self.tokenizer.encode(content), self.footer(role)
+            head, foot = self.header(role), self.footer(role)
+            content_from = 0
+            if self.native:  # the header's "\n\n" and the content are one text run, tokenized
+                # whole as transformers does: "\n\n" + "\nHi" is "\n\n\n", "Hi"
+                head = head[: -len(self.tokenizer.encode("\n\n"))]
+                body = self.tokenizer.encode("\n\n" + content)
+                content_from = _text_start(self.tokenizer, body, 2)
+            else:
+                body = self.tokenizer.encode(content)
             ids += head + body + foot
-            trained += [False] * len(head) + [role == "assistant"] * (len(body) + len(foot))
+            trained += [False] * (len(head) + content_from) + [role == "assistant"] * (
+                len(body) - content_from + len(foot))
         return Rendered(ids, trained)
 
     def prompt(self, messages: list[dict]) -> list[int]:
@@ -141,6 +150,16 @@ class ChatTemplate:
         if self.kind == "jinja":
             return self.jinja.prompt(messages)
         return self.render(messages).ids + self.header("assistant")
+
+
+def _text_start(tokenizer, ids: list[int], prefix_bytes: int) -> int:
+    """How many leading `ids` hold only the first `prefix_bytes` bytes of their text: the first
+    token holding any later character (a merged "\n\n\n" too) is the content's (a target, as
+    in transformers' assistant mask)."""
+    k = 0
+    while k < len(ids) and len(tokenizer.decode(ids[: k + 1]).encode()) <= prefix_bytes:
+        k += 1
+    return k
 
 
 def special_names(tokenizer) -> dict[str, str]:
@@ -261,6 +280,24 @@ def render_row(template: ChatTemplate, messages, where: str, column: str) -> Ren
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_independent(job_config, where: str) -> None:
+    """Packed conversations must not see each other: ConfigError unless each attends only
+    within itself with its positions from 0 (model.attn_mask_type = block_causal,
+    restart_positions_per_document; their unset values for chat data), or one per window."""
+    if job_config.data.chat_packing != "pack":
+        return  # one conversation per window: plain causal attention sees only its own tokens
+    mask, restart = document_masking(job_config)
+    if mask != "block_causal" or not restart:
+        key = ("model.attn_mask_type" if mask != "block_causal"
+               else "model.restart_positions_per_document")
+        raise ConfigError(
+            f"{where}: data.chat_packing = 'pack' with model.attn_mask_type = {mask!r} and "
+            f"model.restart_positions_per_document = {str(restart).lower()} trains each "
+            "conversation of a window as a continuation of the ones packed before it; leave both "
+            "unset (chat data: block_causal with restarted positions) or set them so, or use "
+            "data.chat_packing = 'pad' (one conversation per window)", key)
 
 
 def build_chat_source(location: str, job_config, tokenizer, dp_rank: int, dp_degree: int,

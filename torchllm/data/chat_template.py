@@ -7,7 +7,9 @@ The mask comes from rendering prefixes: the text an assistant message adds is wh
 header). Of that text, the tokens up to and including the last special token (the end of turn,
 e.g. <|eot_id|>, <|im_end|>) are targets; what a template writes after it (a newline) is not,
 nor is anything the model is not asked to produce. The whole conversation is tokenized once and
-each token is a target when it starts inside an assistant span, so the ids are exactly those of
+each token is a target when it holds a character of an assistant span (a token merging the
+header's last characters with the content's first is the content's, as transformers'
+`return_assistant_tokens_mask` counts it), so the ids are exactly those of
 `apply_chat_template(messages, tokenize=True)`.
 
 Also: `fallback_template()`, the Jinja text of torchllm's own rendering for tokenizers without a
@@ -112,7 +114,7 @@ class JinjaChat:
         special = self.tokenizer.special_ids
         trained = [False] * len(ids)
         for start, end in spans:
-            inside = [k for k, (s, _) in enumerate(offsets) if start <= s < end]
+            inside = [k for k, (s, e) in enumerate(offsets) if s < end and e > start]
             last = max((k for k in inside if ids[k] in special), default=None)
             for k in inside:
                 trained[k] = last is None or k <= last

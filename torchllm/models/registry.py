@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from torchllm.config.job_config import ConfigError
+from torchllm.config.job_config import ConfigError, document_masking
 
 _REGISTRY: dict[str, "ModelSpec"] = {}
 
@@ -105,6 +105,7 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
             f"model.vocab_size = {vocab} is smaller than the tokenizer's vocab "
             f"({tokenizer_vocab_size}); unset it or make it >= {tokenizer_vocab_size}"
         )
+    masking = document_masking(job_config)  # "auto": block_causal + restart for chat data
     changes = {
         "vocab_size": padded_vocab_size(vocab, mcfg.vocab_pad_multiple, mcfg.vocab_pad_pow2),
         "max_seq_len": mcfg.max_seq_len or job_config.training.seq_len,
@@ -112,10 +113,10 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
         "rope_scaling": mcfg.rope_scaling,
         "tie_embeddings": mcfg.tie_embeddings,
         "dropout": mcfg.dropout,
-        "attn_mask_type": mcfg.attn_mask_type,
+        "attn_mask_type": masking[0],
         "attn_backend": mcfg.attention,
         "sliding_window": tuple(mcfg.sliding_window),
-        "restart_positions_per_document": mcfg.restart_positions_per_document,
+        "restart_positions_per_document": masking[1],
         "moe_bias_update_rate": mcfg.moe_bias_update_rate,
     }
     n_layers = shape.get("n_layers", args.n_layers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchllm.config.job_config import ConfigError
+from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.log import logger
 from torchllm.parallel.ac import apply_ac, parse_selective_option
 from torchllm.parallel.compile import apply_compile, check_components
@@ -36,12 +36,13 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         check_pipeline(job_config, model_args, dims.pp)
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
-    if (dims.tp_enabled and job_config.model.restart_positions_per_document
+    if (dims.tp_enabled and document_masking(job_config)[1]
             and not hasattr(model_args, "rope_theta")):  # learned positions (GPT-2)
         raise ConfigError(
             "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "
             "supported for GPT-2 (TP shards its learned position table along one shared "
-            "sequence); use Llama (RoPE), or turn one of them off",
+            "sequence); use Llama (RoPE), or turn one of them off (conversations: with "
+            "data.chat_packing = 'pad', one per window)",
             "model.restart_positions_per_document",
         )
     if dims.tp_enabled and job_config.float8.enable:

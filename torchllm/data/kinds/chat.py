@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.chat import build_chat_source
+from torchllm.data.chat import build_chat_source, check_independent
 from torchllm.data.chat_stream import stream_chat_windows
 from torchllm.data.kinds.base import Context, DataKind
 from torchllm.data.kinds.registry import parse_source, register
@@ -46,6 +46,7 @@ class Chat(DataKind):
                           "tokenizer (e.g. the base model's)", "data.tokenizer")
 
     def windows(self, ctx: Context):
+        check_independent(ctx.job_config, self.spec)
         rows = rows_source(self.location, self.dcfg)
         if rows.streams:
             return stream_chat_windows(rows, self.location, ctx)

@@ -26,6 +26,7 @@ class LocalFiles(CorpusKind):
         kwargs = {"data_files": files, "split": "train"}
         if builder == "text":  # one document per .txt file, in a column named "text"
             kwargs["sample_by"], column = "document", "text"
+            kwargs["encoding"] = "utf-8-sig"  # a byte-order mark starting a file is not text
         return load_streaming(builder, kwargs, f"local:{self.location}", column,
                               local=(self.label, self.location))
 
