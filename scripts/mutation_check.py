@@ -811,6 +811,13 @@ MUTANTS = [
         "        pass",
         ("tests/test_report.py::test_differences_show_a_mixtures_sources_and_weights",),
     ),
+    Mutant(
+        "single_document_note_missing", "a one-file corpus gives its end to validation without a word",
+        "torchllm/data/kinds/base.py",
+        "        if len(starts) == 1 and held_out:",
+        "        if False:",
+        ("tests/test_data_kinds.py::test_a_single_file_corpus_says_its_end_is_the_validation_split",),
+    ),
 ]
 
 
