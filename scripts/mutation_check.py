@@ -940,6 +940,20 @@ MUTANTS = [
         '            kwargs["encoding"] = "utf-8"',
         ("tests/test_local_text_bom.py::test_a_bom_starting_a_local_text_file_is_not_read",),
     ),
+    Mutant(
+        "single_document_note_missing", "a one-file corpus gives its end to validation without a word",
+        "torchllm/data/kinds/base.py",
+        "        if len(starts) == 1 and held_out:",
+        "        if False:",
+        ("tests/test_data_kinds.py::test_a_single_file_corpus_says_its_end_is_the_validation_split",),
+    ),
+    Mutant(
+        "mixture_per_source_validation_uses_the_concatenation", "each source's validation loss is scored on the merged held-out set",
+        "torchllm/eval/in_training.py",
+        "                (source_label(i, src.dataset),\n                 HeldOutBatches(part,",
+        "                (source_label(i, src.dataset),\n                 HeldOutBatches(windows,",
+        ("tests/test_data_mixture.py::test_a_mixture_validates_each_source_on_its_own",),
+    ),
 ]
 
 

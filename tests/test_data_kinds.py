@@ -194,3 +194,26 @@ def test_the_trainer_trains_and_resumes_on_a_mixture_with_a_stream(tmp_path):
     resumed = Trainer(tiny_config(tmp_path, *half))
     assert resumed.step == 3
     assert first + resumed.train() == straight and all(np.isfinite(straight))
+
+
+def test_a_single_file_corpus_says_its_end_is_the_validation_split(tmp_path, caplog):
+    """One .txt file is one document: the note names what is held out (its end); several
+    documents get no note."""
+    book = tmp_path / "book.txt"
+    book.write_text("".join(corpus_texts(40)))
+    caplog.set_level("INFO", logger="torchllm")
+    from torchllm.log import logger
+
+    logger.addHandler(caplog.handler)
+    try:
+        build_data(tiny_config(tmp_path, f"--data.dataset=local:{book}",
+                               "--data.val_fraction=0.1"), TOK, 0, 1)
+        notes = [r.getMessage() for r in caplog.records if "is one document" in r.getMessage()]
+        assert len(set(notes)) == 1 and f"local:{book}" in notes[0] and "last 10%" in notes[0]
+        caplog.clear()
+        jsonl = write_jsonl(tmp_path / "docs.jsonl", corpus_texts(40))
+        build_data(tiny_config(tmp_path, f"--data.dataset=local:{jsonl}",
+                               "--data.val_fraction=0.1"), TOK, 0, 1)
+        assert not [r for r in caplog.records if "is one document" in r.getMessage()]
+    finally:
+        logger.removeHandler(caplog.handler)

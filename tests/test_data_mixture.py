@@ -155,6 +155,33 @@ def test_trainer_trains_on_a_mixture_and_logs_tokens_per_source(tmp_path, corpor
     assert report.scalars["data/source1/fraction"] == 0.25
 
 
+def test_a_mixture_validates_each_source_on_its_own(tmp_path, corpora):
+    """val/loss/<i>_<name>: each source's own held-out windows (validation.steps x global
+    batch of them), against a plain loop over that source alone."""
+    import torch.nn.functional as F
+
+    from torchllm.train import Trainer
+
+    args = ["--training.seq_len=32", "--training.global_batch_size=8", "--validation.enable",
+            "--validation.steps=1", "--data.val_fraction=0.2"]
+    cfg = tiny_config(tmp_path, f"--data.sources=local:{corpora['a']}=0.75,"
+                      f"local:{corpora['c']}=0.25", *args, "--training.steps=1")
+    trainer = Trainer(cfg)
+    trainer.train()
+    m = trainer.evaluator.validation(1)
+    model = trainer.model.eval()
+    for i, name in ((0, "a"), (1, "c")):
+        alone = tiny_config(tmp_path, f"--data.dataset=local:{corpora[name]}", *args)
+        windows = build_data(alone, trainer.tokenizer, 0, 1)[1].dataset
+        rows = [windows[j] for j in range(min(len(windows), 8))]
+        with torch.no_grad():
+            logits = model(torch.stack([r["inputs"] for r in rows]))
+        targets = torch.stack([r["targets"] for r in rows])
+        want = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        assert m[f"val/loss/{i}_{name}.jsonl"] == pytest.approx(want.item(), rel=1e-5)
+    assert m["val/loss/0_a.jsonl"] != pytest.approx(m["val/loss/1_c.jsonl"], rel=1e-3)
+
+
 def test_sources_config_tables_cli_and_round_trip(tmp_path):
     from torchllm.config import load_config, to_toml
     from torchllm.config.sections import DataSource

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import time
 from typing import Callable, ContextManager, Iterable
 
@@ -34,6 +35,8 @@ class HeldOutBatches:
     windows scored, and the token-weighted loss summed over the ranks, are the same whatever the
     number of ranks or the batch size. Iterating again starts over.
     """
+
+    per_source: list = []  # a mixture's [(label, HeldOutBatches)]: one validation loss each
 
     def __init__(self, windows, n: int, batch_size: int, dp_rank: int, dp_degree: int):
         self.windows, self.n, self.batch_size = windows, n, batch_size
@@ -78,6 +81,13 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
         windows = val_loader.dataset
         n = min(len(windows), vcfg.steps * global_batch)
         batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
+        parts = getattr(windows, "datasets", None)  # a mixture: each source's held-out split
+        if vcfg.enable and cfg.data.sources and parts and len(parts) == len(cfg.data.sources):
+            batches.per_source = [
+                (source_label(i, src.dataset),
+                 HeldOutBatches(part, min(len(part), vcfg.steps * global_batch), local,
+                                dp_rank, dp_degree))
+                for i, (src, part) in enumerate(zip(cfg.data.sources, parts)) if len(part)]
         return batches, len(batches)
     other = copy.deepcopy(cfg)
     other.data.dataset = name
@@ -102,6 +112,13 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
         raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
     batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
     return batches, len(batches)
+
+
+def source_label(i: int, spec: str) -> str:
+    """A mixture source's TensorBoard name: its index and its spec's last part, e.g.
+    '1_tinyshakespeare', '0_docs.jsonl' (val/loss/<label>)."""
+    tail = spec.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    return f"{i}_{re.sub(r'[^0-9A-Za-z_.-]+', '_', tail)[:40]}"
 
 
 EvalReport = StepReport  # what one step's evaluation produced
@@ -184,6 +201,14 @@ class Evaluator(Callback):
         logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
                     m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
                     time.perf_counter() - t0)
+        per_source = getattr(self.val_batches, "per_source", [])
+        for label, batches in per_source:  # a mixture: each source's own held-out windows
+            one = validate(self.model, batches, len(batches), self.device, self.group,
+                           self.autocast, self.pipeline)
+            m[f"val/loss/{label}"] = one["val/loss"]
+        if per_source:
+            logger.info("validation step %d by source: %s", step, " | ".join(
+                f"{label} {m[f'val/loss/{label}']:.4f}" for label, _ in per_source))
         return m
 
     def samples(self, step: int) -> dict[str, str]:

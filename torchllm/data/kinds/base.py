@@ -28,6 +28,7 @@ import numpy as np
 from torchllm.config.job_config import ConfigError
 from torchllm.data.token_stream import TokenStream, pack_documents
 from torchllm.data.windows import ValWindows, WindowBatches
+from torchllm.log import logger
 
 
 @dataclass(frozen=True)
@@ -158,4 +159,11 @@ class CorpusKind(TokenKind):
         if len(tokens) == 0:
             raise ConfigError(f"data.dataset = {self.spec!r} has no text", "data.dataset")
         stream = TokenStream([tokens], starts)
-        return stream.split(len(stream) - int(len(stream) * self.dcfg.val_fraction))
+        held_out = int(len(stream) * self.dcfg.val_fraction)
+        if len(starts) == 1 and held_out:  # one document (a .txt file): its end is held out
+            logger.info(
+                "data.dataset = %r is one document: validation is its last %.3g%% (%d tokens; "
+                "a book's end may be a licence or an index); a folder of files, .jsonl "
+                "documents or validation.dataset hold out other text", self.spec,
+                100 * self.dcfg.val_fraction, held_out)
+        return stream.split(len(stream) - held_out)
