@@ -697,6 +697,25 @@ MUTANTS = [
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
+    # --- launch and store security, store errors (trust round 3) ---
+    Mutant(
+        "launch_stores_bind_all_interfaces",
+        "a single-node launch leaves torchrun's TCPStores on torch's default (every interface)",
+        "torchllm/launch.py",
+        "        with loopback_stores() if local else contextlib.nullcontext():",
+        "        with contextlib.nullcontext():",
+        ("tests/test_launch_security.py::"
+         "test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id",),
+    ),
+    Mutant(
+        "launch_fixed_rendezvous_id",
+        "a c10d rendezvous without RDZV_ID gets a fixed, guessable id",
+        "torchllm/launch.py",
+        "        args.rdzv_id = secrets.token_hex(16)",
+        "        args.rdzv_id = \"torchllm\"",
+        ("tests/test_launch_security.py::"
+         "test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes",),
+    ),
 ]
 
 
