@@ -716,6 +716,26 @@ MUTANTS = [
         ("tests/test_launch_security.py::"
          "test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes",),
     ),
+    Mutant(
+        "store_error_before_save_uncaught",
+        "a store error clearing the step before a save (botocore's, no OSError) escapes "
+        "checkpoint.on_save_error as a traceback",
+        "torchllm/checkpoint/checkpointer.py",
+        "            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no "
+        "OSError)\n",
+        "            except OSError as e:\n",
+        ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",),
+    ),
+    Mutant(
+        "store_timeout_not_applied",
+        "checkpoint.store_timeout_s is never handed to the object-store client (a stalled store "
+        "blocks a save for many minutes)",
+        "torchllm/checkpoint/checkpointer.py",
+        "        set_store_timeout(ccfg.store_timeout_s)\n",
+        "",
+        ("tests/test_store_errors.py::"
+         "test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training",),
+    ),
 ]
 
 
