@@ -736,6 +736,41 @@ MUTANTS = [
         ("tests/test_store_errors.py::"
          "test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training",),
     ),
+    Mutant(
+        "disk_full_short_write_unrecognised",
+        "torch.save's short write on a full disk ('unexpected pos') is not recognised as a full "
+        "disk",
+        "torchllm/checkpoint/integrity.py",
+        '        if "unexpected pos" in str(x) or "No space left on device" in str(x):',
+        '        if False:',
+        ("tests/test_store_errors.py::test_a_disk_that_fills_during_a_save_is_named",),
+    ),
+    Mutant(
+        "no_room_check_at_launch",
+        "a launch on a disk without room for one save trains until its first save",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self._check_room(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_store_errors.py::test_a_launch_on_a_full_disk_is_refused_before_step_1",),
+    ),
+    Mutant(
+        "prepare_disk_full_traceback",
+        "prepare on a full disk ends in a traceback",
+        "torchllm/data/prepare.py",
+        "        if e.errno != errno.ENOSPC:\n",
+        "        if True:\n",
+        ("tests/test_store_errors.py::test_prepare_on_a_full_disk_is_one_line",),
+    ),
+    Mutant(
+        "hf_import_bad_safetensors_unnamed",
+        "hf import of a bad .safetensors prints safetensors' error without the file",
+        "torchllm/checkpoint/hf.py",
+        "        except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not "
+        "one\n",
+        "        except ImportError as e:\n",
+        ("tests/test_hf_export.py::"
+         "test_import_of_a_truncated_garbage_or_empty_safetensors_names_the_file",),
+    ),
 ]
 
 

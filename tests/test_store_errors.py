@@ -1,6 +1,8 @@
-"""An object store that stalls or refuses during a save: the save fails within
-checkpoint.store_timeout_s with one line naming the URL, and checkpoint.on_save_error decides
-(continue: training goes on and the next save lands; stop: CheckpointSaveError, exit 4).
+"""Where saves and prepared data go, failing: an object store that stalls or refuses during a
+save fails it within checkpoint.store_timeout_s with one line naming the URL, and
+checkpoint.on_save_error decides (continue: training goes on and the next save lands; stop:
+CheckpointSaveError, exit 4); a full disk (a real tmpfs, mounted where root may) is named as
+such during a save, at the start of a run and in `prepare`.
 
 The store is moto's server (tests/s3_server.py) behind a TCP proxy that this test switches to
 "stall" (connections accepted, nothing answered) or "refuse" (the port closed)."""
@@ -8,7 +10,11 @@ The store is moto's server (tests/s3_server.py) behind a TCP proxy that this tes
 from __future__ import annotations
 
 import logging
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,7 +25,7 @@ from torchllm.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.train import Trainer
 
-from conftest import tiny_config
+from conftest import REPO, SHARED, tiny_args, tiny_config
 from s3_server import ENV, _bucket, _forget_clients, s3_endpoint  # noqa: F401 - fixture
 
 
@@ -155,3 +161,79 @@ def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, mon
     assert msg.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: "
                           "EndpointConnectionError: Could not connect to the endpoint URL"), msg
     assert "checkpoint.on_save_error = 'continue' keeps training" in msg
+
+
+# --- a full disk ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount_at(folder, size) -> folder: a tmpfs of `size` there (skips where mounting is not
+    allowed: root, or a container without the capability); unmounted after the test."""
+    mounted = []
+
+    def mount_at(folder, size: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount_at
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypatch):
+    """The pre-save check sees room (another writer fills the disk during the save): torch's
+    write fails on the real 8 MB tmpfs ("unexpected pos" or ENOSPC) and the line says "no space
+    left on <folder>" with the bytes needed."""
+    from torchllm.checkpoint import checkpointer
+
+    disk = small_disk(tmp_path / "run" / "checkpoint", "8m")
+    monkeypatch.setattr(checkpointer, "free_bytes", lambda folder: 1 << 40)  # "plenty"
+    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+                                  "--training.steps=1"))
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"checkpoint step 1 could not be saved to {disk / 'step-1'}: no space "
+                          f"left on {disk} ("), msg
+    assert re.search(r"\(it needs about [\d.]+ MB", msg), msg
+    assert list(disk.iterdir()) == []  # the partial step removed
+
+
+def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, capfd):
+    """`python -m torchllm.train` (what each rank runs) with its checkpoint folder on a disk
+    without room for one save: exit 4 with one line, before any step."""
+    from torchllm.train import main
+
+    disk = small_disk(tmp_path / "run" / "checkpoint", "1m")
+    assert main(tiny_args(tmp_path, "--checkpoint.enable", "--job.run_name=run")) == 4
+    out = capfd.readouterr()
+    text = out.out + out.err
+    (line,) = [x for x in text.splitlines() if "for one checkpoint" in x]
+    assert re.search(rf"no space left on {re.escape(str(disk))} for one checkpoint: it needs "
+                     r"about [\d.]+ MB \(model \+ optimizer state\), 1.0 MB free", line), line
+    assert "step     1" not in text and "Traceback" not in text
+
+
+def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path):
+    """`python -m torchllm.data.prepare` into a 256 KB tmpfs: exit 1 with one line naming the
+    folder and what a shard needs; nothing left behind."""
+    disk = small_disk(tmp_path / "disk", "256k")
+    out = disk / "shards"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchllm.data.prepare", "--dataset",
+         f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer", "bytes",
+         "--out", str(out), "--shard-tokens", "50000", "--workers", "1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [x for x in proc.stderr.splitlines() if x.strip() and "tokenizing" not in x]
+    assert lines[0].startswith(f"error: no space left on {out} writing "), proc.stderr
+    assert "needs ~0.00019 GiB per shard (--shard-tokens 50,000" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and list(disk.iterdir()) == []

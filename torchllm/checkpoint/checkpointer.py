@@ -26,7 +26,9 @@ from torchllm.checkpoint.integrity import (
     folder_checksums,
     free_bytes,
     human,
+    is_disk_full,
     nonfinite_and_bytes,
+    state_estimate,
     tensors_of,
 )
 from torchllm.checkpoint.layout import (
@@ -140,6 +142,21 @@ class Checkpointer(LoadingMixin, RankAgreement):
         # Steps written locally first, uploaded in the background (object storage only).
         self.mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.rank) \
             if self.enabled and ccfg.local_mirror else None
+        if ccfg.enable and not ccfg.create_seed_checkpoint:
+            self._check_room(model, optimizer)
+
+    def _check_room(self, model: torch.nn.Module, optimizer) -> None:
+        """Before step 1: the disk must hold one save (model + the optimizer state's estimate;
+        AdamW's moments do not exist until its first step), or the launch is refused in one line
+        instead of training until its first save fails."""
+        needed = sum(self._gather(state_estimate(model, optimizer)))
+        free = free_bytes(self.folder)
+        if self._all(free is None or free >= needed):
+            return
+        raise CheckpointSaveError(
+            f"no space left on {self.folder} for one checkpoint: it needs about {human(needed)} "
+            f"(model + optimizer state), {human(free or 0)} free; free space or set "
+            "checkpoint.folder to a disk with room")
 
     def _setup_async(self, mode: str, device: torch.device) -> None:
         """Stage (copy to host memory) in a background thread, then write in another.
@@ -331,8 +348,11 @@ class Checkpointer(LoadingMixin, RankAgreement):
         mark_complete(path, step, files, **info)  # last: the commit point
 
     def _cause(self, e: BaseException) -> str:
-        """One line for a failed store operation; a timeout names the key that bounds it."""
+        """One line for a failed store operation; a full disk says so (torch's short-write
+        error does not), a timeout names the key that bounds it."""
         cause = describe_failure(e)
+        if not self.storage.remote and is_disk_full(e):
+            return f"no space left on {self.folder} ({cause})"
         if self.storage.remote and "Timeout" in cause:
             cause += (f" (no answer within checkpoint.store_timeout_s = "
                       f"{self.cfg.store_timeout_s:g} s)")
