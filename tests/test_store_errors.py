@@ -237,3 +237,29 @@ def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path):
     assert "needs ~0.00019 GiB per shard (--shard-tokens 50,000" in lines[0]
     assert "Traceback" not in proc.stderr
     assert not out.exists() and list(disk.iterdir()) == []
+
+
+def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tmp_path,
+                                                                   monkeypatch):
+    """torch.save to a path on a full disk raises "RuntimeError: [enforce fail at
+    inline_container.cc] . unexpected pos N vs M" with no errno (the error of the issue): a
+    save failing with it says "no space left on <folder>"."""
+    import torch
+
+    disk = small_disk(tmp_path / "full", "64k")
+    with pytest.raises(RuntimeError) as real:
+        torch.save({"a": torch.zeros(100_000)}, disk / "x.pt")
+    assert "unexpected pos" in str(real.value) and not isinstance(real.value, OSError)
+    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+                                  "--training.steps=1"))
+
+    def short_write(*args, **kwargs):
+        raise real.value
+
+    monkeypatch.setattr("torchllm.checkpoint.checkpointer.dcp.save", short_write)
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.train()
+    folder = tmp_path / "run" / "checkpoint"
+    assert str(err.value).startswith(
+        f"checkpoint step 1 could not be saved to {folder / 'step-1'}: no space left on {folder} "
+        "(RuntimeError: [enforce fail at inline_container.cc:"), str(err.value)
