@@ -9,6 +9,13 @@
 #   LOG_RANK      ranks whose output is shown, e.g. 0 or 0,1 (default: 0)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
 #   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
+#   RDZV_ID       the c10d rendezvous id: random when unset on one node; several nodes need the
+#                 same secret value (e.g. $(python -c 'import secrets; print(secrets.token_hex(16))'))
+#
+# Network: one node (the default, or a 127.0.0.1/localhost RDZV_ENDPOINT) listens on 127.0.0.1
+# only. A multi-node launch listens on every interface, and torchrun's stores have no
+# authentication (whoever reaches them and knows RDZV_ID can run code in the launcher): run it
+# on a trusted network only, as torchrun's own docs say.
 #
 # torchrun runs inside `python -m torchllm.launch`, which first checks the config (a mistake is
 # one line and exit code 2), prints a failure on any rank once (the first error), and exits 0
@@ -25,7 +32,9 @@ NNODES=${NNODES:-1}
 
 launch=(--nproc_per_node="$NGPU" --nnodes="$NNODES" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3)
 if [ -n "${RDZV_ENDPOINT:-}" ]; then
-    launch+=(--rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="${RDZV_ID:-torchllm}")
+    launch+=(--rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT")
+    # Without RDZV_ID the launcher picks a random one (one node) or refuses (several).
+    [ -z "${RDZV_ID:-}" ] || launch+=(--rdzv_id="$RDZV_ID")
 elif [ "$NNODES" -gt 1 ]; then
     launch+=(--node_rank="${NODE_RANK:?set NODE_RANK for multi-node}" \
              --master_addr="${MASTER_ADDR:?set MASTER_ADDR for multi-node}" \

@@ -954,6 +954,80 @@ MUTANTS = [
         "                (source_label(i, src.dataset),\n                 HeldOutBatches(windows,",
         ("tests/test_data_mixture.py::test_a_mixture_validates_each_source_on_its_own",),
     ),
+    Mutant(
+        "launch_stores_bind_all_interfaces",
+        "a single-node launch leaves torchrun's TCPStores on torch's default (every interface)",
+        "torchllm/launch.py",
+        "        with loopback_stores() if local else contextlib.nullcontext():",
+        "        with contextlib.nullcontext():",
+        ("tests/test_launch_security.py::"
+         "test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id",),
+    ),
+    Mutant(
+        "launch_fixed_rendezvous_id",
+        "a c10d rendezvous without RDZV_ID gets a fixed, guessable id",
+        "torchllm/launch.py",
+        "        args.rdzv_id = secrets.token_hex(16)",
+        "        args.rdzv_id = \"torchllm\"",
+        ("tests/test_launch_security.py::"
+         "test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes",),
+    ),
+    Mutant(
+        "store_error_before_save_uncaught",
+        "a store error clearing the step before a save (botocore's, no OSError) escapes "
+        "checkpoint.on_save_error as a traceback",
+        "torchllm/checkpoint/checkpointer.py",
+        "            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no "
+        "OSError)\n",
+        "            except OSError as e:\n",
+        ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",),
+    ),
+    Mutant(
+        "store_timeout_not_applied",
+        "checkpoint.store_timeout_s is never handed to the object-store client (a stalled store "
+        "blocks a save for many minutes)",
+        "torchllm/checkpoint/checkpointer.py",
+        "        set_store_timeout(ccfg.store_timeout_s)\n",
+        "",
+        ("tests/test_store_errors.py::"
+         "test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training",),
+    ),
+    Mutant(
+        "disk_full_short_write_unrecognised",
+        "torch.save's short write on a full disk ('unexpected pos') is not recognised as a full "
+        "disk",
+        "torchllm/checkpoint/integrity.py",
+        '        if "unexpected pos" in str(x) or "No space left on device" in str(x):',
+        '        if False:',
+        ("tests/test_store_errors.py::"
+         "test_torch_saves_errno_less_short_write_counts_as_a_full_disk",),
+    ),
+    Mutant(
+        "no_room_check_at_launch",
+        "a launch on a disk without room for one save trains until its first save",
+        "torchllm/checkpoint/checkpointer.py",
+        "            self._check_room(model, optimizer)\n",
+        "            pass\n",
+        ("tests/test_store_errors.py::test_a_launch_on_a_full_disk_is_refused_before_step_1",),
+    ),
+    Mutant(
+        "prepare_disk_full_traceback",
+        "prepare on a full disk ends in a traceback",
+        "torchllm/data/prepare.py",
+        "        if e.errno != errno.ENOSPC:\n",
+        "        if True:\n",
+        ("tests/test_store_errors.py::test_prepare_on_a_full_disk_is_one_line",),
+    ),
+    Mutant(
+        "hf_import_bad_safetensors_unnamed",
+        "hf import of a bad .safetensors prints safetensors' error without the file",
+        "torchllm/checkpoint/hf.py",
+        "        except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not "
+        "one\n",
+        "        except ImportError as e:\n",
+        ("tests/test_hf_export.py::"
+         "test_import_of_a_truncated_garbage_or_empty_safetensors_names_the_file",),
+    ),
 ]
 
 

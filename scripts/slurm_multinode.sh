@@ -20,7 +20,9 @@ cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export RDZV_ENDPOINT="${head_node}:${MASTER_PORT:-29500}"
-export RDZV_ID="torchllm-${SLURM_JOB_ID}"
+# A secret id, the same on every node (srun passes the environment on): a guessable one lets
+# anyone who reaches the endpoint run code in the launchers. The network must be trusted.
+export RDZV_ID="${RDZV_ID:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 export NNODES="$SLURM_NNODES"
 gpus="${SLURM_GPUS_PER_NODE:-8}"
 export NGPU="${gpus##*:}"  # SLURM may write "h100:8"

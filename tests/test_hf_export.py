@@ -300,3 +300,26 @@ def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llam
         assert load_dcp_weights(step)["norm.weight"].dtype == torch.bfloat16  # the new file's
     finally:
         os.umask(old_umask)
+
+
+def test_import_of_a_truncated_garbage_or_empty_safetensors_names_the_file(llama_export,
+                                                                           capsys):
+    """`hf import` from a folder whose shard is cut short, garbage or empty: exit 2 and one
+    line naming the file (not safetensors' Rust error as a traceback)."""
+    import shutil
+
+    _, tmp, out = llama_export
+    bad = tmp / "bad-weights"
+    shutil.copytree(out, bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    shard = bad / sorted(set(index["weight_map"].values()))[-1]
+    data = shard.read_bytes()
+    for name, content in (("truncated", data[: len(data) // 2]), ("garbage", b"\x89PNG" * 64),
+                          ("empty", b"")):
+        shard.write_bytes(content)
+        assert hf_cli(["import", "--hf", str(bad), "--out", str(tmp / name / "step-0"),
+                       f"--job.config_file={tmp / 'run' / 'config.toml'}"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"error: {shard} is not a readable safetensors file ("), err
+        assert f"; {len(content)} bytes): re-download it" in err, err

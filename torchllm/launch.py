@@ -13,14 +13,24 @@
    every worker, which finish their step, save (when checkpointing is on) and exit 0; the
    launcher then exits 0. Workers get torchrun's grace period (30 s by default; newer torch reads
    TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before SIGKILL.
+4. Rendezvous: a single-node launch (`--standalone`, or a loopback RDZV_ENDPOINT) listens on
+   127.0.0.1 only: torchrun's stores bind there (torch's TCPStore binds every interface unless
+   handed a bound socket) and gloo/NCCL use `lo`. Any c10d rendezvous without `--rdzv_id` gets a
+   random one on a single node and is refused (one line) on several: whoever reaches the store
+   and knows the id can run code in the launcher (torchrun unpickles the rendezvous state), so
+   a multi-node launch needs a trusted network and a secret RDZV_ID shared by its nodes.
 """
 
 from __future__ import annotations
 
 import logging
+import contextlib
+import ipaddress
 import os
+import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 
@@ -35,6 +45,7 @@ from torchllm.metrics.progress import PROGRESS_FILE_ENV, ConsoleBar
 from torchllm.process_exit import exit_process
 
 PREFIX = "run_train:"
+LOOPBACK = "127.0.0.1"
 
 
 def check_config(train_args: list[str], world_size: int | None):
@@ -80,6 +91,86 @@ def resolve_nproc(torchrun_args: list[str]) -> list[str]:
     return out
 
 
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _max_nodes(nnodes: str) -> int | None:
+    try:
+        return int(str(nnodes).split(":")[-1])
+    except ValueError:
+        return None
+
+
+def secure_rendezvous(args) -> bool:
+    """Rewrite torchrun's parsed `args` in place: `--standalone` becomes a c10d rendezvous on
+    127.0.0.1; a c10d rendezvous without an id gets a random one (single node) or is refused
+    (ConfigError: several nodes must share one secret id). True when the launch is on one
+    machine (a loopback endpoint): its listeners must then bind loopback only."""
+    if args.standalone:
+        args.standalone = False
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", f"{LOOPBACK}:0"
+    if args.rdzv_backend == "static":  # MASTER_ADDR/MASTER_PORT: no id, a trusted network
+        return False
+    single = _max_nodes(args.nnodes) == 1
+    if args.rdzv_id in ("", "none"):
+        if not single:
+            raise ConfigError(
+                "RDZV_ID is not set: a multi-node c10d rendezvous needs the same secret id on "
+                "every node (e.g. export RDZV_ID=$(python -c 'import secrets; "
+                "print(secrets.token_hex(16))') before starting them); whoever reaches "
+                f"{args.rdzv_endpoint} and knows the id can run code in the launcher", "RDZV_ID")
+        args.rdzv_id = secrets.token_hex(16)
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if not _is_loopback(parse_rendezvous_endpoint(args.rdzv_endpoint, 29400)[0]):
+        return False
+    if args.local_addr is None:
+        args.local_addr = LOOPBACK  # the workers' MASTER_ADDR, where the agent's store listens
+    return True
+
+
+@contextlib.contextmanager
+def loopback_stores():
+    """While torchrun runs here: every TCPStore server this process starts listens on
+    127.0.0.1 (torch's libuv server binds all interfaces unless given `master_listen_fd`), and
+    the workers' gloo and NCCL sockets use the loopback interface."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # else rank 0 hosts one on *
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
+
+    base = dist.TCPStore
+
+    class LoopbackTCPStore(base):
+        def __init__(self, host_name, port, world_size=None, is_master=False, *args,
+                     master_listen_fd=None, **kwargs):
+            if is_master and master_listen_fd is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    sock.bind((LOOPBACK, port))
+                    sock.listen(socket.SOMAXCONN)
+                except OSError as e:  # (torch's c10d backend retries as a client on these)
+                    sock.close()
+                    raise RuntimeError(f"cannot listen on {LOOPBACK}:{port}: {e}") from e
+                port, master_listen_fd = sock.getsockname()[1], sock.detach()
+            super().__init__(host_name, port, world_size, is_master, *args,
+                             master_listen_fd=master_listen_fd, **kwargs)
+
+    dist.TCPStore = c10d_backend.TCPStore = LoopbackTCPStore
+    try:
+        yield
+    finally:
+        dist.TCPStore = c10d_backend.TCPStore = base
+
+
 def _how(failure) -> str:
     if failure.exitcode < 0:
         try:
@@ -108,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     torchrun_args = resolve_nproc(torchrun_args)
     args = parse_args([*torchrun_args, "-m", "torchllm.train", *train_args])
     try:
+        local = secure_rendezvous(args)
         check_config(train_args, _world_size(args))
     except ConfigError as e:
         print(f"{PREFIX} config error: {e}", file=sys.stderr)
@@ -128,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr.isatty():
             sys.stderr = bar.relay(sys.stderr)
     try:
-        run(args)
+        with loopback_stores() if local else contextlib.nullcontext():
+            run(args)
         return 0
     except ChildFailedError as e:
         failed = {rank: _how(f) for rank, f in e.failures.items()}

@@ -26,7 +26,9 @@ from torchllm.checkpoint.integrity import (
     folder_checksums,
     free_bytes,
     human,
+    is_disk_full,
     nonfinite_and_bytes,
+    state_estimate,
     tensors_of,
 )
 from torchllm.checkpoint.layout import (
@@ -43,7 +45,13 @@ from torchllm.checkpoint.loading import LoadingMixin
 from torchllm.checkpoint.mirror import Mirror, done_future
 from torchllm.checkpoint.resume import hparams_snapshot
 from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
-from torchllm.checkpoint.storage import Location, checkpoint_folder, join, storage_for
+from torchllm.checkpoint.storage import (
+    Location,
+    checkpoint_folder,
+    join,
+    set_store_timeout,
+    storage_for,
+)
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
@@ -88,6 +96,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
         self.folder = checkpoint_folder(run_dir, ccfg.folder)  # a local path or a URL
+        set_store_timeout(ccfg.store_timeout_s)
         self.storage = storage_for(self.folder)
         self.steps: list[int] | None = None  # complete steps: listed once, then kept here
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
@@ -133,6 +142,21 @@ class Checkpointer(LoadingMixin, RankAgreement):
         # Steps written locally first, uploaded in the background (object storage only).
         self.mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.rank) \
             if self.enabled and ccfg.local_mirror else None
+        if ccfg.enable and not ccfg.create_seed_checkpoint:
+            self._check_room(model, optimizer)
+
+    def _check_room(self, model: torch.nn.Module, optimizer) -> None:
+        """Before step 1: the disk must hold one save (model + the optimizer state's estimate;
+        AdamW's moments do not exist until its first step), or the launch is refused in one line
+        instead of training until its first save fails."""
+        needed = sum(self._gather(state_estimate(model, optimizer)))
+        free = free_bytes(self.folder)
+        if self._all(free is None or free >= needed):
+            return
+        raise CheckpointSaveError(
+            f"no space left on {self.folder} for one checkpoint: it needs about {human(needed)} "
+            f"(model + optimizer state), {human(free or 0)} free; free space or set "
+            "checkpoint.folder to a disk with room")
 
     def _setup_async(self, mode: str, device: torch.device) -> None:
         """Stage (copy to host memory) in a background thread, then write in another.
@@ -176,10 +200,14 @@ class Checkpointer(LoadingMixin, RankAgreement):
         self.wait()
         path = step_dir(self.folder, step)
         self._forget(step)
+        early = None  # rank 0's error clearing the step: agreed on with the counts below
         if self.rank == 0:  # (the next collective keeps the others from writing before this)
-            delete_step(path)  # a crashed or stale save of this step; complete ones are rewritten
-            if self.mirror is not None:
-                self.mirror.remove(step)
+            try:
+                delete_step(path)  # a crashed or stale save of this step; complete ones rewritten
+                if self.mirror is not None:
+                    self.mirror.remove(step)
+            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no OSError)
+                early = self._cause(e)
         export = last and self.cfg.last_save_model_only
         model_only = model_only or export
         if model_only:
@@ -191,8 +219,12 @@ class Checkpointer(LoadingMixin, RankAgreement):
         # Before writing: NaN/inf anywhere (never marked complete), and room on the disk.
         tensors = tensors_of([s.state_dict() for s in state.values()
                               if isinstance(s, (ModelState, OptimizerState))])
-        counts = self._gather(nonfinite_and_bytes(tensors))
+        counts = self._gather((*nonfinite_and_bytes(tensors), early))
         nonfinite, self.needed = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        early = self._one([c[2] for c in counts])
+        if early is not None:
+            self._failed(step, early)
+            return
         free = free_bytes(self.folder)
         if not self._all(free is None or free >= self.needed):
             self._failed(step, "not enough free space on that disk")
@@ -207,7 +239,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
                             time.perf_counter() - t0)
                 return
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises on every rank
-            self._failed(step, describe_failure(e))
+            self._failed(step, self._cause(e))
             return
         if self._complete(step, nonfinite):
             logger.info("saved checkpoint %s in %.2fs%s", path, time.perf_counter() - t0,
@@ -265,7 +297,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
             result = pending["future"].result()
             files = result if pending["mirror"] else None  # the uploaded files' checksums
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - agreed on below
-            error = describe_failure(e)
+            error = self._cause(e)
         finally:
             if pending["stager"] is not None:
                 pending["stager"].close()
@@ -287,8 +319,8 @@ class Checkpointer(LoadingMixin, RankAgreement):
                 self._commit(step, nonfinite, files)
                 if self.mirror is not None:
                     self.mirror.remove(step)
-            except OSError as e:
-                error = describe_failure(e)
+            except Exception as e:  # noqa: BLE001 - any store error, not only OSError
+                error = self._cause(e)
         error = self._one(self._gather(error))
         if error is not None:
             self._failed(step, error)
@@ -315,21 +347,37 @@ class Checkpointer(LoadingMixin, RankAgreement):
         info = {k: v for k, v in self.run_info.items() if k != "config_toml"}
         mark_complete(path, step, files, **info)  # last: the commit point
 
+    def _cause(self, e: BaseException) -> str:
+        """One line for a failed store operation; a full disk says so (torch's short-write
+        error does not), a timeout names the key that bounds it."""
+        cause = describe_failure(e)
+        if not self.storage.remote and is_disk_full(e):
+            return f"no space left on {self.folder} ({cause})"
+        if self.storage.remote and "Timeout" in cause:
+            cause += (f" (no answer within checkpoint.store_timeout_s = "
+                      f"{self.cfg.store_timeout_s:g} s)")
+        return cause
+
     def _failed(self, step: int, cause: str) -> None:
         """Every rank: remove the partial folder, keep the rest, stop or carry on."""
         path = step_dir(self.folder, step)
-        if self.rank == 0:
+        removed = "partial folder removed"
+        if self.rank == 0 and "checkpoint.store_timeout_s" in cause:  # it would wait again
+            removed = "partial folder left (the next resume deletes it)"
+        elif self.rank == 0:
             try:
                 delete_step(path)
-            except OSError:
-                pass  # never committed: ignored, and deleted by the next resume
+            except Exception:  # noqa: BLE001 - a store that fails: botocore's are no OSError
+                removed = "partial folder left (the next resume deletes it)"
         if self.mirror is not None:
             self.mirror.remove(step)
         free = free_bytes(self.folder)
         room = "" if free is None else f"; {human(free)} free"
+        # An object store that just failed is not listed again: the steps known so far.
+        kept = self.steps if self.storage.remote and self.steps is not None else self._known()
         msg = (f"checkpoint step {step} could not be saved to {path}: {cause} (it needs about "
-               f"{human(self.needed)}{room}); partial folder removed, earlier checkpoints "
-               f"kept: {self._known() or 'none'}")
+               f"{human(self.needed)}{room}); {removed}, earlier checkpoints "
+               f"kept: {kept or 'none'}")
         if self.cfg.on_save_error == "continue":
             logger.error("%s; training continues and saves again at the next interval "
                          "(checkpoint.on_save_error = 'continue')", msg)
@@ -362,7 +410,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
             path = step_dir(self.folder, old)
             try:
                 delete_step(path)  # the marker first: never partly deleted yet complete
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - any store error, not only OSError
                 logger.warning("retention (checkpoint.keep_latest_k = %d) could not delete %s: "
                                "%s; it stays on disk, delete it by hand", k, path,
                                describe_failure(e))

@@ -72,7 +72,10 @@ def read_hf_config(hf_dir: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model "
                                 "folder")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # (UnicodeDecodeError too)
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
 
 
 def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -81,7 +84,11 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
 
     hf_dir = Path(hf_dir)
     if (hf_dir / INDEX).is_file():
-        shards = sorted(set(json.loads((hf_dir / INDEX).read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads((hf_dir / INDEX).read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{hf_dir / INDEX} is not a safetensors index (a JSON object with "
+                             f"a 'weight_map'): {type(e).__name__}: {e}") from None
     elif (hf_dir / WEIGHTS).is_file():
         shards = [WEIGHTS]
     else:
@@ -89,7 +96,14 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
                                 "weights are read)")
     weights = {}
     for shard in shards:
-        weights.update(load_file(str(hf_dir / shard)))
+        path = hf_dir / shard
+        try:
+            weights.update(load_file(str(path)))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} does not exist (listed in {hf_dir / INDEX})") from None
+        except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not one
+            raise ValueError(f"{path} is not a readable safetensors file ({e}; "
+                             f"{path.stat().st_size} bytes): re-download it") from None
     return weights
 
 

@@ -6,6 +6,7 @@ All functions here are rank-local; the Checkpointer makes the ranks agree on the
 
 from __future__ import annotations
 
+import errno
 import zlib
 
 import torch
@@ -138,6 +139,29 @@ def describe_failure(e: BaseException) -> str:
     return _first_line(e)
 
 
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC anywhere in `e` (its causes, a CheckpointException's ranks), or torch.save's
+    short write on a full disk ("[enforce fail at inline_container.cc] . unexpected pos N vs
+    M": PyTorchStreamWriter checks the position after each write and carries no errno)."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, tuple):  # CheckpointException: (exception, traceback summary)
+            todo.append(x[0])
+            continue
+        if isinstance(x, OSError) and x.errno == errno.ENOSPC:
+            return True
+        if "unexpected pos" in str(x) or "No space left on device" in str(x):
+            return True
+        if isinstance(x, CheckpointException):
+            todo.extend(x.failures.values())
+        todo.extend([x.__cause__, x.__context__])
+    return False
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
@@ -180,3 +204,30 @@ def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int =
             more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
             parts.append(f"{what}: {', '.join(items[:limit])}{more}")
     return "; ".join(parts) or None
+
+
+# Optimizer state per parameter byte (before the first step the state is empty): AdamW's two
+# moments, Muon's momentum, AdamW8bit's two 8-bit moments.
+STATE_PER_PARAM_BYTE = {"AdamW": 2.0, "Adam": 2.0, "Muon": 1.0, "AdamW8bit": 0.5}
+
+
+def state_estimate(model: torch.nn.Module, optimizer) -> int:
+    """This rank's bytes of a save: its shards of the weights, plus the optimizer state's (its
+    measured size once it exists, else STATE_PER_PARAM_BYTE's estimate)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    params = sum(local(p).numel() * local(p).element_size() for p in model.parameters())
+    if optimizer is None:
+        return params
+    total = params
+    for opt in getattr(optimizer, "optimizers", [optimizer]):
+        state = [local(v) for s in opt.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor)]
+        if state:
+            total += sum(t.numel() * t.element_size() for t in state)
+            continue
+        mine = sum(local(p).numel() * local(p).element_size()
+                   for g in opt.param_groups for p in g["params"])
+        total += int(mine * STATE_PER_PARAM_BYTE.get(type(opt).__name__, 1.0))
+    return total

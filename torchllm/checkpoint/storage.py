@@ -13,7 +13,10 @@ names to either. What object stores change, and how each operation copes:
   never touches step-10), and deleting it deletes the marker first;
 - listing is slow: `scan` lists a folder's objects once and the Checkpointer keeps its result;
 - credentials and endpoints come from the store's own environment (AWS_ENDPOINT_URL,
-  AWS_ACCESS_KEY_ID, ... for S3); nothing secret is in a config or a log line.
+  AWS_ACCESS_KEY_ID, ... for S3); nothing secret is in a config or a log line;
+- a store that stalls or refuses: an S3 request attempt fails once it went unanswered for
+  `checkpoint.store_timeout_s` (`set_store_timeout`; s3fs tries 5 times), instead of blocking
+  for many minutes (botocore's retries inside s3fs's multiply otherwise).
 """
 
 from __future__ import annotations
@@ -34,6 +37,27 @@ PACKAGES = {"s3": ("s3fs", 's3fs (pip install -e ".[s3]")'),
             "az": ("adlfs", "adlfs (pip install adlfs)"),
             "abfs": ("adlfs", "adlfs (pip install adlfs)")}
 MIN_S3FS = 2024  # calendar-versioned releases; pyproject's extras ask for >= 2024.6
+STORE_TIMEOUT_S = 60.0  # checkpoint.store_timeout_s's default
+
+
+def client_options(protocol: str, timeout_s: float) -> dict:
+    """fsspec options for a client whose every request attempt fails once it waited `timeout_s`
+    seconds to connect or for an answer (S3; other stores keep their clients' own timeouts).
+    botocore makes one attempt: s3fs already retries a timed-out request (5 tries, ~2 s of
+    backoff), so a store that never answers fails an operation after ~5 x timeout_s, not the
+    many minutes botocore's retries inside s3fs's would take."""
+    if protocol not in ("s3", "s3a"):
+        return {}
+    return {"config_kwargs": {"connect_timeout": timeout_s, "read_timeout": timeout_s,
+                              "retries": {"total_max_attempts": 1}}}
+
+
+def set_store_timeout(seconds: float) -> None:
+    """Bound every later object-store request (the clients are made again when it changes)."""
+    global STORE_TIMEOUT_S
+    if seconds != STORE_TIMEOUT_S:
+        STORE_TIMEOUT_S = float(seconds)
+        _fsspec_storage.cache_clear()
 
 
 def is_url(location: Location | None) -> bool:
@@ -187,11 +211,13 @@ class FsspecStorage(LocalStorage):
     remote = True
     OPTIONS = {"use_listings_cache": False}
 
-    def __init__(self, protocol: str):
+    def __init__(self, protocol: str, timeout_s: float = STORE_TIMEOUT_S):
         import fsspec
 
         self.protocol = protocol
-        self.fs = fsspec.filesystem(protocol, **self.OPTIONS)
+        self.timeout_s = timeout_s
+        self.options = {**self.OPTIONS, **client_options(protocol, timeout_s)}
+        self.fs = fsspec.filesystem(protocol, **self.options)
 
     def _key(self, location: Location) -> str:
         return self.fs._strip_protocol(str(location)).rstrip("/")
@@ -282,12 +308,12 @@ class FsspecStorage(LocalStorage):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         # No fsync: it means nothing for an upload (and falls back to a machine-wide sync()).
-        return FsspecWriter(str(location), sync_files=False, **self.OPTIONS)
+        return FsspecWriter(str(location), sync_files=False, **self.options)
 
     def reader(self, location: Location):
         from torchllm.checkpoint.safe_load import safe_fsspec_reader
 
-        return safe_fsspec_reader(str(location), **self.OPTIONS)
+        return safe_fsspec_reader(str(location), **self.options)
 
 
 _LOCAL = LocalStorage()
@@ -295,7 +321,7 @@ _LOCAL = LocalStorage()
 
 @lru_cache(maxsize=None)
 def _fsspec_storage(protocol: str) -> FsspecStorage:
-    return FsspecStorage(protocol)
+    return FsspecStorage(protocol, STORE_TIMEOUT_S)
 
 
 def storage_for(location: Location) -> LocalStorage:

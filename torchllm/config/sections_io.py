@@ -152,8 +152,12 @@ class Checkpoint:
         True, "Record each file's CRC-32 in the COMPLETE marker and verify it when loading"
     )
     on_save_error: Literal["stop", "continue"] = opt(
-        "stop", "A failed save (disk full, I/O error): stop the run (exit 4), or continue and "
-        "retry at the next interval"
+        "stop", "A failed save (disk full, I/O error, an object store that fails or does not "
+        "answer): stop the run (exit 4), or continue and retry at the next interval"
+    )
+    store_timeout_s: float = opt(
+        60.0, "Object storage (s3://): seconds one request attempt may wait to connect or for "
+        "an answer; s3fs tries 5 times, then the save fails (checkpoint.on_save_error)", POSITIVE
     )
     optimizer_hparams_from: Literal["checkpoint", "config"] = opt(
         "checkpoint", "On resume, peak LR/betas/eps/weight decay: the checkpoint's, or this "

@@ -22,6 +22,7 @@ Documents with no text (empty or whitespace only) are skipped.
 from __future__ import annotations
 
 import argparse
+import errno
 import itertools
 import multiprocessing as mp
 import os
@@ -263,6 +264,20 @@ def _prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
     return index
 
 
+def no_space(out: str, shard_tokens: int, e: OSError) -> str:
+    """One line for a disk that filled up: where (the staging folder for a URL), what one
+    shard needs, what is free now (the partial output is already removed)."""
+    where = Path(tempfile.gettempdir()) if is_url(out) else Path(out).absolute()
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / 2**30
+    staged = f" (the local staging folder for {out})" if is_url(out) else ""
+    return (f"no space left on {where}{staged} writing {e.filename or 'a shard'}: needs "
+            f"~{shard_tokens * 4 / 2**30:.2g} GiB per shard (--shard-tokens {shard_tokens:,}, "
+            f"up to 4 bytes a token), {free:.2g} GiB free; the partial output was removed")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchllm.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"error: {no_space(args.out, args.shard_tokens, e)}", file=sys.stderr)
+        return 1
     for name, split in index["splits"].items():
         print(f"{name}: {split['tokens']:,} tokens, {split['documents']:,} documents, "
               f"{len(split['shards'])} shards ({index['dtype']})")

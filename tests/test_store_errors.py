@@ -1,0 +1,265 @@
+"""Where saves and prepared data go, failing: an object store that stalls or refuses during a
+save fails it within checkpoint.store_timeout_s with one line naming the URL, and
+checkpoint.on_save_error decides (continue: training goes on and the next save lands; stop:
+CheckpointSaveError, exit 4); a full disk (a real tmpfs, mounted where root may) is named as
+such during a save, at the start of a run and in `prepare`.
+
+The store is moto's server (tests/s3_server.py) behind a TCP proxy that this test switches to
+"stall" (connections accepted, nothing answered) or "refuse" (the port closed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from torchllm.checkpoint import storage
+from torchllm.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
+from torchllm.checkpoint.layout import complete_steps
+from torchllm.train import Trainer
+
+from conftest import REPO, SHARED, tiny_args, tiny_config
+from s3_server import ENV, _bucket, _forget_clients, s3_endpoint  # noqa: F401 - fixture
+
+
+class Proxy:
+    """127.0.0.1:<port> -> `target`; `mode`: "pass", "stall" or "refuse"."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit("/", 1)[-1].split(":")
+        self.target = (host, int(port))
+        self.mode = "pass"
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return  # closed: "refuse"
+            if self.mode != "pass":
+                self.held.append(conn)  # accepted, never answered
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while data := src.recv(65536):
+                while self.mode == "stall":  # a connection the client reuses stalls too
+                    time.sleep(0.1)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def refuse(self):
+        self.mode = "refuse"
+        self.server.close()
+
+    def close(self):
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def proxied(s3_endpoint, monkeypatch):  # noqa: F811 - the fixture
+    """(proxy, "s3://bucket"): a fresh bucket reached through the proxy."""
+    proxy = Proxy(s3_endpoint)
+    bucket = _bucket(s3_endpoint, monkeypatch)
+    monkeypatch.setenv(ENV[0], proxy.url)
+    monkeypatch.setattr(storage, "STORE_TIMEOUT_S", storage.STORE_TIMEOUT_S)  # restored after
+    _forget_clients()
+    yield proxy, bucket
+    proxy.close()
+    _forget_clients()
+
+
+def switch_at(monkeypatch, changes: dict):
+    """Before the save of step N, call changes[N]()."""
+    save = Checkpointer.save
+
+    def patched(self, step, *args, **kwargs):
+        if step in changes:
+            changes[step]()
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "save", patched)
+
+
+@pytest.mark.slow
+def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
+        proxied, tmp_path, monkeypatch, caplog):
+    """Step 2's save meets a store that accepts and never answers: with store_timeout_s = 3 it
+    fails in seconds (not minutes) with one line naming the step's URL and the key; training
+    continues and step 3 (store answering again) is saved."""
+    proxy, bucket = proxied
+    remote = f"{bucket}/ckpt"
+
+    def stall():
+        proxy.mode = "stall"
+        stall.t0 = time.monotonic()
+
+    def answer():
+        proxy.mode = "pass"
+        stall.took = time.monotonic() - stall.t0
+
+    switch_at(monkeypatch, {2: stall, 3: answer})
+    cfg = tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
+                      "--training.steps=3", f"--checkpoint.folder={remote}",
+                      "--checkpoint.on_save_error=continue", "--checkpoint.store_timeout_s=3")
+    with caplog.at_level(logging.ERROR, logger="torchllm"):
+        losses = Trainer(cfg).train()
+    assert len(losses) == 3
+    assert stall.took < 40, f"the stalled save took {stall.took:.0f}s"
+    (line,) = [r.getMessage() for r in caplog.records if "could not be saved" in r.getMessage()]
+    assert "\n" not in line
+    assert line.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: ")
+    assert "(no answer within checkpoint.store_timeout_s = 3 s)" in line
+    assert "training continues" in line
+    assert complete_steps(remote) == [1, 3]
+
+
+@pytest.mark.slow
+def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, monkeypatch):
+    """The store's port closes before step 2's save: botocore's EndpointConnectionError (not
+    an OSError) goes through checkpoint.on_save_error: 'stop' raises CheckpointSaveError (exit
+    4 in a launch) with one line naming the step's URL."""
+    proxy, bucket = proxied
+    remote = f"{bucket}/ckpt"
+    switch_at(monkeypatch, {2: proxy.refuse})
+    cfg = tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
+                      "--training.steps=2",
+                      f"--checkpoint.folder={remote}", "--checkpoint.store_timeout_s=10")
+    trainer = Trainer(cfg)
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert "\n" not in msg and time.monotonic() - t0 < 60
+    assert msg.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: "
+                          "EndpointConnectionError: Could not connect to the endpoint URL"), msg
+    assert "checkpoint.on_save_error = 'continue' keeps training" in msg
+
+
+# --- a full disk ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount_at(folder, size) -> folder: a tmpfs of `size` there (skips where mounting is not
+    allowed: root, or a container without the capability); unmounted after the test."""
+    mounted = []
+
+    def mount_at(folder, size: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount_at
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypatch):
+    """The pre-save check sees room (another writer fills the disk during the save): torch's
+    write fails on the real 8 MB tmpfs ("unexpected pos" or ENOSPC) and the line says "no space
+    left on <folder>" with the bytes needed."""
+    from torchllm.checkpoint import checkpointer
+
+    disk = small_disk(tmp_path / "run" / "checkpoint", "8m")
+    monkeypatch.setattr(checkpointer, "free_bytes", lambda folder: 1 << 40)  # "plenty"
+    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+                                  "--training.steps=1"))
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"checkpoint step 1 could not be saved to {disk / 'step-1'}: no space "
+                          f"left on {disk} ("), msg
+    assert re.search(r"\(it needs about [\d.]+ MB", msg), msg
+    assert list(disk.iterdir()) == []  # the partial step removed
+
+
+def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, capfd):
+    """`python -m torchllm.train` (what each rank runs) with its checkpoint folder on a disk
+    without room for one save: exit 4 with one line, before any step."""
+    from torchllm.train import main
+
+    disk = small_disk(tmp_path / "run" / "checkpoint", "1m")
+    assert main(tiny_args(tmp_path, "--checkpoint.enable", "--job.run_name=run")) == 4
+    out = capfd.readouterr()
+    text = out.out + out.err
+    (line,) = [x for x in text.splitlines() if "for one checkpoint" in x]
+    assert re.search(rf"no space left on {re.escape(str(disk))} for one checkpoint: it needs "
+                     r"about [\d.]+ MB \(model \+ optimizer state\), 1.0 MB free", line), line
+    assert "step     1" not in text and "Traceback" not in text
+
+
+def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path):
+    """`python -m torchllm.data.prepare` into a 256 KB tmpfs: exit 1 with one line naming the
+    folder and what a shard needs; nothing left behind."""
+    disk = small_disk(tmp_path / "disk", "256k")
+    out = disk / "shards"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchllm.data.prepare", "--dataset",
+         f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer", "bytes",
+         "--out", str(out), "--shard-tokens", "50000", "--workers", "1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [x for x in proc.stderr.splitlines() if x.strip() and "tokenizing" not in x]
+    assert lines[0].startswith(f"error: no space left on {out} writing "), proc.stderr
+    assert "needs ~0.00019 GiB per shard (--shard-tokens 50,000" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and list(disk.iterdir()) == []
+
+
+def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tmp_path,
+                                                                   monkeypatch):
+    """torch.save to a path on a full disk raises "RuntimeError: [enforce fail at
+    inline_container.cc] . unexpected pos N vs M" with no errno (the error of the issue): a
+    save failing with it says "no space left on <folder>"."""
+    import torch
+
+    disk = small_disk(tmp_path / "full", "64k")
+    with pytest.raises(RuntimeError) as real:
+        torch.save({"a": torch.zeros(100_000)}, disk / "x.pt")
+    assert "unexpected pos" in str(real.value) and not isinstance(real.value, OSError)
+    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+                                  "--training.steps=1"))
+
+    def short_write(*args, **kwargs):
+        raise real.value
+
+    monkeypatch.setattr("torchllm.checkpoint.checkpointer.dcp.save", short_write)
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.train()
+    folder = tmp_path / "run" / "checkpoint"
+    assert str(err.value).startswith(
+        f"checkpoint step 1 could not be saved to {folder / 'step-1'}: no space left on {folder} "
+        "(RuntimeError: [enforce fail at inline_container.cc:"), str(err.value)
