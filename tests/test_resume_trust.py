@@ -95,6 +95,7 @@ def test_weights_only_final_save_is_passed_over_for_the_full_state(tmp_path, tok
     assert read_marker(aside[0] / "step-4")["weights_only"] is True  # never overwritten
 
 
+@pytest.mark.slow
 def test_only_weights_only_checkpoints_refuse_naming_initial_load_path(tmp_path, tok):
     args = (f"--data.tokenizer={tok}", *CKPT, "--checkpoint.interval=100", "--training.steps=1",
             "--checkpoint.last_save_model_only=true")
