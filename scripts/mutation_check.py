@@ -596,7 +596,7 @@ MUTANTS = [
     Mutant(
         "step_list_not_updated_by_saves",
         "the checkpointer's cached step list misses its own saves: retention never deletes",
-        "torchllm/checkpoint/checkpointer.py", "            self._known().append(step)\n", "",
+        "torchllm/checkpoint/checkpointer.py", "        self._known(agree).append(step)\n", "",
         ("tests/test_checkpoint.py::test_retention_keeps_exactly_k",),
     ),
     Mutant(
@@ -1027,6 +1027,49 @@ MUTANTS = [
         "        except ImportError as e:\n",
         ("tests/test_hf_export.py::"
          "test_import_of_a_truncated_garbage_or_empty_safetensors_names_the_file",),
+    ),
+    Mutant(
+        "retention_counts_unhealthy_steps",
+        "retention counts steps saved while the guard skipped updates: a bad stretch evicts the "
+        "last good checkpoint",
+        "torchllm/checkpoint/checkpointer.py",
+        "        good = [s for s in known if s not in self.not_resumable]\n",
+        "        good = list(known)\n",
+        ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
+    ),
+    Mutant(
+        "weights_only_resumed_as_full_state",
+        "a resume takes the newest complete step even when it holds weights only",
+        "torchllm/checkpoint/loading.py",
+        "        good = [s for s in steps if s not in skip or s == 0]\n",
+        "        good = list(steps)\n",
+        ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
+    ),
+    Mutant(
+        "resumed_lr_from_old_schedule",
+        "the first resumed step's LR is the one the checkpoint's schedule set (training.steps "
+        "changed), not this config's",
+        "torchllm/checkpoint/loading.py",
+        "            current_lr(self.optimizer, self.lr_scheduler)\n",
+        "            pass\n",
+        ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
+    ),
+    Mutant(
+        "data_restart_keeps_position",
+        "on_data_change = 'restart' says so but still loads the old data position",
+        "torchllm/checkpoint/loading.py",
+        '        return [*exclude, "dataloader"]\n',
+        "        return exclude\n",
+        ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[seq_len]",),
+    ),
+    Mutant(
+        "data_fingerprint_ignores_tokens",
+        "the data fingerprint records the sources' names only: re-prepared shards resume at the "
+        "old position",
+        "torchllm/data/fingerprint.py",
+        '    content = [stream_digest(s) if s is not None else "stream" for s in _streams(dataset)]\n',
+        '    content = ["stream" for s in _streams(dataset)]\n',
+        ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[corpus]",),
     ),
 ]
 

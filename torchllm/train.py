@@ -24,6 +24,7 @@ from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.data.fingerprint import data_fingerprint
 from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
@@ -163,12 +164,16 @@ class Trainer:
         # Profiler, validation, samples, HellaSwag, ...: each on its own schedule.
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
+        tokenizer = tokenizer_record(self.tokenizer)
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
             run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
-                      "precision": self.precision, "tokenizer": tokenizer_record(self.tokenizer)},
+                      "precision": self.precision, "tokenizer": tokenizer,
+                      # What the data position means: a resume compares it (on_data_change).
+                      "data": data_fingerprint(cfg, self.train_loader.dataset,
+                                               tokenizer["base_sha256"])},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step
@@ -315,7 +320,8 @@ class Trainer:
         """Save `step` as a step whose update was dropped (the guard stopping the run): the LR
         schedule advances past it, so a resume continues exactly like a skipped step."""
         self.lr_scheduler.step()
-        self.checkpointer.save(step)
+        self.checkpointer.save(step, unhealthy=self.guard.unhealthy())
+        self.checkpointer.explain_resume(step)
 
     def train(self) -> list[float]:
         """Run up to training.steps optimizer steps; returns the loss of every step run here."""
@@ -356,7 +362,8 @@ class Trainer:
                 last = self.step == tcfg.steps
                 reason = None if last else self.stops.reason(len(losses), slowest_step)
                 if reason or self.checkpointer.should_save(self.step, last=last):
-                    self.checkpointer.save(self.step, last=last)
+                    self.checkpointer.save(self.step, last=last,
+                                           unhealthy=self.guard.unhealthy())
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break

@@ -3,7 +3,9 @@
 Every rank writes its own shards of one DCP directory per step. A save becomes visible to
 loading and retention only when rank 0 writes the COMPLETE marker (with each file's CRC-32)
 after every rank finished and no saved value was NaN/inf, so a crash mid-save never damages
-what was already on disk and a poisoned state is never resumed from.
+what was already on disk and a poisoned state is never resumed from. The marker also says when a
+step is no resume candidate (weights only; saved while the loss guard skipped updates):
+retention counts only the candidates and never deletes the newest one for the others.
 
 Every decision that ranks could see differently (which checkpoint loads, whether a save
 failed or finished) is agreed over a small gloo group, so ranks never hang or diverge.
@@ -37,6 +39,7 @@ from torchllm.checkpoint.layout import (
     delete_step,
     mark_complete,
     mark_nonfinite,
+    not_resumable,
     step_dir,
     write_durably,
 )
@@ -99,6 +102,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
         set_store_timeout(ccfg.store_timeout_s)
         self.storage = storage_for(self.folder)
         self.steps: list[int] | None = None  # complete steps: listed once, then kept here
+        self.not_resumable: dict[int, str] = {}  # complete steps no resume takes: why
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.run_info = run_info or {}
         self.device = device
@@ -188,17 +192,22 @@ class Checkpointer(LoadingMixin, RankAgreement):
     def should_save(self, step: int, last: bool = False) -> bool:
         return self.enabled and (last or step % self.cfg.interval == 0)
 
-    def save(self, step: int, last: bool = False, model_only: bool = False) -> None:
+    def save(self, step: int, last: bool = False, model_only: bool = False,
+             unhealthy: str | None = None) -> None:
         """Save `step` (blocking only for staging when async). Every rank calls it.
 
         `last` applies the export options (last_save_model_only, export_dtype); `model_only`
-        saves just the float32 weights (seed checkpoints). A failed save raises
-        CheckpointSaveError (or, with on_save_error = 'continue', logs it and returns).
+        saves just the float32 weights (seed checkpoints). `unhealthy`: why this step must not
+        be resumed from (the loss guard skipping updates; recorded in the marker). A failed save
+        raises CheckpointSaveError (or, with on_save_error = 'continue', logs it and returns).
         """
         if not self.enabled:
             return
         self.wait()
         path = step_dir(self.folder, step)
+        if self.steps is not None and step in self.steps:
+            logger.warning("checkpoint %s exists and is replaced by this save (%s)", path,
+                           self.not_resumable.get(step, "a complete checkpoint"))
         self._forget(step)
         early = None  # rank 0's error clearing the step: agreed on with the counts below
         if self.rank == 0:  # (the next collective keeps the others from writing before this)
@@ -213,8 +222,10 @@ class Checkpointer(LoadingMixin, RankAgreement):
         if model_only:
             dtype = EXPORT_DTYPES[self.cfg.export_dtype] if export else torch.float32
             state = {"model": ModelState(self.model, None if dtype == torch.float32 else dtype)}
+            kind = {"weights_only": True, "weights_dtype": str(dtype).split(".")[-1]}
         else:
             state = self.states
+            kind = {"healthy": False, "unhealthy": unhealthy} if unhealthy else {"healthy": True}
         t0 = time.perf_counter()
         # Before writing: NaN/inf anywhere (never marked complete), and room on the disk.
         tensors = tensors_of([s.state_dict() for s in state.values()
@@ -233,7 +244,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
             if self.mirror is None and (self.cfg.async_mode == "disabled" or model_only):
                 dcp.save(state, storage_writer=self.storage.writer(path))
             else:
-                self._save_async(step, path, state, nonfinite, model_only)
+                self._save_async(step, path, state, nonfinite, model_only, kind)
                 logger.info("checkpoint %s: %s in the background (blocked %.2fs)", path,
                             "uploading" if self.mirror else "staging and writing",
                             time.perf_counter() - t0)
@@ -241,12 +252,12 @@ class Checkpointer(LoadingMixin, RankAgreement):
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises on every rank
             self._failed(step, self._cause(e))
             return
-        if self._complete(step, nonfinite):
+        if self._complete(step, nonfinite, kind=kind):
             logger.info("saved checkpoint %s in %.2fs%s", path, time.perf_counter() - t0,
                         " (model only)" if model_only else "")
 
     def _save_async(self, step: int, path: Location, state: dict, nonfinite: int,
-                    model_only: bool = False) -> None:
+                    model_only: bool = False, kind: dict | None = None) -> None:
         """A background save: DCP's async save, and/or (local_mirror) a local save uploaded by a
         background thread. `pending["future"]` is done once this rank's part is written."""
         target = path if self.mirror is None else self.mirror.step_dir(step)
@@ -257,7 +268,8 @@ class Checkpointer(LoadingMixin, RankAgreement):
             written, stager = self._dcp_async(target, state)
         future = written if self.mirror is None else self.mirror.start(written, step, path)
         self.pending = {"step": step, "future": future, "stager": stager,
-                        "nonfinite": nonfinite, "mirror": self.mirror is not None}
+                        "nonfinite": nonfinite, "mirror": self.mirror is not None,
+                        "kind": kind or {}}
 
     def _dcp_async(self, target: Location, state: dict):
         if self.device.type == "cuda":
@@ -307,16 +319,18 @@ class Checkpointer(LoadingMixin, RankAgreement):
             self._failed(pending["step"], error)
         elif self._complete(pending["step"], pending["nonfinite"],
                             {k: v for _, f in gathered for k, v in (f or {}).items()}
-                            if pending["mirror"] else None):
+                            if pending["mirror"] else None, pending["kind"]):
             logger.info("checkpoint step-%d written", pending["step"])
 
-    def _complete(self, step: int, nonfinite: int, files: dict | None = None) -> bool:
+    def _complete(self, step: int, nonfinite: int, files: dict | None = None,
+                  kind: dict | None = None) -> bool:
         """Every rank's shards are on disk: rank 0 commits (or flags NaN/inf); ranks agree.
-        `files`: the checksums of every file, when the ranks computed them (local mirror)."""
+        `files`: the checksums of every file, when the ranks computed them (local mirror);
+        `kind`: the marker's fields saying whether the step is a resume candidate."""
         error = None
         if self.rank == 0:
             try:
-                self._commit(step, nonfinite, files)
+                self._commit(step, nonfinite, files, kind)
                 if self.mirror is not None:
                     self.mirror.remove(step)
             except Exception as e:  # noqa: BLE001 - any store error, not only OSError
@@ -326,11 +340,19 @@ class Checkpointer(LoadingMixin, RankAgreement):
             self._failed(step, error)
             return False
         if not nonfinite:
-            self._known().append(step)
-            self._purge()
+            self._add(step, kind)
         return not nonfinite
 
-    def _commit(self, step: int, nonfinite: int, files: dict | None = None) -> None:
+    def _add(self, step: int, kind: dict | None, agree: bool = True) -> None:
+        """A step just committed: known, flagged when it is no resume candidate, retention."""
+        self._known(agree).append(step)
+        why = not_resumable(kind or {})
+        if why:
+            self.not_resumable[step] = why
+        self._purge()
+
+    def _commit(self, step: int, nonfinite: int, files: dict | None = None,
+                kind: dict | None = None) -> None:
         path = step_dir(self.folder, step)
         if "config_toml" in self.run_info:
             write_durably(join(path, "config.toml"), self.run_info["config_toml"])
@@ -345,7 +367,7 @@ class Checkpointer(LoadingMixin, RankAgreement):
         elif files is None:  # read back (on an object store: downloaded) by rank 0
             files = folder_checksums(path)
         info = {k: v for k, v in self.run_info.items() if k != "config_toml"}
-        mark_complete(path, step, files, **info)  # last: the commit point
+        mark_complete(path, step, files, **info, **(kind or {}))  # last: the commit point
 
     def _cause(self, e: BaseException) -> str:
         """One line for a failed store operation; a full disk says so (torch's short-write
@@ -393,17 +415,40 @@ class Checkpointer(LoadingMixin, RankAgreement):
             self.steps = sorted(self._gather(steps)[0] if agree else steps)
         return self.steps
 
+    def explain_resume(self, step: int) -> None:
+        """One line, after the loss guard stopped at `step` (saved, unhealthy): which step a
+        relaunch resumes from."""
+        if not self.enabled:
+            return
+        good = [s for s in self._known() if s not in self.not_resumable]
+        if good:
+            logger.warning("resume will continue from step-%d, the last checkpoint saved before "
+                           "updates were skipped (step-%d and any saved while skipping are kept "
+                           "for inspection, never resumed from)", good[-1], step)
+        else:
+            logger.warning("no checkpoint was saved before updates were skipped: a relaunch "
+                           "resumes from step-%d as it is (checkpoint.load_step picks another, "
+                           "--job.overwrite starts over)", step)
+
     def _forget(self, step: int) -> None:
         if self.steps is not None and step in self.steps:
             self.steps.remove(step)
+        self.not_resumable.pop(step, None)
 
     def _purge(self) -> None:
-        """Retention: only complete (hence finite) checkpoints older than the newest K (every
-        rank updates its list; rank 0 deletes)."""
+        """Retention (every rank updates its list; rank 0 deletes): keeps the newest K resume
+        candidates, and the newest K other complete steps (weights only, saved while updates
+        were skipped) newer than the newest candidate; deletes the other complete ones. So the
+        last good checkpoint is never deleted for steps no resume would take."""
         k = self.cfg.keep_latest_k
         if k <= 0:
             return
-        for old in sorted(self._known())[:-k]:
+        known = sorted(self._known())
+        good = [s for s in known if s not in self.not_resumable]
+        newest = good[-1] if good else -1
+        keep = set(good[-k:]) | set([s for s in known if s in self.not_resumable
+                                     and s > newest][-k:])
+        for old in [s for s in known if s not in keep]:
             self._forget(old)
             if self.rank != 0:
                 continue
@@ -428,10 +473,9 @@ class Checkpointer(LoadingMixin, RankAgreement):
                 # the step stays without its marker (deleted by the next resume).
                 if self.rank == 0 and (not pending["mirror"] or self.world == 1):
                     self._commit(pending["step"], pending["nonfinite"],
-                                 result if pending["mirror"] else None)
+                                 result if pending["mirror"] else None, pending["kind"])
                     if not pending["nonfinite"]:
-                        self._known(agree=False).append(pending["step"])
-                        self._purge()
+                        self._add(pending["step"], pending["kind"], agree=False)
             except (Exception, CheckpointException) as e:  # noqa: BLE001 - already failing
                 logger.error("checkpoint step-%d was not completed: %s", pending["step"],
                              describe_failure(e))

@@ -3,7 +3,8 @@
     <run_dir>/<checkpoint.folder>/step-<N>/    a torch.distributed.checkpoint directory
                                   step-<N>/config.toml  the config it was written under
                                   step-<N>/COMPLETE   written last, once every rank finished:
-                                                      JSON with the size and CRC-32 of each file
+                                                      JSON with the size and CRC-32 of each file,
+                                                      and what the step is (below)
                                   step-<N>/NONFINITE  instead of COMPLETE: it holds NaN/inf
                                   abandoned-<time>/step-<M>/  moved aside by a load_step going back
 
@@ -11,6 +12,11 @@ A folder without COMPLETE is a save that crashed, is still being written or hold
 values: it is never loaded and never counted for retention (a resume deletes the ones without
 either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
 here takes a local path or a URL, and does its file operations through `storage.storage_for`.
+
+A complete step is a resume candidate unless its marker says otherwise (`not_resumable`):
+`"weights_only": true` (a weights-only final save or seed: no optimizer, schedule or data
+position) or `"healthy": false` (saved while the loss guard was skipping updates, or by its
+stop: `"unhealthy"` says why). Such steps still load for inference and as initial weights.
 """
 
 from __future__ import annotations
@@ -94,6 +100,18 @@ def read_marker(path: Location) -> dict:
     return record
 
 
+WEIGHTS_ONLY = "weights only: no optimizer, LR schedule or data position"
+
+
+def not_resumable(record: dict) -> str | None:
+    """Why the step of this marker record is no resume candidate (None: it is one)."""
+    if record.get("weights_only"):
+        return WEIGHTS_ONLY
+    if record.get("healthy") is False:
+        return record.get("unhealthy") or "saved while the loss guard skipped updates"
+    return None
+
+
 def mark_nonfinite(path: Location, what: str) -> None:
     """Record why a finished save must never be loaded (it stays on disk for inspection)."""
     write_durably(join(as_location(path), NONFINITE), what + "\n")
@@ -107,13 +125,14 @@ def delete_step(path: Location) -> None:
     store.remove_tree(path)
 
 
-def move_aside(folder: Location, after_step: int) -> tuple[list[int], Location | None]:
-    """Move every step folder newer than `after_step` (complete or not) into one
-    `abandoned-<time>` folder beside them; returns (moved steps, that folder)."""
+def move_aside(folder: Location, after_step: int,
+               only: set[int] | None = None) -> tuple[list[int], Location | None]:
+    """Move every step folder newer than `after_step` (complete or not; or only those in
+    `only`) into one `abandoned-<time>` folder beside them; returns (moved steps, that folder)."""
     folder = as_location(folder)
     store = storage_for(folder)
     newer = sorted(s for s in map(step_of, store.scan(folder))
-                   if s is not None and s > after_step)
+                   if s is not None and s > after_step and (only is None or s in only))
     if not newer:
         return [], None
     dest = join(folder, time.strftime(f"abandoned-%Y%m%d-%H%M%S-after-step-{after_step}"))

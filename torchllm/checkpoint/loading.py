@@ -16,19 +16,22 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.integrity import check_files, describe_failure, structure_mismatch
 from torchllm.checkpoint.layout import (
+    WEIGHTS_ONLY,
     delete_step,
     move_aside,
+    not_resumable,
     read_marker,
     resolve_checkpoint,
     scan_steps,
     step_dir,
     warn_unusable,
 )
-from torchllm.checkpoint.resume import apply_hparams, config_changes
+from torchllm.checkpoint.resume import apply_hparams, config_changes, current_lr
 from torchllm.checkpoint.safe_load import untrusted_cause
 from torchllm.checkpoint.storage import Location, join, storage_for
 from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
 from torchllm.config.job_config import ConfigError
+from torchllm.data.fingerprint import changes as data_changes
 from torchllm.log import logger
 
 
@@ -47,6 +50,8 @@ class LoadingMixin:
         steps = self.steps = sorted(s for s, state in scanned.items() if state == "complete")
         if self.rank == 0:
             self._clean_partial(scanned)
+        # What each marker says (rank 0 reads them; every rank gets the same answer).
+        self.not_resumable = self._gather(self._classify(steps) if self.rank == 0 else None)[0]
         load_step = self.cfg.load_step
         if load_step != -1:
             if load_step not in steps:
@@ -54,6 +59,10 @@ class LoadingMixin:
                     f"checkpoint.load_step = {load_step}: no complete checkpoint at that "
                     f"step in {self.folder}; available: {steps or 'none'}", "checkpoint.load_step",
                 )
+            if load_step in self.not_resumable:
+                self._weights_only_refusal([load_step], "checkpoint.load_step")
+                logger.warning("checkpoint.load_step = %d: resuming from a checkpoint %s, as "
+                               "asked", load_step, self.not_resumable[load_step])
             error = None
             if self.rank == 0:
                 try:
@@ -70,12 +79,14 @@ class LoadingMixin:
             if error := self._one(self._gather(error)):  # the others wait for the move
                 raise RuntimeError(f"checkpoint.load_step = {load_step}: {error}")
             self.steps = [s for s in steps if s <= load_step]
-        for step in reversed([load_step] if load_step != -1 else steps):
+        candidates = [load_step] if load_step != -1 else self._candidates(steps)
+        for step in reversed(candidates):
             path = step_dir(self.folder, step)
             error = self._try_load(path, self.cfg.exclude_from_loading, resume=True)
             if error is None:
                 logger.info("resumed from %s (step %d)", path, step)
                 self._after_resume(path)
+                self._set_aside(step)
                 return step
             if load_step != -1:
                 raise RuntimeError(f"checkpoint.load_step = {step}: {path} could not be "
@@ -103,6 +114,86 @@ class LoadingMixin:
             return 0
         return None
 
+    def _classify(self, steps: list[int]) -> dict[int, str]:
+        """Rank 0: {step: why it is no resume candidate} from the markers (layout.not_resumable;
+        a marker written before they said so: weights only when it has no optimizer state).
+        An unreadable marker is left to the load, which says why it cannot use it."""
+        found = {}
+        for step in steps:
+            path = step_dir(self.folder, step)
+            try:
+                record = read_marker(path)
+                if "weights_only" not in record and "healthy" not in record and \
+                        self.optimizer is not None:
+                    metadata = storage_for(path).reader(path).read_metadata()
+                    if not any(k.startswith("optimizer") for k in metadata.state_dict_metadata):
+                        record["weights_only"] = True
+            except (Exception, CheckpointException):  # noqa: BLE001 - the load reports it
+                continue
+            if why := not_resumable(record):
+                found[step] = why
+        return found
+
+    def _candidates(self, steps: list[int]) -> list[int]:
+        """The steps a resume tries (newest last): the resume candidates (a seed checkpoint,
+        weights at step 0, is a start); with none, the steps saved while the guard skipped
+        updates; never weights-only ones (refused, naming initial_load_path). One warning
+        names the newer steps passed over."""
+        skip = self.not_resumable
+        good = [s for s in steps if s not in skip or s == 0]
+        passed = [s for s in steps if s not in good and (not good or s > good[-1])]
+        if good:
+            if passed:
+                logger.warning(
+                    "not resuming from %s; trying step-%d, the newest checkpoint saved before "
+                    "them with the full training state (the passed-over ones are moved aside once "
+                    "it loads)", "; ".join(f"step-{s} ({skip[s]})" for s in reversed(passed)),
+                    good[-1])
+            return good
+        unhealthy = [s for s in steps if skip.get(s) != WEIGHTS_ONLY]
+        if unhealthy:
+            logger.warning(
+                "no checkpoint in %s was saved before updates were skipped: resuming from step-%d "
+                "(%s) anyway; checkpoint.load_step picks another, --job.overwrite starts over",
+                self.folder, unhealthy[-1], skip[unhealthy[-1]])
+            return unhealthy
+        self._weights_only_refusal(steps, "checkpoint.initial_load_path")
+        return []
+
+    def _weights_only_refusal(self, steps: list[int], key: str) -> None:
+        """A ConfigError when one of `steps` (past step 0) holds weights only."""
+        weights = [s for s in steps if s and self.not_resumable.get(s) == WEIGHTS_ONLY]
+        if weights:
+            only = (f", and {self.folder} holds no full-state checkpoint"
+                    if key == "checkpoint.initial_load_path" else "")
+            raise ConfigError(
+                f"checkpoint {step_dir(self.folder, weights[-1])} holds weights only "
+                "(checkpoint.last_save_model_only): it cannot resume a run (no optimizer, LR "
+                f"schedule, data position or counters){only}; to train from these weights, "
+                "start a new run (another job.run_name) with checkpoint.initial_load_path = "
+                f"{step_dir(self.folder, weights[-1])}", key)
+
+    def _set_aside(self, step: int) -> None:
+        """After resuming from `step`: move the newer steps no resume takes (weights only,
+        saved while updates were skipped) aside, so that this run's saves never replace them
+        and no later resume mixes them with this run's new steps."""
+        newer = {s for s in self.not_resumable if s > step}
+        if not newer:
+            return
+        error = None
+        if self.rank == 0:
+            try:
+                moved, dest = move_aside(self.folder, step, only=newer)
+                logger.warning("moved the checkpoints %s (never resumed from) to %s (not "
+                               "deleted); this run continues from step %d", moved, dest, step)
+            except OSError as e:
+                error = f"could not move the newer checkpoints aside: {describe_failure(e)}"
+        if error := self._one(self._gather(error)):
+            raise RuntimeError(f"resuming from step {step}: {error}")
+        self.steps = [s for s in self.steps if s not in newer]
+        for s in newer:
+            self.not_resumable.pop(s)
+
     def _clean_partial(self, scanned: dict[int, str]) -> None:
         """Rank 0: warn about the steps that are never loaded, and delete the partial ones (a
         save or upload cut short: no marker, so nothing trusts them; on an object store they
@@ -127,6 +218,8 @@ class LoadingMixin:
             if self.cfg.checksums:
                 problem = check_files(path, marker, self.rank, self.world)
             if problem is None:
+                if resume:  # the data loader's position is kept only for the same data
+                    exclude = self._data_change(path, marker, exclude)
                 metadata = storage_for(path).reader(path).read_metadata()
                 present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
                 sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
@@ -214,6 +307,27 @@ class LoadingMixin:
                 "checkpoint.allow_global_batch_change = true to resume with the new batch",
                 "checkpoint.allow_global_batch_change")
 
+    def _data_change(self, path: Location, marker: dict, exclude: list[str]) -> list[str]:
+        """The states not to load, given whether the data differs from the checkpoint's
+        (torchllm.data.fingerprint): unchanged, the same; changed, a ConfigError
+        (on_data_change = 'error') or the data loader added (its position restarts)."""
+        saved, now = marker.get("data"), self.run_info.get("data")
+        if not saved or not now or "dataloader" in exclude:
+            return exclude  # a checkpoint from before fingerprints: nothing to compare
+        what = "; ".join(data_changes(saved, now))
+        if not what:
+            return exclude
+        if self.cfg.on_data_change == "error":
+            raise ConfigError(
+                f"checkpoint {path} was saved reading other data ({what}): its data position "
+                "does not point into this data order; resume with the data it was saved with, or "
+                "set checkpoint.on_data_change = 'restart' to read this data from its beginning "
+                "(step and token counters kept)", "checkpoint.on_data_change")
+        logger.warning("the data changed since %s (%s): reading it from its beginning in its "
+                       "new order (data position reset; step, token counters and LR schedule "
+                       "kept; checkpoint.on_data_change = 'restart')", path, what)
+        return [*exclude, "dataloader"]
+
     def _after_resume(self, path: Location) -> None:
         """One warning listing the config changes since `path` was saved, and what wins."""
         saved, now = join(path, "config.toml"), self.run_info.get("config_toml")
@@ -228,6 +342,9 @@ class LoadingMixin:
             apply_hparams(self.optimizer, self.lr_scheduler, self.hparams)
             logger.info("optimizer hyperparameters (peak LR, betas, eps, weight decay) taken "
                         "from the config (checkpoint.optimizer_hparams_from = 'config')")
+        elif self.optimizer is not None and self.lr_scheduler is not None and \
+                hasattr(self.lr_scheduler, "lr_lambdas"):
+            current_lr(self.optimizer, self.lr_scheduler)
 
     def _wanted(self, path: Location, present: set[str], exclude: list[str]) -> dict[str, Any]:
         wanted = {}

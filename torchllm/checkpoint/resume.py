@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.layout import MarkerError, complete_steps, read_marker, step_dir
+from torchllm.checkpoint.layout import (
+    MarkerError,
+    complete_steps,
+    not_resumable,
+    read_marker,
+    step_dir,
+)
 
 try:
     import tomllib
@@ -62,6 +68,8 @@ def recorded_precision(folder: Path, load_step: int, device: torch.device) -> st
                 record = read_marker(step_dir(folder, step))
             except MarkerError:
                 continue  # never loaded: the loader falls back past it
+            if step and not_resumable(record) and load_step == -1:
+                continue  # passed over by the resume (weights only, or saved while skipping)
             if record.get("precision") in ("bf16", "fp32"):
                 found[0] = record["precision"]
             break
@@ -83,9 +91,16 @@ def apply_hparams(optimizer, lr_scheduler, snapshot: list[dict]) -> None:
         raise ValueError(f"{len(groups)} param groups after loading, {len(snapshot)} configured")
     for group, hp in zip(groups, snapshot):
         group.update(hp)
-    if lr_scheduler is None:
-        return
-    lr_scheduler.base_lrs = [g["initial_lr"] for g in groups]
+    if lr_scheduler is not None:
+        lr_scheduler.base_lrs = [g["initial_lr"] for g in groups]
+        current_lr(optimizer, lr_scheduler)
+
+
+def current_lr(optimizer, lr_scheduler) -> None:
+    """After loading: the LR of the next step from this config's schedule (its length and
+    shape may have changed: training.steps) at the restored step, not the one the checkpoint's
+    schedule had set for it."""
+    groups = optimizer.param_groups
     done = lr_scheduler.last_epoch
     for group, base, factor in zip(groups, lr_scheduler.base_lrs, lr_scheduler.lr_lambdas):
         group["lr"] = base * factor(done)

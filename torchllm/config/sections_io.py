@@ -166,6 +166,11 @@ class Checkpoint:
     allow_global_batch_change: bool = opt(
         False, "Allow resuming with another global batch size than the checkpoint's"
     )
+    on_data_change: Literal["error", "restart"] = opt(
+        "error", "On resume, when the data differs from the checkpoint's (sources, weights, "
+        "tokens, seq_len, seed, tokenizer): refuse, or read the new data from its beginning "
+        "(position reset; step and token counters kept)"
+    )
 
 
 @dataclass

@@ -9,7 +9,13 @@ Policies (`metrics.guard_policy`):
   stop       save a checkpoint (when the trainer gave a hook) and raise TrainingStopped, which
              the trainer turns into a non-zero exit with the reason. The stopping step counts
              as a dropped update (its counters too), and the trainer's hook saves it as one
-             (the LR schedule advanced past it): a resume continues exactly like `skip_step`.
+             (the LR schedule advanced past it).
+
+A checkpoint saved while updates are being skipped (or by a stop) is marked unhealthy (see
+`unhealthy()`): a resume prefers the last checkpoint saved before the skipping began, and
+retention never deletes that one for the unhealthy ones (torchllm.checkpoint.checkpointer). A
+resume from the stop's own save (when it is the only checkpoint) continues exactly like
+`skip_step`.
 
 The loss given to `check` must be the same on every rank (the dp-reduced loss): then every rank
 takes the same decision and replicas never diverge.
@@ -40,17 +46,31 @@ class LossGuard:
         self.recent = deque(maxlen=mcfg.loss_spike_window)  # losses of applied updates
         self.counts = {"nonfinite": 0, "spikes": 0, "skipped_steps": 0}
         self.consecutive_skips = 0
+        self.skipping_since: int | None = None  # first step of the current run of skips
+        self.stopped = False
+
+    def unhealthy(self) -> str | None:
+        """Why a checkpoint saved now must not be a resume candidate, or None: updates are
+        being skipped (the weights gave a bad step and nothing changed them since), or the guard
+        stopped the run."""
+        if not self.consecutive_skips and not self.stopped:
+            return None
+        since = f" since step {self.skipping_since}" if self.skipping_since else ""
+        what = "the guard stopped the run" if self.stopped else "updates were being skipped"
+        return f"saved when {what} ({self.consecutive_skips} skipped in a row{since})"
 
     def state_dict(self) -> dict:
         """The running loss window and counters: a resumed run must judge spikes the same way."""
         return {"recent": list(self.recent), "counts": dict(self.counts),
-                "consecutive_skips": self.consecutive_skips}
+                "consecutive_skips": self.consecutive_skips,
+                "skipping_since": self.skipping_since}
 
     def load_state_dict(self, sd: dict) -> None:
         self.recent.clear()
         self.recent.extend(sd["recent"])
         self.counts.update(sd["counts"])
         self.consecutive_skips = sd["consecutive_skips"]
+        self.skipping_since = sd.get("skipping_since")
 
     def problem(self, loss: float, grad_norm: float) -> tuple[str, str] | None:
         """(kind, description) of what is wrong with this step, or None."""
@@ -69,7 +89,7 @@ class LossGuard:
         """Whether to apply this step's update; logs events, raises TrainingStopped on `stop`."""
         found = self.problem(loss, grad_norm)
         if found is None:
-            self.consecutive_skips = 0
+            self.consecutive_skips, self.skipping_since = 0, None
             self.recent.append(loss)
             return True
         kind, what = found
@@ -81,6 +101,8 @@ class LossGuard:
             return True
         self.counts["skipped_steps"] += 1  # skip_step drops it; stop saves it as dropped
         self.consecutive_skips += 1
+        if self.skipping_since is None:
+            self.skipping_since = step
         if self.policy == "skip_step":
             limit = self.max_consecutive_skips
             if limit and self.consecutive_skips >= limit:
@@ -94,6 +116,7 @@ class LossGuard:
     def stop(self, step: int, what: str) -> NoReturn:
         reason = f"step {step}: {what}"
         logger.error("guard: %s; stopping", reason)
+        self.stopped = True
         if self.save_checkpoint is not None:
             self.save_checkpoint(step)
         raise TrainingStopped(reason)
