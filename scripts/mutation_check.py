@@ -1071,6 +1071,20 @@ MUTANTS = [
         '    content = ["stream" for s in _streams(dataset)]\n',
         ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[corpus]",),
     ),
+    Mutant(
+        "chat_padding_counted_as_processed", "a packed chat batch's padding counts as tokens processed",
+        "torchllm/data/chat.py",
+        "    return (positions > 0).sum() + starts.sum()",
+        "    return positions.numel()",
+        ("tests/test_data_chat.py::test_unpadded_tokens_count_conversation_inputs_not_padding",),
+    ),
+    Mutant(
+        "throughput_counts_trained_tokens", "tokens/s, MFU and tokens seen count only the trained (assistant) tokens",
+        "torchllm/metrics/reduce.py",
+        '    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[2]}',
+        '    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[1]}',
+        ("tests/test_data_chat.py::test_sft_throughput_counts_processed_tokens_and_trained_ones_apart",),
+    ),
 ]
 
 

@@ -131,6 +131,59 @@ def test_packing_keeps_conversations_whole_and_truncates_overlong():
     assert len(padded) == 5 and padded[0, 5:].tolist() == [0] * 5
 
 
+def test_unpadded_tokens_count_conversation_inputs_not_padding():
+    """Throughput and tokens seen count what the model processes: a packed chat batch's input
+    tokens without its padding (counted here by hand from the layout above)."""
+    from torchllm.data.chat import unpadded_tokens
+
+    def conv(n, start):
+        return Rendered(list(range(start, start + n)), [True] * n)
+
+    convs = [conv(5, 100), conv(4, 200), conv(3, 300), conv(12, 400), conv(2, 500)]
+    _, _, positions, _ = window_rows(convs, 10, "pack", 0)
+    inputs = torch.as_tensor(positions[:, :-1])  # a window's inputs: its first 9 places
+    assert [int(unpadded_tokens(row)) for row in inputs] == [9, 3, 9, 2]
+    assert int(unpadded_tokens(inputs)) == 23
+    _, _, positions, _ = window_rows(convs, 10, "pad", 0)
+    assert int(unpadded_tokens(torch.as_tensor(positions[:, :-1]))) == 5 + 4 + 3 + 9 + 2
+
+
+def test_sft_throughput_counts_processed_tokens_and_trained_ones_apart(tmp_path):
+    """SFT: tokens seen (and tokens/s, MFU) are the conversation tokens the model processed,
+    prompts included, padding not; the loss's trained tokens are their own, smaller figure."""
+    from torchllm.data.chat import unpadded_tokens
+    from torchllm.train import Trainer
+
+    convs = [[{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}]
+             for w in ["apple", "banana", "cherry", "dates", "elder", "figs"] * 3]
+    data = write_chat(tmp_path / "chat.jsonl", convs)
+    cfg = tiny_config(tmp_path, f"--data.dataset=chat:{data}",
+                      f"--data.tokenizer={shared_path('tokenizers', 'gpt2', 'gpt2.tiktoken')}",
+                      "--training.seq_len=31", "--training.local_batch_size=2",
+                      "--data.val_fraction=0", "--training.steps=2", "--metrics.log_freq=1")
+    trainer = Trainer(cfg)
+    served, logged = [], []
+    batches, log = trainer.batches, trainer.metrics.log
+
+    def spy_batches():
+        for b in batches:
+            served.append(b)
+            yield b
+
+    def spy_log(step, m, step_time):
+        logged.append(dict(m))
+        return log(step, m, step_time)
+
+    trainer.batches, trainer.metrics.log = spy_batches(), spy_log
+    trainer.train()
+    processed = [int(unpadded_tokens(b["positions"])) for b in served]
+    trained = [int((b["targets"] != -100).sum()) for b in served]
+    assert [m["tokens"] for m in logged] == processed
+    assert [m["trained_tokens"] for m in logged] == trained
+    assert trainer.train_state.tokens_seen == sum(processed)
+    assert all(t < p < b["inputs"].numel() for t, p, b in zip(trained, processed, served))
+
+
 def write_chat(path, convs):
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
     return path

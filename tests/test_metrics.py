@@ -31,7 +31,7 @@ GROUPS = ("embeddings", "output", "first_block", "last_block")
 CPU_TAGS = {
     "loss/avg", "loss/max", "optim/lr", "grad_norm/total",
     *(f"{kind}/{g}" for kind in ("grad_norm", "param_norm", "update_ratio") for g in GROUPS),
-    "throughput/tokens_per_s", "throughput/tokens_per_s_device",
+    "throughput/tokens_per_s", "throughput/tokens_per_s_device", "throughput/trained_tokens_per_s",
     "time/step_s", "time/data_s", "time/data_pct", "perf/tflops", "perf/mfu_pct",
     "memory/rss_gib", "memory/params_gib", "memory/grads_gib", "memory/optimizer_gib",
     "guard/nonfinite", "guard/spikes", "guard/skipped_steps",

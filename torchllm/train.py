@@ -24,7 +24,9 @@ from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
+from torchllm.data.chat import unpadded_tokens
 from torchllm.data.fingerprint import data_fingerprint
+from torchllm.data.kinds.registry import reads_conversations
 from torchllm.data.mixture import MixtureLog
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
@@ -132,6 +134,7 @@ class Trainer:
         self.train_loader, self.val_loader = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
+        self.chat_data = reads_conversations(cfg.data)  # packed conversations: padding
 
         spec = models.get(cfg.model.name)
         self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
@@ -238,6 +241,14 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
+    def processed_tokens(self, batch) -> int:
+        """Input tokens the model processes in a micro-batch: all of them, but a packed chat
+        batch's padding (throughput, MFU and tokens seen count these; the loss's trained
+        tokens, e.g. assistant tokens only, are a figure of their own)."""
+        if self.chat_data and "positions" in batch:
+            return int(unpadded_tokens(batch["positions"]))
+        return batch["inputs"].numel()
+
     def forward_backward(self, micro_batches) -> tuple[torch.Tensor, torch.Tensor]:
         """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens),
         both device tensors: nothing here waits for the device."""
@@ -292,15 +303,18 @@ class Trainer:
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
         data_time = time.perf_counter() - t0
+        processed = sum(self.processed_tokens(b) for b in micro_batches)  # host-side counts
         loss_sum, n_tokens = self.forward_backward(micro_batches)
-        stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens)  # reduced over dp ranks
+        # reduced over dp ranks: the loss, the trained and the processed token counts
+        stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens, processed)
         m = self.metrics.before_clip(self.step)
 
         max_norm = self.cfg.training.max_norm
         stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm,  # DTensor-aware
                                              pp_group=self.parallel_dims.pp_group)
         m.update(to_host(stats))  # the step's one device-to-host copy
-        m.update(tokens=int(m["tokens"]), lr=self.optimizer.param_groups[0]["lr"],
+        m.update(tokens=int(m["tokens"]), trained_tokens=int(m["trained_tokens"]),
+                 lr=self.optimizer.param_groups[0]["lr"],
                  data_time=data_time)
         self.train_state.tokens_seen += m["tokens"]  # counted even if the guard stops here
         # The guard may drop this update (the LR schedule still advances) or stop the run.

@@ -215,6 +215,15 @@ def window_rows(convs: list[Rendered], window: int, packing: str, pad_id: int):
     return shaped["tokens"], shaped["trained"], shaped["positions"], truncated
 
 
+def unpadded_tokens(positions: torch.Tensor) -> torch.Tensor:
+    """How many input tokens of a packed chat batch are conversation, not padding (a 0-dim
+    tensor). Padding sits at position 0 like a conversation's first token, but only a
+    conversation's first token is followed by position 1 (every rendered conversation has at
+    least two tokens, and `append_conversation` never starts one in a window's last place)."""
+    starts = (positions[..., :-1] == 0) & (positions[..., 1:] == 1)
+    return (positions > 0).sum() + starts.sum()
+
+
 def masked_batch(tokens: torch.Tensor, trained: torch.Tensor, positions: torch.Tensor):
     """The batch of whole windows [k, seq_len + 1]: targets are the next tokens where they
     are trained (assistant tokens), IGNORE elsewhere."""

@@ -40,16 +40,18 @@ class MetricsLogger:
 
     @staticmethod
     def _empty_interval() -> dict[str, float]:
-        return {"steps": 0, "time": 0.0, "data_time": 0.0, "tokens": 0, "loss_sum": 0.0}
+        return {"steps": 0, "time": 0.0, "data_time": 0.0, "tokens": 0, "trained": 0,
+                "loss_sum": 0.0}
 
     def is_log_step(self, step: int) -> bool:
         return step % self.log_freq == 0 or step in (1, self.total_steps)
 
-    def loss_stats(self, step: int, loss_sum: torch.Tensor,
-                   n_tokens: torch.Tensor | int) -> dict[str, torch.Tensor]:
-        """The dp-reduced loss and token count (+ the max over ranks on logging steps), as
-        device tensors: the trainer copies them to the host together with the grad norm."""
-        return loss_stats(loss_sum, n_tokens, self.is_log_step(step), self.group)
+    def loss_stats(self, step: int, loss_sum: torch.Tensor, n_tokens: torch.Tensor | int,
+                   processed: torch.Tensor | int | None = None) -> dict[str, torch.Tensor]:
+        """The dp-reduced loss, trained and processed token counts (+ the max over ranks on
+        logging steps), as device tensors: the trainer copies them to the host together with
+        the grad norm."""
+        return loss_stats(loss_sum, n_tokens, self.is_log_step(step), self.group, processed)
 
     def before_clip(self, step: int) -> dict[str, float]:
         """On logging steps: raw per-group gradient norms and the training state's size."""
@@ -81,6 +83,7 @@ class MetricsLogger:
         out.update({
             "throughput/tokens_per_s": tokens_per_s,
             "throughput/tokens_per_s_device": tokens_per_s / world,
+            "throughput/trained_tokens_per_s": iv["trained"] / iv["time"],
             "time/step_s": iv["time"] / iv["steps"],
             "time/data_s": iv["data_time"] / iv["steps"],
             "time/data_pct": 100 * iv["data_time"] / iv["time"],
@@ -96,7 +99,7 @@ class MetricsLogger:
     def interval_loss(self) -> float:
         """The loss over every step since the last log (token-weighted: total / tokens)."""
         iv = self.interval
-        return iv["loss_sum"] / iv["tokens"] if iv["tokens"] else float("nan")
+        return iv["loss_sum"] / iv["trained"] if iv["trained"] else float("nan")
 
     def console_line(self, step: int, s: dict[str, float], skipped: bool,
                      loss: float | None = None) -> str:
@@ -131,7 +134,9 @@ class MetricsLogger:
         iv["time"] += step_time
         iv["data_time"] += m["data_time"]
         iv["tokens"] += m["tokens"]
-        iv["loss_sum"] += m["loss"] * m["tokens"]
+        trained = m.get("trained_tokens", m["tokens"])
+        iv["trained"] += trained
+        iv["loss_sum"] += m["loss"] * trained
         self.progress.update(step)
         if not self.is_log_step(step):
             return None

@@ -24,7 +24,8 @@ def all_reduce(values: torch.Tensor, op: dist.ReduceOp, group=None) -> torch.Ten
 
 
 def loss_stats(loss_sum: torch.Tensor, n_tokens: torch.Tensor | int, with_max: bool,
-               group=None) -> dict[str, torch.Tensor]:
+               group=None, processed: torch.Tensor | int | None = None
+               ) -> dict[str, torch.Tensor]:
     """The step's loss over all dp ranks: mean per token, and (if asked) the worst rank's mean.
 
     The mean is sum(losses) / sum(tokens), which equals the average of the ranks' means when
@@ -34,9 +35,12 @@ def loss_stats(loss_sum: torch.Tensor, n_tokens: torch.Tensor | int, with_max: b
     """
     # float64: token counts of large global batches are not exact in float32 past 2^24.
     tokens = torch.as_tensor(n_tokens, device=loss_sum.device)  # already there in training
-    local = torch.stack([loss_sum.detach().double(), tokens.double()])
+    seen = tokens if processed is None else torch.as_tensor(processed, device=loss_sum.device)
+    local = torch.stack([loss_sum.detach().double(), tokens.double(), seen.double()])
     total = all_reduce(local, dist.ReduceOp.SUM, group)
-    stats = {"loss": total[0] / total[1], "tokens": total[1]}
+    # "trained_tokens": targets the loss counts; "tokens": what the model processed (inputs
+    # without padding; with assistant-only loss, the prompts count here but not there).
+    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[2]}
     if with_max:
         stats["loss_max"] = all_reduce(local[0] / local[1], dist.ReduceOp.MAX, group)
     return stats
