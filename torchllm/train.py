@@ -19,7 +19,7 @@ from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
-from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+from torchllm.checkpoint.stage_tokenizer import stage_tokenizer, trains_new_tokenizer
 from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
@@ -168,7 +168,8 @@ class Trainer:
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
             run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
-                      "precision": self.precision, "tokenizer": tokenizer_record(self.tokenizer)},
+                      "precision": self.precision,
+                      "tokenizer": tokenizer_record(self.tokenizer, new=trains_new_tokenizer(cfg))},
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step
