@@ -1085,6 +1085,65 @@ MUTANTS = [
         '    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[1]}',
         ("tests/test_data_chat.py::test_sft_throughput_counts_processed_tokens_and_trained_ones_apart",),
     ),
+    Mutant(
+        "inference_trains_the_tokenizer", "generate / evals / export train an 'auto' tokenizer "
+        "a checkpoint lacks (on whatever data its config names)", "torchllm/data/__init__.py",
+        "    if not train:\n        if not path.is_file():\n",
+        "    if False:\n        if not path.is_file():\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_generate_never_trains_a_missing_tokenizer_nor_takes_another",),
+    ),
+    Mutant(
+        "tokenizer_identity_by_size", "another tokenizer of the same size passes (the SHA-256 "
+        "is not compared)", "torchllm/checkpoint/stage_tokenizer.py",
+        "    if a and b:\n        same = a == b\n", "    if a and b:\n        same = True\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_resuming_with_another_tokenizer_of_the_same_size_names_both",
+         "tests/test_stage_tokenizer.py::"
+         "test_generate_never_trains_a_missing_tokenizer_nor_takes_another"),
+    ),
+    Mutant(
+        "stage_auto_trains_a_new_tokenizer", "data.tokenizer = 'auto' with initial_load_path "
+        "trains a new tokenizer on the stage's data", "torchllm/checkpoint/stage_tokenizer.py",
+        '    return tok == FROM_INITIAL_LOAD or (tok == "auto" and '
+        "bool(cfg.checkpoint.initial_load_path))\n",
+        "    return tok == FROM_INITIAL_LOAD\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
+    ),
+    Mutant(
+        "stage_train_choice_refused", "data.tokenizer = 'train' at a stage is refused like any "
+        "other tokenizer (no way to choose a new one)", "torchllm/checkpoint/stage_tokenizer.py",
+        '    if use == "initial load" and now.get("new"):\n', "    if False:\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
+    ),
+    Mutant(
+        "hf_initial_load_tokenizer_unchecked", "initial_load_in_hf accepts another tokenizer "
+        "than the folder's", "torchllm/checkpoint/loading.py",
+        '            check_same_tokenizer(hf_record(folder), self.run_info.get("tokenizer"),\n',
+        '            (hf_record(folder), self.run_info.get("tokenizer"),\n',
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer",),
+    ),
+    Mutant(
+        "hf_stage_reads_tokenizer_json_only", "a Hugging Face folder's tokenizer.model (a "
+        "SentencePiece export) is not its tokenizer", "torchllm/checkpoint/stage_tokenizer.py",
+        'HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")\n',
+        'HF_TOKENIZER_FILES = ("tokenizer.json",)\n',
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer",),
+    ),
+    Mutant(
+        "hf_import_seed_without_tokenizer", "hf import writes a seed with no config.toml and no "
+        "tokenizer", "torchllm/checkpoint/hf.py",
+        "    save_seed_checkpoint(weights, out, step,\n"
+        "                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, "
+        "hf_vocab))\n",
+        "    save_seed_checkpoint(weights, out, step)\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
+    ),
 ]
 
 

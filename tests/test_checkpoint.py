@@ -272,7 +272,9 @@ def test_convert_round_trip_dcp_file_dcp(tmp_path, suffix):
     assert convert(["to-file", str(tmp_path / "run"), str(out)]) == 0
     seed = tmp_path / "seed" / "step-0"
     assert convert(["to-dcp", str(out), str(seed)]) == 0
-    back = Trainer(tiny_config(tmp_path / "new", f"--checkpoint.initial_load_path={seed}"))
+    # A weights file records no tokenizer: the new run names it (else a one-line error).
+    back = Trainer(tiny_config(tmp_path / "new", f"--checkpoint.initial_load_path={seed}",
+                               f"--data.tokenizer={t.tokenizer.path}"))
     for (name, a), b in zip(t.model.state_dict().items(), back.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert convert(["to-dcp", str(out), str(seed)]) == 2  # never overwrites

@@ -125,7 +125,7 @@ def test_gpt2_from_hf_weights_then_export_round_trip(tmp_path):
     source = transformers.GPT2LMHeadModel(config).eval()
     source.save_pretrained(tmp_path / "source")
     args = ["--model.name=gpt2", *RUN, f"--checkpoint.initial_load_path={tmp_path / 'source'}",
-            "--checkpoint.initial_load_in_hf"]
+            "--checkpoint.initial_load_in_hf", "--data.tokenizer=train"]  # it has no tokenizer
     trainer = Trainer(tiny_config(tmp_path, *args))
     assert trainer.step == 0
     x = tokens()

@@ -84,10 +84,10 @@ def test_shrinking_another_base_or_resuming_with_another_vocab_name_the_tokenize
     tok, _ = base_run(tmp_path)
     with pytest.raises(ConfigError, match="optimizer state cannot grow"):
         next_stage(tmp_path, tok, "full", "--checkpoint.initial_load_model_only=false")
-    # Another base vocabulary (a 600-piece tokenizer, + chat tokens: 640 rows) cannot grow.
+    # Another base vocabulary (a new 600-piece tokenizer, + chat tokens: 640 rows) cannot grow.
     with pytest.raises(ConfigError) as e:
         Trainer(tiny_config(tmp_path, "--job.run_name=other", "--data.tokenizer_vocab_size=600",
-                            "--data.chat_tokens=true",
+                            "--data.tokenizer=train", "--data.chat_tokens=true",
                             f"--checkpoint.initial_load_path={tmp_path / 'base'}"))
     assert "another base vocabulary" in str(e.value) and str(tok) in str(e.value)
     assert "sp600" in str(e.value)

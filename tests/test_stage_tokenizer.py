@@ -4,16 +4,23 @@ the run at checkpoint.initial_load_path trained with, as its checkpoint records 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
+from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
 from torchllm.config import load_config
+from torchllm.data.tokenizer import train_sentencepiece
 
-from conftest import REPO, tiny_args
+from conftest import REPO, shared_path, tiny_args
 
 MIDTRAIN = "train_configs/llama3_debug_midtrain.toml"
 SFT = "train_configs/llama3_debug_sft.toml"
@@ -84,3 +91,164 @@ def test_run_train_sh_stages_use_the_tokenizer_their_initial_load_trained_with(t
     assert "vocabulary grown at load: 300 -> 306 ids" in out, out[-3000:]
     written = tomllib.loads((tmp_path / "debug_midtrain" / "config.toml").read_text())
     assert written["data"]["tokenizer"] == str(tok) and written["data"]["chat_tokens"]
+
+
+# --- issues 42/43: a stage inherits its tokenizer; inference never trains one; one identity
+# check (the base file's SHA-256, whatever its size) on resume, initial load and inference. ---
+
+# A 1-block model of width 64: 20 steps learn enough that another tokenizer's ids show in the
+# loss, in seconds.
+SMALL = ("--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=2",
+         "--training.local_batch_size=8", "--eval.sample_freq=0", "--validation.enable=false")
+LOSS = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+)")
+
+
+def losses(out: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in LOSS.findall(out)}
+
+
+def sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def python_m(module: str, *args: str, cwd=REPO):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A 20-step run on the first 200k characters of tiny Shakespeare with its 'auto' tokenizer,
+    a 512-piece tokenizer of the same size trained on other text, and that other text (the
+    'novel' a next stage trains on)."""
+    root = tmp_path_factory.mktemp("stages")
+    text = shared_path("data", "tinyshakespeare.txt").read_text()
+    (root / "a.txt").write_text(text[:200_000])
+    (root / "novel.txt").write_text(text[600_000:700_000])
+    code, out = run_train(root, *SMALL, f"--data.dataset=local:{root / 'a.txt'}",
+                          "--job.run_name=base", "--checkpoint.enable=true",
+                          "--training.steps=20", "--optimizer.lr=1e-2")
+    assert code == 0, out[-3000:]
+    (tok,) = (root / "base" / "data").glob("tokenizer_*sp512.model")
+    other = train_sentencepiece([(root / "novel.txt").read_text()], 512,
+                                root / "other" / "tokenizer.model")
+    assert sha(other) != sha(tok)
+    return {"root": root, "tok": tok, "other": other, "novel": root / "novel.txt",
+            "loss": losses(out)[20]}
+
+
+def stage(base, tmp_path, *extra):
+    """run_train.sh: a new run (a stage) on the novel from the base run's weights, 1 step."""
+    return run_train(tmp_path, *SMALL, f"--data.dataset=local:{base['novel']}",
+                     "--training.steps=1", *extra)
+
+
+@pytest.mark.slow
+def test_generate_never_trains_a_missing_tokenizer_nor_takes_another(base, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(base["root"] / "base", run)
+    (run / "data" / base["tok"].name).unlink()
+    prompt = ("--prompt", "ROMEO:", "--max-new-tokens", "4")
+    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt)
+    assert code == 2, out[-3000:]
+    (line,) = error_lines(out)
+    assert f"the run's tokenizer {run / 'data' / base['tok'].name} is missing" in line, out
+    assert "--data.tokenizer=FILE" in line
+    assert not list(tmp_path.rglob("*.model")) and not list(REPO.glob("*.model"))
+    # Another tokenizer of the same size: both named, by file and SHA-256.
+    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt,
+                         f"--data.tokenizer={base['other']}")
+    assert code == 2, out[-3000:]
+    (line,) = error_lines(out)
+    assert f"{base['tok']} (sha256 {sha(base['tok'])[:12]})" in line, line
+    assert f"{base['other']} (sha256 {sha(base['other'])[:12]})" in line, line
+    # The file put back (here: named): it generates.
+    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt,
+                         f"--data.tokenizer={base['tok']}")
+    assert code == 0 and "### completion 1" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_resuming_with_another_tokenizer_of_the_same_size_names_both(base, tmp_path):
+    shutil.copytree(base["root"] / "base", tmp_path / "base")
+    code, out = run_train(tmp_path, *SMALL, "--job.run_name=base", "--checkpoint.enable=true",
+                          f"--data.dataset=local:{base['root'] / 'a.txt'}",
+                          "--training.steps=21", f"--data.tokenizer={base['other']}")
+    assert code == 2, out[-3000:]
+    line = [ln for ln in error_lines(out) if ln.startswith("run_train:")][-1]
+    assert f"{base['tok']} (sha256 {sha(base['tok'])[:12]})" in line, line
+    assert f"{base['other']} (sha256 {sha(base['other'])[:12]})" in line, line
+    assert "a run resumes with the tokenizer it trained with" in line
+    assert not (tmp_path / "base" / "checkpoint" / "step-21").exists()
+
+
+@pytest.mark.slow
+def test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer(base, tmp_path):
+    """The default ('auto') takes the tokenizer of the weights it starts from: the loss starts
+    where the base run ended. 'train' trains a new one on the novel, on purpose: a warning
+    naming both, and the ids the weights learnt mean other tokens (a higher loss)."""
+    start = f"--checkpoint.initial_load_path={base['root'] / 'base'}"
+    code, out = stage(base, tmp_path, start, "--job.run_name=inherit")
+    assert code == 0, out[-3000:]
+    assert f"data.tokenizer = 'auto' with checkpoint.initial_load_path: {base['tok']}" in out
+    assert not (tmp_path / "inherit" / "data").exists()  # no tokenizer trained
+    written = tomllib.loads((tmp_path / "inherit" / "config.toml").read_text())
+    assert written["data"]["tokenizer"] == str(base["tok"])
+    inherited = losses(out)[1]
+    assert abs(inherited - base["loss"]) < 0.3, (inherited, base["loss"])
+
+    code, out = stage(base, tmp_path, start, "--job.run_name=new", "--data.tokenizer=train")
+    assert code == 0, out[-3000:]
+    (new,) = (tmp_path / "new" / "data").glob("tokenizer_*sp512.model")
+    (warning,) = [ln for ln in out.splitlines() if "(data.tokenizer = 'train')" in ln]
+    assert f"{base['tok']} (sha256 {sha(base['tok'])[:12]})" in warning
+    assert f"{new} (sha256 {sha(new)[:12]})" in warning
+    assert losses(out)[1] > inherited + 0.3, (losses(out)[1], inherited)
+
+
+@pytest.mark.slow
+def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, tmp_path):
+    hf = tmp_path / "hf"
+    code, out = python_m("torchllm.checkpoint.hf", "export", "--checkpoint",
+                         str(base["root"] / "base"), "--out", str(hf))
+    assert code == 0, out[-3000:]
+    assert sha(hf / "tokenizer.model") == sha(base["tok"])
+    start = (f"--checkpoint.initial_load_path={hf}", "--checkpoint.initial_load_in_hf=true")
+    code, out = stage(base, tmp_path, *start, "--job.run_name=from_hf")
+    assert code == 0, out[-3000:]
+    assert f"checkpoint.initial_load_path: {hf / 'tokenizer.model'}, as recorded in {hf}" in out
+    assert not (tmp_path / "from_hf" / "data").exists()
+    assert abs(losses(out)[1] - base["loss"]) < 0.3, (losses(out), base["loss"])
+    # Another tokenizer of the same size named with the HF weights: one line naming both.
+    code, out = stage(base, tmp_path, *start, "--job.run_name=other",
+                      f"--data.tokenizer={base['other']}")
+    assert code == 2, out[-3000:]
+    line = [ln for ln in error_lines(out) if ln.startswith("run_train:")][-1]
+    assert f"{hf / 'tokenizer.model'} (sha256 {sha(base['tok'])[:12]})" in line, line
+    assert f"{base['other']} (sha256 {sha(base['other'])[:12]})" in line, line
+
+
+@pytest.mark.slow
+def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base, tmp_path):
+    hf, seed = tmp_path / "hf", tmp_path / "seeds" / "debug" / "step-0"
+    run = base["root"] / "base"
+    assert python_m("torchllm.checkpoint.hf", "export", "--checkpoint", str(run), "--out",
+                    str(hf))[0] == 0
+    code, out = python_m("torchllm.checkpoint.hf", "import", "--hf", str(hf), "--out", str(seed),
+                         f"--job.config_file={run / 'config.toml'}")
+    assert code == 0, out[-3000:]
+    assert sha(seed / "tokenizer.model") == sha(base["tok"])  # the seed carries its own copy
+    shutil.rmtree(hf)  # and needs nothing from the folder it came from
+    # The seed generates what its run generates (the same weights and tokenizer).
+    prompt = ("--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "0")
+    code, from_seed = python_m("torchllm.generate", "--checkpoint", str(seed), *prompt)
+    assert code == 0, from_seed[-3000:]
+    code, from_run = python_m("torchllm.generate", "--checkpoint", str(run), *prompt)
+    assert code == 0 and from_seed.split("### completion 1")[1] == \
+        from_run.split("### completion 1")[1], (from_seed, from_run)
+    # A stage from the seed takes its tokenizer: the copy, as the seed's marker records it.
+    cfg = stage_tokenizer(load_config(tiny_args(tmp_path, "--data.tokenizer=from_initial_load",
+                                                f"--checkpoint.initial_load_path={seed}")))
+    assert cfg.data.tokenizer == str(seed / "tokenizer.model") and not cfg.data.chat_tokens

@@ -62,7 +62,7 @@ def check_config(train_args: list[str], world_size: int | None):
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
     check_data(cfg)  # every dataset spec, by the code the trainer parses them with
-    stage_tokenizer(cfg)  # data.tokenizer = "from_initial_load": it is recorded there
+    stage_tokenizer(cfg)  # a stage's tokenizer (from_initial_load, or auto): recorded there
     return cfg
 
 

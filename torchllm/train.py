@@ -19,7 +19,7 @@ from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
-from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+from torchllm.checkpoint.stage_tokenizer import stage_tokenizer, trains_new_tokenizer
 from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
@@ -167,7 +167,7 @@ class Trainer:
         # Profiler, validation, samples, HellaSwag, ...: each on its own schedule.
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
-        tokenizer = tokenizer_record(self.tokenizer)
+        tokenizer = tokenizer_record(self.tokenizer, new=trains_new_tokenizer(cfg))
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,

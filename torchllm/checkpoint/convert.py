@@ -156,12 +156,14 @@ def to_file(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool
     save_weights_file(weights, out, overwrite)
 
 
-def save_seed_checkpoint(weights: dict[str, torch.Tensor], out: Path, step: int) -> None:
-    """A complete weights-only DCP checkpoint at out (written beside it, then renamed)."""
+def save_seed_checkpoint(weights: dict[str, torch.Tensor], out: Path, step: int,
+                         extra=None) -> None:
+    """A complete weights-only DCP checkpoint at out (written beside it, then renamed).
+    `extra(folder)`: writes more files into the unfinished folder, returns the marker's fields."""
     tmp = temp_sibling(out, "tmp")
     try:
         dcp.save({"model": weights}, checkpoint_id=str(tmp), no_dist=True)
-        mark_complete(tmp, step)
+        mark_complete(tmp, step, **(extra(tmp) if extra else {}))
         replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,6 +21,7 @@ unless --overwrite.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -162,15 +163,12 @@ def _trained_on_chat(cfg) -> bool:
     return bool(cfg.data.chat_tokens) or reads_conversations(cfg.data)
 
 
-def _tokenizer_of(cfg, run_dir: Path):
-    """The run's tokenizer (cached in the run's data folder), or None if it cannot be loaded."""
-    from torchllm.data import build_tokenizer
+def _tokenizer_of(cfg, step_path, run_dir: Path):
+    """The run's tokenizer (an 'auto' one cached in the run's data folder), checked against the
+    one the step records; never trained here (a missing one is a one-line ConfigError)."""
+    from torchllm.checkpoint.stage_tokenizer import inference_tokenizer
 
-    try:
-        return build_tokenizer(cfg, run_dir / "data")
-    except (ConfigError, OSError) as e:
-        logger.warning("tokenizer not available (%s): no tokenizer files written", e)
-        return None
+    return inference_tokenizer(cfg, step_path, run_dir / "data")
 
 
 def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = (),
@@ -198,7 +196,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     step_path = open_for_reading(checkpoint)  # checksums, data-only metadata
     cfg = _run_config(step_path, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
-    tokenizer = _tokenizer_of(cfg, run_folder_of(step_path, cfg))
+    tokenizer = _tokenizer_of(cfg, step_path, run_folder_of(step_path, cfg))
     vocab = vocab_size or cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else None)
     if vocab is None:
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
@@ -291,10 +289,53 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
     args = models.model_args(cfg, hf_vocab)
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
-    save_seed_checkpoint(weights, out, step)
+    save_seed_checkpoint(weights, out, step,
+                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, hf_vocab))
     logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
                 cfg.model.flavor, hf_vocab, args.vocab_size, out)
     return out
+
+
+def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int) -> dict:
+    """Into the seed checkpoint `out` (being written in `tmp`): the HF folder's tokenizer files
+    (else the config's named tokenizer) and the config.toml naming it, as training writes them,
+    so generate reads the seed like a run's step and a stage from it takes its tokenizer
+    (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
+    from torchllm.checkpoint.stage_tokenizer import FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer
+    from torchllm.checkpoint.vocab_resize import tokenizer_record
+    from torchllm.config import to_toml
+    from torchllm.data import build_tokenizer
+
+    found = hf_folder_tokenizer(hf_dir)
+    named = cfg.data.tokenizer not in ("auto", NEW, FROM_INITIAL_LOAD)
+    info, data = {}, cfg.data
+    if found is not None:
+        file, chat = found
+        for name in (file.name, "tokenizer_config.json"):
+            if (Path(hf_dir) / name).is_file():
+                shutil.copyfile(Path(hf_dir) / name, tmp / name)
+        if named:
+            logger.info("recorded %s's own tokenizer %s (not the config's data.tokenizer = %r)",
+                        hf_dir, file.name, cfg.data.tokenizer)
+        data = dataclasses.replace(data, tokenizer=str(tmp / file.name), chat_tokens=chat)
+    elif not named:
+        logger.warning("%s has no tokenizer.json or tokenizer.model and the config names none: "
+                       "the seed records no tokenizer (name it in data.tokenizer to use the "
+                       "seed)", hf_dir)
+    if found is not None or named:
+        tokenizer = build_tokenizer(dataclasses.replace(cfg, data=data), tmp, train=False)
+        if tokenizer.vocab_size > hf_vocab:
+            raise ConfigError(f"the tokenizer {data.tokenizer} has {tokenizer.vocab_size} ids, "
+                              f"more than {hf_dir}'s vocab_size = {hf_vocab}", "data.tokenizer")
+        info["tokenizer"] = record = tokenizer_record(tokenizer)
+        if found is not None:  # named as it will be: the finished seed's copy
+            data = dataclasses.replace(data, tokenizer=str(out / found[0].name))
+            record["name"] = data.tokenizer
+    model = cfg.model
+    if not model.vocab_size and (not info or info["tokenizer"]["vocab_size"] != hf_vocab):
+        model = dataclasses.replace(model, vocab_size=hf_vocab)  # the seed's rows, not fewer
+    (tmp / "config.toml").write_text(to_toml(dataclasses.replace(cfg, data=data, model=model)))
+    return info
 
 
 def load_hf_weights(model: nn.Module, hf_dir: str | Path) -> None:

@@ -1,72 +1,209 @@
-"""data.tokenizer = "from_initial_load": a new stage (mid-training, SFT) uses the tokenizer the run
-at checkpoint.initial_load_path trained with, as that checkpoint's COMPLETE marker records it
-(vocab_resize.tokenizer_record: the base tokenizer's file or Hub name, its SHA-256, and whether
-the 6 chat tokens were added). So a stage config does not name the previous stage's tokenizer
-file (which an 'auto' tokenizer's path-derived name would make the user look up).
+"""A stage's tokenizer is its initial load's, and the one check that a checkpoint meets the
+tokenizer it was trained with (resume, initial load, inference).
 
-The Trainer resolves it before anything else, so the run's config.toml (and each step's) records
-the concrete tokenizer: generate, the evals, export and the next stage read it from there.
+data.tokenizer = "from_initial_load", or "auto" (the default) with checkpoint.initial_load_path
+set: a new stage (mid-training, SFT) uses the tokenizer of the model it starts from, as that
+checkpoint's COMPLETE marker records it (vocab_resize.tokenizer_record: the base tokenizer's file
+or Hub name, its SHA-256, and whether the 6 chat tokens were added), or for a Hugging Face folder
+(checkpoint.initial_load_in_hf) the folder's own tokenizer file. data.tokenizer = "train" trains
+a new one on data.dataset instead (a warning at the initial load: the loaded embedding rows then
+mean other tokens). The Trainer resolves it before anything else, so the run's config.toml (and
+each step's) records the concrete tokenizer: generate, the evals, export and the next stage read
+it from there, and never train one (inference_tokenizer).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 from torchllm.checkpoint.layout import MARKER, MarkerError, read_marker, resolve_checkpoint
+from torchllm.checkpoint.storage import join
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
 FROM_INITIAL_LOAD = "from_initial_load"
-SAID = f"data.tokenizer = {FROM_INITIAL_LOAD!r}"
+NEW = "train"  # data.tokenizer = "train": a new SentencePiece model, even for a stage
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
-def _recorded(ccfg) -> tuple[str, bool, str]:
+def sha256_of(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
+    """(tokenizer file, whether the 6 chat tokens follow its vocabulary) of a Hugging Face model
+    folder: its tokenizer.json (added tokens are inside), else its tokenizer.model (SentencePiece
+    or tiktoken; chat tokens when tokenizer_config.json adds torchllm's 6 after the vocabulary,
+    as export writes them); None when it has neither. ConfigError for other added tokens."""
+    from torchllm.data.chat import ADDED_TOKENS
+    from torchllm.data.tokenizer import load_tokenizer
+
+    folder = Path(folder)
+    found = [folder / name for name in HF_TOKENIZER_FILES if (folder / name).is_file()]
+    if not found:
+        return None
+    if found[0].name == "tokenizer.json":
+        return found[0], False
+    config = folder / "tokenizer_config.json"
+    decoder = json.loads(config.read_text()).get("added_tokens_decoder", {}) \
+        if config.is_file() else {}
+    size = load_tokenizer(found[0]).vocab_size
+    added = {int(i): t.get("content") for i, t in decoder.items() if int(i) >= size}
+    if not added:
+        return found[0], False
+    if added != {size + i: name for i, name in enumerate(ADDED_TOKENS)}:
+        raise ConfigError(f"{config} adds tokens {sorted(added.values())} after the "
+                          f"{size} ids of {found[0]}; torchllm adds only its 6 chat tokens "
+                          f"({', '.join(ADDED_TOKENS)}): save the tokenizer as a tokenizer.json",
+                          "data.tokenizer")
+    return found[0], True
+
+
+def hf_record(folder: str | Path) -> dict | None:
+    """The tokenizer record (as a marker's) of a Hugging Face folder's tokenizer file."""
+    found = hf_folder_tokenizer(folder)
+    if found is None:
+        return None
+    return {"name": str(found[0]), "base_sha256": sha256_of(found[0]), "chat_tokens": found[1]}
+
+
+def _said(cfg) -> str:
+    if cfg.data.tokenizer == FROM_INITIAL_LOAD:
+        return f"data.tokenizer = {FROM_INITIAL_LOAD!r}"
+    return "data.tokenizer = 'auto' with checkpoint.initial_load_path"
+
+
+def _recorded(cfg) -> tuple[str, bool, str]:
     """(tokenizer spec, chat tokens added, where it is recorded) of initial_load_path's run."""
-    if ccfg.initial_load_in_hf:  # a transformers folder: its own tokenizer.json
-        spec = Path(ccfg.initial_load_path) / "tokenizer.json"
-        if not spec.is_file():
-            raise ConfigError(f"{SAID}: the Hugging Face folder {ccfg.initial_load_path} has no "
-                              "tokenizer.json; name the model's tokenizer in data.tokenizer",
-                              "data.tokenizer")
-        return str(spec), False, str(ccfg.initial_load_path)
+    ccfg, said = cfg.checkpoint, _said(cfg)
+    other = f"name the model's tokenizer in data.tokenizer, or set data.tokenizer = {NEW!r} to " \
+            "train a new one on data.dataset"
+    if ccfg.initial_load_in_hf:  # a transformers folder: its own tokenizer file
+        found = hf_folder_tokenizer(ccfg.initial_load_path)
+        if found is None:
+            raise ConfigError(f"{said}: the Hugging Face folder {ccfg.initial_load_path} has no "
+                              f"tokenizer.json or tokenizer.model; {other}", "data.tokenizer")
+        return str(found[0]), found[1], str(ccfg.initial_load_path)
     try:
         step = resolve_checkpoint(ccfg.initial_load_path)
         record = read_marker(step).get("tokenizer")
     except (FileNotFoundError, MarkerError) as e:
-        raise ConfigError(f"{SAID} reads checkpoint.initial_load_path's tokenizer: {e}",
+        raise ConfigError(f"{said} reads checkpoint.initial_load_path's tokenizer: {e}",
                           "checkpoint.initial_load_path") from None
-    marker = step / MARKER
+    marker = join(step, MARKER)
     if not record:
-        raise ConfigError(f"{SAID}: {marker} records no tokenizer (written before checkpoints "
-                          "recorded theirs); name the tokenizer that run trained with in "
-                          "data.tokenizer (its config.toml's data.tokenizer)", "data.tokenizer")
+        raise ConfigError(f"{said}: {marker} records no tokenizer (written before checkpoints "
+                          "recorded theirs, or by convert to-dcp); name the tokenizer that run "
+                          f"trained with in data.tokenizer (its config.toml's data.tokenizer), or "
+                          f"set data.tokenizer = {NEW!r} to train a new one on data.dataset",
+                          "data.tokenizer")
     spec, digest = record["name"], record.get("base_sha256")
     if digest is not None:  # a file: it must still be there, unchanged
         path = Path(spec)
         if not path.is_file():
-            raise ConfigError(f"{SAID}: the tokenizer file {spec} recorded in {marker} is gone "
+            raise ConfigError(f"{said}: the tokenizer file {spec} recorded in {marker} is gone "
                               "(a relative path is from the folder training ran in); name the "
                               "file in data.tokenizer", "data.tokenizer")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            raise ConfigError(f"{SAID}: the tokenizer file {spec} changed since the run at "
+        if sha256_of(path) != digest:
+            raise ConfigError(f"{said}: the tokenizer file {spec} changed since the run at "
                               f"{ccfg.initial_load_path} trained with it (SHA-256 recorded in "
                               f"{marker}); restore it or name another in data.tokenizer",
                               "data.tokenizer")
     return spec, bool(record.get("chat_tokens")), str(marker)
 
 
-def stage_tokenizer(cfg, log: bool = False):
-    """`cfg` with data.tokenizer = 'from_initial_load' replaced by the recorded tokenizer (and
-    data.chat_tokens on when that run had them: its vocabulary cannot shrink); else `cfg`.
-    ConfigError (one line) when there is nothing to read it from. An empty
-    checkpoint.initial_load_path is refused earlier, by the config's own validation."""
-    if cfg.data.tokenizer != FROM_INITIAL_LOAD:
+def inherits(cfg) -> bool:
+    """Whether data.tokenizer is the initial load's: 'from_initial_load', or 'auto' for a stage."""
+    tok = cfg.data.tokenizer
+    return tok == FROM_INITIAL_LOAD or (tok == "auto" and bool(cfg.checkpoint.initial_load_path))
+
+
+def stage_tokenizer(cfg, log: bool = False, auto: bool = True):
+    """`cfg` with an inherited data.tokenizer (see `inherits`; `auto`=False: 'from_initial_load'
+    only) replaced by the initial load's concrete tokenizer (and data.chat_tokens on when that
+    run had them: its vocabulary cannot shrink); else `cfg`. ConfigError (one line) when there
+    is nothing to read it from. An empty checkpoint.initial_load_path with 'from_initial_load'
+    is refused earlier, by the config's own validation."""
+    if not inherits(cfg) or (not auto and cfg.data.tokenizer != FROM_INITIAL_LOAD):
         return cfg
-    spec, chat, where = _recorded(cfg.checkpoint)
+    spec, chat, where = _recorded(cfg)
     if log:
-        logger.info("%s: %s%s, as recorded in %s", SAID, spec, " + the 6 chat tokens" * chat,
-                    where)
+        logger.info("%s: %s%s, as recorded in %s", _said(cfg), spec,
+                    " + the 6 chat tokens" * chat, where)
     data = dataclasses.replace(cfg.data, tokenizer=spec, chat_tokens=cfg.data.chat_tokens or chat)
     return dataclasses.replace(cfg, data=data)
+
+
+# ------------------------------------------------------------------------- identity
+
+
+def _named(record: dict) -> str:
+    digest = record.get("base_sha256")
+    chat = " + 6 chat tokens" if record.get("chat_tokens") else ""
+    return f"{record['name']}{chat}" + (f" (sha256 {digest[:12]})" if digest else "")
+
+
+HINTS = {
+    "resume": "a run resumes with the tokenizer it trained with: relaunch with the run's "
+              "data.tokenizer (its config.toml), or start a new run (another job.run_name)",
+    "initial load": "use the checkpoint's (data.tokenizer = 'auto' or 'from_initial_load' "
+                    f"takes it), or set data.tokenizer = {NEW!r} to train a new one on purpose",
+    "inference": "restore that file (or pass --data.tokenizer=FILE with it)",
+}
+
+
+def check_same_tokenizer(saved: dict | None, now: dict | None, where: str, use: str) -> None:
+    """The one check that the tokenizer `now` (vocab_resize.tokenizer_record) is the one the
+    weights at `where` were trained with (`saved`, the record in its marker): the same base
+    tokenizer by the SHA-256 of its file (by name when neither is a file; a file against a Hub
+    name cannot be compared). `use`: 'resume', 'initial load' or 'inference' (which also needs
+    the same ids: chat tokens included). A differing one is a ConfigError naming both, except
+    at an initial load with data.tokenizer = 'train' (now['new']): a warning. The ids added to
+    the same base (chat tokens) are vocab_resize.plan_growth's."""
+    if not saved or not now:
+        return
+    a, b = saved.get("base_sha256"), now.get("base_sha256")
+    if a and b:
+        same = a == b
+    elif a is None and b is None:
+        same = saved["name"] == now["name"]
+    else:
+        return
+    if use == "inference":
+        same = same and saved.get("vocab_size") == now.get("vocab_size")
+    if same:
+        return
+    both = (f"{where} was trained with tokenizer {_named(saved)}, but this run's is "
+            f"{_named(now)}")
+    if use == "initial load" and now.get("new"):
+        logger.warning("%s (data.tokenizer = %r): the loaded embedding and output rows belong "
+                       "to the other tokenizer's ids, so expect a high loss at first", both, NEW)
+        return
+    raise ConfigError(f"{both}: the weights' ids would mean other tokens; {HINTS[use]}",
+                      "data.tokenizer")
+
+
+def inference_tokenizer(cfg, step_dir, data_dir: Path):
+    """The tokenizer of checkpoint `step_dir` for generate, the evals and export: `cfg`'s (the
+    config the step was written under), never trained here ('auto': the run's cached file,
+    else one line naming it), and checked against the step's recorded tokenizer."""
+    from torchllm.checkpoint.vocab_resize import tokenizer_record
+    from torchllm.data import build_tokenizer
+
+    tokenizer = build_tokenizer(cfg, data_dir, train=False)
+    try:
+        saved = read_marker(step_dir).get("tokenizer")
+    except MarkerError:
+        saved = None
+    check_same_tokenizer(saved, tokenizer_record(tokenizer), f"checkpoint {step_dir}",
+                         "inference")
+    return tokenizer
+
+
+def trains_new_tokenizer(cfg) -> bool:
+    """A stage that trains its own tokenizer on purpose (data.tokenizer = 'train' with
+    checkpoint.initial_load_path): the initial load warns instead of refusing it."""
+    return cfg.data.tokenizer == NEW and bool(cfg.checkpoint.initial_load_path)

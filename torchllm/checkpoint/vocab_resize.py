@@ -22,14 +22,17 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from torchllm.checkpoint.stage_tokenizer import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
 
 VOCAB_KEYS = ("tok_embeddings.weight", "output.weight")
 
 
-def tokenizer_record(tokenizer) -> dict:
+def tokenizer_record(tokenizer, new: bool = False) -> dict:
     """What the checkpoint marker records of the run's tokenizer: its name, its ids, and its base
-    vocabulary (the tokenizer before the added chat tokens) with the base file's SHA-256."""
+    vocabulary (the tokenizer before the added chat tokens) with the base file's SHA-256; `new`
+    (recorded only when true): a stage that trained its own (data.tokenizer = 'train') instead
+    of taking checkpoint.initial_load_path's."""
     base = getattr(tokenizer, "base", tokenizer)
     path = getattr(base, "path", None)
     digest = None
@@ -38,7 +41,8 @@ def tokenizer_record(tokenizer) -> dict:
     name = getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)
     return {"name": name,  # what load_tokenizer (and data.tokenizer = from_initial_load) reads
             "vocab_size": int(tokenizer.vocab_size), "base_vocab_size": int(base.vocab_size),
-            "base_sha256": digest, "chat_tokens": base is not tokenizer}
+            "base_sha256": digest, "chat_tokens": base is not tokenizer,
+            **({"new": True} if new else {})}
 
 
 def _describe(record: dict | None, path: Path, rows: int) -> str:
@@ -72,13 +76,16 @@ def _rows(metadata, sd: dict) -> tuple[list[str], int, int] | None:
 def plan_growth(path: Path, metadata, marker: dict, sd: dict, now: dict | None,
                 resume: bool) -> tuple[list[str], int]:
     """([vocab keys to grow], saved vocab size) for loading checkpoint `path` into the model
-    state dict `sd`; ([], 0) when nothing grows. ConfigError (naming both tokenizers) for a
-    vocabulary that shrinks, another base vocabulary, or a resume with another vocabulary."""
+    state dict `sd`; ([], 0) when nothing grows. ConfigError (naming both tokenizers) for
+    another tokenizer (stage_tokenizer.check_same_tokenizer: by its file's SHA-256, whatever
+    its size), a vocabulary that shrinks, another base vocabulary, or a resume with another
+    vocabulary."""
+    saved = marker.get("tokenizer")
+    check_same_tokenizer(saved, now, f"checkpoint {path}", "resume" if resume else "initial load")
     found = _rows(metadata, sd)
     if found is None or now is None:
         return [], 0
     keys, saved_rows, rows = found
-    saved = marker.get("tokenizer")
     saved_vocab = saved["vocab_size"] if saved else min(saved_rows, now["base_vocab_size"])
     if saved_rows == rows and (saved is None or saved_vocab >= now["vocab_size"]):
         return [], 0  # the same vocabulary (or one the marker does not describe)

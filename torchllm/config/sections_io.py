@@ -31,9 +31,11 @@ class Data:
     tokenizer: str = opt(
         "auto",
         "SentencePiece/tiktoken .model, .tiktoken, tokenizer.json, Hub name; auto = train a "
-        "SentencePiece model on the corpus (shards: the one in index.json); bytes = UTF-8 bytes "
-        "+ BOS/EOS (258 ids, nothing to train: character-level recipes); from_initial_load = "
-        "the one the run at checkpoint.initial_load_path trained with (a later stage)",
+        "SentencePiece model on the corpus (shards: the one in index.json), or with "
+        "checkpoint.initial_load_path the loaded model's; train = always train a new one on "
+        "the corpus (a stage: a warning, its ids differ from the loaded model's); bytes = "
+        "UTF-8 bytes + BOS/EOS (258 ids, nothing to train: character-level recipes); "
+        "from_initial_load = the one the run at checkpoint.initial_load_path trained with",
     )
     tokenizer_vocab_size: int = opt(4096, "Vocab size when auto-training a tokenizer")
     tokenizer_train_chars: int = opt(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from torchllm.config.job_config import ConfigError
 from torchllm.data.chat import ChatTokenizer, has_native_template
 from torchllm.data.kinds import Context, check_data, parse_data, parse_source
 from torchllm.data.loader import TrainLoader
@@ -45,32 +46,44 @@ def auto_tokenizer_path(dcfg, data_dir: Path) -> Path:
     return Path(data_dir) / f"tokenizer_{name}_sp{dcfg.tokenizer_vocab_size}.model"
 
 
-def build_tokenizer(job_config, data_dir: Path) -> Tokenizer:
+def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer:
     """Load data.tokenizer; for 'auto', the data's own (shards) or a SentencePiece model trained
-    once on its (first source's) text and cached.
+    once on its (first source's) text and cached; for 'train', always the trained one.
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
-    'from_initial_load': the tokenizer recorded by checkpoint.initial_load_path's checkpoint.
+    'from_initial_load' (or 'auto' with checkpoint.initial_load_path): the tokenizer of the
+    model the stage starts from (checkpoint/stage_tokenizer.py). train=False (inference: the
+    config a checkpoint was written under): 'auto' is the run's cached file, never trained.
     """
     from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
 
-    job_config = stage_tokenizer(job_config)
+    job_config = stage_tokenizer(job_config, auto=train)
     kind = parse_data(job_config.data)
-    base = _base_tokenizer(kind.tokenizer_source(), data_dir)
+    base = _base_tokenizer(kind.tokenizer_source(), data_dir, train)
     if (kind.chat or job_config.data.chat_tokens) and not has_native_template(base):
         return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
     return base
 
 
-def _base_tokenizer(kind, data_dir: Path) -> Tokenizer:
+def _base_tokenizer(kind, data_dir: Path, train: bool = True) -> Tokenizer:
+    from torchllm.checkpoint.stage_tokenizer import NEW
+
     dcfg = kind.dcfg
-    if dcfg.tokenizer != "auto":
+    if dcfg.tokenizer not in ("auto", NEW):
         return load_tokenizer(dcfg.tokenizer)
-    carried = kind.carried_tokenizer()
+    carried = kind.carried_tokenizer() if dcfg.tokenizer == "auto" else None
     if carried is not None:
         return load_tokenizer(carried)
-    texts = kind.texts()  # on every rank: a kind without text says so before the barrier
     path = auto_tokenizer_path(dcfg, data_dir)
+    if not train:
+        if not path.is_file():
+            raise ConfigError(
+                f"the run's tokenizer {path} is missing (data.tokenizer = {dcfg.tokenizer!r}: "
+                "training trained it on data.dataset and cached it there; loading a checkpoint "
+                "never trains one): copy that file from the run's data/ folder where it trained, "
+                "or pass --data.tokenizer=FILE", "data.tokenizer")
+        return load_tokenizer(path)
+    texts = kind.texts()  # on every rank: a kind without text says so before the barrier
     if _is_rank0() and not path.is_file():
         train_sentencepiece(texts, dcfg.tokenizer_vocab_size, path,
                             max_chars=dcfg.tokenizer_train_chars,

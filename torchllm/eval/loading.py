@@ -2,7 +2,7 @@
 
 Layout (written by the trainer and the checkpointer):
     <run_dir>/config.toml                     the effective config of the run
-    <run_dir>/data/                           the tokenizer cache
+    <run_dir>/data/                           the tokenizer cache (read, never trained here)
     <run_dir>/checkpoint/step-<N>/            a torch.distributed.checkpoint directory whose
                                               state dict maps "model" to the model's state_dict()
     <run_dir>/checkpoint/step-<N>/COMPLETE    written once every rank finished saving
@@ -26,10 +26,11 @@ from torch import nn
 from torchllm import models
 from torchllm.checkpoint.integrity import open_for_reading
 from torchllm.checkpoint.layout import checkpoint_config, run_folder_of
+from torchllm.checkpoint.stage_tokenizer import inference_tokenizer
 from torchllm.checkpoint.storage import join, storage_for
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
-from torchllm.data import Tokenizer, build_tokenizer
+from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
@@ -69,7 +70,7 @@ def load_for_inference(
         raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
                                 "missing; they hold the run's model config")
     cfg = load_config(["--job.config_file", str(config_path), *overrides])
-    tokenizer = build_tokenizer(cfg, run_folder_of(step_dir, cfg) / "data")
+    tokenizer = inference_tokenizer(cfg, step_dir, run_folder_of(step_dir, cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):
         model = spec.build(models.model_args(cfg, tokenizer.vocab_size))

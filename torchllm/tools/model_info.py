@@ -20,7 +20,7 @@ from torchllm.metrics.header import model_shape
 
 def tokenizer_vocab_hint(cfg) -> int | None:
     """The vocab a run would get from its tokenizer, when knowable without loading one."""
-    return cfg.data.tokenizer_vocab_size if cfg.data.tokenizer == "auto" else None
+    return cfg.data.tokenizer_vocab_size if cfg.data.tokenizer in ("auto", "train") else None
 
 
 def model_info(cfg) -> dict:
