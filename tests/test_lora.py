@@ -169,3 +169,46 @@ def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
     assert (ours - theirs).abs().max() < tol
     assert (ours - merged_logits).abs().max() < tol
     assert (ours - without).abs().max() > 100 * tol  # the adapters matter at this tolerance
+
+
+@pytest.fixture(scope="module")
+def lora_run(base_run):
+    """A LoRA run (in-process, 2 steps) from base_run's checkpoint: the adapters moved."""
+    Trainer(load_config(lora_args(base_run, "lora", "--training.steps=2", "--lora.dropout=0.1",
+                                  "--checkpoint.interval=2"))).train()
+    return base_run / "lora"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, family):
+    """peft on the --adapter export, and transformers on the merged one, vs torchllm (Llama:
+    the RoPE row permutation of wq/wk applies to lora_B; Qwen3: none)."""
+    from torchllm.checkpoint.hf import main as hf_main
+
+    run = lora_run
+    if family != "llama3":  # a Qwen3 LoRA run on the base run's tokenizer (fresh weights)
+        run = base_run / family
+        if not run.exists():
+            tok = next((base_run / "debug_model" / "data").glob("*.model"))
+            Trainer(load_config(lora_args(
+                base_run, family, f"--model.name={family}", "--checkpoint.initial_load_path=",
+                f"--data.tokenizer={tok}", "--training.steps=2", "--checkpoint.interval=2",
+                "--model.flavor=debug"))).train()
+    adapter, merged = base_run / f"{family}_adapter", base_run / f"{family}_merged"
+    for out, extra in ((adapter, ["--adapter"]), (merged, [])):
+        assert hf_main(["export", "--checkpoint", str(run), "--out", str(out), "--overwrite",
+                        *extra]) == 0
+    assert_exports_match(run, adapter, merged)
+
+
+@pytest.mark.slow
+def test_resume_with_other_lora_settings_is_one_line_naming_the_key(base_run, lora_run):
+    for flag, key in (("--lora.rank=4", "lora.rank"),
+                      ("--lora.target_modules=wq,wv", "lora.target_modules"),
+                      ("--lora.enable=false", "lora.enable")):
+        cfg = load_config(lora_args(base_run, "lora", "--training.steps=3", flag))
+        with pytest.raises(ConfigError) as e:
+            Trainer(cfg)
+        assert f"the checkpoint was saved with {key} = " in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
