@@ -741,6 +741,14 @@ MUTANTS = [
         "    if True:\n        return {}",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
+    Mutant(
+        "estimate_lora_frozen_grads",
+        "the memory estimator gives LoRA's frozen weights gradients and optimizer state",
+        "torchllm/tools/estimate_memory.py",
+        "    trained, grad_block = params, block_split\n    if cfg.lora.enable:",
+        "    trained, grad_block = params, block_split\n    if False:",
+        ("tests/test_lora.py::test_memory_estimate_counts_lora_as_the_benchmark_measures",),
+    ),
 ]
 
 

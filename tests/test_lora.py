@@ -4,6 +4,7 @@ against peft and transformers (independent implementations of the same model).""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -212,3 +213,28 @@ def test_resume_with_other_lora_settings_is_one_line_naming_the_key(base_run, lo
             Trainer(cfg)
         assert f"the checkpoint was saved with {key} = " in str(e.value), str(e.value)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_memory_estimate_counts_lora_as_the_benchmark_measures(tmp_path):
+    """benchmarks/bench_lora_memory.py on a tiny shape: the estimator's params + grads +
+    optimizer terms within 10% of the bytes of the real tensors after a step, full and LoRA;
+    LoRA's frozen weights have no gradients and no optimizer state."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_lora_memory",
+                                                  REPO / "benchmarks" / "bench_lora_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lora_memory.json"
+    result = bench.main(["--dim=64", "--n-layers=2", "--vocab=512", "--seq-len=16",
+                         f"--out={out}"])
+    assert json.loads(out.read_text()) == result
+    full, lora = result["runs"]
+    for run in (full, lora):
+        assert 0.9 < run["ratio"] < 1.1, run
+        for term, measured in run["measured_bytes"].items():
+            assert abs(run["estimated_bytes"][term] - measured) <= 0.1 * measured, (term, run)
+    assert lora["measured_bytes"]["grads"] == 4 * lora["trainable_params"]
+    assert lora["trainable_params"] < full["trainable_params"] / 4
+    assert lora["measured_total"] < full["measured_total"] / 2
