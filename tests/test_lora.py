@@ -238,3 +238,58 @@ def test_memory_estimate_counts_lora_as_the_benchmark_measures(tmp_path):
     assert lora["measured_bytes"]["grads"] == 4 * lora["trainable_params"]
     assert lora["trainable_params"] < full["trainable_params"] / 4
     assert lora["measured_total"] < full["measured_total"] / 2
+
+
+@pytest.mark.slow
+def test_lora_on_two_ranks_matches_one_process(tmp_path):
+    """FSDP2 (frozen and trainable parameters in one unit), DDP (only the adapters bucketed),
+    and FSDP2 with AC + compile: the losses and grad norms of a single process's LoRA run."""
+    from test_parallel_multiprocess import assert_matches, launch, run_reference
+
+    lora = ("--lora.enable", "--lora.rank=4")
+    ref = run_reference(tmp_path, *lora)
+    runs = {"fsdp": [*lora, "--training.local_batch_size=4"],
+            "ddp": [*lora, "--parallelism.dp_mode=ddp", "--training.local_batch_size=4"],
+            "fsdp_ac_compiled": [*lora, "--activation_checkpoint.mode=selective",
+                                 "--compile.enable", "--compile.backend=aot_eager",
+                                 "--training.local_batch_size=2"],  # + 2 accumulation steps
+            "fsdp_bf16": [*lora, "--training.mixed_precision=bf16",
+                          "--training.local_batch_size=4"]}
+    got = launch(tmp_path, 2, runs)
+    for name in ("fsdp", "ddp", "fsdp_ac_compiled"):
+        assert_matches(got[name], ref, loose=False)
+    assert got["fsdp_bf16"]["precision"] == "bf16 FSDP2 params"
+    assert got["fsdp_bf16"]["loss"] == pytest.approx(ref["loss"], rel=2e-2)
+
+
+@pytest.mark.slow
+def test_lora_sft_on_conversations_from_a_base_checkpoint(base_run):
+    """Chat data (loss on the replies only; the template's tokens grow the base's vocabulary),
+    lora.train_embeddings, bf16 autocast, full AC and compile, from base_run's checkpoint: the
+    frozen weights stay bit-identical, the adapters and the embedding tables train, and only
+    they have optimizer state."""
+    from test_data_chat import write_chat
+
+    data = write_chat(base_run / "sft.jsonl", [
+        [{"role": "user", "content": f"Name a {w}."}, {"role": "assistant", "content": a}]
+        for w, a in (("fruit", "An apple."), ("color", "Blue."), ("tool", "A hammer."))] * 4)
+    trainer = Trainer(load_config(lora_args(
+        base_run, "sft_lora", f"--data.dataset=chat:{data}", "--data.val_fraction=0",
+        "--data.chat_packing=pad", "--lora.train_embeddings", "--training.steps=2",
+        "--training.mixed_precision=bf16", "--activation_checkpoint.mode=full",
+        "--compile.enable", "--compile.backend=aot_eager", "--checkpoint.enable=false")))
+    batch = trainer.train_loader.dataset.batch(0)
+    assert 0 < int((batch["targets"] != -100).sum()) < batch["targets"].numel() // 2
+    trained = {n.replace("_checkpoint_wrapped_module.", "")  # (AC's wrapper: not in state_dict)
+               for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained == {n for n in trained if ".lora_" in n} | {"tok_embeddings.weight",
+                                                                "output.weight"}
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    losses = trainer.train()
+    assert len(losses) == 2 and all(map(math.isfinite, losses)) and trainer.bf16
+    after = trainer.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed <= trained  # every frozen tensor bit-identical
+    assert {k for k in trained if not k.endswith("lora_A.weight")} <= changed
+    state_of = {id(p) for p in trainer.optimizer.state}
+    assert state_of == {id(p) for p in trainer.model.parameters() if p.requires_grad}
