@@ -293,3 +293,20 @@ def test_lora_sft_on_conversations_from_a_base_checkpoint(base_run):
     assert {k for k in trained if not k.endswith("lora_A.weight")} <= changed
     state_of = {id(p) for p in trainer.optimizer.state}
     assert state_of == {id(p) for p in trainer.model.parameters() if p.requires_grad}
+
+
+@pytest.mark.slow
+def test_evals_read_a_lora_checkpoint(base_run, lora_run, tmp_path):
+    """python -m torchllm.eval.loss on the LoRA run builds the LoRA model from the run's config
+    (the adapters load and count: another loss than the base's on the same windows)."""
+    from torchllm.eval import loss
+
+    results = {}
+    for name, run in (("base", base_run / "debug_model"), ("lora", lora_run)):
+        out = tmp_path / f"{name}.json"
+        assert loss.main(["--checkpoint", str(run), "--data", "embedded", "--max-tokens", "2000",
+                          "--steps", "2", "--device", "cpu", "--json", str(out)]) == 0
+        results[name] = json.loads(out.read_text())
+    assert results["lora"]["tokens"] == results["base"]["tokens"] > 0
+    assert math.isfinite(results["lora"]["loss"])
+    assert abs(results["lora"]["loss"] - results["base"]["loss"]) > 1e-4
