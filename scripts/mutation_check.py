@@ -1144,6 +1144,57 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::"
          "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
     ),
+    Mutant(
+        "lora_b_random_init", "LoRA's B starts random (step 0 is no longer the base model)",
+        "torchllm/models/lora.py",
+        "        nn.init.zeros_(self.lora_B.weight)",
+        "        nn.init.normal_(self.lora_B.weight, std=0.02)",
+        ("tests/test_lora.py::test_adapters_start_as_the_base_model_with_peft_init",),
+    ),
+    Mutant(
+        "lora_base_not_frozen", "LoRA freezes only the wrapped linears (norms, embeddings train)",
+        "torchllm/models/lora.py",
+        "    for p in model.parameters():\n        p.requires_grad_(False)\n",
+        "",
+        ("tests/test_lora.py::test_adapters_start_as_the_base_model_with_peft_init",),
+    ),
+    Mutant(
+        "lora_scaling_alpha_only", "LoRA's update is scaled by alpha, not alpha / rank",
+        "torchllm/models/lora.py",
+        "        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank",
+        "        self.rank, self.alpha, self.scaling = rank, alpha, alpha",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
+    ),
+    Mutant(
+        "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
+        "torchllm/checkpoint/hf_lora.py",
+        "            b = _rope_meta_to_hf(b, heads)",
+        "            pass",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
+    ),
+    Mutant(
+        "lora_merge_without_scaling", "the merged export adds B @ A without alpha / rank",
+        "torchllm/models/lora.py",
+        "        out[f\"{name}.weight\"] = (w.float() + scaling * (b @ a)).to(w.dtype)",
+        "        out[f\"{name}.weight\"] = (w.float() + b @ a).to(w.dtype)",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
+    ),
+    Mutant(
+        "lora_initial_load_needs_adapters",
+        "a LoRA run's initial load requires the adapters in the base checkpoint",
+        "torchllm/models/lora.py",
+        "    if resume or \"model\" not in sds:\n        return {}",
+        "    if True:\n        return {}",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
+    ),
+    Mutant(
+        "estimate_lora_frozen_grads",
+        "the memory estimator gives LoRA's frozen weights gradients and optimizer state",
+        "torchllm/tools/estimate_memory.py",
+        "    trained, grad_block = params, block_split\n    if cfg.lora.enable:",
+        "    trained, grad_block = params, block_split\n    if False:",
+        ("tests/test_lora.py::test_memory_estimate_counts_lora_as_the_benchmark_measures",),
+    ),
 ]
 
 

@@ -1,7 +1,7 @@
 """Hugging Face interop: export a checkpoint as a `transformers` model folder, import one back.
 
     python -m torchllm.checkpoint.hf export --checkpoint RUN_OR_CKPT --out HF_DIR
-        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--overwrite]
+        [--dtype bfloat16] [--max-shard-size 5GB] [--vocab-size N] [--overwrite] [--adapter]
         [--section.key=value ...]
     python -m torchllm.checkpoint.hf import --hf HF_DIR --out CKPT/step-0
         --job.config_file RUN.toml [--dtype float32] [--overwrite] [--section.key=value ...]
@@ -46,6 +46,7 @@ from torchllm.checkpoint.layout import (
 from torchllm.checkpoint.storage import is_url, join, storage_for
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
+from torchllm.models.lora import plain_weights
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -173,8 +174,11 @@ def _tokenizer_of(cfg, step_path, run_dir: Path):
 
 def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = (),
               dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
-              vocab_size: int | None = None, overwrite: bool = False) -> Path:
-    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder. An fsspec
+              vocab_size: int | None = None, overwrite: bool = False,
+              lora: str = "merge") -> Path:
+    """Write a Hugging Face model folder from a DCP checkpoint; returns the folder. A LoRA
+    run's model is merged (W + alpha/rank * B @ A), or with lora="base" its base alone. An
+    fsspec
     URL `out` (s3://bucket/prefix) gets a local export uploaded file by file, config.json last.
 
     It is written beside `out` and renamed when complete; a non-empty `out` is refused (stale
@@ -202,7 +206,8 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
                           "found); pass --vocab-size")
     args = models.model_args(cfg, vocab)
-    weights = load_dcp_weights(step_path, opened=True)
+    weights = plain_weights(load_dcp_weights(step_path, opened=True), cfg,
+                            merge=lora == "merge")
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
     if saved_vocab != args.vocab_size:
         raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "
@@ -372,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=None,
                    help="unpadded vocab (default: model.vocab_size, else the run's tokenizer)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--adapter", action="store_true",
+                   help="LoRA run: a PEFT adapter folder, its base model in OUT/base "
+                        "(default: the merged model)")
     p = sub.add_parser("import", help="Hugging Face model folder -> DCP seed checkpoint",
                        epilog="The target model comes from --job.config_file FILE and other "
                               "--section.key=value config overrides.")
@@ -382,7 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args, overrides = parser.parse_known_args(argv)
     try:
-        if args.command == "export":
+        if args.command == "export" and args.adapter:
+            from torchllm.checkpoint.hf_lora import export_adapter
+
+            export_adapter(args.checkpoint, args.out, overrides, args.dtype,
+                           parse_size(args.max_shard_size), args.vocab_size, args.overwrite)
+        elif args.command == "export":
             export_hf(args.checkpoint, args.out, overrides, args.dtype,
                       parse_size(args.max_shard_size), args.vocab_size, args.overwrite)
         else:

@@ -33,6 +33,7 @@ from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, p
 from torchllm.config.job_config import ConfigError
 from torchllm.data.fingerprint import changes as data_changes
 from torchllm.log import logger
+from torchllm.models.lora import checkpoint_misfit, fresh_adapters
 
 
 class LoadingMixin:
@@ -216,7 +217,7 @@ class LoadingMixin:
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
         # 1. Rank-local checks, before any collective: checksums (each rank a share of the
         # files), config fit (keys, shapes, batch size), and the templates to load into.
-        sds, problem, misfit, grow = {}, None, None, None
+        sds, problem, misfit, grow, fresh = {}, None, None, None, {}
         try:
             marker = read_marker(path)
             if self.cfg.checksums:
@@ -227,9 +228,12 @@ class LoadingMixin:
                 metadata = storage_for(path).reader(path).read_metadata()
                 present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
                 sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
+                fresh = fresh_adapters(sds, metadata, resume)  # LoRA on a base checkpoint
                 grow = self._plan_growth(path, metadata, marker, sds, resume)
                 mismatch = structure_mismatch(
                     metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
+                if mismatch and (lora := checkpoint_misfit(path, self.run_info.get("config_toml"))):
+                    raise ConfigError(*lora)
                 if mismatch:
                     raise ConfigError(
                         f"checkpoint {path} does not fit this model (saved shapes in "
@@ -255,6 +259,8 @@ class LoadingMixin:
         try:
             if grow:
                 self._grow(sds["model"], *grow)
+            if fresh:
+                sds["model"].update(fresh)
             for key, sd in sds.items():
                 self.states[key].load_state_dict(sd)
         except ConfigError as e:

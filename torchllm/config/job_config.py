@@ -18,6 +18,7 @@ from torchllm.config.sections import (
     Float8,
     Job,
     LRScheduler,
+    Lora,
     Metrics,
     Model,
     Optimizer,
@@ -83,6 +84,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
+    lora: Lora = field(default_factory=Lora)
     data: Data = field(default_factory=Data)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
@@ -107,7 +109,7 @@ class JobConfig:
             "training.loss_chunk_tokens", "model.vocab_pad_multiple", "metrics.log_freq",
             "checkpoint.interval", "validation.freq", "validation.steps", "validation.max_tokens",
             "eval.max_new_tokens", "eval.hellaswag_batch_size", "eval.tasks_batch_size",
-            "comm.init_timeout_seconds", "comm.train_timeout_seconds",
+            "comm.init_timeout_seconds", "comm.train_timeout_seconds", "lora.rank",
         ]
         at_least_one = ["data.prefetch_factor", "data.tokenizer_vocab_size",
                         "data.tokenizer_train_chars", "metrics.loss_spike_window",

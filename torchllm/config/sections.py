@@ -323,6 +323,26 @@ class Float8:
     )
 
 
+
+@dataclass
+class Lora:
+    enable: bool = opt(
+        False, "LoRA fine-tuning: freeze every base weight and train a low-rank update B @ A "
+        "(x alpha / rank) beside each targeted linear layer (docs/lora.md)"
+    )
+    rank: int = opt(8, "Rank r of each adapter (A: r x in, B: out x r)")
+    alpha: float = opt(16.0, "Scale of the update: alpha / rank", POSITIVE)
+    dropout: float = opt(0.0, "Dropout on the adapters' input in training (0 = off)", BELOW_ONE)
+    target_modules: list[str] = opt(
+        [], "Linear layers that get adapters, by their name in a block (llama3, qwen3: wq, wk, "
+        "wv, wo, w1, w2, w3; qwen3_moe: wq, wk, wv, wo; gpt2: wq, wk, wv, wo, w1, w2); [] = "
+        "all of the family's"
+    )
+    train_embeddings: bool = opt(
+        False, "Also train the embedding table(s) and the output head (whole, not low-rank)"
+    )
+
+
 # Data, metrics, profiling, checkpoint, validation and evaluation: sections_io.py.
 from torchllm.config.sections_io import (  # noqa: E402  (re-exported: one import path)
     Checkpoint, Data, DataSource, Eval, Metrics, Profiling, Validation,

@@ -32,6 +32,7 @@ from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
+from torchllm.models.lora import build_with_lora, init_weights
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
@@ -72,10 +73,10 @@ def load_for_inference(
     cfg = load_config(["--job.config_file", str(config_path), *overrides])
     tokenizer = inference_tokenizer(cfg, step_dir, run_folder_of(step_dir, cfg) / "data")
     spec = models.get(cfg.model.name)
-    with torch.device("meta"):
-        model = spec.build(models.model_args(cfg, tokenizer.vocab_size))
+    with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
+        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg)
     model.to_empty(device=device)
-    model.init_weights(buffer_device=torch.device(device))  # buffers (RoPE) are not saved
+    init_weights(model, buffer_device=torch.device(device))  # buffers (RoPE) are not saved
     state = model.state_dict()
     with warnings.catch_warnings():  # one process without a group is the intended use here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)

@@ -209,6 +209,8 @@ def model_shape(args) -> str:
 
 def trainer_header(trainer, counts: dict[str, int]) -> str:
     """The header of a built Trainer (duck-typed: its config, model, loaders and layout)."""
+    from torchllm.models.lora import parameter_summary  # (LoRA: how many parameters train)
+
     cfg, tcfg = trainer.cfg, trainer.cfg.training
     return run_header(
         cfg, run_dir=trainer.run_dir,
@@ -216,7 +218,8 @@ def trainer_header(trainer, counts: dict[str, int]) -> str:
                     f"{counts['params']:,} params "
                     f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
                     "vocab "
-                    f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"),
+                    f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"
+                    f"{parameter_summary(trainer.model, cfg)}"),
         parallel_line=parallel_summary(trainer.parallel_dims, trainer.device,
                                        trainer.precision_name(), cfg),
         batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "

@@ -26,6 +26,8 @@ class ModelSpec:
     flavors: dict[str, Any]
     # parallelize_fn(model, parallel_dims, job_config) applies TP/float8/AC/compile/FSDP|DDP in place.
     parallelize_fn: Callable[..., None]
+    # The linear layers (their names inside a block) lora.target_modules may name (models/lora.py).
+    lora_targets: tuple[str, ...] = ()
 
     def build(self, args) -> nn.Module:
         return self.model_cls(args)

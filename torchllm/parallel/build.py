@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from torchllm.models.lora import build_with_lora
 from torchllm.parallel.init import init_model_weights
 from torchllm.parallel.pipeline_schedule import Pipeline
 
@@ -17,9 +18,9 @@ def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn):
     if parallel_dims.pp_enabled:
         pipeline = Pipeline.build(spec, model_args, parallel_dims, cfg, device, loss_fn)
         return pipeline.model, pipeline
-    with torch.device("meta"):
-        model = spec.build(model_args)
+    with torch.device("meta"):  # (lora.enable: with adapters, base frozen; models/lora.py)
+        model = build_with_lora(spec, model_args, cfg)
     spec.parallelize_fn(model, parallel_dims, cfg)
-    init_model_weights(model, lambda: spec.build(model_args), device, cfg.job.seed,
-                       cfg.parallelism.fsdp_cpu_offload)
+    init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg), device,
+                       cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
     return model, None

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from torchllm.models.lora import init_weights
+
 
 def has_sharded_params(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -39,14 +41,14 @@ def init_model_weights(
     if not sharded:
         model.to_empty(device="cpu")
         torch.manual_seed(seed)
-        model.init_weights(buffer_device=torch.device("cpu"))
+        init_weights(model, buffer_device=torch.device("cpu"))  # (+ LoRA adapters)
         model.to(device)
         return
     model.to_empty(device="cpu" if cpu_offload else device)
     torch.manual_seed(seed)
     with warnings.catch_warnings():  # CPU DTensors warn that their RNG is not sharding-aware
         warnings.filterwarnings("ignore", "DTensor random operators")
-        model.init_weights(buffer_device=torch.device("cpu"))  # values replaced just below
+        init_weights(model, buffer_device=torch.device("cpu"))  # values replaced just below
     _move_buffers(model, device)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -63,7 +65,7 @@ def seeded_full_state(build_full: Callable[[], nn.Module], seed: int) -> dict:
         full = build_full()
     full.to_empty(device="cpu")
     torch.manual_seed(seed)
-    full.init_weights(buffer_device=torch.device("cpu"))
+    init_weights(full, buffer_device=torch.device("cpu"))
     return full.state_dict()
 
 

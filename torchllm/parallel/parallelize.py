@@ -7,6 +7,7 @@ from torch import nn
 
 from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.log import logger
+from torchllm.models.lora import check_lora
 from torchllm.parallel.ac import apply_ac, parse_selective_option
 from torchllm.parallel.compile import apply_compile, check_components
 from torchllm.parallel.context_parallel import apply_cp
@@ -77,6 +78,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
+    check_lora(job_config, dims)
     check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
     return dims

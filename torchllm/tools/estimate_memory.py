@@ -50,6 +50,7 @@ from torchllm.config import ConfigError, load_config
 from torchllm.device import resolve_device
 from torchllm.loss import plain_kernels
 from torchllm.metrics.flops import flops_per_token, parameter_counts
+from torchllm.models.lora import LoRALinear, build_with_lora
 from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
@@ -108,6 +109,16 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
         # and the FFN's 4 x hidden (measured with saved-tensor hooks, debug Llama on CPU).
         return tokens * (5 * dim * FP32 + (7 * dim + 2 * kv_dim + 4 * hidden) * act) + stats
     return tokens * (attention + ffn) * act + stats
+
+
+def lora_activation_bytes(model, cfg, tokens: int, act: int) -> int:
+    """What one block's adapters keep for backward (lora.enable, no AC): each A's output (rank
+    per token) for B, and with lora.dropout each dropped input and its mask (1 byte)."""
+    if not cfg.lora.enable or cfg.activation_checkpoint.mode != "none":
+        return 0
+    wrapped = [m for m in model.layers["0"].modules() if isinstance(m, LoRALinear)]
+    dropout = cfg.lora.dropout > 0
+    return sum(tokens * (m.rank * act + dropout * m.in_features * (act + 1)) for m in wrapped)
 
 
 def moe_params(model) -> dict[str, int]:
@@ -187,8 +198,8 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     parallelism, those of the pipeline rank with the largest peak (`pp_rank`)."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     dims.validate()
-    with torch.device("meta"):
-        model = models.get(cfg.model.name).build(model_args)
+    with torch.device("meta"):  # (lora.enable: with its adapters, the base frozen)
+        model = build_with_lora(models.get(cfg.model.name), model_args, cfg)
     counts = parameter_counts(model)
     tcfg = cfg.training
     # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
@@ -233,16 +244,28 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     moe_sum = sum(moe_by_block[str(b)] for b in rank["blocks"])
     split_sum = sum(p.numel() for m in mine for p in m.parameters()) - moe_sum
     if rank["first"] and rank["last"]:  # the whole model: every parameter outside the blocks
-        root_params = (sum(p.numel() for p in model.parameters())
-                       - sum(p.numel() for p in model.layers.parameters()))
+        in_blocks = {id(p) for p in model.layers.parameters()}
+        root = [p for p in model.parameters() if id(p) not in in_blocks]
     else:  # a pipeline rank: the embedding on the first stage, final norm and head on the last
-        root_params = (model.tok_embeddings.weight.numel() if rank["first"] else 0) + (sum(
-            p.numel() for m in (model.norm, model.output) if m is not None
-            for p in m.parameters()) if rank["last"] else 0)
+        root = [p for m in [model.tok_embeddings] * rank["first"]
+                + [m for m in (model.norm, model.output) if m is not None] * rank["last"]
+                for p in m.parameters()]
+    root_params = sum(p.numel() for p in root)
 
-    params = ((root_params + split_sum) * FP32 // shard + moe_sum * FP32 // (shard // dims.tp))
-    terms = {"params": params, "grads": params, "optimizer": 2 * params}
-    terms["ddp_buckets"] = params if dims.ddp_enabled else 0
+    def sharded(root_part: int, split: int, moe_part: int) -> int:
+        return (root_part + split) * FP32 // shard + moe_part * FP32 // (shard // dims.tp)
+
+    params = sharded(root_params, split_sum, moe_sum)
+    # Gradients and AdamW moments exist for the parameters that train: all of them, or with
+    # LoRA the adapters (and lora.train_embeddings' tables); frozen weights have neither.
+    trained, grad_block = params, block_split
+    if cfg.lora.enable:
+        def n_trained(ps) -> int:
+            return sum(p.numel() for p in ps if p.requires_grad)
+        trained = sharded(n_trained(root), n_trained(p for m in mine for p in m.parameters()), 0)
+        grad_block = n_trained(model.layers["0"].parameters())  # unsharded block gradients
+    terms = {"params": params, "grads": trained, "optimizer": 2 * trained}
+    terms["ddp_buckets"] = trained if dims.ddp_enabled else 0
     block = block_split * act // dims.tp + moe * act  # one block's gathered params
     root = root_params * act // dims.tp  # embedding, norm, head
     if dims.fsdp_enabled:
@@ -252,8 +275,8 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
         terms["gathered_params"] = root + kept * block
         # In a block's backward: it and the prefetched next are gathered, and two blocks'
         # unsharded float32 gradients exist (one being computed, one being reduce-scattered).
-        block_backward_extra = (max(0, 2 - kept) * block + 2 * block_split * FP32 // dims.tp
-                                + 2 * moe * FP32)
+        block_backward_extra = (max(0, 2 - kept) * block + 2 * grad_block * FP32 // dims.tp
+                                + 2 * moe * FP32 * (not cfg.lora.enable))
     else:
         terms["gathered_params"] = block_backward_extra = 0
 
@@ -263,6 +286,7 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     autocast = act != FP32 and not dims.fsdp_enabled  # (FSDP2 runs bf16 params instead)
     per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option,
                                            autocast)
+    per_block += lora_activation_bytes(model, cfg, tokens, act)
     if ac.mode == "selective" and ac.selective_option.isdigit():
         every = int(ac.selective_option)
         full = activation_bytes_per_block(model_args, tokens, act, "full", "")

@@ -6,7 +6,9 @@ from torchllm.models.registry import ModelSpec, register
 from torchllm.parallel.parallelize import parallelize_llama
 
 register(
-    ModelSpec(name="llama3", model_cls=Transformer, flavors=flavors, parallelize_fn=parallelize_llama)
+    ModelSpec(name="llama3", model_cls=Transformer, flavors=flavors,
+              parallelize_fn=parallelize_llama,
+              lora_targets=("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
 )
 
 __all__ = ["LlamaArgs", "Transformer", "flavors"]

@@ -6,8 +6,10 @@ from torchllm.models.registry import ModelSpec, register
 from torchllm.parallel.parallelize import parallelize_llama
 
 register(ModelSpec(name="qwen3", model_cls=Qwen3, flavors=flavors,
-                   parallelize_fn=parallelize_llama))
+                   parallelize_fn=parallelize_llama,
+                   lora_targets=("wq", "wk", "wv", "wo", "w1", "w2", "w3")))
+# MoE: the attention's linears (the experts are batched weights, not nn.Linear layers).
 register(ModelSpec(name="qwen3_moe", model_cls=Qwen3, flavors=moe_flavors,
-                   parallelize_fn=parallelize_llama))
+                   parallelize_fn=parallelize_llama, lora_targets=("wq", "wk", "wv", "wo")))
 
 __all__ = ["Qwen3", "Qwen3Args", "flavors", "moe_flavors"]

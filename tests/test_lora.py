@@ -1,0 +1,312 @@
+"""LoRA fine-tuning ([lora], torchllm/models/lora.py): frozen base, PEFT's init, the shipped
+config through ./run_train.sh from a base checkpoint, exact resume, and the exports checked
+against peft and transformers (independent implementations of the same model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from torchllm.checkpoint.convert import load_dcp_weights
+from torchllm.config import ConfigError, load_config
+from torchllm.models.lora import LoRALinear, check_lora, is_adapter_key
+from torchllm.train import Trainer
+
+from conftest import REPO, build_model, tiny_args
+
+CONFIG = "train_configs/llama3_debug_sft_lora.toml"
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """A plain (pre-trained) run's checkpoint: the base every LoRA run here starts from."""
+    tmp = tmp_path_factory.mktemp("lora")
+    Trainer(load_config(tiny_args(tmp, "--job.run_name=debug_model", "--data.dataset=embedded",
+                                  "--training.steps=2", "--checkpoint.enable"))).train()
+    return tmp
+
+
+def lora_args(tmp, name: str, *extra: str) -> list[str]:
+    """The shipped LoRA config, tiny, from base_run's checkpoint."""
+    return tiny_args(tmp, f"--job.config_file={REPO / CONFIG}", f"--job.run_name={name}",
+                     f"--checkpoint.initial_load_path={tmp / 'debug_model'}",
+                     "--optimizer.lr=1e-2", "--lr_scheduler.warmup_steps=1", *extra)
+
+
+def test_adapters_start_as_the_base_model_with_peft_init():
+    from torchllm import models
+    from torchllm.models.lora import apply_lora, init_weights
+
+    cfg = load_config(["--model.flavor=debug", "--lora.enable", "--model.vocab_size=256"])
+    args = models.model_args(cfg)
+    spec = models.get("llama3")
+    plain = build_model(spec.model_cls, args, seed=3)
+    with torch.device("meta"):
+        lora = spec.build(args)
+        wrapped = apply_lora(lora, cfg)
+    lora.to_empty(device="cpu")
+    torch.manual_seed(3)
+    init_weights(lora)
+    assert len(wrapped) == 7 * args.n_layers and "layers.0.attention.wq" in wrapped
+    # Base weights keep their names and values (same seed, same draws); only adapters train.
+    base = {k: v for k, v in lora.state_dict().items() if not is_adapter_key(k)}
+    assert base.keys() == plain.state_dict().keys()
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in base.items())
+    assert {n for n, p in lora.named_parameters() if p.requires_grad} == {
+        n for n in lora.state_dict() if ".lora_" in n}
+    tokens = torch.randint(0, 256, (2, 16))
+    assert torch.equal(lora(tokens), plain(tokens))  # B = 0: step 0 is the base model
+    wq = lora.layers["0"].attention.wq
+    assert isinstance(wq, LoRALinear) and wq.scaling == 16 / 8
+    assert torch.count_nonzero(wq.lora_B.weight) == 0
+    bound = 1 / math.sqrt(wq.in_features)  # kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), ..)
+    a = wq.lora_A.weight
+    assert a.abs().max() <= bound and a.abs().max() > 0.95 * bound
+    assert a.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+
+
+def test_bad_lora_values_are_one_line_errors_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"^flag --lora.rank=0: lora.rank = 0: must be a positive integer$"):
+        load_config(["--lora.enable", "--lora.rank=0"])
+    cfg = load_config(["--lora.enable", "--lora.target_modules=wq,q_proj"])
+    with pytest.raises(ConfigError) as e:
+        check_lora(cfg)
+    assert e.value.key == "lora.target_modules" and "\n" not in str(e.value)
+    assert "no linear layer 'q_proj'" in str(e.value) and "allowed: wq, wk, wv, wo, w1" in str(
+        e.value)
+    gpt2 = load_config(["--lora.enable", "--model.name=gpt2", "--lora.target_modules=w3"])
+    with pytest.raises(ConfigError, match="gpt2 has no linear layer 'w3'"):
+        check_lora(gpt2)
+    with pytest.raises(ConfigError, match="lora.enable with float8.enable is not supported"):
+        check_lora(load_config(["--lora.enable", "--float8.enable", "--float8.emulate"]))
+    from torchllm.train import main
+
+    assert main(tiny_args(tmp_path, "--lora.enable", "--lora.target_modules=gate")) == 2
+
+
+def train_losses(out: str) -> list[float]:
+    return [float(line.split("| loss ")[1].split()[0]) for line in out.splitlines()
+            if "| loss " in line]
+
+
+def run_train_sh(tmp, name: str, *extra: str) -> list[float]:
+    env = {**os.environ, "CONFIG_FILE": CONFIG, "NGPU": "1", "OMP_NUM_THREADS": "1"}
+    args = lora_args(tmp, name, "--checkpoint.interval=2", *extra)
+    args.remove(f"--job.config_file={REPO / CONFIG}")  # (CONFIG_FILE names it)
+    proc = subprocess.run(["./run_train.sh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    header = re.sub(r"\s*\n(\[rank0\]:)?\s*", " ", out)  # (the header wraps its lines)
+    assert re.search(r"LoRA r=8 alpha=16 on wq, wk, wv, wo, w1, w2, w3: [\d,]+ of [\d,]+ params "
+                     r"train \(\d\.\d\d%\)", header)
+    return train_losses(proc.stdout)
+
+
+@pytest.mark.slow
+def test_shipped_config_trains_adapters_only_resumes_exactly_and_exports(base_run, capsys):
+    """CONFIG_FILE=train_configs/llama3_debug_sft_lora.toml ./run_train.sh from a base
+    checkpoint: every base tensor bit-identical after training; two launches (stopped after
+    step 2, resumed) give the straight run's losses; the --adapter export in peft and the
+    merged export in plain transformers give torchllm's logits."""
+    from torchllm.checkpoint.hf import main as hf_main
+
+    straight = run_train_sh(base_run, "straight")
+    first = run_train_sh(base_run, "resumed", "--training.stop_after_steps=2")
+    assert run_train_sh(base_run, "resumed") == straight[2:] and first == straight[:2]
+    assert len(straight) == 4
+
+    base = load_dcp_weights(base_run / "debug_model")
+    tuned = load_dcp_weights(base_run / "straight")
+    assert base.keys() == {k for k in tuned if not is_adapter_key(k)}
+    assert all(torch.equal(base[k], tuned[k]) for k in base)  # frozen: bit-identical
+    assert all(tuned[k].abs().max() > 0 for k in tuned if k.endswith("lora_B.weight"))
+
+    run = base_run / "straight"
+    adapter, merged = base_run / "hf_adapter", base_run / "hf_merged"
+    assert hf_main(["export", "--checkpoint", str(run), "--out", str(adapter), "--adapter"]) == 0
+    assert hf_main(["export", "--checkpoint", str(run), "--out", str(merged)]) == 0
+    assert_exports_match(run, adapter, merged)
+
+    from torchllm import generate
+
+    capsys.readouterr()
+    assert generate.main(["--checkpoint", str(run), "--prompt", "The", "--max-new-tokens",
+                          "3", "--temperature", "0"]) == 0
+    assert "### completion 1" in capsys.readouterr().out
+
+
+def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
+    """torchllm's LoRA model (as generate and the evals load it) vs peft on the exported base
+    + adapter, and vs plain transformers on the merged export (float32)."""
+    import json
+
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from torchllm.eval.loading import load_for_inference
+
+    model, _, tok = load_for_inference(run, "cpu")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["task_type"]) == ("LORA", "CAUSAL_LM")
+    assert config["base_model_name_or_path"] == str((adapter / "base").absolute())
+    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids)[..., : tok.vocab_size]
+        base = AutoModelForCausalLM.from_pretrained(adapter / "base", dtype=torch.float32)
+        with_adapter = peft.PeftModel.from_pretrained(base, adapter).eval()
+        assert isinstance(with_adapter.base_model, peft.LoraModel)
+        theirs = with_adapter(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+        merged_logits = plain(ids).logits
+        with with_adapter.disable_adapter():
+            without = with_adapter(ids).logits
+    assert (ours - theirs).abs().max() < tol
+    assert (ours - merged_logits).abs().max() < tol
+    assert (ours - without).abs().max() > 100 * tol  # the adapters matter at this tolerance
+
+
+@pytest.fixture(scope="module")
+def lora_run(base_run):
+    """A LoRA run (in-process, 2 steps) from base_run's checkpoint: the adapters moved."""
+    Trainer(load_config(lora_args(base_run, "lora", "--training.steps=2", "--lora.dropout=0.1",
+                                  "--checkpoint.interval=2"))).train()
+    return base_run / "lora"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, family):
+    """peft on the --adapter export, and transformers on the merged one, vs torchllm (Llama:
+    the RoPE row permutation of wq/wk applies to lora_B; Qwen3: none)."""
+    from torchllm.checkpoint.hf import main as hf_main
+
+    run = lora_run
+    if family != "llama3":  # a Qwen3 LoRA run on the base run's tokenizer (fresh weights)
+        run = base_run / family
+        if not run.exists():
+            tok = next((base_run / "debug_model" / "data").glob("*.model"))
+            Trainer(load_config(lora_args(
+                base_run, family, f"--model.name={family}", "--checkpoint.initial_load_path=",
+                f"--data.tokenizer={tok}", "--training.steps=2", "--checkpoint.interval=2",
+                "--model.flavor=debug"))).train()
+    adapter, merged = base_run / f"{family}_adapter", base_run / f"{family}_merged"
+    for out, extra in ((adapter, ["--adapter"]), (merged, [])):
+        assert hf_main(["export", "--checkpoint", str(run), "--out", str(out), "--overwrite",
+                        *extra]) == 0
+    assert_exports_match(run, adapter, merged)
+
+
+@pytest.mark.slow
+def test_resume_with_other_lora_settings_is_one_line_naming_the_key(base_run, lora_run):
+    for flag, key in (("--lora.rank=4", "lora.rank"),
+                      ("--lora.target_modules=wq,wv", "lora.target_modules"),
+                      ("--lora.enable=false", "lora.enable")):
+        cfg = load_config(lora_args(base_run, "lora", "--training.steps=3", flag))
+        with pytest.raises(ConfigError) as e:
+            Trainer(cfg)
+        assert f"the checkpoint was saved with {key} = " in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_memory_estimate_counts_lora_as_the_benchmark_measures(tmp_path):
+    """benchmarks/bench_lora_memory.py on a tiny shape: the estimator's params + grads +
+    optimizer terms within 10% of the bytes of the real tensors after a step, full and LoRA;
+    LoRA's frozen weights have no gradients and no optimizer state."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_lora_memory",
+                                                  REPO / "benchmarks" / "bench_lora_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lora_memory.json"
+    result = bench.main(["--dim=64", "--n-layers=2", "--vocab=512", "--seq-len=16",
+                         f"--out={out}"])
+    assert json.loads(out.read_text()) == result
+    full, lora = result["runs"]
+    for run in (full, lora):
+        assert 0.9 < run["ratio"] < 1.1, run
+        for term, measured in run["measured_bytes"].items():
+            assert abs(run["estimated_bytes"][term] - measured) <= 0.1 * measured, (term, run)
+    assert lora["measured_bytes"]["grads"] == 4 * lora["trainable_params"]
+    assert lora["trainable_params"] < full["trainable_params"] / 4
+    assert lora["measured_total"] < full["measured_total"] / 2
+
+
+@pytest.mark.slow
+def test_lora_on_two_ranks_matches_one_process(tmp_path):
+    """FSDP2 (frozen and trainable parameters in one unit), DDP (only the adapters bucketed),
+    and FSDP2 with AC + compile: the losses and grad norms of a single process's LoRA run."""
+    from test_parallel_multiprocess import assert_matches, launch, run_reference
+
+    lora = ("--lora.enable", "--lora.rank=4")
+    ref = run_reference(tmp_path, *lora)
+    runs = {"fsdp": [*lora, "--training.local_batch_size=4"],
+            "ddp": [*lora, "--parallelism.dp_mode=ddp", "--training.local_batch_size=4"],
+            "fsdp_ac_compiled": [*lora, "--activation_checkpoint.mode=selective",
+                                 "--compile.enable", "--compile.backend=aot_eager",
+                                 "--training.local_batch_size=2"],  # + 2 accumulation steps
+            "fsdp_bf16": [*lora, "--training.mixed_precision=bf16",
+                          "--training.local_batch_size=4"]}
+    got = launch(tmp_path, 2, runs)
+    for name in ("fsdp", "ddp", "fsdp_ac_compiled"):
+        assert_matches(got[name], ref, loose=False)
+    assert got["fsdp_bf16"]["precision"] == "bf16 FSDP2 params"
+    assert got["fsdp_bf16"]["loss"] == pytest.approx(ref["loss"], rel=2e-2)
+
+
+@pytest.mark.slow
+def test_lora_sft_on_conversations_from_a_base_checkpoint(base_run):
+    """Chat data (loss on the replies only; the template's tokens grow the base's vocabulary),
+    lora.train_embeddings, bf16 autocast, full AC and compile, from base_run's checkpoint: the
+    frozen weights stay bit-identical, the adapters and the embedding tables train, and only
+    they have optimizer state."""
+    from test_data_chat import write_chat
+
+    data = write_chat(base_run / "sft.jsonl", [
+        [{"role": "user", "content": f"Name a {w}."}, {"role": "assistant", "content": a}]
+        for w, a in (("fruit", "An apple."), ("color", "Blue."), ("tool", "A hammer."))] * 4)
+    trainer = Trainer(load_config(lora_args(
+        base_run, "sft_lora", f"--data.dataset=chat:{data}", "--data.val_fraction=0",
+        "--data.chat_packing=pad", "--lora.train_embeddings", "--training.steps=2",
+        "--training.mixed_precision=bf16", "--activation_checkpoint.mode=full",
+        "--compile.enable", "--compile.backend=aot_eager", "--checkpoint.enable=false")))
+    batch = trainer.train_loader.dataset.batch(0)
+    assert 0 < int((batch["targets"] != -100).sum()) < batch["targets"].numel() // 2
+    trained = {n.replace("_checkpoint_wrapped_module.", "")  # (AC's wrapper: not in state_dict)
+               for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained == {n for n in trained if ".lora_" in n} | {"tok_embeddings.weight",
+                                                                "output.weight"}
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    losses = trainer.train()
+    assert len(losses) == 2 and all(map(math.isfinite, losses)) and trainer.bf16
+    after = trainer.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed <= trained  # every frozen tensor bit-identical
+    assert {k for k in trained if not k.endswith("lora_A.weight")} <= changed
+    state_of = {id(p) for p in trainer.optimizer.state}
+    assert state_of == {id(p) for p in trainer.model.parameters() if p.requires_grad}
+
+
+@pytest.mark.slow
+def test_evals_read_a_lora_checkpoint(base_run, lora_run, tmp_path):
+    """python -m torchllm.eval.loss on the LoRA run builds the LoRA model from the run's config
+    (the adapters load and count: another loss than the base's on the same windows)."""
+    from torchllm.eval import loss
+
+    results = {}
+    for name, run in (("base", base_run / "debug_model"), ("lora", lora_run)):
+        out = tmp_path / f"{name}.json"
+        assert loss.main(["--checkpoint", str(run), "--data", "embedded", "--max-tokens", "2000",
+                          "--steps", "2", "--device", "cpu", "--json", str(out)]) == 0
+        results[name] = json.loads(out.read_text())
+    assert results["lora"]["tokens"] == results["base"]["tokens"] > 0
+    assert math.isfinite(results["lora"]["loss"])
+    assert abs(results["lora"]["loss"] - results["base"]["loss"]) > 1e-4

@@ -1,0 +1,271 @@
+"""LoRA (Hu et al., 2021): freeze the base model, train a low-rank update beside chosen linears.
+
+A targeted `nn.Linear` becomes a `LoRALinear`: the same module (its `weight` and `bias` keep
+their names, so base checkpoints load into it), frozen, plus two small trainable layers
+`lora_A` (rank x in) and `lora_B` (out x rank):
+
+    y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
+
+Initialised as PEFT does (A: Kaiming-uniform with a = sqrt(5), B: zeros), so step 0 computes
+exactly the base model. `apply_lora` runs on the meta-device model before it is parallelized
+(parallel/build.py): FSDP2, DDP, activation checkpointing and compile then wrap the LoRA model
+like any other, and the optimizer only sees the parameters that still require gradients.
+Every family declares which of its linears may be targeted (`ModelSpec.lora_targets`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchllm.config.job_config import ConfigError
+
+ADAPTER_PARTS = ("lora_A", "lora_B")
+
+
+class LoRALinear(nn.Linear):
+    """nn.Linear with a frozen weight (and bias) and a trainable low-rank update."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, rank: int,
+                 alpha: float, dropout: float = 0.0, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_A = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+        self.lora_B = nn.Linear(rank, out_features, bias=False, device=device, dtype=dtype)
+
+    @classmethod
+    def wrap(cls, linear: nn.Linear, rank: int, alpha: float, dropout: float) -> "LoRALinear":
+        """A LoRALinear holding `linear`'s own weight and bias Parameters (frozen)."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, rank, alpha,
+                  dropout, device=linear.weight.device, dtype=linear.weight.dtype)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        for p in (new.weight, new.bias):
+            if p is not None:
+                p.requires_grad_(False)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = F.linear(x, self.weight, self.bias)
+        return base + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+    @torch.no_grad()
+    def reset_lora_parameters(self) -> None:
+        """PEFT's init: A Kaiming-uniform (a = sqrt(5), as nn.Linear), B zero: B @ A = 0."""
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+
+    def delta_weight(self) -> torch.Tensor:
+        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha:g}"
+
+
+def family_targets(cfg) -> tuple[str, ...]:
+    """The linear layers (names inside a block) model.name's family lets LoRA target."""
+    from torchllm import models
+
+    return models.get(cfg.model.name).lora_targets
+
+
+def resolve_targets(cfg) -> list[str]:
+    """lora.target_modules checked against the family's names ([] = all of them)."""
+    allowed = family_targets(cfg)
+    asked = list(cfg.lora.target_modules) or list(allowed)
+    unknown = [name for name in asked if name not in allowed]
+    if unknown or not asked:
+        raise ConfigError(
+            f"lora.target_modules = {list(cfg.lora.target_modules)}: "
+            + (f"{cfg.model.name} has no linear layer {unknown[0]!r}" if unknown
+               else f"{cfg.model.name} declares no LoRA targets")
+            + f"; allowed: {', '.join(allowed) or 'none'} ([] = all)", "lora.target_modules")
+    return asked
+
+
+def check_lora(cfg, dims=None) -> None:
+    """Every LoRA check that needs no model: values, target names, what it cannot combine with.
+    `dims`: the run's ParallelDims (None: not known yet)."""
+    lcfg = cfg.lora
+    if not lcfg.enable:
+        return
+    if lcfg.rank < 1:
+        raise ConfigError(f"lora.rank = {lcfg.rank}: must be a positive integer", "lora.rank")
+    resolve_targets(cfg)
+    refused = [("float8.enable", cfg.float8.enable, "float8 swaps the linears LoRA wraps")]
+    if dims is not None:
+        refused += [
+            ("parallelism.tensor_parallel_degree", dims.tp_enabled,
+             "TP would shard the adapters like their base weights"),
+            ("parallelism.pipeline_parallel_degree", dims.pp_enabled,
+             "pipeline stages are built without adapters"),
+        ]
+    for key, on, why in refused:
+        if on:
+            raise ConfigError(f"lora.enable with {key} is not supported ({why}); turn one of "
+                              "them off (LoRA runs with FSDP2, DDP, bf16, compile and AC)", key)
+
+
+def apply_lora(model: nn.Module, cfg) -> list[str]:
+    """Wrap the targeted linears (in place), freeze every other parameter (but the embeddings
+    and head with lora.train_embeddings); returns the wrapped modules' names. No-op when
+    lora.enable is false."""
+    lcfg = cfg.lora
+    if not lcfg.enable:
+        return []
+    check_lora(cfg)
+    targets = set(resolve_targets(cfg))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    wrapped = []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in targets and type(child) is nn.Linear:
+                setattr(module, child_name, LoRALinear.wrap(child, lcfg.rank, lcfg.alpha,
+                                                            lcfg.dropout))
+                wrapped.append(f"{name}.{child_name}" if name else child_name)
+    found = {w.rsplit(".", 1)[-1] for w in wrapped}
+    missing = [t for t in resolve_targets(cfg) if t not in found]
+    if missing:
+        raise ConfigError(f"lora.target_modules: {missing[0]!r} matches no linear layer of "
+                          f"{cfg.model.name}/{cfg.model.flavor}; remove it",
+                          "lora.target_modules")
+    if lcfg.train_embeddings:
+        for module in embedding_modules(model):
+            module.weight.requires_grad_(True)
+    return wrapped
+
+
+def embedding_modules(model: nn.Module) -> list[nn.Module]:
+    """The embedding tables and the output head (lora.train_embeddings trains these)."""
+    found = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    output = getattr(model, "output", None)
+    return found + ([output] if output is not None else [])
+
+
+def build_with_lora(spec, model_args, cfg) -> nn.Module:
+    """spec.build(model_args), with LoRA applied when cfg.lora.enable (call under a device)."""
+    model = spec.build(model_args)
+    apply_lora(model, cfg)
+    return model
+
+
+def reset_adapters(model: nn.Module) -> None:
+    """Initialise every adapter (after the base init, drawing from the same generator)."""
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            module.reset_lora_parameters()
+
+
+def init_weights(model: nn.Module, buffer_device: torch.device | None = None) -> None:
+    """model.init_weights, then the adapters' init (the base draws the same numbers as
+    without LoRA, so a fresh LoRA model starts from the same base as a plain one)."""
+    model.init_weights(buffer_device=buffer_device)
+    reset_adapters(model)
+
+
+def is_adapter_key(key: str) -> bool:
+    """Whether a state-dict key (model or optimizer) names an adapter tensor."""
+    return any(f".{part}." in f".{key}" for part in ADAPTER_PARTS)
+
+
+def adapter_modules(sd_keys) -> list[str]:
+    """Names of the LoRA-wrapped modules in a state dict's keys (from their lora_A keys)."""
+    return sorted({k[: -len(".lora_A.weight")] for k in sd_keys if k.endswith(".lora_A.weight")})
+
+
+def merge_weights(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA model's state dict as the plain model's: W + scaling * B @ A, adapters dropped
+    (computed in float32, returned in W's dtype)."""
+    out = {k: v for k, v in sd.items() if not is_adapter_key(k)}
+    for name in adapter_modules(sd):
+        w = out[f"{name}.weight"]
+        a, b = sd[f"{name}.lora_A.weight"].float(), sd[f"{name}.lora_B.weight"].float()
+        out[f"{name}.weight"] = (w.float() + scaling * (b @ a)).to(w.dtype)
+    return out
+
+
+def parameter_summary(model: nn.Module, cfg) -> str:
+    """'; LoRA r=8 alpha=16 on wq, wk: 12,345 of 1,234,567 params train (1.00%)' or ''."""
+    if not cfg.lora.enable:
+        return ""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    lcfg = cfg.lora
+    embeddings = " + embeddings" if lcfg.train_embeddings else ""
+    return (f"; LoRA r={lcfg.rank} alpha={lcfg.alpha:g} on {', '.join(resolve_targets(cfg))}"
+            f"{embeddings}: {trainable:,} of {total:,} params train "
+            f"({100 * trainable / max(total, 1):.2f}%)")
+
+
+def resume_mismatch(saved_toml: str, current_toml: str) -> str | None:
+    """Which [lora] key differs between the config a checkpoint was saved under and this run's,
+    as one line naming it (None: the adapters have the same shape and places)."""
+    from torchllm.checkpoint.resume import _flat
+
+    old, new = _lora_keys(_flat(saved_toml)), _lora_keys(_flat(current_toml))
+    if not old["lora.enable"] and not new["lora.enable"]:
+        return None
+    for key in old:
+        if old[key] != new[key]:
+            return (f"the checkpoint was saved with {key} = {old[key]!r}, this run has "
+                    f"{new[key]!r}: its adapters cannot load; set {key} = {old[key]!r} to "
+                    "resume, or start a new run from it (checkpoint.initial_load_path)")
+    return None
+
+
+def _lora_keys(flat: dict) -> dict:
+    """The [lora] keys that shape the adapters, defaults filled in, [] targets resolved."""
+    from torchllm import models
+    from torchllm.config.sections import Lora
+
+    default = Lora()
+    out = {f"lora.{k}": flat.get(f"lora.{k}", getattr(default, k))
+           for k in ("enable", "rank", "target_modules", "train_embeddings")}
+    if out["lora.enable"] and not out["lora.target_modules"]:
+        name = flat.get("model.name", "llama3")
+        out["lora.target_modules"] = list(models.get(name).lora_targets)
+    return out
+
+
+def fresh_adapters(sds: dict, metadata, resume: bool) -> dict:
+    """A LoRA run starting from a base checkpoint (checkpoint.initial_load_path, not a resume):
+    the adapter tensors the checkpoint lacks are taken out of the model's state dict to load
+    (they keep their fresh init) and returned, to be put back before it is applied."""
+    if resume or "model" not in sds:
+        return {}
+    saved = metadata.state_dict_metadata
+    fresh = {k: v for k, v in sds["model"].items()
+             if is_adapter_key(k) and f"model.{k}" not in saved}
+    for key in fresh:
+        del sds["model"][key]
+    return fresh
+
+
+def checkpoint_misfit(path, current_toml: str | None) -> tuple[str, str] | None:
+    """(message, key) when a checkpoint that does not fit this model was saved under other
+    [lora] settings (its step folder's config.toml), else None."""
+    from torchllm.checkpoint.storage import join, storage_for
+
+    saved = join(path, "config.toml")
+    store = storage_for(saved)
+    if not current_toml or not store.is_file(saved):
+        return None
+    message = resume_mismatch(store.read_bytes(saved).decode(), current_toml)
+    if message is None:
+        return None
+    return f"checkpoint {path}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]
+
+
+def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True) -> dict:
+    """A checkpoint's weights as the plain model's: with LoRA, merged (W + alpha/rank * B @ A)
+    or the base alone (merge=False); unchanged without LoRA."""
+    if not cfg.lora.enable:
+        return weights
+    if merge:
+        return merge_weights(weights, cfg.lora.alpha / cfg.lora.rank)
+    return {k: v for k, v in weights.items() if not is_adapter_key(k)}
