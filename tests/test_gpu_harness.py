@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpu_harness import (CPU_STEPS, LR, STEPS, VOCAB, compare_curves, ddp_model, float8_config,
-                         initial_state, make_batches, materialize, meta_model, one_rank_group,
-                         prepare_compile, prepare_float8, prepare_fsdp, prepared_model,
-                         reference_curve, saved_checkpoint_keys, train_curve)
+from conftest import _process_state, state_changes
+from gpu_harness import (CPU_STEPS, LR, STEPS, VOCAB, check_steps, compare_curves, ddp_model,
+                         float8_config, initial_state, make_batches, materialize, meta_model,
+                         one_rank_group, prepare_compile, prepare_float8, prepare_fsdp,
+                         prepared_model, reference_curve, restored_process_state,
+                         saved_checkpoint_keys, teacher_forced_gaps, train_curve)
 from torchllm import models
 from torchllm.config import load_config
 
@@ -28,6 +30,83 @@ def test_reference_curve_learns_the_synthetic_stream():
     assert ref[0] == pytest.approx(math.log(VOCAB), abs=0.6)  # a fresh model is ~uniform
     # and it learns (a flat curve would compare nothing): ~6.7 -> ~5.4 on this stream
     assert sum(ref[-4:]) / 4 < sum(ref[:4]) / 4 - 0.5
+
+
+@pytest.fixture
+def one_thread():
+    """The reference on one thread: 20x faster on this loaded machine class (golden curves)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug(one_thread,
+                                                                            monkeypatch):
+    """The oracle on CPU, the path under test standing in for a CUDA one. Rounding: the same
+    steps in float64 (fp32 rounding is all that differs) pass the fp32 tolerance, and so does
+    the compiled model (aot_eager), whose RoPE is another function (apply_rope's compiled branch,
+    `_rotate_pairs`, the one inductor runs on a GPU). Planted bug: that compiled branch rotating
+    by -angle (the eager reference is untouched) fails it, in the very first step."""
+    import torchllm.models.llama.model as llama
+
+    with restored_process_state():
+        model = prepared_model("cpu")
+        model.double()
+        check_steps(teacher_forced_gaps(model, "cpu", steps=CPU_STEPS), "fp32")
+        compiled = teacher_forced_gaps(prepared_model("cpu", prepare_compile("aot_eager")), "cpu",
+                                       steps=2)
+        check_steps(compiled, "fp32")
+    rotate = llama._rotate_pairs
+    monkeypatch.setattr(llama, "_rotate_pairs", lambda x, cos, sin: rotate(x, cos, -sin))
+    with restored_process_state():
+        gaps = teacher_forced_gaps(prepared_model("cpu", prepare_compile("aot_eager")), "cpu",
+                                   steps=2)
+    with pytest.raises(AssertionError, match=r"first \(step, quantity, relative gap, tensor\) = "
+                                             r"\(1, 'loss'"):
+        check_steps(gaps, "fp32")
+    assert min(g["grads"] for g in gaps) > 10 * max(g["grads"] for g in compiled) + 0.5
+
+
+def test_restored_process_state_undoes_what_cuda_paths_change():
+    """What the first GPU run's grouped_mm module left behind (TRITON_CACHE_DIR,
+    TRITON_PTXAS_PATH, float32 matmul precision 'highest' -> 'high' through the Trainer's TF32
+    switch), plus a dynamo and an inductor key; oracle: the suite's own state guard."""
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    before = _process_state()
+    with restored_process_state():
+        os.environ["TRITON_CACHE_DIR"] = "/tmp/triton-cache-of-a-test"
+        os.environ["TRITON_PTXAS_PATH"] = "/usr/local/cuda/bin/ptxas"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch._inductor.config.max_autotune = not torch._inductor.config.max_autotune
+        torch._dynamo.config.recompile_limit += 1
+        assert len(state_changes(before, _process_state())) == 5
+    assert state_changes(before, _process_state()) == []
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+
+
+def test_only_tests_marked_gpu_skip_without_cuda(monkeypatch):
+    """A checkout in a folder named `gpu` made every test's keywords contain 'gpu': the whole
+    suite skipped there. The skip follows the marker only."""
+    import conftest
+
+    class Item:
+        def __init__(self, marked):
+            self.keywords = {"gpu": 1, "tests": 1}  # the folder's name, as pytest adds it
+            self.marked, self.markers = marked, []
+
+        def get_closest_marker(self, name):
+            return pytest.mark.gpu.mark if self.marked and name == "gpu" else None
+
+        def add_marker(self, marker):
+            self.markers.append(marker)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    items = [Item(True), Item(False)]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [len(i.markers) for i in items] == [1, 0]
 
 
 def test_compare_curves_catches_drift_and_nan():
