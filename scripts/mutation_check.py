@@ -766,6 +766,37 @@ MUTANTS = [
         "                                      loss=None))",
         ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
     ),
+    # --- GPU oracle (issue 46) ---
+    Mutant(
+        "compiled_rope_rotates_backwards",
+        "RoPE's compiled branch (what inductor runs on a GPU) rotates by -angle; eager is right",
+        "torchllm/models/llama/model.py",
+        "    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
+        "    return torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
+        ("tests/test_gpu_harness.py::test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug",),
+    ),
+    Mutant(
+        "gpu_harness_teacher_forcing_off",
+        "the oracle's path under test keeps its own weights instead of the reference's per step",
+        "tests/gpu_harness.py",
+        "            _local(p).copy_(record.weights[name].to(_local(p).dtype))",
+        "            pass",
+        ("tests/test_gpu_harness.py::test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug",),
+    ),
+    Mutant(
+        "gpu_test_leaves_matmul_precision", "a GPU test's TF32 switch outlives it ('highest' -> 'high')",
+        "tests/gpu_harness.py",
+        "        torch.set_float32_matmul_precision(precision)  # after allow_tf32: it sets this too",
+        "        pass",
+        ("tests/test_gpu_harness.py::test_restored_process_state_undoes_what_cuda_paths_change",),
+    ),
+    Mutant(
+        "gpu_skip_by_keyword", "tests skip when any keyword (a folder's name) is 'gpu', not only marked ones",
+        "tests/conftest.py",
+        '        if item.get_closest_marker("gpu"):',
+        '        if "gpu" in item.keywords:',
+        ("tests/test_gpu_harness.py::test_only_tests_marked_gpu_skip_without_cuda",),
+    ),
 ]
 
 

@@ -85,6 +85,14 @@ def test_restored_process_state_undoes_what_cuda_paths_change():
         assert len(state_changes(before, _process_state())) == 5
     assert state_changes(before, _process_state()) == []
     assert torch.backends.cuda.matmul.allow_tf32 is False
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")  # allow_tf32 reads True here, as at 'high'
+    try:
+        with restored_process_state():
+            torch.backends.cuda.matmul.allow_tf32 = False
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def test_only_tests_marked_gpu_skip_without_cuda(monkeypatch):
