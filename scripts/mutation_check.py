@@ -797,6 +797,20 @@ MUTANTS = [
         '        if "gpu" in item.keywords:',
         ("tests/test_gpu_harness.py::test_only_tests_marked_gpu_skip_without_cuda",),
     ),
+    Mutant(
+        "bench_gpu_peer_ratio_unpaired", "bench_gpu pairs each variant round with another round's peer run",
+        "benchmarks/bench_gpu.py",
+        "                      for ours, peer in zip(runs[name], peer_runs)]",
+        "                      for ours, peer in zip(runs[name], peer_runs[::-1])]",
+        ("tests/test_gpu_harness.py::test_bench_gpu_cpu_path_reports_what_a_direct_run_measures",),
+    ),
+    Mutant(
+        "bench_gpu_cpu_allows_float8", "bench_gpu on CPU starts a float8 variant (fails minutes later, unclearly)",
+        "benchmarks/bench_gpu.py",
+        "        if cuda_only:\n            p.exit(2,",
+        "        if False:\n            p.exit(2,",
+        ("tests/test_gpu_harness.py::test_bench_gpu_on_cpu_refuses_cuda_only_options_in_one_line",),
+    ),
 ]
 
 
