@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU acceptance in one command (< 9 minutes on one H100):
+# GPU acceptance in one command (~10 minutes on one H100):
 #
 #   scripts/gpu_check.sh [WHEEL_DIR] [OUT_DIR]
 #
@@ -9,14 +9,16 @@
 # 2. env_check (GPUs, NCCL, P2P/IB, all-reduce bandwidth with >= 2 GPUs);
 # 3. pytest -m gpu: every CUDA path against the fp32 reference (tests/test_gpu.py);
 # 4. the 1B throughput run (benchmarks/bench_gpu.py: bf16 + compile, with and without float8
-#    tensorwise, seq 2048): tokens/s/GPU, MFU, peak memory vs the estimate, first/last loss.
+#    tensorwise, seq 2048): tokens/s/GPU, MFU, peak memory vs the estimate, first/last loss,
+#    and the peer row: a plain transformers LlamaForCausalLM loop on the same shape, 2 rounds
+#    alternating with torchllm's variants, each variant's ratio torchllm / peer tokens/s.
 # Everything lands in OUT_DIR (default outputs/gpu_check/<UTC date-time>): report.md (read
 # this first), gpu_check.log, env_check.json, pytest_gpu.xml, gpu_<device>_<date>.{json,md}
 # and logs.tar.gz. Exit code: 0 when every test and benchmark variant passed, else 1.
-# Step time limits (seconds) can be changed: TEST_TIMEOUT (default 230), BENCH_TIMEOUT (300).
+# Step time limits (seconds) can be changed: TEST_TIMEOUT (default 230), BENCH_TIMEOUT (480).
 # BENCH_ARGS: extra arguments for benchmarks/bench_gpu.py (e.g. a CPU smoke run of this
 # script: BENCH_ARGS="--device cpu --config train_configs/debug_model.toml --seq_len 32
-# --variants fp32 --steps 1 --warmup 2"). INSTALL_PROJECT=0 skips `pip install -e .` (the
+# --variants fp32 --steps 1 --warmup 2 --peer_precision fp32"). INSTALL_PROJECT=0 skips `pip install -e .` (the
 # repo is on PYTHONPATH either way), for machines whose environment others share.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,11 +75,12 @@ timeout "${TEST_TIMEOUT:-230}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider
 TEST_RC=$?
 [ $TEST_RC -eq 124 ] && NOTES+=("pytest -m gpu timed out after ${TEST_TIMEOUT:-230} s")
 
-say "throughput: 1B, seq 2048, bf16 + compile, with and without float8 tensorwise"
-timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/bench_gpu.py --out_dir "$OUT_DIR" \
-    --work_dir "$WORK/bench" --tokenizer "$TOKENIZER" --timeout 140 ${BENCH_ARGS:-}
+say "throughput: 1B, seq 2048, bf16 + compile, with and without float8 tensorwise, and the transformers peer"
+timeout "${BENCH_TIMEOUT:-480}" "$PY" benchmarks/bench_gpu.py --out_dir "$OUT_DIR" \
+    --work_dir "$WORK/bench" --tokenizer "$TOKENIZER" --timeout 140 --peer transformers \
+    --rounds 2 ${BENCH_ARGS:-}
 BENCH_RC=$?
-[ $BENCH_RC -eq 124 ] && NOTES+=("the throughput run timed out after ${BENCH_TIMEOUT:-300} s")
+[ $BENCH_RC -eq 124 ] && NOTES+=("the throughput run timed out after ${BENCH_TIMEOUT:-480} s")
 
 find "$WORK/bench" -name 'log.txt' -print0 2>/dev/null | tar czf "$OUT_DIR/logs.tar.gz" --null -T - 2>/dev/null
 {
@@ -106,6 +109,11 @@ try:
             if el is not None:
                 msg = (el.get("message") or "").splitlines()[0][:200] if el.get("message") else ""
                 print(f"  - {tag}: {case.get('name')}: {msg}")
+    # the teacher-forced oracle's measured worst per-step gaps (docs/gpu.md's tolerances)
+    for case in suite.iter("testcase"):
+        for prop in case.iter("property"):
+            if prop.get("name", "").startswith("worst_gaps_"):
+                print(f"  - gaps {case.get('name')} {prop.get('name')[11:]}: {prop.get('value')}")
 except (OSError, ET.ParseError, AttributeError) as e:
     print(f"- pytest -m gpu: no report ({e})")
 print()

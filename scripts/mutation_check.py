@@ -1195,6 +1195,50 @@ MUTANTS = [
         "    trained, grad_block = params, block_split\n    if False:",
         ("tests/test_lora.py::test_memory_estimate_counts_lora_as_the_benchmark_measures",),
     ),
+    Mutant(
+        "compiled_rope_rotates_backwards",
+        "RoPE's compiled branch (what inductor runs on a GPU) rotates by -angle; eager is right",
+        "torchllm/models/llama/model.py",
+        "    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
+        "    return torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
+        ("tests/test_gpu_harness.py::test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug",),
+    ),
+    Mutant(
+        "gpu_harness_teacher_forcing_off",
+        "the oracle's path under test keeps its own weights instead of the reference's per step",
+        "tests/gpu_harness.py",
+        "            _local(p).copy_(record.weights[name].to(_local(p).dtype))",
+        "            pass",
+        ("tests/test_gpu_harness.py::test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug",),
+    ),
+    Mutant(
+        "gpu_test_leaves_matmul_precision", "a GPU test's TF32 switch outlives it ('highest' -> 'high')",
+        "tests/gpu_harness.py",
+        "        torch.set_float32_matmul_precision(precision)  # after allow_tf32: it sets this too",
+        "        pass",
+        ("tests/test_gpu_harness.py::test_restored_process_state_undoes_what_cuda_paths_change",),
+    ),
+    Mutant(
+        "gpu_skip_by_keyword", "tests skip when any keyword (a folder's name) is 'gpu', not only marked ones",
+        "tests/conftest.py",
+        '        if item.get_closest_marker("gpu"):',
+        '        if "gpu" in item.keywords:',
+        ("tests/test_gpu_harness.py::test_only_tests_marked_gpu_skip_without_cuda",),
+    ),
+    Mutant(
+        "bench_gpu_peer_ratio_unpaired", "bench_gpu pairs each variant round with another round's peer run",
+        "benchmarks/bench_gpu.py",
+        "                      for ours, peer in zip(runs[name], peer_runs)]",
+        "                      for ours, peer in zip(runs[name], peer_runs[::-1])]",
+        ("tests/test_gpu_harness.py::test_bench_gpu_cpu_path_reports_what_a_direct_run_measures",),
+    ),
+    Mutant(
+        "bench_gpu_cpu_allows_float8", "bench_gpu on CPU starts a float8 variant (fails minutes later, unclearly)",
+        "benchmarks/bench_gpu.py",
+        "        if cuda_only:\n            p.exit(2,",
+        "        if False:\n            p.exit(2,",
+        ("tests/test_gpu_harness.py::test_bench_gpu_on_cpu_refuses_cuda_only_options_in_one_line",),
+    ),
 ]
 
 
