@@ -1144,6 +1144,13 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::"
          "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
     ),
+    Mutant(
+        "chat_session_forgets_history", "generate --chat --interactive answers each turn without the conversation so far",
+        "torchllm/generate.py",
+        "            (ids,) = generate(model, [template.prompt(history)], **sampling)",
+        "            (ids,) = generate(model, [template.prompt(list(system) + history[-1:])], **sampling)",
+        ("tests/test_data_chat.py::test_sft_makes_the_model_reproduce_the_replies",),
+    ),
 ]
 
 
