@@ -1239,6 +1239,13 @@ MUTANTS = [
         "        if False:\n            p.exit(2,",
         ("tests/test_gpu_harness.py::test_bench_gpu_on_cpu_refuses_cuda_only_options_in_one_line",),
     ),
+    Mutant(
+        "chat_session_forgets_history", "generate --chat --interactive answers each turn without the conversation so far",
+        "torchllm/generate.py",
+        "            (ids,) = generate(model, [template.prompt(history)], **sampling)",
+        "            (ids,) = generate(model, [template.prompt(list(system) + history[-1:])], **sampling)",
+        ("tests/test_data_chat.py::test_sft_makes_the_model_reproduce_the_replies",),
+    ),
 ]
 
 

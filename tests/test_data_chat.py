@@ -264,6 +264,32 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
         line for i, (q, a) in enumerate(REPLIES.items(), 1)
         for line in (f"### user {i}", q, f"### assistant {i}", a)]
 
+    # --chat --interactive: one conversation, a turn per stdin line, each reply generated from
+    # the whole conversation so far (the oracle: generate() on the hand-built prompt).
+    import io
+
+    from torchllm.eval.generation import generate as generate_ids
+    from torchllm.eval.loading import load_for_inference
+
+    (q1, a1), (q2, _) = list(REPLIES.items())[:2]
+    out = io.StringIO()
+    longer = "--model.max_seq_len=128"  # two turns outgrow the 40 tokens it trained on
+    assert generate.main(["--checkpoint", str(tmp_path / "sft"), "--chat", "--interactive",
+                          "--temperature", "0", "--max-new-tokens", "20", "--system",
+                          "Answer in a few words.", longer],
+                         stdin=io.StringIO(f"{q1}\n\n{q2}\n"), stdout=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[:4] == ["### user 1", q1, "### assistant 1", a1]
+    model, cfg, tok = load_for_inference(str(tmp_path / "sft"), torch.device("cpu"), [longer])
+    template = ChatTemplate(tok)
+    history = [{"role": "system", "content": "Answer in a few words."},
+               {"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+               {"role": "user", "content": q2}]
+    (ids,) = generate_ids(model, [template.prompt(history)], max_new_tokens=20, temperature=0,
+                          top_k=0, top_p=1.0, seed=0, eos_id=template.end_of_turn)
+    want = tok.decode(ids[:-1] if ids and ids[-1] == template.end_of_turn else ids)
+    assert lines[4:] == ["### user 2", q2, "### assistant 2", *want.split("\n")]
+
 
 def test_mixture_of_text_and_conversations(tmp_path):
     """A chat source mixes with a text source: text windows train on every token, chat windows

@@ -5,6 +5,7 @@
         [--seed S] [--print-ids]
     python -m torchllm.generate --checkpoint outputs/debug_model --interactive
     python -m torchllm.generate --checkpoint outputs/debug_sft --chat "What is 2 + 2?" [--system S]
+    python -m torchllm.generate --checkpoint outputs/debug_sft --chat --interactive   # multi-turn
         [--section.key=value ...]                 (overrides of the run's config)
 
 Temperature 0 is greedy decoding. Unset sampling options take the run's [eval] values (which
@@ -84,6 +85,43 @@ def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
         answered += 1
 
 
+def chat_session(model, tokenizer, template, sampling: dict, first: list[str], system: list,
+                 stdin, stdout) -> int:
+    """A multi-turn conversation: each line of `stdin` (after the `first` messages) is the
+    user's next turn, answered with the whole conversation so far as the prompt. Returns the
+    number of replies."""
+    tty = stdin.isatty()
+    if tty:
+        print("Type a message and press Enter; Ctrl-D quits.", file=sys.stderr)
+    history, turn = list(system), 0
+    pending = [m for m in first if m.strip()]
+    while True:
+        if pending:
+            message = pending.pop(0)
+        else:
+            if tty:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = stdin.readline()
+            if not line:
+                return turn
+            message = line.rstrip("\n")
+            if not message.strip():
+                continue
+        history.append({"role": "user", "content": message})
+        try:
+            (ids,) = generate(model, [template.prompt(history)], **sampling)
+        except ValueError as err:  # the conversation outgrew the model's context
+            history.pop()
+            logger.error("error: %s", err)
+            continue
+        reply = ids[:-1] if ids and ids[-1] == sampling["eos_id"] else ids
+        text = tokenizer.decode(reply)
+        history.append({"role": "assistant", "content": text})
+        turn += 1
+        print(f"### user {turn}\n{message}\n### assistant {turn}\n{text}", file=stdout,
+              flush=True)
+
+
 def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     parser = argparse.ArgumentParser(prog="python -m torchllm.generate", description=__doc__,
@@ -94,7 +132,9 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     add("--prompt", action="append", help="text to complete; repeat for a batch")
     add("--interactive", action="store_true",
         help="read prompts from stdin, one per line, and stream each completion")
-    add("--chat", action="append", help="a user message to answer (chat template); repeatable")
+    add("--chat", action="append", nargs="?", const="",
+        help="a user message to answer (chat template); repeatable; with --interactive, a "
+             "multi-turn conversation (the message, if any, is its first turn)")
     add("--system", help="--chat: a system message before each user message")
     add("--max-new-tokens", type=int)
     add("--temperature", type=float, help="0 = greedy")
@@ -109,9 +149,16 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     except ValueError as e:  # ConfigError: an argument that is neither an option nor an override
         logger.error("error: %s", e)
         return 2
-    if sum(map(bool, (args.prompt, args.chat, args.interactive))) != 1:
-        parser.error("give one of --prompt TEXT (repeatable), --chat MESSAGE (repeatable) or "
-                     "--interactive")
+    chat_session_mode = args.interactive and args.chat is not None
+    if chat_session_mode and args.prompt:
+        parser.error("--chat --interactive is a conversation: drop --prompt")
+    if not chat_session_mode and sum(map(lambda v: v is not None and v is not False,
+                                         (args.prompt, args.chat, args.interactive))) != 1:
+        parser.error("give one of --prompt TEXT (repeatable), --chat MESSAGE (repeatable), "
+                     "--interactive, or --chat --interactive (a multi-turn conversation)")
+    if args.chat is not None and not chat_session_mode and not all(m.strip()
+                                                                   for m in args.chat):
+        parser.error("--chat needs a message (or add --interactive for a conversation)")
     try:
         device = inference_device(args.device)
         model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)
@@ -128,10 +175,10 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         seed=pick(args.seed, cfg.job.seed),
         eos_id=tokenizer.eos_id,
     )
-    if args.interactive:
+    if args.interactive and not chat_session_mode:
         interactive(model, tokenizer, sampling, stdin, stdout)
         return 0
-    if args.chat:
+    if args.chat is not None:
         try:
             template = ChatTemplate(tokenizer)
         except ConfigError:  # its own message names a training key: not what helps here
@@ -148,8 +195,11 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
             logger.error("error: --chat: %s", err)
             return 2
         system = [{"role": "system", "content": args.system}] if args.system else []
-        prompts = [template.prompt(system + [{"role": "user", "content": m}]) for m in args.chat]
         sampling["eos_id"] = template.end_of_turn  # stop at the end of the assistant's turn
+        if chat_session_mode:
+            chat_session(model, tokenizer, template, sampling, args.chat, system, stdin, stdout)
+            return 0
+        prompts = [template.prompt(system + [{"role": "user", "content": m}]) for m in args.chat]
     else:
         prompts = [tokenizer.encode(p, bos=True) for p in args.prompt]
     try:
