@@ -1246,6 +1246,13 @@ MUTANTS = [
         "            (ids,) = generate(model, [template.prompt(list(system) + history[-1:])], **sampling)",
         ("tests/test_data_chat.py::test_sft_makes_the_model_reproduce_the_replies",),
     ),
+    Mutant(
+        "generation_config_without_sampling", "the export's generation_config.json leaves out the run's sampling defaults",
+        "torchllm/checkpoint/hf.py",
+        '    gen["max_new_tokens"] = sampling.max_new_tokens',
+        '    pass',
+        ("tests/test_hf_export.py::test_export_writes_a_generation_config_transformers_follows",),
+    ),
 ]
 
 

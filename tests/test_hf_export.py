@@ -72,6 +72,28 @@ def test_llama_export_carries_the_sentencepiece_tokenizer(llama_export):
                                                                  trainer.tokenizer.eos_id)
 
 
+def test_export_writes_a_generation_config_transformers_follows(llama_export):
+    """generation_config.json: the eos id and the run's sampling defaults ([eval]); a greedy
+    transformers generate() on the export stops where torchllm's generate does."""
+    from torchllm.eval.generation import generate
+
+    trainer, _, out = llama_export
+    gen = transformers.GenerationConfig.from_pretrained(out)
+    e = trainer.cfg.eval
+    assert gen.eos_token_id == trainer.tokenizer.eos_id
+    assert gen.max_new_tokens == e.max_new_tokens
+    assert gen.do_sample == (e.temperature > 0)
+    if e.temperature > 0:
+        assert (gen.temperature, gen.top_k, gen.top_p) == (e.temperature, e.top_k, e.top_p)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    prompt = trainer.tokenizer.encode("The import statement", bos=True)
+    (ours,) = generate(trainer.model.eval(), [prompt], max_new_tokens=12, temperature=0,
+                       eos_id=trainer.tokenizer.eos_id)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12)
+    assert theirs[0, len(prompt):].tolist() == ours
+
+
 def test_export_then_import_is_bit_identical(llama_export):
     _, tmp, out = llama_export
     seed = tmp / "seed" / "step-0"

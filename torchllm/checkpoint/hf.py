@@ -219,7 +219,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overrides: list[str] = ()
     try:
         out.mkdir()
         _write_export(out, adapter, args, vocab, hf_weights, tokenizer, max_shard_bytes,
-                      chat=_trained_on_chat(cfg))
+                      chat=_trained_on_chat(cfg), sampling=cfg.eval)
         replace_dir(out, final)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -247,8 +247,21 @@ def _export_to_store(checkpoint, out: str, overrides, dtype, max_shard_bytes, vo
     return out
 
 
+def generation_config(config: dict, sampling) -> dict:
+    """generation_config.json: the end-of-sequence ids (with a chat template, its end-of-turn
+    too) and the run's sampling defaults (`[eval]`: what `torchllm.generate` uses)."""
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    gen["max_new_tokens"] = sampling.max_new_tokens
+    if sampling.temperature > 0:
+        gen.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+                   top_p=sampling.top_p)
+    else:  # greedy
+        gen["do_sample"] = False
+    return gen
+
+
 def _write_export(out: Path, adapter, args, vocab: int, hf_weights: dict, tokenizer,
-                  max_shard_bytes: int, chat: bool = False) -> None:
+                  max_shard_bytes: int, chat: bool = False, sampling=None) -> None:
     config = adapter.config(args, vocab)
     config["torch_dtype"] = str(next(iter(hf_weights.values())).dtype).removeprefix("torch.")
     if tokenizer is not None and tokenizer.vocab_size != vocab:
@@ -261,6 +274,9 @@ def _write_export(out: Path, adapter, args, vocab: int, hf_weights: dict, tokeni
             logger.warning("tokenizer %s cannot be exported: no tokenizer files written",
                            type(tokenizer).__name__)
     write_hf_weights(hf_weights, out, max_shard_bytes)
+    if sampling is not None:
+        (out / "generation_config.json").write_text(
+            json.dumps(generation_config(config, sampling), indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
