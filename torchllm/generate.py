@@ -25,6 +25,7 @@ each prompt (or question) under its own header line, then its completion (or rep
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from torchllm.config import ConfigError
@@ -59,21 +60,26 @@ def stream_completion(tokenizer, ids, out, prompt: list[int] = ()) -> list[int]:
     return seen
 
 
-def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
-    """One completion per line of `stdin`, streamed; returns the number of prompts answered."""
+def stdin_lines(stdin, hint: str):
+    """The non-empty lines of `stdin`, without their newline; on a terminal, `hint` first and
+    a "> " prompt before each line."""
     tty = stdin.isatty()
     if tty:
-        print("Type a prompt and press Enter; Ctrl-D quits.", file=sys.stderr)
-    answered = 0
+        print(hint, file=sys.stderr)
     while True:
         if tty:
             print("> ", end="", file=sys.stderr, flush=True)
         line = stdin.readline()
         if not line:
-            return answered
-        prompt = line.rstrip("\n")
-        if not prompt.strip():
-            continue
+            return
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
+    """One completion per line of `stdin`, streamed; returns the number of prompts answered."""
+    answered = 0
+    for prompt in stdin_lines(stdin, "Type a prompt and press Enter; Ctrl-D quits."):
         ids = tokenizer.encode(prompt, bos=True)
         try:
             stdout.write(readable(tokenizer, ids))  # the prompt as the model reads it
@@ -83,6 +89,7 @@ def interactive(model, tokenizer, sampling: dict, stdin, stdout) -> int:
             logger.error("error: %s", err)
             continue
         answered += 1
+    return answered
 
 
 def chat_session(model, tokenizer, template, sampling: dict, first: list[str], system: list,
@@ -90,23 +97,10 @@ def chat_session(model, tokenizer, template, sampling: dict, first: list[str], s
     """A multi-turn conversation: each line of `stdin` (after the `first` messages) is the
     user's next turn, answered with the whole conversation so far as the prompt. Returns the
     number of replies."""
-    tty = stdin.isatty()
-    if tty:
-        print("Type a message and press Enter; Ctrl-D quits.", file=sys.stderr)
     history, turn = list(system), 0
-    pending = [m for m in first if m.strip()]
-    while True:
-        if pending:
-            message = pending.pop(0)
-        else:
-            if tty:
-                print("> ", end="", file=sys.stderr, flush=True)
-            line = stdin.readline()
-            if not line:
-                return turn
-            message = line.rstrip("\n")
-            if not message.strip():
-                continue
+    messages = itertools.chain([m for m in first if m.strip()],
+                               stdin_lines(stdin, "Type a message and press Enter; Ctrl-D quits."))
+    for message in messages:
         history.append({"role": "user", "content": message})
         try:
             (ids,) = generate(model, [template.prompt(history)], **sampling)
@@ -120,6 +114,7 @@ def chat_session(model, tokenizer, template, sampling: dict, first: list[str], s
         turn += 1
         print(f"### user {turn}\n{message}\n### assistant {turn}\n{text}", file=stdout,
               flush=True)
+    return turn
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
