@@ -1253,6 +1253,13 @@ MUTANTS = [
         '    pass',
         ("tests/test_hf_export.py::test_export_writes_a_generation_config_transformers_follows",),
     ),
+    Mutant(
+        "inference_reads_unhealthy_newest", "generate / export of a run read the step saved while updates were skipped",
+        "torchllm/checkpoint/layout.py",
+        "            return _newest_healthy(folder, steps)",
+        "            return step_dir(folder, steps[-1])",
+        ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
+    ),
 ]
 
 

@@ -61,6 +61,11 @@ def test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it(tm
     assert read_marker(folder(tmp_path) / "step-4")["healthy"] is True
     stopped = read_marker(folder(tmp_path) / "step-7")
     assert stopped["healthy"] is False and "since step 6" in stopped["unhealthy"]
+    # generate / evals / export of the run read the last good step, not the blown-up weights
+    from torchllm.checkpoint.layout import resolve_checkpoint
+
+    assert resolve_checkpoint(folder(tmp_path)) == folder(tmp_path) / "step-4"
+    assert resolve_checkpoint(folder(tmp_path) / "step-7") == folder(tmp_path) / "step-7"
 
     assert main(args("--training.steps=6")) == 0  # the original lr (the checkpoint's)
     said = capsys.readouterr()

@@ -16,7 +16,8 @@ here takes a local path or a URL, and does its file operations through `storage.
 A complete step is a resume candidate unless its marker says otherwise (`not_resumable`):
 `"weights_only": true` (a weights-only final save or seed: no optimizer, schedule or data
 position) or `"healthy": false` (saved while the loss guard was skipping updates, or by its
-stop: `"unhealthy"` says why). Such steps still load for inference and as initial weights.
+stop: `"unhealthy"` says why). Such steps still load for inference and as initial weights when
+named; a run folder given to inference or export resolves to its newest healthy step.
 """
 
 from __future__ import annotations
@@ -190,11 +191,30 @@ def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Locat
     for folder in (path, join(path, folder_name)):
         steps = complete_steps(folder)
         if steps:
-            return step_dir(folder, steps[-1])
+            return _newest_healthy(folder, steps)
     raise FileNotFoundError(
         f"no complete checkpoint under {path} (looked for step-<N>/{MARKER} in {path} and "
         f"{join(path, folder_name)})"
     )
+
+
+def _newest_healthy(folder: Location, steps: list[int]) -> Location:
+    """A run's newest step whose weights were saved while training was healthy (inference and
+    export of a run folder; a step named explicitly is read as it is): a step saved while the
+    loss guard skipped updates holds the weights that made them. The newest step when none is."""
+    for step in reversed(steps):
+        path = step_dir(folder, step)
+        try:
+            unhealthy = read_marker(path).get("healthy") is False
+        except MarkerError:
+            unhealthy = False  # the reader names the marker's problem
+        if not unhealthy:
+            if step != steps[-1]:
+                logger.warning("reading %s: the newer steps %s were saved while the loss guard "
+                               "skipped updates (name one to read it anyway)", path,
+                               [s for s in steps if s > step])
+            return path
+    return step_dir(folder, steps[-1])
 
 
 def checkpoint_config(step_path: Location) -> Path | None:
