@@ -56,9 +56,13 @@ def test_no_data_kind_is_named_outside_the_kinds():
 @pytest.mark.parametrize("spec", ["chat:conv.jsonl", "chat:hf:org/name", "hf:org/name",
                                   "fineweb_edu", "local:a.txt", "shards:s", "embedded",
                                   "nope:x", "local:", "fineweb_edux"])
-def test_the_launcher_checks_specs_with_the_trainers_parser(tmp_path, spec):
+def test_the_launcher_checks_specs_with_the_trainers_parser(tmp_path, spec, monkeypatch):
     """check_config (run_train.sh's pre-flight) accepts exactly the specs the trainer's parser
-    accepts, with the same message."""
+    accepts, with the same message (the local files named exist: the pre-flight also checks
+    that, test_run_safety.py)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("text")
+    (tmp_path / "conv.jsonl").write_text("")
     args = [f"--data.dataset={spec}"]
     try:
         parse_data(load_config(args).data)

@@ -207,7 +207,7 @@ FREE_FORM = {
     "float8.filter_fqns", "data.dataset", "data.tokenizer", "data.text_column", "data.hf_subset",
     "data.hf_split", "metrics.tb_folder", "metrics.wandb_project", "profiling.traces_folder",
     "profiling.memory_snapshot_folder", "checkpoint.folder", "checkpoint.initial_load_path",
-    "checkpoint.local_mirror",
+    "checkpoint.local_mirror", "lora.target_modules",  # the family's layer names: checked at build
     "validation.dataset", "validation.split", "eval.prompts", "eval.hellaswag_data",
     "data.chat_column", "eval.tasks_data_dir",
     "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream

@@ -12,11 +12,12 @@ import logging
 import os
 
 
-def test_deletes_an_inductor_key(monkeypatch):
-    # pytest 9's undo deletes a key inductor's config serves through __getattr__
+def test_changes_an_inductor_key():
+    # set and never restored (pytest 9's monkeypatch undo used to delete such a key instead:
+    # the guard reads a deleted key as "<deleted>"; either way the key is named)
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
+    inductor_config.emulate_precision_casts = not inductor_config.emulate_precision_casts
 
 
 def test_adds_a_root_handler():
@@ -49,6 +50,6 @@ def test_a_module_that_leaks_state_fails_and_a_clean_one_passes(pytester):
     out = result.stdout.str()
     assert "ERROR test_leaks.py::test_sets_an_environment_variable" in out
     assert "test_leaks left process state changed" in out
-    assert "emulate_precision_casts" in out and "<deleted>" in out
+    assert "emulate_precision_casts" in out
     assert "NullHandler" in out and "TORCHLLM_GUARD_PROBE" in out
     assert "test_clean left" not in out

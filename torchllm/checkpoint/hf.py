@@ -51,7 +51,7 @@ from torchllm.models.lora import plain_weights
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # What an export writes: --overwrite replaces a folder holding only these.
-EXPORT_FILE = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+EXPORT_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
                          r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer(_config)?\.json")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}

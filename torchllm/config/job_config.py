@@ -44,18 +44,14 @@ def _floats(prefix: str, obj, what: str = ""):
                     yield from _floats(f"{key}[{i}]", item, f" ({first})")
 
 
-def chat_specs(data) -> list[str]:
-    """The chat: sources of a data config (data.sources when it is a mixture, else data.dataset)."""
-    specs = [s.dataset for s in data.sources] if data.sources else [data.dataset]
-    return [s for s in specs if s.startswith("chat:")]
-
-
 def document_masking(cfg) -> tuple[str, bool]:
     """(model.attn_mask_type, model.restart_positions_per_document) with their "unset" values
     resolved: conversations (chat: sources) are independent by default, so a packed window's
     conversations neither see each other nor continue each other's positions (block_causal,
     restarted positions); every other data keeps plain causal attention over the window."""
-    chat = bool(chat_specs(cfg.data))
+    from torchllm.data.kinds.registry import reads_conversations  # config is below data
+
+    chat = reads_conversations(cfg.data)
     mask, restart = cfg.model.attn_mask_type, cfg.model.restart_positions_per_document
     return (("block_causal" if chat else "causal") if mask == "auto" else mask,
             chat if restart is None else restart)
