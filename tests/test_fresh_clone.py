@@ -30,6 +30,7 @@ LOCAL = {  # config -> its extra overrides (the pre-training stage's tokenizer i
     "qwen3_moe_debug": ["--data.tokenizer_vocab_size=512"],
     "speedrun_shakespeare_cpu": ["--validation.freq=2"],
     "llama3_debug_midtrain": [],  # from debug_model's checkpoint (its initial_load_path)
+    "llama3_debug_sft_lora": [],  # LoRA adapters on debug_model's checkpoint
 }
 HUB = {"llama3_1b": "data.tokenizer", "gpt2_124m_fineweb": "data.tokenizer",
        "llama3_debug_sft": "data.dataset"}  # -> the key its offline error names
@@ -79,7 +80,7 @@ def pretrained(clone) -> Path:
 
 
 @pytest.mark.parametrize("config", ["qwen3_debug", "qwen3_moe_debug", "speedrun_shakespeare_cpu",
-                                    "llama3_debug_midtrain"])
+                                    "llama3_debug_midtrain", "llama3_debug_sft_lora"])
 def test_local_config_trains_from_a_fresh_clone(clone, pretrained, config):
     proc = launch(clone, config, *TINY, *LOCAL[config])
     out = proc.stdout + proc.stderr
