@@ -1260,6 +1260,13 @@ MUTANTS = [
         "            return step_dir(folder, steps[-1])",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
     ),
+    Mutant(
+        "pickled_state_storage_plain_load", "a pickled state's tensor storage is read by torch's own _load_from_bytes (unpickles anything)",
+        "torchllm/checkpoint/safe_load.py",
+        "        return SAFE_STANDINS.get((module, name)) or super().find_class(module, name)",
+        "        return super().find_class(module, name)",
+        ("tests/test_checkpoint_trust.py::test_pickled_state_with_tensors_loads_and_their_storage_is_data_only",),
+    ),
 ]
 
 

@@ -310,6 +310,26 @@ def test_pickled_state_loads_plain_pickles_of_data_and_refuses_code(tmp_path):
     assert not marker.exists()
 
 
+def test_pickled_state_with_tensors_loads_and_their_storage_is_data_only(tmp_path):
+    """A scheduler state holding tensors (AdamW8bit's: a tensor lr) loads; the storage bytes a
+    tensor's pickle carries go through weights_only (plain pickle's _load_from_bytes runs
+    anything in them)."""
+    state = {"lr": torch.tensor(1e-3), "base_lrs": [torch.ones(2)], "step": 3}
+    holder = type("Holder", (), {"state_dict": lambda self: state,
+                                 "load_state_dict": lambda self, sd: setattr(self, "got", sd)})
+    restored = holder()
+    PickledState(restored).load_state_dict(PickledState(holder()).state_dict())
+    assert restored.got["step"] == 3 and torch.equal(restored.got["lr"], state["lr"])
+    marker = tmp_path / "PWNED"
+    # torch.storage._load_from_bytes(<torch.save of a value whose unpickling runs code>)
+    poisoned = (b"\x80\x04ctorch.storage\n_load_from_bytes\n"
+                + pickle.dumps(torch_saved(_Evil(marker, 1)), protocol=4)[2:-1] + b"\x85R.")
+    runs_under_plain_pickle(lambda: pickle.loads(poisoned), marker)
+    with pytest.raises((UntrustedCheckpoint, ValueError)):
+        PickledState(holder()).load_state_dict({"pickle": poisoned})
+    assert not marker.exists()
+
+
 def test_stored_values_load_as_data_only(tmp_path):
     """NumPy's RNG state (an array) and plain values load; a value that would call eval is
     refused."""

@@ -42,9 +42,19 @@ METADATA_GLOBALS = {
     ("builtins", "set"), ("builtins", "frozenset"),
     ("_codecs", "encode"),  # bytes under pickle protocol 2
 }
-# torchllm's own states: plain containers of numbers, strings and bytes.
+# torchllm's own states: plain containers of numbers, strings, bytes and tensors (a scheduler's
+# state may hold a tensor learning rate: the tensor's storage is read with weights_only=True).
 STATE_GLOBALS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-                 ("builtins", "complex"), ("_codecs", "encode")}
+                 ("builtins", "complex"), ("_codecs", "encode"),
+                 ("torch._utils", "_rebuild_tensor_v2"), ("torch.storage", "_load_from_bytes")}
+
+
+def _storage_from_bytes(data: bytes):
+    """torch.storage._load_from_bytes (which unpickles anything) as a weights-only load."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+SAFE_STANDINS = {("torch.storage", "_load_from_bytes"): _storage_from_bytes}
 
 
 def _torch_constants() -> set[tuple[str, str]]:
@@ -81,7 +91,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in self.allowed:
             raise _refusal(self.where, f"{module}.{name}")
-        return super().find_class(module, name)
+        return SAFE_STANDINS.get((module, name)) or super().find_class(module, name)
 
     def persistent_load(self, pid):
         raise _refusal(self.where, "a persistent object")
