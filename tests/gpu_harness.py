@@ -74,18 +74,8 @@ def train_curve(model, device, batches, autocast: torch.dtype | None = None,
                 lr: float = LR, context=None) -> list[float]:
     """The reference loop: AdamW, float32 cross entropy outside autocast, no clipping."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with (torch.autocast(torch.device(device).type, dtype=autocast) if autocast
-              else contextlib.nullcontext()), (context() if context else contextlib.nullcontext()):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return [one_step(model, opt, device, x, y, autocast, context, keep_grads=False)[0]
+            for x, y in batches]
 
 
 def compare_curves(ref: list[float], got: list[float], kind: str) -> float:
@@ -291,8 +281,10 @@ def _moments(model, opt) -> dict[str, dict[str, torch.Tensor]]:
             for n, p in model.named_parameters() if p in opt.state}
 
 
-def one_step(model, opt, device, x, y, autocast=None, context=None) -> tuple[float, dict]:
-    """The reference loop's step (train_curve): loss, gradients (read before the update)."""
+def one_step(model, opt, device, x, y, autocast=None, context=None,
+             keep_grads: bool = True) -> tuple[float, dict]:
+    """The reference loop's step (train_curve): loss, gradients (read before the update;
+    {} without keep_grads)."""
     x, y = x.to(device), y.to(device)
     with (torch.autocast(torch.device(device).type, dtype=autocast) if autocast
           else contextlib.nullcontext()), (context() if context else contextlib.nullcontext()):
@@ -300,7 +292,7 @@ def one_step(model, opt, device, x, y, autocast=None, context=None) -> tuple[flo
     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     loss.backward()
     grads = {clean_name(n): _local(p.grad).detach().float().cpu().clone()
-             for n, p in model.named_parameters()}
+             for n, p in model.named_parameters()} if keep_grads else {}
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item(), grads
