@@ -324,6 +324,8 @@ class LoadingMixin:
         saved, now = marker.get("data"), self.run_info.get("data")
         if not saved or not now or "dataloader" in exclude:
             return exclude  # a checkpoint from before fingerprints: nothing to compare
+        if saved.get("tokenizer_sha256") != now.get("tokenizer_sha256"):
+            return exclude  # another tokenizer: the identity check next names both files
         what = "; ".join(data_changes(saved, now))
         if not what:
             return exclude
