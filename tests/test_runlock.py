@@ -152,14 +152,18 @@ def test_an_unreadable_lock_file_is_named_and_kept(tmp_path, content):
 def test_a_launch_that_fails_at_start_up_frees_the_run_folder(tmp_path):
     """A worker ends with os._exit (no atexit) and its Trainer never finished building: the lock
     must still go, or a relaunch from another host is refused for job.lock_stale_minutes."""
+    # A folder without a checkpoint in it (a missing one is refused before the lock is taken;
+    # the tokenizer is named, so nothing reads the folder before the Trainer does).
+    (tmp_path / "not-a-checkpoint").mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
-         f"--checkpoint.initial_load_path={tmp_path / 'no-such-checkpoint'}"],
+         "--data.tokenizer=train",
+         f"--checkpoint.initial_load_path={tmp_path / 'not-a-checkpoint'}"],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     # The checkpoint is looked up after the run folder was prepared and its lock taken
     # (the run's config.toml is written only once a checkpoint loaded: none here).
-    assert "no-such-checkpoint is not a folder" in proc.stderr
+    assert "no complete checkpoint under" in proc.stderr
     assert (tmp_path / "r").is_dir() and not (tmp_path / "r" / "config.toml").exists()
     assert not (tmp_path / "r" / LOCK_NAME).exists()
 
