@@ -75,10 +75,37 @@ VARIANTS = {
     "bf16_compile_seq8192": ["--training.mixed_precision=bf16", "--compile.enable=true",
                              "--float8.enable=false"],
 }
+# The speed levers (docs/gpu.md, "Speed levers"): each beside the row it changes. The accum4
+# rows run 4 micro-steps per optimizer step (global batch = 4 x local), where the eager float32
+# gradient accumulation of the first H200 profile shows.
+BF16_COMPILE = VARIANTS["bf16_compile"]
+VARIANTS.update({
+    "bf16_compile_accum4": BF16_COMPILE,
+    "bf16_compile_accum4_cast_once": [*BF16_COMPILE, "--training.cast_weights_once=true"],
+    "bf16_compile_cast_once": [*BF16_COMPILE, "--training.cast_weights_once=true"],
+    "bf16_compile_chunked_loss": [*BF16_COMPILE, "--training.chunked_loss=true"],
+    "bf16_compile_liger_loss": [*BF16_COMPILE, "--training.chunked_loss=true",
+                                "--training.chunked_loss_impl=liger"],
+    "bf16_compile_model": [*BF16_COMPILE, "--compile.granularity=model"],
+    "bf16_compile_cudagraphs": [*BF16_COMPILE, "--compile.cudagraphs=true"],
+    "bf16_compile_model_cudagraphs": [*BF16_COMPILE, "--compile.granularity=model",
+                                      "--compile.cudagraphs=true"],
+    "bf16_compile_accum4_cudagraphs": [*BF16_COMPILE, "--compile.cudagraphs=true"],
+    **{f"bf16_compile_sdpa_{b}": [*BF16_COMPILE, f"--model.sdpa_backend={b}"]
+       for b in ("cudnn", "flash", "efficient", "math")},
+    "bf16_compile_flex": [*BF16_COMPILE, "--model.attention=flex"],
+})
+VARIANT_ACCUM = {"bf16_compile_accum4": 4, "bf16_compile_accum4_cast_once": 4,
+                 "bf16_compile_accum4_cudagraphs": 4}
 VARIANT_AC = {"bf16_compile_ac_selective": "selective"}  # fixed, whatever --ac says
 VARIANT_SEQ = {"bf16_compile_seq4096": 4096, "bf16_compile_seq8192": 8192}
 CUDA_ONLY = {"bf16_compile_float8": "float8 matmuls", "bf16_compile_float8_rowwise":
-             "float8 matmuls"}
+             "float8 matmuls", "bf16_compile_liger_loss": "liger-kernel's Triton loss",
+             "bf16_compile_cudagraphs": "CUDA graphs", "bf16_compile_model_cudagraphs":
+             "CUDA graphs", "bf16_compile_accum4_cudagraphs": "CUDA graphs",
+             "bf16_compile_sdpa_cudnn": "cuDNN attention",
+             "bf16_compile_sdpa_efficient": "memory-efficient attention",
+             "bf16_compile_flex": "FlexAttention"}
 CPU_VARIANTS = [v for v in VARIANTS if v not in CUDA_ONLY]
 AC_CHOICES = ("auto", "none", "selective", "full")
 PEERS = ("transformers",)
@@ -137,6 +164,10 @@ def run_logged(cmd: list[str], run_dir: Path, timeout: float) -> tuple[int | Non
 
 def run_variant(name: str, args, base: list[str], work: Path) -> dict:
     config_args = [*base, *VARIANTS[name]]
+    if name in VARIANT_ACCUM:  # micro-steps per optimizer step
+        batch = int(next(a for a in base if a.startswith("--training.local_batch_size="))
+                    .split("=")[1])
+        config_args.append(f"--training.global_batch_size={batch * VARIANT_ACCUM[name]}")
     total = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else None
     ac, est = pick_ac(config_args, VARIANT_AC.get(name, args.ac), total)
     row = {"variant": name, "ac": ac, "estimate_peak_bytes": est["peak_bytes"]}

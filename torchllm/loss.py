@@ -142,8 +142,29 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
+def liger_available() -> bool:
+    """Whether liger-kernel (an optional dependency) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def liger_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor,
+                            targets: torch.Tensor) -> torch.Tensor:
+    """liger-kernel's fused linear cross entropy (Triton, CUDA): the same summed loss of
+    hidden @ weight.T, chunked inside its kernels (training.chunked_loss_impl = 'liger')."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    if dtype is not None:  # as autocast would run the output projection
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    out = loss(weight, hidden, targets)
+    return (out[0] if isinstance(out, tuple) else out).float()
+
+
 def chunked_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                              chunk_tokens: int) -> torch.Tensor:
+                              chunk_tokens: int, impl: str = "torch") -> torch.Tensor:
     """Equals `cross_entropy_sum(F.linear(hidden, weight), targets)` in value and gradient,
     without materializing the [tokens, vocab] logits.
 
@@ -155,5 +176,7 @@ def chunked_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, target
                          "support tensor parallelism (sharded vocab). Turn one of them off")
     if chunk_tokens < 1:
         raise ValueError(f"training.loss_chunk_tokens = {chunk_tokens}: must be >= 1")
+    if impl == "liger":
+        return liger_cross_entropy_sum(hidden.flatten(0, -2), weight, targets.flatten())
     return _ChunkedCrossEntropy.apply(hidden.flatten(0, -2), weight, targets.flatten(),
                                       chunk_tokens)

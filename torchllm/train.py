@@ -56,6 +56,7 @@ from torchllm.parallel import (
     register_float8_scale_precompute,
     set_comm_timeout,
 )
+from torchllm.parallel.levers import StepLevers
 from torchllm.precision import resolve_bf16
 from torchllm.process_exit import exit_process
 from torchllm.report.hook import RunReport
@@ -145,6 +146,9 @@ class Trainer:
         self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims,
                                                 build_cfg, self.device, self.loss_fn)
         self.model.train()
+        # Speed levers acting at run time: bf16 weights cast once per step, the SDPA kernels,
+        # CUDA-graph step boundaries (torchllm.parallel.levers).
+        self.levers = StepLevers(cfg, self.model, self.bf16, self.device.type)
         self.moe_layers = moe_layers(self.model)  # [] unless the model has MoE blocks
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
@@ -268,12 +272,14 @@ class Trainer:
             # under context parallelism, this rank's share of the tokens.
             inputs, targets, layout = self.cp.shard(batch["inputs"], batch["targets"],
                                                     batch.get("positions"))
+            self.levers.micro_step()
             # Gradients are reduced across dp ranks on the last micro-step only.
             with gradient_sync(self.model, enabled=i == len(batches) - 1):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
                     with self.autocast():
                         loss = self.model(inputs, targets=targets, layout=layout,
-                                          loss_chunk_tokens=self.cfg.training.loss_chunk_tokens)
+                                          loss_chunk_tokens=self.cfg.training.loss_chunk_tokens,
+                                          loss_impl=self.cfg.training.chunked_loss_impl)
                 else:
                     with self.autocast():
                         logits = self.model(inputs, layout=layout)
@@ -304,7 +310,8 @@ class Trainer:
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
         data_time = time.perf_counter() - t0
         processed = sum(self.processed_tokens(b) for b in micro_batches)  # host-side counts
-        loss_sum, n_tokens = self.forward_backward(micro_batches)
+        with self.levers.step():
+            loss_sum, n_tokens = self.forward_backward(micro_batches)
         # reduced over dp ranks: the loss, the trained and the processed token counts
         stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens, processed)
         m = self.metrics.before_clip(self.step)

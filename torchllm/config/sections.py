@@ -105,6 +105,11 @@ class Model:
         "sdpa", "Attention kernel: sdpa (every device; causal fast path, boolean mask otherwise) "
         "| flex (FlexAttention with a block mask, compiled; CUDA only)"
     )
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = opt(
+        "auto", "attention = sdpa: the kernels SDPA may pick (torch.nn.attention.sdpa_kernel): "
+        "auto = torch's choice | cudnn, efficient (CUDA only) | flash (no mask: causal only) | "
+        "math (reference); a speed lever, measured by benchmarks/bench_gpu.py"
+    )
     sliding_window: list[int] = opt(
         [], "Sliding-window attention: [] = off, [W] = every layer sees the last W tokens, or "
         "one entry per layer (0 = full attention for that layer)"
@@ -165,6 +170,15 @@ class Training:
         "[tokens, vocab] float32 logits (recomputed in backward)"
     )
     loss_chunk_tokens: int = opt(4096, "chunked_loss: tokens per chunk")
+    chunked_loss_impl: Literal["torch", "liger"] = opt(
+        "torch", "chunked_loss: torch (every device) | liger (liger-kernel's fused linear "
+        "cross entropy, Triton; CUDA only, pip install liger-kernel)"
+    )
+    cast_weights_once: bool = opt(
+        False, "bf16 on one device: cast the linear weights to bf16 once per optimizer step "
+        "(not once per use in every micro-step) and add each micro-step's bf16 weight gradient "
+        "into the float32 gradient directly; same numbers as autocast, +2 bytes/parameter"
+    )
 
 
 @dataclass
@@ -300,6 +314,14 @@ class Compile:
     components: list[Literal["model", "loss"]] = opt(["model", "loss"], "What to compile")
     backend: Literal["inductor", "aot_eager", "eager", "cudagraphs"] = opt(
         "inductor", "torch.compile backend (inductor; aot_eager or eager to debug)"
+    )
+    granularity: Literal["block", "model"] = opt(
+        "block", "block = compile each transformer block (shared code, works with FSDP2/DDP/"
+        "TP/PP) | model = the whole model as one graph (one device only)"
+    )
+    cudagraphs: bool = opt(
+        False, "inductor: replay the compiled graphs as CUDA graphs (fewer kernel launches; "
+        "CUDA only)"
     )
 
 

@@ -1,4 +1,5 @@
-"""torch.compile per transformer block, and of the loss.
+"""torch.compile per transformer block (or of the whole model: compile.granularity), and of
+the loss.
 
 Compiling each block (not the whole model) keeps compile time to one block's worth (all blocks
 share the compiled code) and leaves FSDP2's per-block hooks outside the graphs, so sharding,
@@ -31,9 +32,15 @@ def apply_compile(model: nn.Module, ccfg, inductor_options: dict | None = None) 
 
     `inductor_options` are inductor config keys for these graphs only (torch.compile's
     `options`), never set on the process-wide config; other backends take none."""
-    options = {}
-    if inductor_options and ccfg.backend == "inductor":
-        options = {"options": dict(inductor_options)}
+    options = dict(inductor_options or {}) if ccfg.backend == "inductor" else {}
+    if getattr(ccfg, "cudagraphs", False):  # (check_levers: CUDA + inductor only)
+        options["triton.cudagraphs"] = True
+    options = {"options": options} if options else {}
+    if getattr(ccfg, "granularity", "block") == "model":
+        # One graph for the whole forward (embedding, blocks, head): nn.Module.compile keeps
+        # the module (its parameter names and state dict) and compiles its call.
+        model.compile(backend=ccfg.backend, fullgraph=True, **options)
+        return len(model.layers)
     for name, block in list(model.layers.items()):
         model.layers[name] = torch.compile(block, backend=ccfg.backend, fullgraph=True, **options)
     return len(model.layers)

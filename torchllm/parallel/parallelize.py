@@ -15,6 +15,7 @@ from torchllm.parallel.data_parallel import apply_ddp, apply_fsdp
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.expert_parallel import apply_ep
 from torchllm.parallel.float8 import apply_float8, check_float8_hardware
+from torchllm.parallel.levers import check_levers
 from torchllm.parallel.float8 import inductor_options as float8_inductor_options  # noqa: I001
 from torchllm.parallel.pipeline import check_pipeline
 from torchllm.parallel.tp import apply_tp
@@ -81,6 +82,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     check_lora(job_config, dims)
     check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
+    check_levers(job_config, dims, device_type)  # the speed levers (torchllm.parallel.levers)
     return dims
 
 
@@ -145,7 +147,8 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
         applied.append(f"AC {job_config.activation_checkpoint.mode} {counts}")
     if compiled:
         n = apply_compile(model, job_config.compile, float8_inductor_options(job_config.float8))
-        applied.append(f"compiled {n} blocks")
+        applied.append(f"compiled {n} blocks" if job_config.compile.granularity == "block"
+                       else f"compiled the whole model ({n} blocks)")
     if parallel_dims.fsdp_enabled:
         bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(

@@ -138,7 +138,8 @@ class GPT2(nn.Module):
         self.kv_gather = None
 
     def forward(self, tokens: torch.Tensor, cache=None, targets: torch.Tensor | None = None,
-                loss_chunk_tokens: int = 4096, layout: TokenLayout | None = None) -> torch.Tensor:
+                loss_chunk_tokens: int = 4096, layout: TokenLayout | None = None,
+                loss_impl: str = "torch") -> torch.Tensor:
         """Training passes no cache. With a KV cache, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
         returns the summed token cross entropy instead of the logits (training.chunked_loss).
@@ -168,7 +169,8 @@ class GPT2(nn.Module):
         if cache is not None:
             cache.pos = end
         h = self.norm(h)
-        return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens)
+        return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens,
+                       loss_impl)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:

@@ -275,7 +275,8 @@ class Transformer(nn.Module):
                 targets: torch.Tensor | None = None, loss_chunk_tokens: int = 4096,
                 layout: TokenLayout | None = None, positions: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None,
-                token_index: torch.Tensor | None = None) -> torch.Tensor:
+                token_index: torch.Tensor | None = None,
+                loss_impl: str = "torch") -> torch.Tensor:
         """Training passes no cache. With a `KVCache`, `tokens` continue the cached ones (their
         positions start at `cache.pos`), and the cache is advanced past them. With `targets`,
         returns the summed token cross entropy instead of the logits (training.chunked_loss).
@@ -320,7 +321,8 @@ class Transformer(nn.Module):
         if self.norm is None:  # a pipeline stage before the last
             return h
         h = self.norm(h)
-        return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens)
+        return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens,
+                       loss_impl)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
