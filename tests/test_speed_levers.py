@@ -276,3 +276,38 @@ def test_cudagraphs_with_grad_accumulation_match_eager_on_cuda(tmp_path, granula
     losses = run("--compile.enable", "--compile.cudagraphs",
                  f"--compile.granularity={granularity}", "--training.cast_weights_once")
     assert losses == pytest.approx(run(), rel=2e-2)
+
+
+@pytest.mark.slow
+def test_bench_gpu_runs_the_cpu_levers_on_a_tiny_shape(tmp_path):
+    """benchmarks/bench_gpu.py on CPU runs every lever variant that exists there (debug model,
+    seq 32, aot_eager): each row ok, and cast_weights_once's losses are the plain accumulating
+    row's (the same numbers); the CUDA-only ones are listed apart."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_gpu
+
+    names = [v for v in bench_gpu.VARIANTS if v.startswith("bf16_compile_")
+             and v in bench_gpu.CPU_VARIANTS and "seq" not in v and "ac_" not in v]
+    assert {"bf16_compile_accum4_cast_once", "bf16_compile_model", "bf16_compile_sdpa_math",
+            "bf16_compile_chunked_loss"} <= set(names)
+    assert {"bf16_compile_cudagraphs", "bf16_compile_liger_loss", "bf16_compile_sdpa_cudnn",
+            "bf16_compile_flex"} <= set(bench_gpu.CUDA_ONLY)
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu",
+           "--config", str(REPO / "train_configs/debug_model.toml"), "--seq_len", "32",
+           "--local_batch_size", "2", "--steps", "1", "--warmup", "2", "--variants",
+           ",".join(names), "--ac", "none", "--out_dir", str(tmp_path),
+           "--data.tokenizer_vocab_size=512", "--compile.backend=aot_eager"]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1500,
+                   cwd=tmp_path)
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_cpu_*.json")]
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["bf16_compile_accum4_cast_once"]["losses"] == pytest.approx(
+        rows["bf16_compile_accum4"]["losses"], rel=1e-6)
