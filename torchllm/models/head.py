@@ -19,7 +19,9 @@ def lm_head(h: torch.Tensor, tok_embeddings: nn.Embedding, output: nn.Linear | N
     during that forward (training.chunked_loss never materializes the full logits).
     """
     # A tied head inside training.cast_weights_once reads the step's bf16 copy of the table.
-    tied = tok_embeddings.__dict__.get("cast_weight", tok_embeddings.weight)
+    # (A last pipeline stage without the embedding has its own `output`.)
+    tied = None if output is not None else tok_embeddings.__dict__.get("cast_weight",
+                                                                        tok_embeddings.weight)
     if targets is not None:
         weight = tied if output is None else output.weight
         return chunked_cross_entropy_sum(h, weight, targets, loss_chunk_tokens, loss_impl)
