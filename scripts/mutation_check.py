@@ -316,7 +316,7 @@ MUTANTS = [
     Mutant(
         "tokenizer_paragraphs_only",
         "the tokenizer trainer gets blank-line paragraphs (long ones are silently skipped)",
-        "torchllm/data/tokenizer.py", "            for chunk in training_chunks(text):\n",
+        "torchllm/data/tokenizer_training.py", "            for chunk in training_chunks(text):\n",
         "            for chunk in text.split(\"\\n\\n\"):\n",
         ("tests/test_tokenizer_text.py::test_nothing_is_silently_dropped",
          "tests/test_tokenizer_text.py::test_the_train_cli_on_a_single_real_shaped_file"),

@@ -232,7 +232,7 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
     ones, and generation stops at the end-of-turn token."""
     from torchllm import generate
     from torchllm.data.embedded import embedded_documents
-    from torchllm.data.tokenizer import train_sentencepiece
+    from torchllm.data.tokenizer_training import train_sentencepiece
     from torchllm.train import Trainer
 
     sp = train_sentencepiece(embedded_documents(), 512, tmp_path / "sp512.model")

@@ -107,7 +107,7 @@ def run_train(tmp_path, *extra, config=None):
 @pytest.fixture(scope="module")
 def sp512(tmp_path_factory):
     from torchllm.data.embedded import embedded_documents
-    from torchllm.data.tokenizer import train_sentencepiece
+    from torchllm.data.tokenizer_training import train_sentencepiece
 
     return train_sentencepiece(embedded_documents()[:60], 512,
                                tmp_path_factory.mktemp("sp") / "sp512.model")

@@ -23,7 +23,8 @@ from torchllm.data.kinds import Context, check_data, parse_data, parse_source
 from torchllm.data.loader import TrainLoader
 from torchllm.data.mixture import MixtureBatches
 from torchllm.data.token_stream import TokenStream
-from torchllm.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from torchllm.data.tokenizer import Tokenizer, load_tokenizer
+from torchllm.data.tokenizer_training import train_sentencepiece
 
 
 def _is_rank0() -> bool:
