@@ -20,7 +20,7 @@ import torch
 
 from torchllm.config import load_config
 from torchllm.data import build_data, build_tokenizer
-from torchllm.data.embedded import embedded_documents
+from torchllm.data.sources.embedded import embedded_documents
 from torchllm.data.prepare import prepare
 from torchllm.train import Trainer
 

@@ -195,7 +195,7 @@ def fixtures(clone: Path) -> None:
     """The input files the docs' examples name (`corpus/`, `more.jsonl`, HellaSwag's jsonl)."""
     from test_eval_hellaswag import write_tiny_jsonl
 
-    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.sources.embedded import embedded_documents
 
     docs = list(embedded_documents())
     (clone / "corpus").mkdir()

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from torchllm.data.embedded import embedded_documents
+from torchllm.data.sources.embedded import embedded_documents
 from torchllm.data.tokenizer import load_tokenizer
 from torchllm.data.tokenizer_training import train_sentencepiece
 from torchllm.eval import downstream, hellaswag

@@ -10,7 +10,7 @@ from torchllm.config import ConfigError
 from torchllm.config.sections import Data
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.prepare import prepare
-from torchllm.data.shards import open_split
+from torchllm.data.sources.shards import open_split
 from torchllm.data.tokenizer import load_tokenizer
 from torchllm.data.tokenizer_training import train_sentencepiece
 from torchllm.tools.train_tokenizer import main as tokenizer_cli

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.chat_template import template_of
+from torchllm.data.chat.jinja import template_of
 
 
 class HFTokenizer:

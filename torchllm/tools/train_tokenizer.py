@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torchllm.config.job_config import ConfigError
 from torchllm.config.sections import Data
-from torchllm.data.sources import documents
+from torchllm.data.dataset import documents
 from torchllm.data.tokenizer import SentencePieceTokenizer
 from torchllm.data.tokenizer_training import train_sentencepiece
 
