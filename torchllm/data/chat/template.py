@@ -40,7 +40,7 @@ class ChatTemplate:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.native = False  # Llama 3's header tokens, rendered by hand below
-        if getattr(tokenizer, "chat_template", None):  # the tokenizer's own (chat_template.py)
+        if getattr(tokenizer, "chat_template", None):  # the tokenizer's own (chat/jinja.py)
             self.kind = "jinja"
             self.jinja = JinjaChat(tokenizer, tokenizer.chat_template, special_names(tokenizer))
             self.end_of_turn = self.jinja.end_of_turn
