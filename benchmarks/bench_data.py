@@ -20,8 +20,8 @@ import torch
 
 from torchllm.config import load_config
 from torchllm.data import build_data, build_tokenizer
-from torchllm.data.embedded import embedded_documents
 from torchllm.data.prepare import prepare
+from torchllm.data.sources.embedded import embedded_documents
 from torchllm.train import Trainer
 
 REPO = Path(__file__).resolve().parents[1]

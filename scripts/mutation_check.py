@@ -246,14 +246,14 @@ MUTANTS = [
     ),
     Mutant(
         "unlisted_shard_read", "training ignores shard files index.json does not list",
-        "torchllm/data/shards.py",
+        "torchllm/data/sources/shards.py",
         "        if SHARD_FILE.fullmatch(name) and name not in listed:",
         "        if False:",
         ("tests/test_data_safety.py::test_training_refuses_a_shard_not_listed_in_the_index",),
     ),
     Mutant(
         "sft_without_targets", "chat data with no assistant turn trains (loss nan, 0 tokens)",
-        "torchllm/data/chat.py", "    if not mask[: source.windows_per_epoch, 1:].any():",
+        "torchllm/data/packing/chat.py", "    if not mask[: source.windows_per_epoch, 1:].any():",
         "    if False:",
         ("tests/test_data_safety.py::test_sft_data_without_an_assistant_turn_stops_at_start",),
     ),
@@ -316,7 +316,7 @@ MUTANTS = [
     Mutant(
         "tokenizer_paragraphs_only",
         "the tokenizer trainer gets blank-line paragraphs (long ones are silently skipped)",
-        "torchllm/data/tokenizer.py", "            for chunk in training_chunks(text):\n",
+        "torchllm/data/tokenizer_training.py", "            for chunk in training_chunks(text):\n",
         "            for chunk in text.split(\"\\n\\n\"):\n",
         ("tests/test_tokenizer_text.py::test_nothing_is_silently_dropped",
          "tests/test_tokenizer_text.py::test_the_train_cli_on_a_single_real_shaped_file"),
@@ -389,7 +389,7 @@ MUTANTS = [
     Mutant(
         "chat_mask_past_end_of_turn",
         "a Jinja template's loss mask also trains what follows the end-of-turn token",
-        "torchllm/data/chat_template.py",
+        "torchllm/data/chat/jinja.py",
         "                trained[k] = last is None or k <= last\n",
         "                trained[k] = True\n",
         ("tests/test_chat_template.py::"
@@ -416,8 +416,9 @@ MUTANTS = [
     ),
     Mutant(
         "header_validation_when_off", "the header names the validation split when validation is off",
-        "torchllm/metrics/header.py", "    if validation and val_stream is not None:\n",
-        "    if val_stream is not None:\n",
+        "torchllm/metrics/header.py",
+        "    held_out = val_dataset.describe() if validation else \"\"\n",
+        "    held_out = val_dataset.describe()\n",
         ("tests/test_header_fixes.py::test_validation_is_named_only_when_it_is_on",),
     ),
     Mutant(
@@ -478,13 +479,13 @@ MUTANTS = [
     ),
     Mutant(
         "chat_hub_read_whole", "chat:hf:NAME conversations are read whole at start, not streamed",
-        "torchllm/data/kinds/chat.py", "        if rows.streams:\n", "        if False:\n",
+        "torchllm/data/packing/chat.py", "        if ds.source.streams:\n", "        if False:\n",
         ("tests/test_chat_stream.py::test_a_chat_hub_dataset_is_streamed_not_read_whole",
          "tests/test_chat_stream.py::test_a_chat_stream_serves_whole_conversations_in_stream_order"),
     ),
     Mutant(
         "chat_stream_mask_not_restored", "a resumed chat stream loses the loss mask of its "
-        "unbatched tokens", "torchllm/data/hf_stream.py",
+        "unbatched tokens", "torchllm/data/sources/hf.py",
         "    def load_state_dict(self, state: dict) -> None:\n        self.state = state\n",
         "    def load_state_dict(self, state: dict) -> None:\n        self.state = {**state, "
         "**({'trained': [True] * len(state['trained'])} if 'trained' in state else {})}\n",
@@ -731,7 +732,7 @@ MUTANTS = [
     # --- fresh clone / offline Hub (issue 43) ---
     Mutant(
         "local_data_not_preflighted", "the launcher's pre-flight check does not look for local files",
-        "torchllm/data/kinds/local.py",
+        "torchllm/data/sources/local.py",
         "        local_files(self.location)  # a missing file",
         "        pass  # a missing file",
         ("tests/test_run_safety.py::test_launcher_config_error_is_one_line_before_torchrun",),
@@ -890,7 +891,7 @@ MUTANTS = [
     Mutant(
         "chat_packing_explicit_causal_accepted",
         "an explicit causal mask with packed conversations trains silently",
-        "torchllm/data/chat.py",
+        "torchllm/data/packing/chat.py",
         '    if mask != "block_causal" or not restart:\n        key = (',
         '    if False:\n        key = (',
         ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
@@ -915,7 +916,7 @@ MUTANTS = [
         "chat_llama3_header_newlines_apart",
         "Llama 3's header \"\\n\\n\" tokenized apart from the content (a reply starting with "
         "\"\\n\" gets 271, 198 where apply_chat_template gives 1432)",
-        "torchllm/data/chat.py",
+        "torchllm/data/chat/template.py",
         '                head = head[: -len(self.tokenizer.encode("\\n\\n"))]\n'
         '                body = self.tokenizer.encode("\\n\\n" + content)\n',
         '                body = self.tokenizer.encode(content)\n',
@@ -926,7 +927,7 @@ MUTANTS = [
         "chat_jinja_mask_by_token_start",
         "a template's token that merges the header's end with the reply's start is not a target "
         "(transformers' assistant mask counts it)",
-        "torchllm/data/chat_template.py",
+        "torchllm/data/chat/jinja.py",
         "            inside = [k for k, (s, e) in enumerate(offsets) if s < end and e > start]",
         "            inside = [k for k, (s, e) in enumerate(offsets) if start <= s < end]",
         ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
@@ -935,14 +936,14 @@ MUTANTS = [
     Mutant(
         "local_text_bom_kept",
         "a UTF-8 byte-order mark starting a local .txt file is read as text",
-        "torchllm/data/kinds/local.py",
+        "torchllm/data/sources/local.py",
         '            kwargs["encoding"] = "utf-8-sig"',
         '            kwargs["encoding"] = "utf-8"',
         ("tests/test_local_text_bom.py::test_a_bom_starting_a_local_text_file_is_not_read",),
     ),
     Mutant(
         "single_document_note_missing", "a one-file corpus gives its end to validation without a word",
-        "torchllm/data/kinds/base.py",
+        "torchllm/data/sources/base.py",
         "        if len(starts) == 1 and held_out:",
         "        if False:",
         ("tests/test_data_kinds.py::test_a_single_file_corpus_says_its_end_is_the_validation_split",),
@@ -1073,7 +1074,7 @@ MUTANTS = [
     ),
     Mutant(
         "chat_padding_counted_as_processed", "a packed chat batch's padding counts as tokens processed",
-        "torchllm/data/chat.py",
+        "torchllm/data/packing/chat.py",
         "    return (positions > 0).sum() + starts.sum()",
         "    return positions.numel()",
         ("tests/test_data_chat.py::test_unpadded_tokens_count_conversation_inputs_not_padding",),
@@ -1309,6 +1310,22 @@ MUTANTS = [
         "        if device_type != \"cuda\":\n            raise ConfigError(\n                \"compile.cudagraphs",
         "        if False:\n            raise ConfigError(\n                \"compile.cudagraphs",
         ("tests/test_speed_levers.py::test_gpu_only_levers_are_refused_on_cpu_in_one_line[extra1-leave it false]",),
+    ),
+    Mutant(
+        "corpus_documents_without_eos",
+        "an in-memory text source packs its documents without their EOS token",
+        "torchllm/data/sources/base.py",
+        "            tokenizer.encode(text, bos=True, eos=True) for text in self.texts()\n",
+        "            tokenizer.encode(text, bos=True, eos=False) for text in self.texts()\n",
+        ("tests/test_data_howto.py::test_a_toy_source_packs_its_documents_into_the_windows",),
+    ),
+    Mutant(
+        "chat_prefix_not_a_packing",
+        "chat:PATH is not told apart from a source spec (no packing prefix is recognised)",
+        "torchllm/config/job_config.py",
+        "    return (prefix, location) if sep and prefix in PACKINGS else (TEXT, None)\n",
+        "    return (TEXT, None)\n",
+        ("tests/test_data_kinds.py::test_the_registry_maps_each_prefix_to_its_source_module",),
     ),
 ]
 

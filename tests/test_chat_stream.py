@@ -13,8 +13,10 @@ import torch
 
 from torchllm.config import ConfigError
 from torchllm.data import build_data
-from torchllm.data.chat import IGNORE, ChatTemplate, ChatTokenizer
-from torchllm.data.hf_stream import StreamWindows
+from torchllm.data.chat.template import ChatTemplate
+from torchllm.data.chat.tokens import ChatTokenizer
+from torchllm.data.packing.chat import IGNORE
+from torchllm.data.sources.hf import StreamWindows
 from torchllm.data.mixture import MixtureBatches
 
 from conftest import tiny_config

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from torchllm.data import build_tokenizer, load_tokenizer
-from torchllm.data.chat import ChatTemplate, ChatTokenizer
+from torchllm.data.chat.template import ChatTemplate
+from torchllm.data.chat.tokens import ChatTokenizer
 from torchllm.data.tokenizer import LLAMA3_PATTERN
 
 from conftest import shared_path, tiny_config

@@ -85,7 +85,7 @@ def test_cp_validates_and_resolves_dp_shard(tmp_path):
 
 
 def write_short_docs(path) -> None:
-    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.sources.embedded import embedded_documents
 
     lines = [line.strip() for doc in embedded_documents() for line in doc.split("\n")]
     with open(path, "w") as f:

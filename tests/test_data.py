@@ -13,7 +13,7 @@ import torch
 from torchllm.config import ConfigError
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
-from torchllm.data.shards import HEADER_BYTES, open_split, token_dtype
+from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
 from conftest import REPO, shared_path, tiny_config
 
@@ -209,7 +209,7 @@ def test_local_jsonl_parquet_txt_read_through_datasets_offline(tmp_path):
     script = (
         "import json, sys\n"
         "from torchllm.config.sections import Data\n"
-        "from torchllm.data.sources import documents\n"
+        "from torchllm.data.dataset import documents\n"
         f"d = '{tmp_path}'\n"
         "out = [list(documents(Data(dataset='local:' + d + '/*.jsonl', text_column='body'))),\n"
         "       list(documents(Data(dataset='local:' + d + '/pq', text_column='content'))),\n"

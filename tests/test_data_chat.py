@@ -11,7 +11,9 @@ import torch
 
 from torchllm.config import ConfigError
 from torchllm.data import build_data, build_tokenizer, load_tokenizer
-from torchllm.data.chat import ChatTemplate, ChatTokenizer, Rendered, window_rows
+from torchllm.data.chat.template import ChatTemplate, Rendered
+from torchllm.data.chat.tokens import ChatTokenizer
+from torchllm.data.packing.chat import window_rows
 
 from conftest import shared_path, tiny_config
 
@@ -94,7 +96,7 @@ def test_render_round_trip_and_loss_mask(kind, tmp_path):
     assert template.end_of_turn == r.ids[-1]
     # Windows: a target is kept iff the token it predicts is trained.
     tokens, mask, _, _ = window_rows([r], len(r.ids) + 3, "pack", tok.eos_id)
-    from torchllm.data.chat import ChatSource
+    from torchllm.data.packing.chat import ChatSource
 
     batch = ChatSource(tokens, mask, np.zeros_like(tokens), 0).read([0])
     kept = batch["targets"][0] != -100
@@ -134,7 +136,7 @@ def test_packing_keeps_conversations_whole_and_truncates_overlong():
 def test_unpadded_tokens_count_conversation_inputs_not_padding():
     """Throughput and tokens seen count what the model processes: a packed chat batch's input
     tokens without its padding (counted here by hand from the layout above)."""
-    from torchllm.data.chat import unpadded_tokens
+    from torchllm.data.packing.chat import unpadded_tokens
 
     def conv(n, start):
         return Rendered(list(range(start, start + n)), [True] * n)
@@ -151,7 +153,7 @@ def test_unpadded_tokens_count_conversation_inputs_not_padding():
 def test_sft_throughput_counts_processed_tokens_and_trained_ones_apart(tmp_path):
     """SFT: tokens seen (and tokens/s, MFU) are the conversation tokens the model processed,
     prompts included, padding not; the loss's trained tokens are their own, smaller figure."""
-    from torchllm.data.chat import unpadded_tokens
+    from torchllm.data.packing.chat import unpadded_tokens
     from torchllm.train import Trainer
 
     convs = [[{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}]
@@ -231,8 +233,8 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
     the checkpoint through `python -m torchllm.generate --chat`: greedy replies are the trained
     ones, and generation stops at the end-of-turn token."""
     from torchllm import generate
-    from torchllm.data.embedded import embedded_documents
-    from torchllm.data.tokenizer import train_sentencepiece
+    from torchllm.data.sources.embedded import embedded_documents
+    from torchllm.data.tokenizer_training import train_sentencepiece
     from torchllm.train import Trainer
 
     sp = train_sentencepiece(embedded_documents(), 512, tmp_path / "sp512.model")

@@ -1,4 +1,4 @@
-"""Data kinds: one registry, one spec parser shared by the launcher and the trainer, no kind
+"""Data sources: one registry, one spec parser shared by the launcher and the trainer, no source
 branches elsewhere; run_train.sh trains on conversations; a Hugging Face stream mixes with a
 local corpus and resumes exactly."""
 
@@ -16,36 +16,46 @@ import torch
 
 from torchllm.config import ConfigError, load_config
 from torchllm.data import build_data
-from torchllm.data.hf_stream import StreamWindows
-from torchllm.data.kinds import NAMES, PREFIXES, parse_data
+from torchllm.data.sources.hf import StreamWindows
+from torchllm.data.dataset import parse_data
 from torchllm.data.mixture import MixtureBatches
+from torchllm.data.packing.chat import ChatPacking
+from torchllm.data.packing.text import TextPacking
+from torchllm.data.sources.registry import NAMES, PREFIXES
 from torchllm.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
 from test_data import (TOK, corpus_texts, make_hf_folder,
                        resumed_equals_straight, take, write_jsonl)
 
-KINDS_DIR = REPO / "torchllm" / "data" / "kinds"
+SOURCES_DIR = REPO / "torchllm" / "data" / "sources"
 
 
-def test_the_registry_maps_each_prefix_to_its_kind_module():
-    assert set(PREFIXES) == {"local", "shards", "hf", "chat"}
-    assert {"embedded", "fineweb_edu", "fineweb_edu_100b"} <= set(NAMES)
+def test_the_registry_maps_each_prefix_to_its_source_module():
+    assert set(PREFIXES) == {"local", "shards", "hf"}
+    assert {"embedded", "tinyshakespeare", "fineweb_edu", "fineweb_edu_100b"} <= set(NAMES)
     for cls in [*PREFIXES.values(), *NAMES.values()]:
-        assert cls.__module__.startswith("torchllm.data.kinds."), cls
-    assert type(parse_data(load_config(["--data.dataset=local:x.txt"]).data)).__name__ == \
-        "LocalFiles"
+        assert cls.__module__.startswith("torchllm.data.sources."), cls
+    local = parse_data(load_config(["--data.dataset=local:x.txt"]).data)
+    assert type(local.source).__name__ == "LocalFiles" and local.packing is TextPacking
+    # chat: is a packing over a source, not a source: chat:PATH reads local files, chat:hf:NAME
+    # streams a Hugging Face dataset; both with the chat packing.
+    chat = parse_data(load_config(["--data.dataset=chat:x.jsonl"]).data)
+    assert type(chat.source).__name__ == "LocalFiles" and chat.source.location == "x.jsonl"
+    assert chat.packing is ChatPacking and chat.chat and chat.spec == "chat:x.jsonl"
+    hub = parse_data(load_config(["--data.dataset=chat:hf:org/name"]).data)
+    assert type(hub.source).__name__ == "HFStream" and hub.packing is ChatPacking
 
 
-def test_no_data_kind_is_named_outside_the_kinds():
-    """Only torchllm/data/kinds/ may branch on a data kind (`kind == "shards"`,
-    `startswith("chat:")`): everything else asks the kind object."""
+def test_no_data_source_is_named_outside_the_sources():
+    """Only torchllm/data/sources/ may branch on a data source (`kind == "shards"`,
+    `startswith("hf:")`): everything else asks the source object."""
     kind_names = "embedded|local|shards|hf|chat"
     pattern = re.compile(rf"""(kind\s*[!=]=\s*["']({kind_names})["'])"""
                          rf"""|(startswith\(\s*["']({kind_names}):)""")
     found = []
     for path in (REPO / "torchllm").rglob("*.py"):
-        if KINDS_DIR in path.parents:
+        if SOURCES_DIR in path.parents:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):
@@ -106,8 +116,8 @@ def run_train(tmp_path, *extra, config=None):
 
 @pytest.fixture(scope="module")
 def sp512(tmp_path_factory):
-    from torchllm.data.embedded import embedded_documents
-    from torchllm.data.tokenizer import train_sentencepiece
+    from torchllm.data.sources.embedded import embedded_documents
+    from torchllm.data.tokenizer_training import train_sentencepiece
 
     return train_sentencepiece(embedded_documents()[:60], 512,
                                tmp_path_factory.mktemp("sp") / "sp512.model")

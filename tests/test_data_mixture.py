@@ -8,7 +8,8 @@ import torch
 
 from torchllm.config import ConfigError
 from torchllm.data import build_data
-from torchllm.data.mixture import MixtureBatches, MixtureLog, source_schedule
+from torchllm.data.mixture import MixtureBatches, source_schedule
+from torchllm.metrics.mixture_log import MixtureLog
 
 from conftest import tiny_config
 from test_data import TOK, assert_batches_equal, take, write_jsonl

@@ -66,7 +66,7 @@ TINY = {
                                 "--float8", "off", "--steps", "1", "--warmup", "2",
                                 "--model.flavor=debug", "--data.tokenizer_vocab_size=512",
                                 "--training.seq_len=32", "--training.local_batch_size=2"],
-    "python -m torchllm.data.tokenizer": ["--vocab-size", "400"],
+    "python -m torchllm.tools.train_tokenizer": ["--vocab-size", "400"],
     "python -m torchllm.data.prepare": ["--workers", "1", "--shard-tokens", "50_000"],
 }
 # Training with these configs would stream FineWeb-Edu and fetch a Hub tokenizer: offline
@@ -195,7 +195,7 @@ def fixtures(clone: Path) -> None:
     """The input files the docs' examples name (`corpus/`, `more.jsonl`, HellaSwag's jsonl)."""
     from test_eval_hellaswag import write_tiny_jsonl
 
-    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.sources.embedded import embedded_documents
 
     docs = list(embedded_documents())
     (clone / "corpus").mkdir()

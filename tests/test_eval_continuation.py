@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 
-from torchllm.data.embedded import embedded_documents
-from torchllm.data.tokenizer import load_tokenizer, train_sentencepiece
+from torchllm.data.sources.embedded import embedded_documents
+from torchllm.data.tokenizer import load_tokenizer
+from torchllm.data.tokenizer_training import train_sentencepiece
 from torchllm.eval import downstream, hellaswag
 from torchllm.eval.continuation import encode_continuation
 from torchllm.eval.tasks import LOCAL_NAME, TASKS, load_items

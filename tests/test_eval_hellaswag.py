@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchllm.data.tokenizer import SentencePieceTokenizer, train_sentencepiece
-from torchllm.data.embedded import embedded_documents
+from torchllm.data.tokenizer import SentencePieceTokenizer
+from torchllm.data.tokenizer_training import train_sentencepiece
+from torchllm.data.sources.embedded import embedded_documents
 from torchllm.eval import hellaswag
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer

@@ -8,7 +8,7 @@ import pytest
 
 from torchllm.config import load_config
 from torchllm.data import build_data
-from torchllm.data.chat import ChatTokenizer
+from torchllm.data.chat.tokens import ChatTokenizer
 from torchllm.metrics.header import config_changes, data_summary
 
 from conftest import tiny_config
@@ -18,8 +18,8 @@ from test_data_chat import write_chat
 
 def summary(cfg, tok=TOK):
     train, val = build_data(cfg, tok, 0, 1)
-    return data_summary(cfg.data.dataset, train.dataset, val.dataset, 4,
-                        cfg.training.steps, validation=cfg.validation.enable)
+    return data_summary(train.dataset, val.dataset, 4, cfg.training.steps,
+                        validation=cfg.validation.enable)
 
 
 def test_validation_is_named_only_when_it_is_on(tmp_path):

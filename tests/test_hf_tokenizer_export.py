@@ -13,7 +13,8 @@ import torch
 
 from torchllm.checkpoint.hf_tokenizer import write_tokenizer
 from torchllm.data import load_tokenizer
-from torchllm.data.chat import ChatTemplate, ChatTokenizer
+from torchllm.data.chat.template import ChatTemplate
+from torchllm.data.chat.tokens import ChatTokenizer
 
 from conftest import shared_path, tiny_config
 

@@ -3,7 +3,7 @@ tokenizer (it would become a vocabulary piece and a token of every such document
 
 from __future__ import annotations
 
-from torchllm.data.sources import documents
+from torchllm.data.dataset import documents
 
 from conftest import tiny_config
 

@@ -281,7 +281,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
 
     from torchllm.checkpoint import storage
     from torchllm.data import build_data
-    from torchllm.data.embedded import embedded_documents
+    from torchllm.data.sources.embedded import embedded_documents
     from torchllm.data.tokenizer import load_tokenizer
 
     corpus = tmp_path / "corpus"

@@ -10,9 +10,10 @@ from torchllm.config import ConfigError
 from torchllm.config.sections import Data
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.prepare import prepare
-from torchllm.data.shards import open_split
-from torchllm.data.tokenizer import load_tokenizer, train_sentencepiece
-from torchllm.data.tokenizer import main as tokenizer_cli
+from torchllm.data.sources.shards import open_split
+from torchllm.data.tokenizer import load_tokenizer
+from torchllm.data.tokenizer_training import train_sentencepiece
+from torchllm.tools.train_tokenizer import main as tokenizer_cli
 
 from conftest import shared_path
 
@@ -155,7 +156,7 @@ def test_empty_sources_say_they_are_empty(tmp_path, sp_path, capsys):
                         tmp_path / "t.model")  # the number it names does work
     assert load_tokenizer(tmp_path / "t.model").vocab_size == most
 
-    assert tokenizer_cli(["train", "--input", str(tmp_path / "empty.txt"), "--vocab-size",
+    assert tokenizer_cli(["--input", str(tmp_path / "empty.txt"), "--vocab-size",
                           "300", "--out", str(tmp_path / "tok")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"error: cannot train a SentencePiece tokenizer: {tmp_path / 'empty.txt'} "

@@ -10,7 +10,7 @@ import numpy as np
 
 from torchllm.config import load_config
 from torchllm.config.loader import to_toml
-from torchllm.metrics.header import _documents, config_changes
+from torchllm.metrics.header import config_changes
 from torchllm.data.token_stream import TokenStream
 from torchllm.train import Trainer
 
@@ -44,7 +44,7 @@ def test_documents_in_a_split_range():
     owner = np.searchsorted(stream.doc_starts, np.arange(100), side="right") - 1
     for a, b in [(0, 100), (0, 10), (5, 60), (10, 50), (49, 51), (95, 100), (0, 0), (90, 91)]:
         part = TokenStream(stream.parts, stream.doc_starts, a, b)
-        assert _documents(part) == len(set(owner[a:b].tolist())), (a, b)
+        assert part.documents() == len(set(owner[a:b].tolist())), (a, b)
 
 
 def test_trainer_prints_a_short_header_with_the_data_summary(tmp_path, caplog):

@@ -18,7 +18,7 @@ import pytest
 
 from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
 from torchllm.config import load_config
-from torchllm.data.tokenizer import train_sentencepiece
+from torchllm.data.tokenizer_training import train_sentencepiece
 
 from conftest import REPO, shared_path, tiny_args
 

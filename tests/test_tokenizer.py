@@ -7,12 +7,12 @@ import pytest
 from torchllm.config import ConfigError
 from torchllm.data.tokenizer import (
     GPT2_PATTERN,
-    HFTokenizer,
     SentencePieceTokenizer,
     TiktokenTokenizer,
     load_tokenizer,
 )
-from torchllm.data.tokenizer import main as tokenizer_cli
+from torchllm.data.tokenizer_json import HFTokenizer
+from torchllm.tools.train_tokenizer import main as tokenizer_cli
 
 from conftest import shared_path
 
@@ -95,10 +95,10 @@ def test_train_cli_writes_a_working_model(tmp_path, capsys):
     corpus = tmp_path / "a.jsonl"
     text = shared_path("data", "tinyshakespeare.txt").read_text()[:100_000]
     corpus.write_text("\n".join(json.dumps({"text": p}) for p in text.split("\n\n")))
-    assert tokenizer_cli(["train", "--input", str(corpus), "--vocab-size", "400",
+    assert tokenizer_cli(["--input", str(corpus), "--vocab-size", "400",
                           "--out", str(tmp_path / "tok")]) == 0
     assert "400 pieces" in capsys.readouterr().out
     tok = load_tokenizer(tmp_path / "tok" / "tokenizer.model")
     assert tok.vocab_size == 400 and tok.decode(tok.encode(text[:500])) == text[:500]
-    assert tokenizer_cli(["train", "--input", str(tmp_path / "none.txt"), "--vocab-size", "400",
+    assert tokenizer_cli(["--input", str(tmp_path / "none.txt"), "--vocab-size", "400",
                           "--out", str(tmp_path / "tok2")]) == 2

@@ -10,13 +10,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from torchllm.data.tokenizer import (
-    CHUNK_CHARS,
-    load_tokenizer,
-    train_sentencepiece,
-    training_chunks,
-)
-from torchllm.data.tokenizer import main as tokenizer_cli
+from torchllm.data.tokenizer import load_tokenizer
+from torchllm.data.tokenizer_training import CHUNK_CHARS, train_sentencepiece, training_chunks
+from torchllm.tools.train_tokenizer import main as tokenizer_cli
 
 from conftest import REPO, tiny_args
 
@@ -97,7 +93,7 @@ def test_the_train_cli_on_a_single_real_shaped_file(tmp_path, shape, capsys):
         path.write_bytes(novel_like())
     else:
         path.write_text(wikitext_like())
-    assert tokenizer_cli(["train", "--input", str(path), "--vocab-size", "800",
+    assert tokenizer_cli(["--input", str(path), "--vocab-size", "800",
                           "--out", str(tmp_path / "tok")]) == 0, capsys.readouterr().err
     tok = load_tokenizer(tmp_path / "tok" / "tokenizer.model")
     assert tok.vocab_size == 800

@@ -28,7 +28,7 @@ def test_speedrun_config_runs_through_run_train_sh_on_its_default_text(tmp_path)
 
     text = shared_path("data", "tinyshakespeare.txt")
     cfg = load_config(["--job.config_file", str(REPO / "train_configs/speedrun_shakespeare_cpu.toml")])
-    from torchllm.data.embedded import tiny_shakespeare
+    from torchllm.data.sources.embedded import tiny_shakespeare
 
     assert cfg.data.dataset == "tinyshakespeare"
     assert tiny_shakespeare() == [text.read_text()]  # the shipped copy is karpathy's text

@@ -78,7 +78,7 @@ def test_a_shards_folder_is_read_whole(trainer, tmp_path):
     batches, _ = validation_loader(cfg, t.tokenizer, t.val_loader, 0, 1)
     windows = all_windows(batches)
     # val split first, then train: together every token of the file (whole windows of it).
-    from torchllm.data.shards import open_split
+    from torchllm.data.sources.shards import open_split
 
     val, train = open_split(tmp_path / "s", "val"), open_split(tmp_path / "s", "train")
     tokens = np.concatenate([val.read(0, len(val)), train.read(0, len(train))])

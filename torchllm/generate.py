@@ -29,7 +29,7 @@ import itertools
 import sys
 
 from torchllm.config import ConfigError
-from torchllm.data.chat import ChatTemplate
+from torchllm.data.chat.template import ChatTemplate
 from torchllm.data.tokenizer import readable
 from torchllm.eval.generation import completion_text, generate, generate_stream
 from torchllm.eval.loading import (CHECKPOINT_HELP, OVERRIDES_HELP, inference_device,

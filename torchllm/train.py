@@ -23,11 +23,10 @@ from torchllm.checkpoint.stage_tokenizer import stage_tokenizer, trains_new_toke
 from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
+from torchllm.config.job_config import reads_conversations
 from torchllm.data import build_data, build_tokenizer
-from torchllm.data.chat import unpadded_tokens
 from torchllm.data.fingerprint import data_fingerprint
-from torchllm.data.kinds.registry import reads_conversations
-from torchllm.data.mixture import MixtureLog
+from torchllm.data.packing.chat import unpadded_tokens
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
     configure_device, determinism_settings, resolve_device, restore_determinism, seed_everything,
@@ -39,6 +38,7 @@ from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.header import trainer_header
+from torchllm.metrics.mixture_log import MixtureLog
 from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
 from torchllm.models.moe import auxiliary_loss, moe_layers

@@ -159,7 +159,7 @@ def _run_config(step_path: Path, overrides: list[str]):
 
 def _trained_on_chat(cfg) -> bool:
     """Whether the run trained on conversations (its export then carries a chat template)."""
-    from torchllm.data.kinds.registry import reads_conversations
+    from torchllm.config.job_config import reads_conversations
 
     return bool(cfg.data.chat_tokens) or reads_conversations(cfg.data)
 

@@ -19,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from torchllm.data.chat_template import fallback_template
+from torchllm.data.chat.jinja import fallback_template
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -82,7 +82,7 @@ def chat_template_for(tokenizer, chat: bool) -> tuple[str, int] | None:
     """(the template a run trained with, its end-of-turn id): the tokenizer's own, the 6 added
     tokens' (for a SentencePiece base with a space where its dummy prefix puts one), or Llama
     3's headers; None for a run that did not train on conversations."""
-    from torchllm.data.chat import ChatTemplate
+    from torchllm.data.chat.template import ChatTemplate
 
     if not (chat or _added(tokenizer)):
         return None

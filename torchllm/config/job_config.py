@@ -44,13 +44,33 @@ def _floats(prefix: str, obj, what: str = ""):
                     yield from _floats(f"{key}[{i}]", item, f" ({first})")
 
 
+# A data.dataset value "PACKING:LOCATION" reads LOCATION's rows with that packing (how rows become
+# windows: torchllm/data/packing/); any other value is a source whose text is packed into windows.
+TEXT = "text"  # a source's documents, concatenated into windows
+CHAT = "chat"  # "chat:PATH", "chat:hf:NAME": conversations, the loss on the assistant's turns
+PACKINGS = (CHAT,)  # the prefixes that name a packing
+
+
+def data_packing(spec) -> tuple[str, str | None]:
+    """(packing, location) of a data.dataset value: (CHAT, LOCATION) for "chat:LOCATION";
+    (TEXT, None) for every other (a source spec, read as text)."""
+    prefix, sep, location = str(spec).partition(":")
+    return (prefix, location) if sep and prefix in PACKINGS else (TEXT, None)
+
+
+def reads_conversations(dcfg) -> bool:
+    """Whether a data config trains on conversations (data.dataset, or with [[data.sources]]
+    any of them, is read with the chat packing), by the specs alone: for finished runs too,
+    nothing is read."""
+    specs = [s.dataset for s in dcfg.sources] or [dcfg.dataset]
+    return any(data_packing(spec)[0] == CHAT for spec in specs)
+
+
 def document_masking(cfg) -> tuple[str, bool]:
     """(model.attn_mask_type, model.restart_positions_per_document) with their "unset" values
     resolved: conversations (chat: sources) are independent by default, so a packed window's
     conversations neither see each other nor continue each other's positions (block_causal,
     restarted positions); every other data keeps plain causal attention over the window."""
-    from torchllm.data.kinds.registry import reads_conversations  # config is below data
-
     chat = reads_conversations(cfg.data)
     mask, restart = cfg.model.attn_mask_type, cfg.model.restart_positions_per_document
     return (("block_causal" if chat else "causal") if mask == "auto" else mask,

@@ -5,8 +5,9 @@
 
 Batches are dicts of LongTensor[B, seq_len]: inputs, targets (inputs shifted by one) and
 positions (each token's index within its document). What `data.dataset` (or each
-`[[data.sources]]` entry) may be is up to the data kinds (torchllm/data/kinds/: one object per
-kind behind one interface, one registry). See docs/data.md.
+`[[data.sources]]` entry) may be: a source (torchllm/data/sources/: one module per source, one
+registry) read with a packing (torchllm/data/packing/: text windows, or conversations), or a
+mixture of them (torchllm/data/dataset.py, mixture.py). See docs/data.md.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from pathlib import Path
 import torch
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.chat import ChatTokenizer, has_native_template
-from torchllm.data.kinds import Context, check_data, parse_data, parse_source
+from torchllm.data.chat.tokens import ChatTokenizer, has_native_template
+from torchllm.data.dataset import check_data, parse_data, parse_dataset
 from torchllm.data.loader import TrainLoader
 from torchllm.data.mixture import MixtureBatches
+from torchllm.data.sources.base import Context
 from torchllm.data.token_stream import TokenStream
-from torchllm.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from torchllm.data.tokenizer import Tokenizer, load_tokenizer
+from torchllm.data.tokenizer_training import train_sentencepiece
 
 
 def _is_rank0() -> bool:
@@ -58,20 +61,20 @@ def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer
     from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
 
     job_config = stage_tokenizer(job_config, auto=train)
-    kind = parse_data(job_config.data)
-    base = _base_tokenizer(kind.tokenizer_source(), data_dir, train)
-    if (kind.chat or job_config.data.chat_tokens) and not has_native_template(base):
+    data = parse_data(job_config.data)
+    base = _base_tokenizer(data.tokenizer_source(), data_dir, train)
+    if (data.chat or job_config.data.chat_tokens) and not has_native_template(base):
         return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
     return base
 
 
-def _base_tokenizer(kind, data_dir: Path, train: bool = True) -> Tokenizer:
+def _base_tokenizer(dataset, data_dir: Path, train: bool = True) -> Tokenizer:
     from torchllm.checkpoint.stage_tokenizer import NEW
 
-    dcfg = kind.dcfg
+    dcfg = dataset.dcfg
     if dcfg.tokenizer not in ("auto", NEW):
         return load_tokenizer(dcfg.tokenizer)
-    carried = kind.carried_tokenizer() if dcfg.tokenizer == "auto" else None
+    carried = dataset.carried_tokenizer() if dcfg.tokenizer == "auto" else None
     if carried is not None:
         return load_tokenizer(carried)
     path = auto_tokenizer_path(dcfg, data_dir)
@@ -83,7 +86,7 @@ def _base_tokenizer(kind, data_dir: Path, train: bool = True) -> Tokenizer:
                 "never trains one): copy that file from the run's data/ folder where it trained, "
                 "or pass --data.tokenizer=FILE", "data.tokenizer")
         return load_tokenizer(path)
-    texts = kind.texts()  # on every rank: a kind without text says so before the barrier
+    texts = dataset.texts()  # on every rank: data without text says so before the barrier
     if _is_rank0() and not path.is_file():
         train_sentencepiece(texts, dcfg.tokenizer_vocab_size, path,
                             max_chars=dcfg.tokenizer_train_chars,
@@ -98,7 +101,7 @@ def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
     Text sources are tokenized document by document until the budget is reached; a shards
     folder contributes its val split, then its train split.
     """
-    return parse_source(dcfg).whole_stream(tokenizer, max_tokens)
+    return parse_dataset(dcfg).whole_stream(tokenizer, max_tokens)
 
 
 def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
@@ -108,9 +111,9 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     and starts over, in the same order, each time it is iterated: all the held-out windows, the
     same on every rank (evaluation shares them out: torchllm.eval.in_training.HeldOutBatches).
     """
-    kind = parse_data(job_config.data)
+    data = parse_data(job_config.data)
     ctx = Context(job_config, tokenizer, dp_rank, dp_degree, job_config.job.seed)
-    train, val = kind.batches(ctx)
+    train, val = data.batches(ctx)
     dcfg, tcfg = job_config.data, job_config.training
     pin = tcfg.device != "cpu" and torch.cuda.is_available()
     train_loader = TrainLoader(train, dp_rank, dp_degree, dcfg.num_workers, dcfg.prefetch_factor,
@@ -121,4 +124,4 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
 
 
 __all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
-           "load_tokenizer", "whole_stream"]
+           "load_tokenizer", "parse_data", "whole_stream"]

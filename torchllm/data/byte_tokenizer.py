@@ -9,7 +9,7 @@ with the same ids (torchllm.checkpoint.hf_tokenizer handles it like any tokenize
 
 from __future__ import annotations
 
-from torchllm.data.tokenizer import HFTokenizer
+from torchllm.data.tokenizer_json import HFTokenizer
 
 BYTES = "bytes"  # the data.tokenizer value
 BOS, EOS = "<|bos|>", "<|eos|>"

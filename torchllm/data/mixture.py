@@ -1,5 +1,8 @@
 """Data mixtures: `[[data.sources]]` (dataset + weight) read as one endless, resumable batch order.
 
+A mixture is a source of sources: `Mixture` holds each entry's Dataset (torchllm/data/dataset.py:
+a source x a packing) and reads them through `MixtureBatches` (the schedule, epochs, resume).
+
 Every window has the same number of tokens, so token fractions are window fractions. The run's
 windows are numbered by a global slot g (batch n of rank r holds slots (n·D + r)·B + i, i < B, as
 in torchllm.data.windows, so D ranks concatenate to one rank with batch B·D). Which source fills
@@ -28,9 +31,9 @@ import copy
 import numpy as np
 import torch
 
-from torchllm.callbacks import Callback, StepReport
 from torchllm.config.job_config import ConfigError
-from torchllm.data.windows import IndexedBatches, WindowBatches, window_batch
+from torchllm.data.sources.base import Context
+from torchllm.data.windows import IndexedBatches
 from torchllm.log import logger
 
 PERIOD = 10_000  # slots per period of the source schedule (weights are rounded to 1/PERIOD)
@@ -72,8 +75,9 @@ class MixtureBatches(IndexedBatches):
     """Endless batches for one data-parallel rank from several window sources (module doc).
 
     `sources` are objects with `windows_per_epoch`, `epoch_order(epoch)` (window ids) and
-    `read(ids)` (a batch dict of those windows), e.g. `StreamSource` below, or streamed ones
-    (`sequential`, `take(k)`: the next k windows; torchllm.data.hf_stream.StreamWindows).
+    `read(ids)` (a batch dict of those windows), e.g. torchllm.data.windows.TokenWindows, or
+    streamed ones (`sequential`, `take(k)`: the next k windows;
+    torchllm.data.sources.hf.StreamWindows); each `describe()`s its size (None: unknown).
     """
 
     def __init__(self, sources: list, names: list[str], weights: np.ndarray, batch_size: int,
@@ -93,6 +97,14 @@ class MixtureBatches(IndexedBatches):
         self.yielded = 0
         self._orders: dict[int, tuple[int, np.ndarray]] = {}
         self.rollovers: dict[int, int] = {}  # source -> new epochs started in this launch
+
+    @classmethod
+    def alone(cls, windows, name: str, ctx: Context) -> tuple["MixtureBatches", object]:
+        """(a mixture of one source, its validation windows): `windows(ctx)` gives the
+        (source, validation) pair for the source's context (ctx.seed is then the run's, and
+        source 0's seed derives from it, as in a mixture)."""
+        source, val = windows(ctx.with_seed(source_seed(ctx.seed, 0)))
+        return cls([source], [name], np.ones(1), ctx.batch_size, ctx.dp_rank, ctx.dp_degree), val
 
     def served(self, slots: int) -> np.ndarray:
         """Windows each source served in slots [0, slots) of the run (all ranks together)."""
@@ -168,21 +180,28 @@ class MixtureBatches(IndexedBatches):
         for s, src in streams.items():
             src.load_state_dict(state["streams"][s])
 
+    def describe(self, global_batch: int, steps: int) -> str:
+        """The run header's data line: each source's size and the epochs the run makes of it."""
+        parts = []
+        for name, weight, src in zip(self.names, self.weights, self.sources):
+            share = f" x{float(weight):.2g}" if len(self.names) > 1 else ""
+            size = src.describe()
+            if size is None:  # a Hub stream: read in order, its size unknown until read
+                windows = steps * global_batch * float(weight)
+                parts.append(f"{name}{share}: streamed (size unknown until read); "
+                             f"~{windows:,.0f} windows")
+                continue
+            epochs = steps * global_batch * float(weight) / max(src.windows_per_epoch, 1)
+            parts.append(f"{name}{share}: train {size}; {epochs:.3g} epochs")
+        return f"{steps:,} steps x {global_batch} windows; " + " | ".join(parts)
 
-class StreamSource:
-    """A packed token stream (embedded, local:, shards:) as a mixture source."""
 
-    def __init__(self, stream, seq_len: int, seed: int, shuffle_windows: bool, name: str):
-        # One-window batches of one rank: epoch_order is then the whole epoch's window order.
-        self.order = WindowBatches(stream, seq_len, 1, 0, 1, seed, shuffle_windows, name)
-        self.stream, self.window = stream, seq_len + 1
-        self.windows_per_epoch = self.order.batches_per_epoch
+class MixtureVal(torch.utils.data.ConcatDataset):
+    """The validation windows of a mixture: each source's own held-out split, one after the
+    other (in-training evaluation also scores each source's part, `datasets`)."""
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        return self.order.epoch_order(epoch)
-
-    def read(self, ids) -> dict[str, torch.Tensor]:
-        return window_batch(self.stream, ids, self.window)
+    def describe(self) -> str:
+        return ""  # the header names no validation size for a mixture
 
 
 def source_config(dcfg, i: int):
@@ -192,41 +211,70 @@ def source_config(dcfg, i: int):
     return one
 
 
-class MixtureLog(Callback):
-    """Realized tokens per source, every metrics.log_freq steps: `data/source<i>/tokens` and
-    `data/source<i>/fraction` (of all training tokens so far) in TensorBoard."""
+def _in_source(error: ConfigError, dcfg, i: int) -> ConfigError:
+    """`error` of source i, prefixed with which source it is (once)."""
+    where = f"data.sources[{i}] ({dcfg.sources[i].dataset})"
+    said = str(error) if str(error).startswith(f"{where}:") else f"{where}: {error}"
+    return ConfigError(said, error.key or "data.sources")
+
+
+class Mixture:
+    """`[[data.sources]]`: each entry's Dataset, read together by weight (the interface of a
+    Dataset, torchllm/data/dataset.py, but a mixture is never a source of another one)."""
+
+    splits_by_name = False
+
+    def __init__(self, dcfg, parts: list):
+        self.dcfg, self.spec = dcfg, dcfg.dataset
+        self.parts, self.weights = parts, normalized_weights(dcfg.sources)
+        self.chat = any(p.chat for p in parts)
+
+    def __repr__(self) -> str:
+        return f"Mixture({self.parts!r})"
 
     @classmethod
-    def from_trainer(cls, trainer) -> "MixtureLog | None":
-        ds = getattr(trainer.train_loader, "dataset", None)
-        return cls(ds, trainer) if isinstance(ds, MixtureBatches) else None
+    def parse(cls, dcfg, parse_one) -> "Mixture":
+        """`parse_one(data config)` each entry (its dataset in data.dataset): a Dataset."""
+        normalized_weights(dcfg.sources)  # every entry has a dataset and a weight > 0
+        parts = []
+        for i in range(len(dcfg.sources)):
+            try:
+                parts.append(parse_one(source_config(dcfg, i)))
+            except ConfigError as e:
+                raise _in_source(e, dcfg, i) from None
+        return cls(dcfg, parts)
 
-    def __init__(self, mixture: MixtureBatches, trainer):
-        self.mixture, self.ramp = mixture, trainer.batch_ramp
-        self.slots_per_batch = mixture.batch_size * mixture.dp_degree
-        self.window_tokens = trainer.cfg.training.seq_len
-        self.log_freq = trainer.cfg.metrics.log_freq
-        self.batches = 0  # batches (micro-batches) this rank has consumed
-        for i, (name, w) in enumerate(zip(mixture.names, mixture.weights)):
-            logger.info("data source %d: %s, weight %.4f", i, name, w)
+    def preflight(self) -> None:
+        for i, part in enumerate(self.parts):
+            try:
+                part.preflight()
+            except ConfigError as e:
+                raise _in_source(e, self.dcfg, i) from None
 
-    def on_train_start(self, trainer) -> None:
-        # A resumed run consumed the batches of every earlier step (the loader state says so).
-        self.batches = sum(self.ramp.accum_steps(s) for s in range(1, trainer.step + 1))
+    def tokenizer_source(self):
+        return self.parts[0]  # 'auto' trains on (or, for shards, loads the tokenizer of) the first
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
-        self.batches += self.ramp.accum_steps(step)
-        if step % self.log_freq:
-            return None
-        served = self.mixture.served(self.batches * self.slots_per_batch)
-        scalars = {}
-        for i, count in enumerate(served):
-            scalars[f"data/source{i}/tokens"] = float(count * self.window_tokens)
-            scalars[f"data/source{i}/fraction"] = float(count / served.sum())
-        return StepReport(scalars=scalars)
+    def texts(self):
+        return self.parts[0].texts()
 
-    def on_train_end(self, trainer) -> None:
-        for s, n in sorted(self.mixture.rollovers.items()):
-            if n > 1:
-                logger.info("data source %d (%s) ran out %d times in this launch", s,
-                            self.mixture.names[s], n)
+    def windows(self, ctx: Context):
+        raise ConfigError("a mixture cannot be a source of another mixture", "data.sources")
+
+    def batches(self, ctx: Context):
+        """(MixtureBatches, validation windows): each source's own held-out split, one after
+        the other."""
+        sources, vals = [], []
+        for i, part in enumerate(self.parts):
+            # Each source its own seed, so equal sources still read in different orders.
+            try:
+                source, val = part.windows(ctx.with_seed(source_seed(ctx.seed, i)))
+            except ConfigError as e:
+                raise _in_source(e, self.dcfg, i) from None
+            sources.append(source)
+            vals.append(val)
+        train = MixtureBatches(sources, [s.dataset for s in self.dcfg.sources], self.weights,
+                               ctx.batch_size, ctx.dp_rank, ctx.dp_degree)
+        return train, MixtureVal(vals)
+
+    def whole_stream(self, tokenizer, max_tokens: int):
+        raise ConfigError("a mixture cannot be read whole", "validation.dataset")

@@ -114,6 +114,19 @@ class TokenStream:
         """(tokens, positions) of window i."""
         return self.read(i * window, (i + 1) * window), self.positions(i * window, (i + 1) * window)
 
+    def documents(self) -> int:
+        """Documents that start, or continue, inside this stream's [start, end) range."""
+        starts = self.doc_starts
+        a = int(np.searchsorted(starts, self.start))
+        inside = int(np.searchsorted(starts, self.end)) - a
+        starts_on_a_boundary = a < len(starts) and starts[a] == self.start
+        return inside + int(len(self) > 0 and a > 0 and not starts_on_a_boundary)
+
+    def summary(self, window: int) -> str:
+        """Its size in words (the run header): documents, tokens and windows per epoch."""
+        return (f"{count(self.documents(), 'document')}, {count(len(self), 'token')} = "
+                f"{count(self.num_windows(window), 'window')} of {window} tokens per epoch")
+
     def chunk_bounds(self, window: int) -> np.ndarray:
         """Window-index boundaries of the chunks (one per part) whose order is shuffled per epoch.
 
@@ -132,3 +145,8 @@ def pack_documents(token_lists: Iterable[list[int]]) -> tuple[np.ndarray, np.nda
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lists) else np.zeros(0, np.int64)
     tokens = np.fromiter((i for t in lists for i in t), dtype=np.int64, count=int(lengths.sum()))
     return tokens, starts
+
+
+def count(n: int, word: str) -> str:
+    """"1 window", "2,048 windows": a count in words."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"

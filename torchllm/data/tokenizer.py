@@ -2,24 +2,21 @@
 
 Three on-disk formats are understood, so a run can use the tokenizer its model was trained with:
 SentencePiece `.model` files (Llama 2 style), tiktoken BPE rank files (GPT-2's `r50k_base` and
-Llama 3's `tokenizer.model`) and Hugging Face `tokenizer.json` files (or a Hub name when online).
-
-    python -m torchllm.data.tokenizer train --input a.txt b.jsonl --vocab-size 8000 --out DIR
+Llama 3's `tokenizer.model`) and Hugging Face `tokenizer.json` files (or a Hub name when online;
+torchllm/data/tokenizer_json.py), plus "bytes" (torchllm/data/byte_tokenizer.py).
+`load_tokenizer` is the one place that tells them apart. Training a SentencePiece model:
+torchllm/data/tokenizer_training.py (and its command, `python -m torchllm.tools.train_tokenizer`).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
-import io
-import json
-import re
-import sys
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from typing import Protocol
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.chat_template import template_of
+from torchllm.data.byte_tokenizer import ByteTokenizer
+from torchllm.data.tokenizer_json import HFTokenizer
 
 
 class Tokenizer(Protocol):
@@ -125,70 +122,6 @@ class TiktokenTokenizer:
         return self.enc.decode(list(ids))
 
 
-class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer: a tokenizer.json file, its folder, or a Hub name.
-
-    BOS/EOS come from a tokenizer_config.json beside the file when present, else from the
-    usual special-token names.
-    """
-
-    BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>")
-    EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>")
-
-    def __init__(self, spec: str | Path):
-        from tokenizers import Tokenizer as _Tok
-
-        path = Path(spec)
-        config = {}
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if path.suffix == ".json":
-            if not path.is_file():
-                raise ConfigError(f"tokenizer file {path} does not exist")
-            try:
-                self.tok = _Tok.from_file(str(path))
-            except Exception as e:  # the Rust side raises a generic Exception
-                raise ConfigError(f"tokenizer file {path} is not a tokenizer.json: {e}") from None
-            cfg_file = path.with_name("tokenizer_config.json")
-            if cfg_file.is_file():
-                config = json.loads(cfg_file.read_text())
-        else:
-            from torchllm.hub import offline_note, prepare_hub
-
-            offline = prepare_hub()
-            try:
-                self.tok = _from_hub(str(spec), offline)
-            except Exception as e:
-                raise ConfigError(hub_failure_message(str(spec), e) + offline_note(offline),
-                                  "data.tokenizer") from None
-        self.path = path
-        self.config = config  # tokenizer_config.json: special tokens, chat_template
-        self.chat_template = template_of(config)
-        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.bos_id = self._special(config.get("bos_token"), self.BOS_NAMES, "BOS")
-        self.eos_id = self._special(config.get("eos_token"), self.EOS_NAMES, "EOS")
-        self.special_ids = frozenset(
-            [i for i, t in self.tok.get_added_tokens_decoder().items() if t.special]
-            + [self.bos_id, self.eos_id]
-        )
-
-    def _special(self, configured, names, what: str) -> int:
-        if isinstance(configured, dict):
-            configured = configured.get("content")
-        for name in ([configured] if configured else []) + list(names):
-            tid = self.tok.token_to_id(name)
-            if tid is not None:
-                return tid
-        raise ConfigError(f"tokenizer {self.path} has no {what} token (looked for {', '.join(names)})")
-
-    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_id] * bos + ids + [self.eos_id] * eos
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)
-
-
 def readable(tokenizer: Tokenizer, ids: list[int]) -> str:
     """Generated ids as text a person reads: cut at the first EOS, special tokens left out."""
     ids = list(ids)
@@ -214,8 +147,6 @@ def _looks_like_tiktoken(path: Path) -> bool:
 def load_tokenizer(spec: str | Path) -> Tokenizer:
     """A tokenizer from a file path (format detected from its content), "bytes" or a Hub name."""
     if str(spec) == "bytes":
-        from torchllm.data.byte_tokenizer import ByteTokenizer
-
         return ByteTokenizer()
     path = Path(spec)
     if path.is_dir() or path.suffix == ".json":
@@ -238,188 +169,3 @@ HOW_TO_GET_A_TOKENIZER = (
     "meta-llama/Llama-3.2-1B original/tokenizer.model --local-dir assets/llama3`), or set "
     "'auto' to train a SentencePiece model on data.dataset"
 )
-
-
-def _from_hub(name: str, offline: bool):
-    """tokenizer.json of a Hub repo: downloaded (or cached), or offline from the cache only,
-    failing at once when it is not there (the Rust loader would retry the network first)."""
-    from tokenizers import Tokenizer as _Tok
-
-    if not offline:
-        return _Tok.from_pretrained(name)
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(name, "tokenizer.json")
-    if not isinstance(cached, str):
-        raise FileNotFoundError(f"{name}/tokenizer.json is not in the local Hugging Face cache")
-    return _Tok.from_file(cached)
-
-
-def hub_failure_message(name: str, error: Exception) -> str:
-    """Why a Hub tokenizer did not load, and the ways to a working one (one line)."""
-    reason = " ".join(str(error).split())[:300]
-    return (
-        f"data.tokenizer = {name!r} is not a file and could not be loaded from the Hugging Face "
-        f"Hub ({type(error).__name__}: {reason}). Online: check the name (gated models such as "
-        f"meta-llama/* need `hf auth login` and an accepted license). Offline: on a "
-        f"machine with network run `hf download {name} tokenizer.json "
-        f"--local-dir DIR`, copy DIR here and set data.tokenizer = 'DIR/tokenizer.json'; or "
-        "set 'auto' to train a SentencePiece model on data.dataset"
-    )
-
-
-CHUNK_CHARS = 4096  # the longest piece of text handed to the SentencePiece trainer at once
-
-
-def training_chunks(text: str, limit: int = CHUNK_CHARS) -> Iterator[str]:
-    """`text` cut into pieces of at most `limit` characters that together are exactly `text`.
-
-    Whole lines are gathered up to the limit (their newlines kept, so newlines get pieces of
-    their own); a longer line is cut after its last sentence end (". ", "! ", "? ") or else its
-    last whitespace in the second half of the limit, or else at the limit. So any text works:
-    CRLF or LF, blank lines or none, blank lines holding spaces, one huge paragraph.
-    """
-    gathered, size = [], 0
-    for line in text.splitlines(keepends=True):
-        while len(line) > limit:
-            if gathered:
-                yield "".join(gathered)
-                gathered, size = [], 0
-            cut = _cut(line, limit)
-            yield line[:cut]
-            line = line[cut:]
-        if size + len(line) > limit:
-            yield "".join(gathered)
-            gathered, size = [], 0
-        gathered.append(line)
-        size += len(line)
-    if gathered:
-        yield "".join(gathered)
-
-
-def _cut(line: str, limit: int) -> int:
-    """Where to end the first piece of an over-long line (see training_chunks)."""
-    head = line[:limit]
-    for ends in ((". ", "! ", "? "), (" ", "\t")):
-        at = max(head.rfind(e) for e in ends)
-        if at >= limit // 2:
-            return at + len(ends[0])
-    return limit
-
-
-def train_sentencepiece(
-    texts: Iterable[str], vocab_size: int, out: str | Path, num_threads: int = 2,
-    max_chars: int | None = None, progress: bool = False,
-    vocab_key: str = "data.tokenizer_vocab_size", source: str = "data.dataset",
-) -> Path:
-    """Train a byte-fallback BPE SentencePiece model on `texts` and write it to `out` atomically.
-
-    Each text reaches the trainer whole, in `training_chunks` (nothing is dropped).
-    `max_chars` caps the training text (a few tens of MB is plenty for a BPE vocabulary).
-    `vocab_key` and `source` name the setting and the input in error messages.
-    """
-    import sentencepiece as spm
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    seen = [0]  # characters handed to the trainer
-
-    def chunks():
-        for text in texts:
-            for chunk in training_chunks(text):
-                if chunk.strip():  # whitespace alone teaches nothing; every other chunk goes in
-                    seen[0] += len(chunk)
-                    yield chunk
-                if max_chars is not None and seen[0] >= max_chars:
-                    from torchllm.log import logger
-
-                    logger.info("tokenizer training: read the first %s characters of %s (the "
-                                "cap; the rest is tokenized, not trained on)", f"{seen[0]:,}",
-                                source)
-                    return
-
-    proto = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=chunks(),
-            model_writer=proto,
-            vocab_size=vocab_size,
-            model_type="bpe",
-            byte_fallback=True,
-            character_coverage=1.0,
-            # Lossless: decode(encode(text)) == text, newlines and runs of spaces included.
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            # Bytes; no chunk is longer (the trainer silently skips longer sentences).
-            max_sentence_length=4 * CHUNK_CHARS,
-            num_threads=num_threads,
-            unk_id=0,
-            bos_id=1,
-            eos_id=2,
-            pad_id=-1,
-            minloglevel=0 if progress else 2,
-        )
-    except RuntimeError as e:
-        vocab = "too high" in str(e) or "required_chars" in str(e)
-        raise ConfigError(_training_failure(str(e), seen[0], vocab_size, vocab_key, source),
-                          vocab_key if vocab else None) from None
-    tmp = out.with_suffix(out.suffix + f".tmp{id(proto)}")
-    tmp.write_bytes(proto.getvalue())
-    tmp.replace(out)
-    return out
-
-
-def _training_failure(error: str, chars: int, vocab_size: int, vocab_key: str,
-                      source: str) -> str:
-    """Our one-line account of a SentencePiece training error (its own are C++ assertions)."""
-    if chars == 0:
-        return (f"cannot train a SentencePiece tokenizer: {source} has no text (empty, or "
-                "whitespace only); give it a non-empty file or dataset")
-    most = re.search(r"value <= (\d+)", error)
-    if most:
-        return (f"{source} has only {chars:,} characters of text, too little for a "
-                f"{vocab_size}-piece tokenizer (at most {most.group(1)} pieces can be learnt "
-                f"from it); set {vocab_key} <= {most.group(1)} or give more text")
-    least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", error)
-    if least:  # every distinct character is a piece, as are the 256 bytes and unk/bos/eos
-        return (f"{source} has more distinct characters than a {vocab_size}-piece tokenizer "
-                f"holds (with the 259 byte and control pieces it needs {least.group(1)}); set "
-                f"{vocab_key} >= {least.group(1)}")
-    return f"training a SentencePiece tokenizer on {source} failed: {' '.join(error.split())}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from torchllm.config.sections import Data
-    from torchllm.data.sources import documents
-
-    parser = argparse.ArgumentParser(prog="python -m torchllm.data.tokenizer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a SentencePiece BPE model on text files")
-    train.add_argument("--input", nargs="+", required=True,
-                       help=".txt/.jsonl/.parquet files, globs or folders")
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--out", required=True, help="folder to write tokenizer.model into")
-    train.add_argument("--text-column", default="text", help="column of .jsonl/.parquet rows")
-    train.add_argument("--max-chars", type=int, default=200_000_000,
-                       help="stop reading text after this many characters")
-    train.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    print(f"training a {args.vocab_size}-piece SentencePiece BPE tokenizer on "
-          f"{' '.join(args.input)} (up to {args.max_chars:,} characters)", file=sys.stderr)
-    try:
-        texts = (t for spec in args.input
-                 for t in documents(Data(dataset=f"local:{spec}", text_column=args.text_column)))
-        out = train_sentencepiece(texts, args.vocab_size, Path(args.out) / "tokenizer.model",
-                                  args.threads, args.max_chars, progress=False,
-                                  vocab_key="--vocab-size", source=" ".join(args.input))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    tok = SentencePieceTokenizer(out)
-    print(f"wrote {out} ({tok.vocab_size} pieces)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from torchllm.config.job_config import ConfigError
-from torchllm.data.token_stream import TokenStream
+from torchllm.data.token_stream import TokenStream, count
 
 
 def window_batch(stream: TokenStream, window_ids, window: int) -> dict[str, torch.Tensor]:
@@ -62,7 +62,7 @@ class WindowBatches(IndexedBatches):
                  dp_degree: int, seed: int, shuffle_windows: bool, name: str):
         self.stream, self.window = stream, seq_len + 1
         self.batch_size, self.dp_rank, self.dp_degree = batch_size, dp_rank, dp_degree
-        self.seed, self.shuffle_windows = seed, shuffle_windows
+        self.seed, self.shuffle_windows, self.name = seed, shuffle_windows, name
         n = stream.num_windows(self.window)
         self.batches_per_epoch = n // (batch_size * dp_degree)
         if self.batches_per_epoch == 0:
@@ -94,6 +94,33 @@ class WindowBatches(IndexedBatches):
         first = (k * self.dp_degree + self.dp_rank) * self.batch_size
         return window_batch(self.stream, self._order[first : first + self.batch_size], self.window)
 
+    def describe(self, global_batch: int, steps: int) -> str:
+        """The run header's data line: the training split's size and the epochs the run makes."""
+        epochs = steps * global_batch / max(self.stream.num_windows(self.window), 1)
+        return (f"{self.name}: train {self.stream.summary(self.window)}; {steps:,} steps x "
+                f"{global_batch} = {epochs:.3g} epochs")
+
+
+class TokenWindows:
+    """A packed token stream (embedded, local:, shards:) as a mixture source: window ids in a
+    seeded order per epoch (`epoch_order`), read by id (`read`)."""
+
+    def __init__(self, stream, seq_len: int, seed: int, shuffle_windows: bool, name: str):
+        # One-window batches of one rank: epoch_order is then the whole epoch's window order.
+        self.order = WindowBatches(stream, seq_len, 1, 0, 1, seed, shuffle_windows, name)
+        self.stream, self.window = stream, seq_len + 1
+        self.windows_per_epoch = self.order.batches_per_epoch
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return self.order.epoch_order(epoch)
+
+    def read(self, ids) -> dict[str, torch.Tensor]:
+        return window_batch(self.stream, ids, self.window)
+
+    def describe(self) -> str:
+        """Its size as a mixture source (the run header)."""
+        return self.stream.summary(self.window)
+
 
 class ValWindows(torch.utils.data.Dataset):
     """The validation split's windows, all of them, in stream order. Every rank holds the same
@@ -113,3 +140,7 @@ class ValWindows(torch.utils.data.Dataset):
             raise IndexError(i)
         batch = window_batch(self.stream, [i], self.window)
         return {k: v[0] for k, v in batch.items()}
+
+    def describe(self) -> str:
+        """The run header's validation part: its tokens and windows."""
+        return f"validation {count(len(self.stream), 'token')} ({count(self.count, 'window')})"

@@ -14,7 +14,7 @@ from torch import nn
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data, whole_stream
-from torchllm.data.kinds import parse_source
+from torchllm.data.dataset import parse_dataset
 from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import completion_text, generate
@@ -93,7 +93,7 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
     other.data.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
     if vcfg.split:
-        if not parse_source(other.data).splits_by_name:
+        if not parse_dataset(other.data).splits_by_name:
             raise ConfigError(
                 f"validation.split = {vcfg.split!r} applies to Hugging Face datasets (hf:... or "
                 f"a named one), not {name!r}; for local files or shards point validation.dataset "

@@ -10,8 +10,9 @@
       tokenizer SentencePiece outputs/debug_model/data/tokenizer_embedded_sp4096.model (4096 tokens)
 
 Everything here is read from objects the trainer already built (duck-typed, so this module
-imports nothing above config/ at import time); only which data specs read the Hub is asked of
-the data kinds' registry, the one place that knows the kinds.
+imports nothing above config/ at import time); the data line is what the training batches and
+the validation windows say of themselves (`describe()`), and which data specs read the Hub is
+asked of the data sources' registry, the one place that knows the sources.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
-
-import numpy as np
 
 from torchllm.config.job_config import JobConfig
 
@@ -33,12 +32,11 @@ HF_ONLY = {("data", "hf_subset"), ("data", "hf_split")}  # meaningless without a
 
 def _uses_hf(cfg: JobConfig) -> bool:
     """Whether any data spec reads a Hugging Face dataset ('hf:...', 'chat:hf:...', a named one,
-    or a spec the kinds do not know: shown rather than hidden)."""
-    from torchllm.data.kinds.registry import kind_class, spec_reads
+    or a spec the sources do not know: shown rather than hidden)."""
+    from torchllm.data.sources import reads_hub
 
     specs = [cfg.data.dataset, cfg.validation.dataset, *(s.dataset for s in cfg.data.sources)]
-    return any(kind_class(spec) is None or "hub" in spec_reads(spec)
-               for spec in filter(None, specs))
+    return any(reads_hub(spec) for spec in filter(None, specs))
 
 
 def config_changes(cfg: JobConfig) -> dict[str, list[str]]:
@@ -65,10 +63,6 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
 def tokenizer_summary(tokenizer) -> str:
     kind = {"SentencePieceTokenizer": "SentencePiece", "TiktokenTokenizer": "tiktoken",
             "HFTokenizer": "tokenizers"}.get(type(tokenizer).__name__, type(tokenizer).__name__)
@@ -77,68 +71,14 @@ def tokenizer_summary(tokenizer) -> str:
         f"{kind} ({tokenizer.vocab_size} tokens)"
 
 
-def _documents(stream) -> int:
-    """Documents that start, or continue, inside a TokenStream's [start, end) range."""
-    starts = stream.doc_starts
-    a = int(np.searchsorted(starts, stream.start))
-    inside = int(np.searchsorted(starts, stream.end)) - a
-    starts_on_a_boundary = a < len(starts) and starts[a] == stream.start
-    return inside + int(len(stream) > 0 and a > 0 and not starts_on_a_boundary)
-
-
-def _stream_summary(stream, window: int) -> str:
-    return (f"{_count(_documents(stream), 'document')}, {_count(len(stream), 'token')} = "
-            f"{_count(stream.num_windows(window), 'window')} of {window} tokens per epoch")
-
-
-def mixture_summary(mixture, global_batch: int, steps: int) -> str:
-    """Each source of a MixtureBatches (duck-typed: names, weights, sources with
-    windows_per_epoch and, for packed text, a TokenStream): its size and the epochs it makes."""
-    parts = []
-    for name, weight, src in zip(mixture.names, mixture.weights, mixture.sources):
-        share = f" x{float(weight):.2g}" if len(mixture.names) > 1 else ""
-        n = getattr(src, "windows_per_epoch", None)
-        if n is None:  # a Hub stream: read in order, its size unknown until read
-            windows = steps * global_batch * float(weight)
-            parts.append(f"{name}{share}: streamed (size unknown until read); ~{windows:,.0f} "
-                         "windows")
-            continue
-        stream = getattr(src, "stream", None)
-        size = (_stream_summary(stream, src.window) if stream is not None else
-                f"{_count(n, 'window')} per epoch")
-        epochs = steps * global_batch * float(weight) / max(n, 1)
-        parts.append(f"{name}{share}: train {size}; {epochs:.3g} epochs")
-    return " | ".join(parts)
-
-
-def data_summary(dataset: str, train_dataset, val_dataset, global_batch: int,
-                 steps: int, validation: bool = True) -> str:
+def data_summary(train_dataset, val_dataset, global_batch: int, steps: int,
+                 validation: bool = True) -> str:
     """Documents, tokens, windows per epoch and the epochs the run will make (per source for a
-    mixture or conversations); the held-out validation part when `validation` is on.
-
-    `train_dataset` is the loader's dataset: windows over a TokenStream (in-memory corpora,
-    shards), a mixture of sources, or a Hub stream, whose size is unknown until it has been read.
-    """
-    stream = getattr(train_dataset, "stream", None)
-    if hasattr(train_dataset, "sources") and hasattr(train_dataset, "names"):
-        text = (f"{steps:,} steps x {global_batch} windows; "
-                + mixture_summary(train_dataset, global_batch, steps))
-    elif stream is None:
-        return (f"{dataset}: streamed (size unknown until read); "
-                f"{steps:,} steps x {global_batch} windows = {steps * global_batch:,} windows")
-    else:
-        window = train_dataset.window
-        windows = stream.num_windows(window)
-        epochs = steps * global_batch / max(windows, 1)
-        text = (f"{dataset}: train {_stream_summary(stream, window)}; {steps:,} steps x "
-                f"{global_batch} = {epochs:.3g} epochs")
-    val_stream = getattr(val_dataset, "stream", None)
-    if validation and val_stream is not None:
-        text += (f" | validation {_count(len(val_stream), 'token')} "
-                 f"({_count(val_dataset.count, 'window')})")
-    elif validation and hasattr(val_dataset, "count"):
-        text += f" | validation {_count(val_dataset.count, 'window')}"
-    return text
+    mixture), as the training batches describe themselves; then the held-out validation part
+    when `validation` is on and the windows name one."""
+    text = train_dataset.describe(global_batch, steps)
+    held_out = val_dataset.describe() if validation else ""
+    return f"{text} | {held_out}" if held_out else text
 
 
 def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
@@ -225,8 +165,8 @@ def trainer_header(trainer, counts: dict[str, int]) -> str:
         batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
                     f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
-        data_line=data_summary(cfg.data.dataset, trainer.train_loader.dataset,
-                               trainer.val_loader.dataset, trainer.global_batch, tcfg.steps,
+        data_line=data_summary(trainer.train_loader.dataset, trainer.val_loader.dataset,
+                               trainer.global_batch, tcfg.steps,
                                validation=cfg.validation.enable),
         tokenizer_line=tokenizer_summary(trainer.tokenizer),
     )

@@ -22,8 +22,8 @@ import torch
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
-from torchllm.data.kinds.registry import reads_conversations
 from torchllm.checkpoint.storage import checkpoint_folder
+from torchllm.config.job_config import reads_conversations
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.metrics.reduce import rank

@@ -1,18 +1,20 @@
-"""Windows from a streaming Hugging Face dataset, tokenized on the fly.
+"""data.dataset = "hf:NAME" or a named one (HF_DATASETS): a Hugging Face dataset (or a local
+dataset folder), streamed and tokenized on the fly. The first data.val_documents documents are the
+validation split; training skips them by content.
 
 Each data-parallel rank reads its own part of the stream (`split_dataset_by_node`: whole files
 per rank when the file count divides evenly, else every dp_degree-th row), and loader workers
 split that part again by files. Unlike the window sources, the union of the ranks' batches is
 NOT the batch a single rank would see: which rows a rank reads depends on the dp degree.
-`StreamWindows` yields the stream's consecutive windows (a mixture source, `take(k)`);
-`HFStreamBatches` batches them when the stream is the only source. The state is the stream's own
-`state_dict()` plus the not yet used tokens, so resuming continues exactly where the last
-yielded batch ended.
+`StreamWindows` yields the stream's consecutive windows (a mixture source, `take(k)`); the text
+packing's `StreamBatches` batches them when the stream is the only source. The state is the
+stream's own `state_dict()` plus the not yet used tokens, so resuming continues exactly where the
+last yielded batch ended.
 
-How a row's value becomes tokens is the stream's packing: `TextPacking` (text: BOS..EOS,
-concatenated, a document may span windows) or torchllm.data.chat.ChatPacking (conversations:
-rendered with a chat template, whole conversations per window, the rest padding, a loss mask).
-The same reader, state and resume serve both.
+How a row's value becomes tokens is the stream's packing (torchllm/data/packing/): text
+(BOS..EOS, concatenated, a document may span windows) or conversations (chat:hf:NAME: rendered
+with a chat template, whole conversations per window, the rest padding, a loss mask). The same
+reader, state and resume serve both.
 
 Validation documents are held out by content (a set of text digests), not by position: a
 skip count would be divided among files once the stream is split by rank and worker.
@@ -23,12 +25,27 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from torchllm.data.token_stream import TokenStream, pack_documents
-from torchllm.data.windows import ValWindows
+from torchllm.data.sources.base import Context, Source
+from torchllm.data.sources.registry import register
+from torchllm.data.sources.rows import load_streaming, stream_texts
+
+
+@dataclass(frozen=True)
+class HFDataset:
+    path: str
+    subset: str | None = None
+    split: str = "train"
+
+
+HF_DATASETS = {
+    "fineweb_edu": HFDataset("HuggingFaceFW/fineweb-edu", "sample-10BT"),
+    "fineweb_edu_100b": HFDataset("karpathy/fineweb-edu-100b-shuffle"),
+}
 
 
 class StreamWindows:
@@ -40,7 +57,7 @@ class StreamWindows:
     def __init__(self, open_rows: Callable, text_column: str, name: str, pack, seq_len: int,
                  dp_rank: int, dp_degree: int, held_out: frozenset[bytes]):
         """open_rows(column) -> (a streaming `datasets.IterableDataset`, the column);
-        `pack`: how each row's value joins the unbatched buffers (TextPacking, ChatPacking)."""
+        `pack`: how each row's value joins the unbatched buffers (torchllm/data/packing/)."""
         self.open_rows, self.text_column, self.name = open_rows, text_column, name
         self.pack, self.window = pack, seq_len + 1
         self.dp_rank, self.dp_degree, self.held_out = dp_rank, dp_degree, held_out
@@ -115,52 +132,9 @@ class StreamWindows:
         self.state = state
         self.restart()
 
-
-class HFStreamBatches(torch.utils.data.IterableDataset):
-    """Endless batches of a stream alone: each batch is the next batch_size windows."""
-
-    def __init__(self, reader: StreamWindows, batch_size: int):
-        self.reader, self.batch_size = reader, batch_size
-
-    def __iter__(self):
-        self.reader.restart()
-        while True:
-            batch = self.reader.take(self.batch_size)
-            if batch is None:
-                return
-            yield batch
-
-    def state_dict(self) -> dict:
-        return self.reader.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.reader.load_state_dict(state)
-
-
-class TextPacking:
-    """Text documents: each encoded BOS..EOS and appended to one stream of tokens (a document
-    may span windows); `positions` restart at 0 in each document."""
-
-    buffers = ("tokens", "positions")
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def add(self, text: str, buf: dict[str, list], window: int) -> None:
-        ids = self.tokenizer.encode(text, bos=True, eos=True)
-        buf["tokens"].extend(ids)
-        buf["positions"].extend(range(len(ids)))
-
-    def batch(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The training batch of k whole windows ([k, seq_len + 1] per buffer)."""
-        t, p = rows["tokens"], rows["positions"]
-        return {"inputs": t[:, :-1], "targets": t[:, 1:], "positions": p[:, :-1]}
-
-    def validation(self, texts: list[str], ctx):
-        """The validation windows of the held-out documents."""
-        tokens, starts = pack_documents(self.tokenizer.encode(t, bos=True, eos=True)
-                                        for t in texts)
-        return ValWindows(TokenStream([tokens], starts), ctx.seq_len)
+    def describe(self) -> None:
+        """Its size as a mixture source: unknown until read (torchllm.data.mixture)."""
+        return None
 
 
 def text_digest(value) -> bytes:
@@ -169,3 +143,41 @@ def text_digest(value) -> bytes:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True,
                                                            ensure_ascii=False)
     return hashlib.blake2b(text.encode(), digest_size=12).digest()
+
+
+@register
+class HFStream(Source):
+    prefix = "hf"
+    names = tuple(HF_DATASETS)
+    usage, order = "hf:NAME", 3
+    splits_by_name = True
+    streams = True  # read in order as it arrives, never whole (chat:hf:NAME streams too)
+
+    def __init__(self, dcfg, location: str):
+        super().__init__(dcfg, location)
+        entry = HF_DATASETS.get(self.spec)
+        self.path = entry.path if entry else location
+        self.subset = dcfg.hf_subset or (entry.subset if entry else None)
+        self.split = dcfg.hf_split or (entry.split if entry else "train")
+
+    def open_rows(self, column: str):
+        return load_streaming(self.path, {"name": self.subset, "split": self.split}, self.path,
+                              column, self.subset, self.split)
+
+    def texts(self):
+        return stream_texts(self, self.dcfg.text_column, self.spec)
+
+    def first_values(self, column: str, n: int) -> list:
+        """The first n rows' `column` values (reading them checks `datasets`, the dataset and
+        its column here, not in a loader worker)."""
+        return [v for v, _ in zip(stream_texts(self, column, self.spec), range(n))]
+
+    def stream_windows(self, ctx: Context, column: str, pack):
+        """(this rank's StreamWindows of `column`'s values packed by `pack`, the validation
+        windows of the held-out first data.val_documents rows): text (`windows`) and
+        conversations (chat:hf:NAME) stream through this one reader (the packings call it)."""
+        held = self.first_values(column, self.dcfg.val_documents)
+        reader = StreamWindows(self.open_rows, column, self.spec, pack, ctx.seq_len,
+                               ctx.dp_rank, ctx.dp_degree,
+                               held_out=frozenset(text_digest(v) for v in held))
+        return reader, pack.validation(held, ctx)

@@ -1,21 +1,20 @@
-"""The interface every data kind implements, and the in-memory token kinds' shared part.
+"""The interface every data source implements, and the in-memory text sources' shared part.
 
-A kind object is made by `parse` from one `data.dataset` spec (no data is read then: the
-launcher's pre-flight check and the trainer both parse). Then it
-    * says what tokenizer it needs or carries: `carried_tokenizer()` (shards record theirs),
-      `texts()` (documents an 'auto' tokenizer is trained on; conversations and shards refuse),
-      `chat` (its windows need a chat template);
-    * yields its documents or tokens and holds out its validation part;
-    * produces windows for a (dp_rank, dp_degree): `windows(ctx)` is its part of a mixture,
-      `batches(ctx)` the endless batches when it is the only source; each with its validation
-      windows;
-    * saves and restores its position: the objects `windows` / `batches` return have
-      `state_dict()` / `load_state_dict()` (a batch count for indexed sources, the stream's
-      own state for streamed ones; see torchllm.data.mixture).
-
-A mixture source is either indexed (`windows_per_epoch`, `epoch_order(epoch)`, `read(ids)`:
-window j is a pure function of j) or sequential (`sequential = True`, `take(k)`, `restart()`,
-`state_dict()`, `load_state_dict()`: the next k windows of a stream).
+A source is where a `data.dataset` spec's rows come from (local files, shards, the embedded
+corpora, a Hugging Face dataset); how they become windows is the packing's (text windows or
+conversations: torchllm/data/packing/), and `Dataset` (torchllm/data/dataset.py) pairs the two.
+A source object is made by `parse` from one spec (no data is read then: the launcher's
+pre-flight check and the trainer both parse). Then it
+    * says what tokenizer it carries: `carried_tokenizer()` (shards record theirs), or gives
+      the documents an 'auto' tokenizer is trained on: `texts()` (shards refuse);
+    * gives its rows in one of two ways, which the packings read:
+        - at hand (`streams = False`): `token_split(tokenizer)`, its text as a training and a
+          validation TokenStream; `values(column, spec)`, one column of every row (local
+          files: conversations);
+        - streamed (`streams = True`): `stream_windows(ctx, column, pack)`, a reader of one
+          rank's part of the rows as they arrive, packed by `pack`, and the held-out windows;
+          `first_values(column, n)`, the first rows' values;
+    * reads its first max_tokens tokens whole, for a dedicated validation set (`whole_stream`).
 """
 
 from __future__ import annotations
@@ -23,17 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import numpy as np
-
 from torchllm.config.job_config import ConfigError
 from torchllm.data.token_stream import TokenStream, pack_documents
-from torchllm.data.windows import ValWindows, WindowBatches
 from torchllm.log import logger
 
 
 @dataclass(frozen=True)
 class Context:
-    """What a kind needs to produce windows for one data-parallel rank."""
+    """What a dataset needs to produce windows for one data-parallel rank."""
 
     job_config: Any
     tokenizer: Any
@@ -49,22 +45,23 @@ class Context:
     def batch_size(self) -> int:
         return self.job_config.training.local_batch_size
 
+    def with_seed(self, seed: int) -> "Context":
+        return Context(self.job_config, self.tokenizer, self.dp_rank, self.dp_degree, seed)
 
-class DataKind:
+
+class Source:
     prefix = ""  # data.dataset = "PREFIX:LOCATION"
-    names: tuple[str, ...] = ()  # bare data.dataset values that are this kind
+    names: tuple[str, ...] = ()  # bare data.dataset values that are this source
     usage = ""  # how to write it, for the "is not known" error
     order = 0  # position in that error's list
-    chat = False  # conversations: the tokenizer needs a chat template (or the chat tokens)
     splits_by_name = False  # validation.split applies (Hugging Face datasets' named splits)
-    wraps = False  # its location is another data spec (chat:hf:NAME reads rows through hf)
     streams = False  # rows read in order as they arrive (`stream_windows`), never whole
 
     def __init__(self, dcfg, location: str):
         self.dcfg, self.spec, self.location = dcfg, dcfg.dataset, location
 
     @classmethod
-    def parse(cls, dcfg, location: str) -> "DataKind":
+    def parse(cls, dcfg, location: str) -> "Source":
         """Check the spec without reading any data; ConfigError naming what is wrong."""
         if cls.prefix and not location:
             raise ConfigError(f"data.dataset = {dcfg.dataset!r}: give a location after "
@@ -78,31 +75,35 @@ class DataKind:
         """The launcher's cheap check that the data is there (local files exist); no reading."""
 
     # -- tokenizer -------------------------------------------------------------------------
-    def tokenizer_source(self) -> "DataKind":
-        """The source whose tokenizer the run uses (a mixture: its first)."""
-        return self
-
     def carried_tokenizer(self) -> str | None:
         """The tokenizer this data was made with, when it records one ('auto' loads it)."""
         return None
 
     def texts(self) -> Iterator[str]:
-        """Every document's text, in order. Raises at once (not lazily) for kinds without text."""
+        """Every document's text, in order. Raises at once (not lazily) for sources without
+        text."""
         raise NotImplementedError
 
-    # -- windows ---------------------------------------------------------------------------
-    def windows(self, ctx: Context):
-        """(mixture source, validation windows) of this rank (module doc)."""
+    # -- rows at hand (streams = False) ----------------------------------------------------
+    def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
+        """(training stream, validation stream) of its documents packed as text."""
         raise NotImplementedError
 
-    def batches(self, ctx: Context):
-        """(endless training batches, validation windows) when this is the only source; by
-        default a mixture of one (ctx.seed is then the run's, and source 0's seed derives)."""
-        from torchllm.data.mixture import MixtureBatches, source_seed
+    def values(self, column: str, spec: str) -> list:
+        """Every row's `column` value, read whole (`spec`: the data.dataset value the user
+        wrote, named in errors)."""
+        raise NotImplementedError
 
-        source, val = self.windows(_with_seed(ctx, source_seed(ctx.seed, 0)))
-        return MixtureBatches([source], [self.spec], np.ones(1), ctx.batch_size, ctx.dp_rank,
-                              ctx.dp_degree), val
+    # -- streamed rows (streams = True) ----------------------------------------------------
+    def first_values(self, column: str, n: int) -> list:
+        """The first n rows' `column` values (read at start: they are checked here, not in a
+        loader worker)."""
+        raise NotImplementedError
+
+    def stream_windows(self, ctx: Context, column: str, pack):
+        """(this rank's reader of `column`'s values packed by `pack` (a mixture source with
+        `sequential = True`), the held-out validation windows)."""
+        raise NotImplementedError
 
     def whole_stream(self, tokenizer, max_tokens: int) -> TokenStream:
         """The first max_tokens tokens of the data read whole (a dedicated validation set):
@@ -122,33 +123,7 @@ class DataKind:
         return TokenStream([tokens], starts, 0, min(len(tokens), max_tokens))
 
 
-def _with_seed(ctx: Context, seed: int) -> Context:
-    return Context(ctx.job_config, ctx.tokenizer, ctx.dp_rank, ctx.dp_degree, seed)
-
-
-class TokenKind(DataKind):
-    """A kind whose tokens are all at hand (in memory or memory-mapped) as a train and a
-    validation stream: read by window index in a seeded order per epoch."""
-
-    def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
-        """(training stream, validation stream)."""
-        raise NotImplementedError
-
-    def windows(self, ctx: Context):
-        from torchllm.data.mixture import StreamSource
-
-        train, val = self.token_split(ctx.tokenizer)
-        source = StreamSource(train, ctx.seq_len, ctx.seed, self.dcfg.shuffle_windows, self.spec)
-        return source, ValWindows(val, ctx.seq_len)
-
-    def batches(self, ctx: Context):
-        train, val = self.token_split(ctx.tokenizer)
-        batches = WindowBatches(train, ctx.seq_len, ctx.batch_size, ctx.dp_rank, ctx.dp_degree,
-                                ctx.seed, self.dcfg.shuffle_windows, self.spec)
-        return batches, ValWindows(val, ctx.seq_len)
-
-
-class CorpusKind(TokenKind):
+class CorpusSource(Source):
     """Text read whole and tokenized in memory by every rank (embedded, local:); the last
     data.val_fraction of the tokens is the validation split."""
 

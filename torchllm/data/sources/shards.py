@@ -1,4 +1,7 @@
-"""Pre-tokenized shard files: writing them (for `prepare`) and opening them as token streams.
+"""data.dataset = "shards:DIR": tokens written by `python -m torchllm.data.prepare`, memory-mapped
+(or shards:s3://bucket/prefix, any fsspec URL: read by byte range); the index records the
+tokenizer and the train / val splits. The shard files' format is here too: writing them (for
+`prepare`) and opening them as token streams.
 
 A shard directory holds
     index.json               tokenizer, dtype, vocab, and per split: shard files, token and
@@ -23,6 +26,8 @@ import numpy as np
 
 from torchllm.checkpoint.storage import Location, as_location, is_url, join, storage_for
 from torchllm.config.job_config import ConfigError
+from torchllm.data.sources.base import Source
+from torchllm.data.sources.registry import register
 from torchllm.data.token_stream import ShardPart, TokenStream
 
 MAGIC = b"TLLMSHRD"
@@ -131,3 +136,42 @@ def open_split(directory: Location, split: str) -> TokenStream:
     else:
         doc_starts = np.load(docs, mmap_mode="r")
     return TokenStream(parts, doc_starts)
+
+
+@register
+class Shards(Source):
+    prefix = "shards"
+    usage, order = "shards:DIR' or 'shards:s3://BUCKET/PREFIX", 2
+
+    def carried_tokenizer(self) -> str:
+        return read_index(self.location)["tokenizer"]
+
+    def texts(self):
+        raise ConfigError("data.dataset: shards: datasets are already tokenized; they have no "
+                          "text to read (use their tokenizer, recorded in index.json)")
+
+    def check_vocab(self, tokenizer) -> None:
+        index = read_index(self.location)
+        if index["vocab_size"] != tokenizer.vocab_size:
+            raise ConfigError(
+                f"{join(as_location(self.location), INDEX)}: shards were tokenized with a "
+                f"{index['vocab_size']}-token vocab ({index['tokenizer']}), but data.tokenizer "
+                f"has {tokenizer.vocab_size}; use the shards' tokenizer (data.tokenizer = "
+                "'auto' does)", "data.tokenizer"
+            )
+
+    def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
+        self.check_vocab(tokenizer)
+        train, val = (open_split(self.location, s) for s in ("train", "val"))
+        return train, val
+
+    def whole_stream(self, tokenizer, max_tokens: int) -> TokenStream:
+        """The val split, then the train split."""
+        self.check_vocab(tokenizer)
+        val, train = (open_split(self.location, s) for s in ("val", "train"))
+        parts = [p for s in (val, train) if len(s) for p in s.parts]
+        if not parts:
+            raise ConfigError(f"{self.spec!r} holds no tokens", "data.dataset")
+        starts = np.concatenate([val.doc_starts, train.doc_starts + len(val)])
+        stream = TokenStream(parts, starts)
+        return TokenStream(stream.parts, stream.doc_starts, 0, min(len(stream), max_tokens))

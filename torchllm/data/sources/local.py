@@ -1,0 +1,126 @@
+"""data.dataset = "local:PATH": .txt (one file = one document), .jsonl or .parquet files (a file,
+a glob or a folder), read through `datasets`' streaming reader (sources/rows.py) and tokenized in
+memory; as chat:PATH, their conversations (torchllm/data/packing/chat.py)."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+from typing import Iterator
+
+from torchllm.config.job_config import ConfigError
+from torchllm.data.sources.base import CorpusSource
+from torchllm.data.sources.registry import register
+from torchllm.data.sources.rows import load_streaming, stream_texts
+
+
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def local_files(location: str) -> list[str]:
+    """The data files a local: spec names (a file, a glob or a folder), sorted."""
+    path = Path(location)
+    if path.is_dir():
+        files = sorted(str(p) for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
+    else:
+        files = sorted(glob.glob(location)) if glob.has_magic(location) else [location]
+    if not files or not all(Path(f).is_file() for f in files):
+        raise ConfigError(f"data.dataset = 'local:{location}': no such file or no "
+                          f"{'/'.join(LOCAL_BUILDERS)} files there", "data.dataset")
+    suffixes = {Path(f).suffix for f in files}
+    if len(suffixes) != 1 or not suffixes <= set(LOCAL_BUILDERS):
+        raise ConfigError(
+            f"data.dataset = 'local:{location}': files must all have one of the suffixes "
+            f"{', '.join(LOCAL_BUILDERS)}; found {', '.join(sorted(suffixes))}", "data.dataset"
+        )
+    return files
+
+
+class LocalReading:
+    """How local files' rows are read (load_streaming's `local`): a file that cannot be read
+    (not UTF-8, a bad JSON line, ...) is a one-line ConfigError naming the file and line instead
+    of a traceback. `where`: the data.dataset value the user wrote (local:PATH or chat:PATH)."""
+
+    def __init__(self, where: str, location: str):
+        self.where, self.location = where, location
+
+    def unreadable(self) -> ConfigError | None:
+        return unreadable(self.where, self.location)
+
+    def rows(self, ds) -> "LocalRows":
+        return LocalRows(ds, self.where, self.location)
+
+
+class LocalRows:
+    """The rows of local files' streaming dataset, each read error named (LocalReading)."""
+
+    def __init__(self, ds, where: str, location: str):
+        self.ds, self.where, self.location = ds, where, location
+
+    def __iter__(self) -> Iterator[dict]:
+        rows = iter(self.ds)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except ConfigError:
+                raise
+            except Exception as e:  # UnicodeDecodeError, ArrowInvalid, ...: which file is unsaid
+                where = self.where
+                raise (unreadable(where, self.location) or ConfigError(
+                    f"{where}: cannot read it: {type(e).__name__}: {e}", "data.dataset")) from None
+            yield row
+
+
+def unreadable(where: str, location: str) -> ConfigError | None:
+    """Why the files of LOCATION failed to read: the first line that is not UTF-8 (or, in
+    .jsonl, not JSON), found by scanning them again; None if every line reads."""
+    for f in local_files(location):
+        if Path(f).suffix not in (".txt", ".jsonl", ".json"):
+            continue  # parquet: binary, the reader's message below
+        with open(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return ConfigError(
+                        f"{where}: {f} is not UTF-8 text (line {lineno}, byte {e.start}: "
+                        f"{raw[e.start:e.start + 1]!r}); convert it (e.g. iconv -f latin1 -t "
+                        "utf-8) or remove it", "data.dataset")
+                if f.endswith(".jsonl") and line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as e:
+                        return ConfigError(f"{where}: {f} line {lineno} is not valid JSON "
+                                           f"({e})", "data.dataset")
+    return None
+
+
+@register
+class LocalFiles(CorpusSource):
+    prefix = "local"
+    usage, order = "local:PATH", 1
+
+    def preflight(self) -> None:
+        local_files(self.location)  # a missing file: one line naming it, before any rank starts
+
+    def open_rows(self, column: str, spec: str | None = None):
+        """(streaming dataset of the files' rows, the column holding `column`'s values); `spec`:
+        the data.dataset value the user wrote (chat:PATH), named when a file cannot be read."""
+        files = local_files(self.location)
+        builder = LOCAL_BUILDERS[Path(files[0]).suffix]
+        kwargs = {"data_files": files, "split": "train"}
+        if builder == "text":  # one document per .txt file, in a column named "text"
+            kwargs["sample_by"], column = "document", "text"
+            kwargs["encoding"] = "utf-8-sig"  # a byte-order mark starting a file is not text
+        return load_streaming(builder, kwargs, f"local:{self.location}", column,
+                              local=LocalReading(spec or self.spec, self.location))
+
+    def texts(self):
+        return stream_texts(self, self.dcfg.text_column, self.spec)
+
+    def values(self, column: str, spec: str) -> list:
+        ds, column = self.open_rows(column, spec)
+        return [row[column] for row in ds]  # a file that cannot be read is named (LocalRows)
