@@ -143,7 +143,7 @@ MUTANTS = [
     ),
     Mutant(
         "time_limit_ignored", "training.time_limit_minutes never stops the run",
-        "torchllm/stopping.py",
+        "torchllm/run/stopping.py",
         "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
         "            if False:",
         ("tests/test_train.py::test_time_limit_saves_and_stops_before_the_limit",),
@@ -157,7 +157,7 @@ MUTANTS = [
     ),
     Mutant(
         "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
-        "torchllm/stopping.py",
+        "torchllm/run/stopping.py",
         "        if any_rank(reason is not None, self.device) and reason is None:",
         "        if False:",
         ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
@@ -222,7 +222,7 @@ MUTANTS = [
     Mutant(
         "lock_takeover_unverified", "a stale-lock takeover renames aside whatever run.lock is "
         "by then (another launch's new lock), so two launches both hold the run folder",
-        "torchllm/runlock.py",
+        "torchllm/run/runlock.py",
         """            if _identity(self.path) != ident:
                 return False  # renewed, released or taken over since it was read
 """ + LOCK_LOG + LOCK_ASIDE + """            if _identity(aside) != ident:  # a new lock, created in between: put it back
@@ -323,7 +323,7 @@ MUTANTS = [
     ),
     Mutant(
         "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
-        "torchllm/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
+        "torchllm/run/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
         "parses them with\n", "",
         ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
     ),
@@ -428,7 +428,7 @@ MUTANTS = [
     ),
     Mutant(
         "torchrun_tee_left", "torchrun's tee folder is left under TMPDIR",
-        "torchllm/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
+        "torchllm/run/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
         "    if False:  # torchrun's tee files",
         ("tests/test_train.py::test_run_train_sh_end_to_end",),
     ),
@@ -441,7 +441,7 @@ MUTANTS = [
     ),
     Mutant(
         "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
-        "torchllm/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
+        "torchllm/run/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
         "    if False:  # rank 0 reports its step",
         ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
     ),
@@ -957,7 +957,7 @@ MUTANTS = [
     Mutant(
         "launch_stores_bind_all_interfaces",
         "a single-node launch leaves torchrun's TCPStores on torch's default (every interface)",
-        "torchllm/launch.py",
+        "torchllm/run/launch.py",
         "        with loopback_stores() if local else contextlib.nullcontext():",
         "        with contextlib.nullcontext():",
         ("tests/test_launch_security.py::"
@@ -966,7 +966,7 @@ MUTANTS = [
     Mutant(
         "launch_fixed_rendezvous_id",
         "a c10d rendezvous without RDZV_ID gets a fixed, guessable id",
-        "torchllm/launch.py",
+        "torchllm/run/launch.py",
         "        args.rdzv_id = secrets.token_hex(16)",
         "        args.rdzv_id = \"torchllm\"",
         ("tests/test_launch_security.py::"

@@ -19,7 +19,7 @@ from torchllm.data import build_data
 from torchllm.data.hf_stream import StreamWindows
 from torchllm.data.kinds import NAMES, PREFIXES, parse_data
 from torchllm.data.mixture import MixtureBatches
-from torchllm.launch import check_config
+from torchllm.run.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
 from test_data import (TOK, corpus_texts, make_hf_folder,

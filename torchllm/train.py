@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from torchllm import models, process
+from torchllm import models
+from torchllm.run import process
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.checkpoint.resume import recorded_precision
@@ -57,10 +58,10 @@ from torchllm.parallel import (
     set_comm_timeout,
 )
 from torchllm.precision import resolve_bf16
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.report.hook import RunReport
-from torchllm.rundir import prepare_run_dir, run_name, write_run_config
-from torchllm.stopping import StopConditions
+from torchllm.run.rundir import prepare_run_dir, run_name, write_run_config
+from torchllm.run.stopping import StopConditions
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
@@ -400,7 +401,7 @@ def trainer_from_args(argv: list[str]) -> Trainer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train; returns the exit code (see torchllm.process.main)."""
+    """Train; returns the exit code (see torchllm.run.process.main)."""
     return process.main(Trainer, sys.argv[1:] if argv is None else argv)
 
 

@@ -24,7 +24,7 @@ from torchllm.log import init_logger
 from torchllm.metrics import rank
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.tools.estimate_memory import estimate_memory
 from torchllm.train import Trainer, trainer_from_args
 

@@ -1,7 +1,7 @@
 """The run folder: one run per folder, and runs that don't mix.
 
 `prepare_run_dir` runs at the start of every launch, before any data or model work:
-1. rank 0 takes the folder's lock (torchllm.runlock): a second launch into a folder that a live
+1. rank 0 takes the folder's lock (torchllm.run.runlock): a second launch into a folder that a live
    run holds fails here; a lock left by a dead run is taken over with a warning.
 2. A launch that will not resume (no complete checkpoint of its own to load, or checkpointing
    off) into a folder that holds a previous run's outputs (checkpoints or TensorBoard events)
@@ -36,7 +36,7 @@ from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm.metrics.writers import tensorboard_folder
-from torchllm.runlock import RunLock, RunLockedError
+from torchllm.run.runlock import RunLock, RunLockedError
 
 
 def run_name(cfg: JobConfig) -> str:
