@@ -499,10 +499,10 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::test_without_initial_load_path_it_is_one_line",),
     ),
     Mutant(
-        "stage_config_keeps_from_initial_load", "the run's config.toml records "
-        "'from_initial_load', not the tokenizer it resolved to", "torchllm/train.py",
-        "        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
-        "        self.cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "stage_config_keeps_from_initial_load", "the run's config keeps "
+        "'from_initial_load', not the tokenizer it resolved to", "torchllm/run/resolve.py",
+        "    cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "    stage_tokenizer(cfg, log=rank() == 0)\n",
         ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
          "load_trained_with",),
     ),
@@ -1095,7 +1095,7 @@ MUTANTS = [
     ),
     Mutant(
         "tokenizer_identity_by_size", "another tokenizer of the same size passes (the SHA-256 "
-        "is not compared)", "torchllm/checkpoint/stage_tokenizer.py",
+        "is not compared)", "torchllm/checkpoint/tokenizer_identity.py",
         "    if a and b:\n        same = a == b\n", "    if a and b:\n        same = True\n",
         ("tests/test_stage_tokenizer.py::"
          "test_resuming_with_another_tokenizer_of_the_same_size_names_both",
@@ -1104,7 +1104,7 @@ MUTANTS = [
     ),
     Mutant(
         "stage_auto_trains_a_new_tokenizer", "data.tokenizer = 'auto' with initial_load_path "
-        "trains a new tokenizer on the stage's data", "torchllm/checkpoint/stage_tokenizer.py",
+        "trains a new tokenizer on the stage's data", "torchllm/run/tokenizer.py",
         '    return tok == FROM_INITIAL_LOAD or (tok == "auto" and '
         "bool(cfg.checkpoint.initial_load_path))\n",
         "    return tok == FROM_INITIAL_LOAD\n",
@@ -1113,7 +1113,8 @@ MUTANTS = [
     ),
     Mutant(
         "stage_train_choice_refused", "data.tokenizer = 'train' at a stage is refused like any "
-        "other tokenizer (no way to choose a new one)", "torchllm/checkpoint/stage_tokenizer.py",
+        "other tokenizer (no way to choose a new one)",
+        "torchllm/checkpoint/tokenizer_identity.py",
         '    if use == "initial load" and now.get("new"):\n', "    if False:\n",
         ("tests/test_stage_tokenizer.py::"
          "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
@@ -1128,7 +1129,8 @@ MUTANTS = [
     ),
     Mutant(
         "hf_stage_reads_tokenizer_json_only", "a Hugging Face folder's tokenizer.model (a "
-        "SentencePiece export) is not its tokenizer", "torchllm/checkpoint/stage_tokenizer.py",
+        "SentencePiece export) is not its tokenizer",
+        "torchllm/checkpoint/tokenizer_identity.py",
         'HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")\n',
         'HF_TOKENIZER_FILES = ("tokenizer.json",)\n',
         ("tests/test_stage_tokenizer.py::"

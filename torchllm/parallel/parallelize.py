@@ -147,7 +147,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
         n = apply_compile(model, job_config.compile, float8_inductor_options(job_config.float8))
         applied.append(f"compiled {n} blocks")
     if parallel_dims.fsdp_enabled:
-        bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
+        bf16 = parallel_dims.bf16
+        if bf16 is None:
+            bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
             model,
             parallel_dims.fsdp_mesh(),

@@ -20,6 +20,7 @@ from torchllm.checkpoint.checkpointer import CheckpointSaveError
 from torchllm.config import ConfigError
 from torchllm.log import logger
 from torchllm.metrics import TrainingStopped
+from torchllm.ranks import env_rank
 
 STATUS_DIR_ENV = "TORCHLLM_STATUS_DIR"
 LAUNCHER_PID_ENV = "TORCHLLM_LAUNCHER_PID"
@@ -92,7 +93,7 @@ def write_status(code: int, exc: BaseException | None = None) -> None:
     folder = os.environ.get(STATUS_DIR_ENV)
     if not folder:
         return
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env_rank()
     status = {"rank": rank, "code": code, "time": time.time()}
     if exc is not None:
         status.update(error=summary(exc), where=where(exc), echo=is_peer_failure(exc))

@@ -50,7 +50,7 @@ LOOPBACK = "127.0.0.1"
 def check_config(train_args: list[str], world_size: int | None):
     """Everything about the config that can be checked without a process group; ConfigError."""
     from torchllm import models
-    from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+    from torchllm.run.tokenizer import stage_tokenizer
     from torchllm.data.kinds import check_data
     from torchllm.device import resolve_device
     from torchllm.parallel import build_parallel_dims
