@@ -17,9 +17,10 @@
 # authentication (whoever reaches them and knows RDZV_ID can run code in the launcher): run it
 # on a trusted network only, as torchrun's own docs say.
 #
-# torchrun runs inside `python -m torchllm.launch`, which first checks the config (a mistake is
-# one line and exit code 2), prints a failure on any rank once (the first error), and exits 0
-# when SIGTERM/SIGINT stopped the run and every worker saved and exited cleanly.
+# torchrun runs inside `python -m torchllm.run` (torchllm/run/launch.py), which first checks the
+# config (a mistake is one line and exit code 2), prints a failure on any rank once (the first
+# error), and exits 0 when SIGTERM/SIGINT stopped the run and every worker saved and exited
+# cleanly.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -43,4 +44,4 @@ else
     launch+=(--standalone)
 fi
 
-exec python -m torchllm.launch "${launch[@]}" -- --job.config_file "$CONFIG_FILE" "$@"
+exec python -m torchllm.run "${launch[@]}" -- --job.config_file "$CONFIG_FILE" "$@"

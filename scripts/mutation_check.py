@@ -143,7 +143,7 @@ MUTANTS = [
     ),
     Mutant(
         "time_limit_ignored", "training.time_limit_minutes never stops the run",
-        "torchllm/stopping.py",
+        "torchllm/run/stopping.py",
         "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
         "            if False:",
         ("tests/test_train.py::test_time_limit_saves_and_stops_before_the_limit",),
@@ -157,7 +157,7 @@ MUTANTS = [
     ),
     Mutant(
         "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
-        "torchllm/stopping.py",
+        "torchllm/run/stopping.py",
         "        if any_rank(reason is not None, self.device) and reason is None:",
         "        if False:",
         ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
@@ -222,7 +222,7 @@ MUTANTS = [
     Mutant(
         "lock_takeover_unverified", "a stale-lock takeover renames aside whatever run.lock is "
         "by then (another launch's new lock), so two launches both hold the run folder",
-        "torchllm/runlock.py",
+        "torchllm/run/runlock.py",
         """            if _identity(self.path) != ident:
                 return False  # renewed, released or taken over since it was read
 """ + LOCK_LOG + LOCK_ASIDE + """            if _identity(aside) != ident:  # a new lock, created in between: put it back
@@ -323,7 +323,7 @@ MUTANTS = [
     ),
     Mutant(
         "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
-        "torchllm/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
+        "torchllm/run/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
         "parses them with\n", "",
         ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
     ),
@@ -429,7 +429,7 @@ MUTANTS = [
     ),
     Mutant(
         "torchrun_tee_left", "torchrun's tee folder is left under TMPDIR",
-        "torchllm/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
+        "torchllm/run/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
         "    if False:  # torchrun's tee files",
         ("tests/test_train.py::test_run_train_sh_end_to_end",),
     ),
@@ -442,7 +442,7 @@ MUTANTS = [
     ),
     Mutant(
         "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
-        "torchllm/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
+        "torchllm/run/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
         "    if False:  # rank 0 reports its step",
         ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
     ),
@@ -500,10 +500,10 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::test_without_initial_load_path_it_is_one_line",),
     ),
     Mutant(
-        "stage_config_keeps_from_initial_load", "the run's config.toml records "
-        "'from_initial_load', not the tokenizer it resolved to", "torchllm/train.py",
-        "        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
-        "        self.cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "stage_config_keeps_from_initial_load", "the run's config keeps "
+        "'from_initial_load', not the tokenizer it resolved to", "torchllm/run/resolve.py",
+        "    cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "    stage_tokenizer(cfg, log=rank() == 0)\n",
         ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
          "load_trained_with",),
     ),
@@ -958,7 +958,7 @@ MUTANTS = [
     Mutant(
         "launch_stores_bind_all_interfaces",
         "a single-node launch leaves torchrun's TCPStores on torch's default (every interface)",
-        "torchllm/launch.py",
+        "torchllm/run/launch.py",
         "        with loopback_stores() if local else contextlib.nullcontext():",
         "        with contextlib.nullcontext():",
         ("tests/test_launch_security.py::"
@@ -967,7 +967,7 @@ MUTANTS = [
     Mutant(
         "launch_fixed_rendezvous_id",
         "a c10d rendezvous without RDZV_ID gets a fixed, guessable id",
-        "torchllm/launch.py",
+        "torchllm/run/launch.py",
         "        args.rdzv_id = secrets.token_hex(16)",
         "        args.rdzv_id = \"torchllm\"",
         ("tests/test_launch_security.py::"
@@ -1096,7 +1096,7 @@ MUTANTS = [
     ),
     Mutant(
         "tokenizer_identity_by_size", "another tokenizer of the same size passes (the SHA-256 "
-        "is not compared)", "torchllm/checkpoint/stage_tokenizer.py",
+        "is not compared)", "torchllm/checkpoint/tokenizer_identity.py",
         "    if a and b:\n        same = a == b\n", "    if a and b:\n        same = True\n",
         ("tests/test_stage_tokenizer.py::"
          "test_resuming_with_another_tokenizer_of_the_same_size_names_both",
@@ -1105,7 +1105,7 @@ MUTANTS = [
     ),
     Mutant(
         "stage_auto_trains_a_new_tokenizer", "data.tokenizer = 'auto' with initial_load_path "
-        "trains a new tokenizer on the stage's data", "torchllm/checkpoint/stage_tokenizer.py",
+        "trains a new tokenizer on the stage's data", "torchllm/run/tokenizer.py",
         '    return tok == FROM_INITIAL_LOAD or (tok == "auto" and '
         "bool(cfg.checkpoint.initial_load_path))\n",
         "    return tok == FROM_INITIAL_LOAD\n",
@@ -1114,7 +1114,8 @@ MUTANTS = [
     ),
     Mutant(
         "stage_train_choice_refused", "data.tokenizer = 'train' at a stage is refused like any "
-        "other tokenizer (no way to choose a new one)", "torchllm/checkpoint/stage_tokenizer.py",
+        "other tokenizer (no way to choose a new one)",
+        "torchllm/checkpoint/tokenizer_identity.py",
         '    if use == "initial load" and now.get("new"):\n', "    if False:\n",
         ("tests/test_stage_tokenizer.py::"
          "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
@@ -1129,7 +1130,8 @@ MUTANTS = [
     ),
     Mutant(
         "hf_stage_reads_tokenizer_json_only", "a Hugging Face folder's tokenizer.model (a "
-        "SentencePiece export) is not its tokenizer", "torchllm/checkpoint/stage_tokenizer.py",
+        "SentencePiece export) is not its tokenizer",
+        "torchllm/checkpoint/tokenizer_identity.py",
         'HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")\n',
         'HF_TOKENIZER_FILES = ("tokenizer.json",)\n',
         ("tests/test_stage_tokenizer.py::"

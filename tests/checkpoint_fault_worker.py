@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torchllm.checkpoint.state import RNGState
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.train import Trainer
 
 
@@ -41,4 +41,4 @@ def main(out: str, args: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2:])
-    exit_process(0)  # not sys.exit: see torchllm.process_exit
+    exit_process(0)  # not sys.exit: see torchllm.run.process_exit

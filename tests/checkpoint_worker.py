@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.train import Trainer
 
 
@@ -59,4 +59,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    exit_process(0)  # not sys.exit: see torchllm.process_exit
+    exit_process(0)  # not sys.exit: see torchllm.run.process_exit

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from torchllm.models.moe import MoE
 from torchllm.parallel.expert_parallel import apply_ep
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 
 TOKENS_PER_RANK = 12
 CASES = ("balanced", "skewed")  # skewed: every token routed to the first rank's experts
@@ -77,4 +77,4 @@ def main(out_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    exit_process(0)  # not sys.exit: see torchllm.process_exit
+    exit_process(0)  # not sys.exit: see torchllm.run.process_exit

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from torchllm.config import load_config
 from torchllm.parallel import destroy_distributed, gradient_sync
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.train import Trainer
 
 from test_host_syncs import step_events
@@ -108,4 +108,4 @@ def main(spec_path: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    exit_process(0)  # not sys.exit: see torchllm.process_exit
+    exit_process(0)  # not sys.exit: see torchllm.run.process_exit

@@ -364,8 +364,8 @@ state = loader.state_dict()
 after = [next(it) for _ in range(3)]
 torch.save({"first": first, "after": after, "state": state}, f"{out}/rank{rank}.pt")
 dist.destroy_process_group()
-from torchllm.process_exit import exit_process
-exit_process(0)  # not a plain exit: see torchllm.process_exit
+from torchllm.run.process_exit import exit_process
+exit_process(0)  # not a plain exit: see torchllm.run.process_exit
 """
 
 

@@ -15,7 +15,7 @@ import torch
 from torchllm.config import ConfigError
 from torchllm.data import build_data, load_tokenizer
 from torchllm.data.sources.registry import PREFIXES
-from torchllm.launch import check_config
+from torchllm.run.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
 

@@ -22,7 +22,7 @@ from torchllm.data.mixture import MixtureBatches
 from torchllm.data.packing.chat import ChatPacking
 from torchllm.data.packing.text import TextPacking
 from torchllm.data.sources.registry import NAMES, PREFIXES
-from torchllm.launch import check_config
+from torchllm.run.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
 from test_data import (TOK, corpus_texts, make_hf_folder,

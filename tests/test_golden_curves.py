@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     if "--worker" in sys.argv:
-        from torchllm.process_exit import exit_process
+        from torchllm.run.process_exit import exit_process
 
-        exit_process(code)  # after collectives: see torchllm.process_exit
+        exit_process(code)  # after collectives: see torchllm.run.process_exit
     sys.exit(code)

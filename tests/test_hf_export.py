@@ -241,8 +241,8 @@ if dist.get_rank() == 0:
     assert full.keys() == want.keys() and all(torch.equal(full[k], want[k]) for k in want)
     print("FSDP LOAD OK")
 dist.destroy_process_group()
-from torchllm.process_exit import exit_process
-exit_process(0)  # not a plain exit: see torchllm.process_exit
+from torchllm.run.process_exit import exit_process
+exit_process(0)  # not a plain exit: see torchllm.run.process_exit
 """
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, tiny_args
 from s3_server import free_port
 from torchllm.config import ConfigError
-from torchllm.launch import secure_rendezvous
+from torchllm.run.launch import secure_rendezvous
 
 
 def _hex_addr(field: str) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""torchllm.process_exit.exit_process: the exit code, and nothing buffered is lost (stdout to a
+"""torchllm.run.process_exit.exit_process: the exit code, and nothing buffered is lost (stdout to a
 pipe is block-buffered, and os._exit alone would drop it)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import sys
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 print("printed before exit", end="")
 sys.stderr.write("stderr before exit")
 exit_process(3)

@@ -112,6 +112,6 @@ def test_muon_with_fsdp2_is_refused_with_what_works(results):
 
 if __name__ == "__main__":
     worker(*sys.argv[1:])
-    from torchllm.process_exit import exit_process
+    from torchllm.run.process_exit import exit_process
 
-    exit_process(0)  # not sys.exit: see torchllm.process_exit
+    exit_process(0)  # not sys.exit: see torchllm.run.process_exit

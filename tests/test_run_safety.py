@@ -15,8 +15,8 @@ import pytest
 
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import field_types
-from torchllm.failures import failure_report, summary
-from torchllm.runlock import LOCK_NAME, RunLock, RunLockedError
+from torchllm.run.failures import failure_report, summary
+from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
 from conftest import REPO, tiny_args, tiny_config
 
@@ -29,7 +29,7 @@ def log_text(caplog):
 
 HOLD = """
 import sys, time
-from torchllm.runlock import RunLock
+from torchllm.run.runlock import RunLock
 RunLock(sys.argv[1], stale_s=600).acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -264,7 +264,7 @@ def test_one_ctrl_c_delivered_twice_is_one_stop_request():
     import signal
     import types
 
-    from torchllm.stopping import StopConditions
+    from torchllm.run.stopping import StopConditions
 
     t = StopConditions(types.SimpleNamespace(), None, 0.0)
     t.on_signal(signal.SIGINT, None)  # from the terminal
@@ -278,7 +278,7 @@ def test_one_ctrl_c_delivered_twice_is_one_stop_request():
 def test_launcher_counts_the_devices_itself(monkeypatch):
     import torch
 
-    from torchllm.launch import resolve_nproc
+    from torchllm.run.launch import resolve_nproc
 
     monkeypatch.setenv("OMP_NUM_THREADS", "x")  # recorded, so undone even when it was unset
     monkeypatch.delenv("OMP_NUM_THREADS")
@@ -361,7 +361,7 @@ def test_launcher_refuses_a_bad_run_name_in_one_line(tmp_path):
 def test_overwrite_deletes_only_this_runs_folders_and_says_what(tmp_path, log_text):
     import torch
 
-    from torchllm.rundir import prepare_run_dir
+    from torchllm.run.rundir import prepare_run_dir
 
     snapshot = neighbour(tmp_path)
     before = snapshot()

@@ -1,5 +1,5 @@
 """The run lock under races and odd files, and its release on the ways a launch ends at start-up
-(torchllm.runlock; the basic cases are in test_run_safety.py)."""
+(torchllm.run.runlock; the basic cases are in test_run_safety.py)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from torchllm.runlock import LOCK_NAME, RunLock, RunLockedError
+from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
 from conftest import REPO, tiny_args
 
@@ -21,7 +21,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 # time and answers "won" or "refused <message>"; it releases on the next line ("release").
 RACER = """
 import sys, time
-from torchllm.runlock import RunLock, RunLockedError
+from torchllm.run.runlock import RunLock, RunLockedError
 for line in sys.stdin:
     folder, start = line.split()
     lock = RunLock(folder, stale_s=600)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+from torchllm.run.tokenizer import stage_tokenizer
 from torchllm.config import load_config
 from torchllm.data.tokenizer_training import train_sentencepiece
 

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import torch
 
+from torchllm import ranks
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
@@ -25,7 +26,7 @@ def resolve_device(name: str, key: str = "training.device") -> torch.device:
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{key} = 'cuda' but no CUDA device is visible; use 'cpu'", key)
-        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        local_rank, count = ranks.local_rank(), torch.cuda.device_count()
         if local_rank >= count:
             raise ConfigError(
                 f"{key} = 'cuda' (or 'auto'): this process has LOCAL_RANK {local_rank} but only "

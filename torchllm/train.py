@@ -7,35 +7,29 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import os
 import sys
 import time
 
 import torch
 
-from torchllm import models, process
+from torchllm import models
 from torchllm.callbacks import StepReport, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
-from torchllm.checkpoint.resume import recorded_precision
-from torchllm.checkpoint.stage_tokenizer import stage_tokenizer, trains_new_tokenizer
-from torchllm.checkpoint.storage import checkpoint_folder
-from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.config.job_config import reads_conversations
-from torchllm.data import build_data, build_tokenizer
+from torchllm.data import build_data
 from torchllm.data.fingerprint import data_fingerprint
 from torchllm.data.packing.chat import unpadded_tokens
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
-    configure_device, determinism_settings, resolve_device, restore_determinism, seed_everything,
+    configure_device, determinism_settings, restore_determinism, seed_everything,
 )
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
-from torchllm.log import logger, open_run_log
+from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
-from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
+from torchllm.metrics import LossGuard, MetricsLogger, Profiler
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
 from torchllm.metrics.header import trainer_header
 from torchllm.metrics.mixture_log import MixtureLog
@@ -48,20 +42,19 @@ from torchllm.parallel import (
     ContextParallel,
     build_loss_fn,
     build_model,
-    build_parallel_dims,
     clip_grad_norm_,
     dp_sum,
     gradient_sync,
-    rank_zero_first,
     register_float8_scale_precompute,
     set_comm_timeout,
 )
 from torchllm.parallel.levers import StepLevers
-from torchllm.precision import resolve_bf16
-from torchllm.process_exit import exit_process
 from torchllm.report.hook import RunReport
-from torchllm.rundir import prepare_run_dir, run_name, write_run_config
-from torchllm.stopping import StopConditions
+from torchllm.run import process
+from torchllm.run.process_exit import exit_process
+from torchllm.run.resolve import Run, resolve_run
+from torchllm.run.rundir import run_name, write_run_config
+from torchllm.run.stopping import StopConditions
 
 
 # Optional behaviour, attached to the loop through torchllm.callbacks (each class decides from
@@ -72,30 +65,29 @@ CALLBACKS = (Profiler, Evaluator, DownstreamEval, MixtureLog, MoEStats, MoEBiasB
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, run: Run | None = None):
+        """`run`: the run resolved from `cfg` (torchllm.run.resolve.resolve_run; resolved here
+        when not given). The Trainer owns its folder's lock from then on."""
         # Process-wide state a Trainer changes is given back by close(), or here if building
         # fails (a notebook's or a test's next Trainer must not inherit a half-built one's).
         self.determinism = determinism_settings()
         self.run_lock = None
         try:
-            self._build(cfg)
+            self._build(run if run is not None else resolve_run(cfg))
         except BaseException:
             if self.run_lock is not None:
                 self.run_lock.release()
             restore_determinism(self.determinism)
             raise
 
-    def _build(self, cfg: JobConfig) -> None:
-        # data.tokenizer = "from_initial_load": the previous stage's, made concrete first, so
-        # that the config.toml this run writes names it for generate, evals and the next stage.
-        self.cfg = cfg = stage_tokenizer(cfg, log=rank() == 0)
+    def _build(self, run: Run) -> None:
+        # The run as torchllm.run.resolve decided it: config (a stage's tokenizer concrete),
+        # device, process layout, folder (locked), precision and tokenizer.
+        self.run_lock = run.lock
+        self.cfg = cfg = run.cfg
         tcfg = cfg.training
-        self.device = resolve_device(tcfg.device)
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        # Validate the layout before any process-group work, then build the mesh (world > 1).
-        self.parallel_dims = build_parallel_dims(cfg, world_size, self.device.type,
-                                                 models.model_args(cfg))
-        self.parallel_dims.build_mesh(self.device, cfg.comm.init_timeout_seconds)
+        self.device, self.parallel_dims, self.run_dir = run.device, run.parallel_dims, run.folder
+        self.bf16, self.precision, self.tokenizer = run.bf16, run.precision, run.tokenizer
         self.dp_degree = self.parallel_dims.dp_degree
         self.dp_rank = self.parallel_dims.dp_rank
         self.cp = ContextParallel.from_dims(self.parallel_dims)  # splits sequences (cp > 1)
@@ -111,27 +103,6 @@ class Trainer:
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
 
-        # One run per folder (a lock), and no fresh start over a previous run's outputs.
-        self.run_dir, self.run_lock = prepare_run_dir(cfg, self.device)
-        open_run_log(self.run_dir, rank())  # RUN/train.log (under torchllm.train's main)
-        # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
-        # A resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe).
-        ccfg = cfg.checkpoint
-        folder = checkpoint_folder(self.run_dir, ccfg.folder)
-        recorded = recorded_precision(folder, ccfg.load_step, self.device) if ccfg.enable else None
-        self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type, recorded)
-        self.precision = "bf16" if self.bf16 else "fp32"
-        (logger.info if recorded in (None, self.precision) else logger.warning)(
-            "precision: %s (%s)", self.precision, why)
-        # The model is built in the precision decided here (not re-resolved from "auto").
-        build_cfg = dataclasses.replace(cfg, training=dataclasses.replace(
-            tcfg, mixed_precision="bf16" if self.bf16 else "none"))
-        if cfg.job.print_config and rank() == 0:  # the console gets a short header (below)
-            logger.info("effective config:\n%s", to_toml(cfg))
-
-        # Tokenizer and data: the model's vocab follows the tokenizer's (padded).
-        with rank_zero_first(self.parallel_dims):  # rank 0 trains and caches it, once
-            self.tokenizer = build_tokenizer(cfg, self.run_dir / "data")
         self.train_loader, self.val_loader = build_data(
             cfg, self.tokenizer, self.dp_rank, self.dp_degree
         )
@@ -144,7 +115,7 @@ class Trainer:
         # Model: built on meta, parallelized, materialized with a single process's initial
         # weights; under pipeline parallelism, this rank's stages (and their schedule).
         self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims,
-                                                build_cfg, self.device, self.loss_fn)
+                                                cfg, self.device, self.loss_fn)
         self.model.train()
         # Speed levers acting at run time: bf16 weights cast once per step, the SDPA kernels,
         # CUDA-graph step boundaries (torchllm.parallel.levers).
@@ -167,11 +138,12 @@ class Trainer:
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()
-        self.guard = LossGuard(cfg.metrics)
+        # A guard that stops the run saves first (when checkpointing is on) for inspection.
+        self.guard = LossGuard(cfg.metrics, save_checkpoint=self.save_dropped_step)
         # Profiler, validation, samples, HellaSwag, ...: each on its own schedule.
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
-        tokenizer = tokenizer_record(self.tokenizer, new=trains_new_tokenizer(cfg))
+        tokenizer = run.tokenizer_record
         self.checkpointer = Checkpointer(
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
@@ -182,8 +154,6 @@ class Trainer:
                       "data": data_fingerprint(cfg, self.train_loader.dataset,
                                                tokenizer["base_sha256"])},
         )
-        # A guard that stops the run saves first (when checkpointing is on) for inspection.
-        self.guard.save_checkpoint = self.save_dropped_step
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.
@@ -407,7 +377,7 @@ def trainer_from_args(argv: list[str]) -> Trainer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train; returns the exit code (see torchllm.process.main)."""
+    """Train; returns the exit code (see torchllm.run.process.main)."""
     return process.main(Trainer, sys.argv[1:] if argv is None else argv)
 
 

@@ -31,7 +31,7 @@ from torchllm.bench.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant
                                      parse_list)
 from torchllm.bench.worker import PROFILED_STEPS
 from torchllm.config import ConfigError
-from torchllm.launch import check_config
+from torchllm.run.launch import check_config
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

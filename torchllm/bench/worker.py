@@ -21,10 +21,10 @@ import torch
 
 from torchllm.bench.tensor_memory import PeakTensorMemory, live_tensor_bytes
 from torchllm.log import init_logger
-from torchllm.metrics import rank
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed
-from torchllm.process_exit import exit_process
+from torchllm.ranks import rank, world_size
+from torchllm.run.process_exit import exit_process
 from torchllm.tools.estimate_memory import estimate_memory
 from torchllm.train import Trainer, trainer_from_args
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rec = StepRecorder(trainer)
         trainer.train()
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        world = world_size()
         res = result(trainer, rec, world)
     finally:
         destroy_distributed()

@@ -57,12 +57,9 @@ from torchllm.checkpoint.storage import (
 )
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
+from torchllm.ranks import rank as _rank
 
 LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 class CheckpointSaveError(RuntimeError):

@@ -167,7 +167,7 @@ def _trained_on_chat(cfg) -> bool:
 def _tokenizer_of(cfg, step_path, run_dir: Path):
     """The run's tokenizer (an 'auto' one cached in the run's data folder), checked against the
     one the step records; never trained here (a missing one is a one-line ConfigError)."""
-    from torchllm.checkpoint.stage_tokenizer import inference_tokenizer
+    from torchllm.run.tokenizer import inference_tokenizer
 
     return inference_tokenizer(cfg, step_path, run_dir / "data")
 
@@ -322,8 +322,9 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     (else the config's named tokenizer) and the config.toml naming it, as training writes them,
     so generate reads the seed like a run's step and a stage from it takes its tokenizer
     (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
-    from torchllm.checkpoint.stage_tokenizer import FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer
-    from torchllm.checkpoint.vocab_resize import tokenizer_record
+    from torchllm.checkpoint.tokenizer_identity import (
+        FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer, tokenizer_record,
+    )
     from torchllm.config import to_toml
     from torchllm.data import build_tokenizer
 

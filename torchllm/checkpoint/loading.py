@@ -99,7 +99,7 @@ class LoadingMixin:
                                "loaded (causes in the warnings above)")
         if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
             from torchllm.checkpoint.hf import load_hf_weights
-            from torchllm.checkpoint.stage_tokenizer import check_same_tokenizer, hf_record
+            from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer, hf_record
 
             folder = self.cfg.initial_load_path
             check_same_tokenizer(hf_record(folder), self.run_info.get("tokenizer"),

@@ -15,34 +15,16 @@ another vocabulary) stays an error that names both tokenizers.
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchllm.checkpoint.stage_tokenizer import check_same_tokenizer
+from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
 
 VOCAB_KEYS = ("tok_embeddings.weight", "output.weight")
-
-
-def tokenizer_record(tokenizer, new: bool = False) -> dict:
-    """What the checkpoint marker records of the run's tokenizer: its name, its ids, and its base
-    vocabulary (the tokenizer before the added chat tokens) with the base file's SHA-256; `new`
-    (recorded only when true): a stage that trained its own (data.tokenizer = 'train') instead
-    of taking checkpoint.initial_load_path's."""
-    base = getattr(tokenizer, "base", tokenizer)
-    path = getattr(base, "path", None)
-    digest = None
-    if path is not None and Path(path).is_file():
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    name = getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)
-    return {"name": name,  # what load_tokenizer (and data.tokenizer = from_initial_load) reads
-            "vocab_size": int(tokenizer.vocab_size), "base_vocab_size": int(base.vocab_size),
-            "base_sha256": digest, "chat_tokens": base is not tokenizer,
-            **({"new": True} if new else {})}
 
 
 def _describe(record: dict | None, path: Path, rows: int) -> str:
@@ -77,7 +59,7 @@ def plan_growth(path: Path, metadata, marker: dict, sd: dict, now: dict | None,
                 resume: bool) -> tuple[list[str], int]:
     """([vocab keys to grow], saved vocab size) for loading checkpoint `path` into the model
     state dict `sd`; ([], 0) when nothing grows. ConfigError (naming both tokenizers) for
-    another tokenizer (stage_tokenizer.check_same_tokenizer: by its file's SHA-256, whatever
+    another tokenizer (tokenizer_identity.check_same_tokenizer: by its file's SHA-256, whatever
     its size), a vocabulary that shrinks, another base vocabulary, or a resume with another
     vocabulary."""
     saved = marker.get("tokenizer")

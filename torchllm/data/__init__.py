@@ -27,17 +27,7 @@ from torchllm.data.sources.base import Context
 from torchllm.data.token_stream import TokenStream
 from torchllm.data.tokenizer import Tokenizer, load_tokenizer
 from torchllm.data.tokenizer_training import train_sentencepiece
-
-
-def _is_rank0() -> bool:
-    dist = torch.distributed
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+from torchllm.ranks import barrier as _barrier, is_rank0 as _is_rank0
 
 
 def auto_tokenizer_path(dcfg, data_dir: Path) -> Path:
@@ -54,13 +44,10 @@ def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer
     once on its (first source's) text and cached; for 'train', always the trained one.
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
-    'from_initial_load' (or 'auto' with checkpoint.initial_load_path): the tokenizer of the
-    model the stage starts from (checkpoint/stage_tokenizer.py). train=False (inference: the
-    config a checkpoint was written under): 'auto' is the run's cached file, never trained.
+    A stage's data.tokenizer ('from_initial_load', or 'auto' with checkpoint.initial_load_path)
+    arrives resolved to the initial load's (torchllm/run/tokenizer.py). train=False (inference:
+    the config a checkpoint was written under): 'auto' is the run's cached file, never trained.
     """
-    from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
-
-    job_config = stage_tokenizer(job_config, auto=train)
     data = parse_data(job_config.data)
     base = _base_tokenizer(data.tokenizer_source(), data_dir, train)
     if (data.chat or job_config.data.chat_tokens) and not has_native_template(base):
@@ -69,10 +56,8 @@ def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer
 
 
 def _base_tokenizer(dataset, data_dir: Path, train: bool = True) -> Tokenizer:
-    from torchllm.checkpoint.stage_tokenizer import NEW
-
     dcfg = dataset.dcfg
-    if dcfg.tokenizer not in ("auto", NEW):
+    if dcfg.tokenizer not in ("auto", "train"):
         return load_tokenizer(dcfg.tokenizer)
     carried = dataset.carried_tokenizer() if dcfg.tokenizer == "auto" else None
     if carried is not None:

@@ -14,7 +14,6 @@ Layout (written by the trainer and the checkpointer):
 from __future__ import annotations
 
 import argparse
-import os
 import warnings
 from pathlib import Path
 
@@ -26,13 +25,14 @@ from torch import nn
 from torchllm import models
 from torchllm.checkpoint.integrity import open_for_reading
 from torchllm.checkpoint.layout import checkpoint_config, run_folder_of
-from torchllm.checkpoint.stage_tokenizer import inference_tokenizer
+from torchllm.run.tokenizer import inference_tokenizer
 from torchllm.checkpoint.storage import join, storage_for
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 from torchllm.models.lora import build_with_lora, init_weights
+from torchllm.ranks import env_world_size
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
@@ -96,5 +96,5 @@ def inference_device(name: str) -> torch.device:
 
 def init_distributed(device: torch.device) -> None:
     """Join the process group when launched by torchrun with more than one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+    if env_world_size() > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -37,7 +37,7 @@ from torchllm.eval.validation import validate
 from torchllm.log import init_logger, logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.precision import resolve_bf16
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 
 
 def target_bytes(batches, steps: int, tokenizer) -> int:

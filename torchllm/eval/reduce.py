@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torchllm.ranks import rank, world_size
+
 
 def rank_and_world(group=None) -> tuple[int, int]:
     """(rank, world size) within `group`; (0, 1) when torch.distributed is not initialized."""
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    return rank(group), world_size(group)
 
 
 def rank_batches(n: int, batch_size: int, group=None) -> list[list[int]]:

@@ -3,6 +3,5 @@
 from torchllm.metrics.guard import LossGuard, TrainingStopped
 from torchllm.metrics.metrics_logger import MetricsLogger
 from torchllm.metrics.profiling import Profiler
-from torchllm.metrics.reduce import rank
 
-__all__ = ["LossGuard", "MetricsLogger", "Profiler", "TrainingStopped", "rank"]
+__all__ = ["LossGuard", "MetricsLogger", "Profiler", "TrainingStopped"]

@@ -12,15 +12,15 @@ import contextlib
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from torchllm.log import logger
 from torchllm.metrics.flops import mfu_stats
 from torchllm.metrics.memory import GiB, memory_stats, reset_peak, training_state_bytes
 from torchllm.metrics.norms import grad_norms, track_update, watched_groups
 from torchllm.metrics.progress import Progress, format_duration
-from torchllm.metrics.reduce import loss_stats, rank
+from torchllm.metrics.reduce import loss_stats
 from torchllm.metrics.writers import build_writers
+from torchllm.ranks import rank, world_size
 
 
 class MetricsLogger:
@@ -72,7 +72,7 @@ class MetricsLogger:
         """Every tag written for a logging step (interval averages over the steps since the
         last log for times and throughput; values of this step for everything else)."""
         iv = self.interval
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = world_size()
         tokens_per_s = iv["tokens"] / iv["time"]
         out = {"loss/avg": m["loss"]}
         if "loss_max" in m:

@@ -28,7 +28,7 @@ MEMORY_HISTORY_ENTRIES = 100_000
 class Profiler(Callback):
     @classmethod
     def from_trainer(cls, trainer) -> "Profiler":
-        from torchllm.metrics.reduce import rank
+        from torchllm.ranks import rank
 
         return cls(trainer.cfg.profiling, trainer.run_dir, trainer.device, rank())
 

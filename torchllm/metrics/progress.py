@@ -5,7 +5,7 @@ log lines. When the output is not a terminal (CI logs, torchrun's piped output) 
 drawn: the periodic log lines carry `step N/total` and the ETA instead.
 
 Under run_train.sh the workers' output is a pipe, but the launcher's may be a terminal: then
-`torchllm.launch` sets TORCHLLM_PROGRESS_FILE, rank 0 writes "step total eta" there (at most
+`torchllm.run.launch` sets TORCHLLM_PROGRESS_FILE, rank 0 writes "step total eta" there (at most
 10 times a second) and the launcher draws the bar between the lines it relays (ConsoleBar).
 """
 
@@ -39,7 +39,7 @@ class Progress:
         self.total = total
         self.stream = stream or sys.stderr
         self.live = live and self.stream.isatty()
-        # Under torchllm.launch on a terminal: the launcher draws the bar from this file.
+        # Under torchllm.run.launch on a terminal: the launcher draws the bar from this file.
         self.file = os.environ.get(PROGRESS_FILE_ENV) if live and not self.live else None
         self.first: tuple[int, float] | None = None  # (step, time) when timing started
         self.step = 0

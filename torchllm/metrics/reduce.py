@@ -11,10 +11,6 @@ import torch
 import torch.distributed as dist
 
 
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def all_reduce(values: torch.Tensor, op: dist.ReduceOp, group=None) -> torch.Tensor:
     """`values` reduced over the group's ranks (a new tensor; the input is left untouched)."""
     out = values.detach().clone()

@@ -6,7 +6,7 @@ own folder (`rank_<r>`) so per-rank throughput and memory can be compared.
 A resumed run writes into the same TensorBoard folder, continuing the same curves: its event file
 starts with a purge at the first step it runs, so TensorBoard hides what an earlier launch logged
 after the checkpoint it resumed from. A fresh start over an earlier run's events is refused
-before any writer exists (torchllm.rundir).
+before any writer exists (torchllm.run.rundir).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ class ParallelDims:
     ep: int = 1  # expert parallel: borrows ranks from dp_shard x cp (see expert_parallel.py)
     pp: int = 1  # pipeline stages' ranks: the outermost mesh dim
     device_type: str = "cpu"  # set by build_mesh
+    # The run's precision (torchllm.run.resolve decides it once): FSDP2's param dtype. None
+    # (tools that build a model from a config alone): training.mixed_precision decides.
+    bf16: bool | None = field(default=None, repr=False)
     mesh: object = field(default=None, repr=False)  # DeviceMesh once build_mesh ran (world > 1)
     dp_flat_mesh: object = field(default=None, repr=False)  # its flattened "dp" dim
     dp_shard_cp_mesh: object = field(default=None, repr=False)  # flattened dp_shard x cp

@@ -150,7 +150,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
         applied.append(f"compiled {n} blocks" if job_config.compile.granularity == "block"
                        else f"compiled the whole model ({n} blocks)")
     if parallel_dims.fsdp_enabled:
-        bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
+        bf16 = parallel_dims.bf16
+        if bf16 is None:
+            bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
             model,
             parallel_dims.fsdp_mesh(),

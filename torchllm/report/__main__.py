@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 
 
 def main(argv: list[str] | None = None) -> int:

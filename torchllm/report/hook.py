@@ -26,13 +26,13 @@ from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.config.job_config import reads_conversations
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
-from torchllm.metrics.reduce import rank
 from torchllm.metrics.writers import tensorboard_folder
+from torchllm.ranks import rank, world_size
 from torchllm.report.events import RUN_INFO, TOKENS_TAG
 
 
 def hardware(device: torch.device) -> str:
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world = world_size()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:

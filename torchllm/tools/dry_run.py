@@ -47,7 +47,7 @@ from torchllm.parallel import build_parallel_dims
 from torchllm.parallel.data_parallel import reshard_after_forward
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 from torchllm.tools.estimate_memory import estimate_memory
 from torchllm.tools.model_info import tokenizer_vocab_hint
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchllm.process_exit import exit_process
+from torchllm.run.process_exit import exit_process
 
 NCCL_VARS = ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG",
              "NCCL_NET", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "GLOO_SOCKET_IFNAME")

@@ -5,7 +5,7 @@ the pid's start time, so a reused pid is not mistaken for the holder, and when t
 is written to a file of its own, then hard-linked to `run.lock`, which fails if the lock exists:
 a lock file is never seen empty or half-written. A daemon thread touches the file every
 `heartbeat_s` seconds; its modification time is the heartbeat. The process releases the lock on
-every way out of `torchllm.process.main` (`release_held_locks`; workers end with `os._exit`,
+every way out of `torchllm.run.process.main` (`release_held_locks`; workers end with `os._exit`,
 which skips `atexit`), and on SIGTERM before training installs its own handler.
 
 A lock left behind is stale, and is taken over with a warning, when

@@ -1,6 +1,6 @@
 """How a worker's end reaches the launcher: one small status file per rank.
 
-`python -m torchllm.launch` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
+`python -m torchllm.run` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
 workers. Each worker's `main()` writes `rank<R>.json` there as it ends: its exit code and, for a
 failure, a one-line summary of the exception, the innermost source line and the time. The
 launcher reads them after torchrun returns, so the first error (the root cause; later ones on
@@ -20,6 +20,7 @@ from torchllm.checkpoint.checkpointer import CheckpointSaveError
 from torchllm.config import ConfigError
 from torchllm.log import logger
 from torchllm.metrics import TrainingStopped
+from torchllm.ranks import env_rank
 
 STATUS_DIR_ENV = "TORCHLLM_STATUS_DIR"
 LAUNCHER_PID_ENV = "TORCHLLM_LAUNCHER_PID"
@@ -88,11 +89,11 @@ def log_failure(exc: BaseException, step: int) -> None:
 
 
 def write_status(code: int, exc: BaseException | None = None) -> None:
-    """Record this rank's exit for the launcher (a no-op outside `torchllm.launch`)."""
+    """Record this rank's exit for the launcher (a no-op outside `torchllm.run.launch`)."""
     folder = os.environ.get(STATUS_DIR_ENV)
     if not folder:
         return
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env_rank()
     status = {"rank": rank, "code": code, "time": time.time()}
     if exc is not None:
         status.update(error=summary(exc), where=where(exc), echo=is_peer_failure(exc))

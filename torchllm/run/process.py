@@ -1,5 +1,5 @@
 """What a training process does around its Trainer: logging, --help, dying with torchrun, the
-exit code and the status file torchllm.launch reads. (The Trainer class is passed in: this
+exit code and the status file torchllm.run.launch reads. (The Trainer class is passed in: this
 module sits below torchllm.train and never imports it.)"""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 import signal
 
 from torchllm.config import ConfigError, help_text, load_config
-from torchllm.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
+from torchllm.run.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
 from torchllm.log import close_run_log, init_logger, logger
 from torchllm.parallel import destroy_distributed
-from torchllm.runlock import release_held_locks, set_parent_death_signal
+from torchllm.run.runlock import release_held_locks, set_parent_death_signal
 
 
 def trainer_from_args(trainer_cls, argv: list[str]):
@@ -33,7 +33,7 @@ def _release_locks_and_die(signum, frame) -> None:
 
 
 def main(trainer_cls, argv: list[str]) -> int:
-    """Train; returns the exit code (torchllm.failures.exit_code: 0 done or stopped and saved,
+    """Train; returns the exit code (torchllm.run.failures.exit_code: 0 done or stopped and saved,
     2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
     init_logger(split_streams=True, argv=argv)  # stdout / stderr / RUN/train.log
     if "--help" in argv or "-h" in argv:
@@ -53,7 +53,7 @@ def main(trainer_cls, argv: list[str]) -> int:
         log_failure(e, trainer.step if trainer else 0)
     finally:
         code = exit_code(error)
-        # For torchllm.launch, which prints the first error once; written before leaving the
+        # For torchllm.run.launch, which prints the first error once; written before leaving the
         # process group, which makes the other ranks fail too.
         write_status(code, error)
         destroy_distributed()

@@ -1,7 +1,7 @@
 """The run folder: one run per folder, and runs that don't mix.
 
 `prepare_run_dir` runs at the start of every launch, before any data or model work:
-1. rank 0 takes the folder's lock (torchllm.runlock): a second launch into a folder that a live
+1. rank 0 takes the folder's lock (torchllm.run.runlock): a second launch into a folder that a live
    run holds fails here; a lock left by a dead run is taken over with a warning.
 2. A launch that will not resume (no complete checkpoint of its own to load, or checkpointing
    off) into a folder that holds a previous run's outputs (checkpoints or TensorBoard events)
@@ -35,8 +35,9 @@ from torchllm.checkpoint.layout import (
 from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
+from torchllm import ranks
 from torchllm.metrics.writers import tensorboard_folder
-from torchllm.runlock import RunLock, RunLockedError
+from torchllm.run.runlock import RunLock, RunLockedError
 
 
 def run_name(cfg: JobConfig) -> str:
@@ -131,7 +132,7 @@ def _agree(error: Exception | None, device: torch.device) -> None:
 def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock | None]:
     """The run folder, locked by rank 0 and checked (see the module docstring)."""
     run_dir = Path(cfg.job.dump_folder) / run_name(cfg)
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     lock, error = None, None
     if rank == 0:
         try:
@@ -153,7 +154,7 @@ def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock
 def write_run_config(cfg: JobConfig, run_dir: Path) -> None:
     """Rank 0: replace the run's config.toml (atomically) with this launch's effective config.
     Called once the checkpoint loaded, so a launch that cannot resume never rewrites it."""
-    if dist.is_initialized() and dist.get_rank() != 0:
+    if ranks.rank() != 0:
         return
     path = Path(run_dir) / "config.toml"
     try:

@@ -1,12 +1,12 @@
 """The launcher run_train.sh runs: check the config, run torchrun, and end like a scheduler expects.
 
-    python -m torchllm.launch [torchrun options] -- [--section.key=value ...]
+    python -m torchllm.run [torchrun options] -- [--section.key=value ...]
 
 1. The config is loaded and checked first (every value, the model flavor, the parallel layout for
    this world size, the device, the dataset spec): a mistake is one line and exit code 2, before
    any process starts.
 2. torchrun runs `torchllm.train` in this process (its agent is this process). Workers report how
-   they ended through torchllm.failures; a failure on any rank is printed here once (the first
+   they ended through torchllm.run.failures; a failure on any rank is printed here once (the first
    error, where it happened) instead of torchrun's traceback. Exit code: the failing worker's
    (2 config error, 3 stopped by the loss guard, 1 any other error).
 3. SIGTERM (what SLURM and Kubernetes send) or SIGINT to this process: torchrun forwards it to
@@ -35,14 +35,13 @@ import sys
 import tempfile
 
 from torchllm.config import ConfigError, help_text, load_config
-from torchllm.failures import (
+from torchllm.run.failures import (
     LAUNCHER_PID_ENV,
     STATUS_DIR_ENV,
     failure_report,
     read_statuses,
 )
 from torchllm.metrics.progress import PROGRESS_FILE_ENV, ConsoleBar
-from torchllm.process_exit import exit_process
 
 PREFIX = "run_train:"
 LOOPBACK = "127.0.0.1"
@@ -51,7 +50,7 @@ LOOPBACK = "127.0.0.1"
 def check_config(train_args: list[str], world_size: int | None):
     """Everything about the config that can be checked without a process group; ConfigError."""
     from torchllm import models
-    from torchllm.checkpoint.stage_tokenizer import stage_tokenizer
+    from torchllm.run.tokenizer import stage_tokenizer
     from torchllm.data.dataset import check_data
     from torchllm.device import resolve_device
     from torchllm.parallel import build_parallel_dims
@@ -183,7 +182,7 @@ def _how(failure) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print(f"{PREFIX} usage: python -m torchllm.launch [torchrun options] -- [overrides]",
+        print(f"{PREFIX} usage: python -m torchllm.run [torchrun options] -- [overrides]",
               file=sys.stderr)
         return 2
     sep = argv.index("--")
@@ -251,7 +250,3 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    # Not sys.exit: finalizing an interpreter that imported torch takes ~0.5 s, and torchrun's
-    # agent is done (workers reaped, store closed) when main() returns.
-    exit_process(main())
