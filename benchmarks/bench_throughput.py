@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchllm.checkpoint.hf_adapters import LlamaAdapter
+from torchllm.models.llama.hf import LlamaAdapter
 from torchllm.metrics.flops import Peak
 from torchllm.precision import cpuinfo
 from torchllm.train import trainer_from_args

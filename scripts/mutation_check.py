@@ -1171,7 +1171,7 @@ MUTANTS = [
     Mutant(
         "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
         "torchllm/checkpoint/hf_lora.py",
-        "            b = _rope_meta_to_hf(b, heads)",
+        "            b = rope_meta_to_hf(b, heads)",
         "            pass",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
@@ -1328,6 +1328,28 @@ MUTANTS = [
         "    return (prefix, location) if sep and prefix in PACKINGS else (TEXT, None)\n",
         "    return (TEXT, None)\n",
         ("tests/test_data_kinds.py::test_the_registry_maps_each_prefix_to_its_source_module",),
+    ),
+    Mutant(
+        "custom_import_ignored", "job.custom_import is accepted but never imported",
+        "torchllm/config/loader.py",
+        "        import_custom(cfg.job.custom_import)\n",
+        "        import_custom(None)\n",
+        ("tests/test_model_family_plugin.py::test_custom_import_that_fails_names_the_key",),
+    ),
+    Mutant(
+        "missing_tp_plan_not_refused", "a family that declares no TP plan is run under TP anyway",
+        "torchllm/parallel/parallelize.py",
+        "    if dims.tp_enabled and spec.tp_plan is None:",
+        "    if False and spec.tp_plan is None:",
+        ("tests/test_model_family_plugin.py::"
+         "test_a_family_without_a_tp_plan_refuses_tensor_parallelism",),
+    ),
+    Mutant(
+        "qwen3_tp_plan_drops_qk_norm", "Qwen3's declared TP plan forgets the QK-norm style",
+        "torchllm/models/qwen3/plan.py",
+        "    block={**ATTENTION, **SWIGLU, **QK_NORM},",
+        "    block={**ATTENTION, **SWIGLU},",
+        ("tests/test_parallel_multiprocess.py::test_qk_norm_weights_replicated_over_tp",),
     ),
 ]
 

@@ -120,7 +120,7 @@ def dry(world: int, *overrides: str, **kw) -> dict:
                   "--parallelism.data_parallel_replicate_degree=4")),  # HSDP + TP
 ])
 def test_dry_run_big_layouts_shard_like_the_estimate(flavor, world, layout):
-    """The real parallelize_fn on a fake process group of `world` ranks (meta device): rank 0's
+    """The real parallelize_model on a fake process group of `world` ranks (meta device): rank 0's
     parameter shards must hold what the analytic estimator says (FSDP2 pads dim 0 a little)."""
     from torchllm.tools import estimate_memory as em
 

@@ -119,7 +119,8 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
     from torchllm.models.llama.args import LlamaArgs
     from torchllm.models.llama.model import Transformer
     from torchllm.parallel.dims import ParallelDims
-    from torchllm.parallel.parallelize import parallelize_llama
+    from torchllm.models import get
+    from torchllm.parallel.parallelize import parallelize_model
 
     from conftest import build_model
 
@@ -136,7 +137,7 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
     try:
         dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, world_size=1)
         dims.device_type = "cpu"
-        parallelize_llama(model, dims, cfg)
+        parallelize_model(model, get("llama3"), dims, cfg)
     finally:
         logger.removeHandler(caplog.handler)
     assert ("float8 casts run unfused" in caplog.text) == (not compiled)

@@ -9,7 +9,8 @@ from torchllm.eval.generation import filter_logits, generate
 from torchllm.eval.loading import load_for_inference
 from torchllm.generate import main
 from torchllm.models.llama.args import LlamaArgs
-from torchllm.models.llama.model import KVCache, Transformer
+from torchllm.models.kv_cache import KVCache
+from torchllm.models.llama.model import Transformer
 
 from conftest import build_model
 

@@ -13,10 +13,11 @@ import torch
 from torchllm.checkpoint import Checkpointer
 from torchllm.checkpoint.convert import load_dcp_weights
 from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli, parse_size
-from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
 from torchllm.config import ConfigError
 from torchllm.models.gpt2 import GPT2Args
+from torchllm.models.gpt2.hf import GPT2Adapter
 from torchllm.models.llama import LlamaArgs, Transformer
+from torchllm.models.llama.hf import LlamaAdapter
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_config
@@ -213,7 +214,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torchllm.checkpoint.hf import convert_from_hf, load_hf_weights, write_hf_weights
-from torchllm.checkpoint.hf_adapters import LlamaAdapter
+from torchllm.models.llama.hf import LlamaAdapter
 from torchllm.models.llama import LlamaArgs, Transformer
 
 dist.init_process_group("gloo")

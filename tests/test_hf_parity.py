@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
-from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
 from torchllm.models.gpt2 import GPT2, GPT2Args
+from torchllm.models.gpt2.hf import GPT2Adapter
 from torchllm.models.llama import LlamaArgs, Transformer
+from torchllm.models.llama.hf import LlamaAdapter
 
 from conftest import build_model
 

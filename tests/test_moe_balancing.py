@@ -188,7 +188,7 @@ def test_hugging_face_round_trip_with_balancing_on(caplog):
     """Qwen3MoE has no routing bias: import starts it at 0, export warns when it is not 0."""
     import logging
 
-    from torchllm.checkpoint.hf_qwen3 import Qwen3MoeAdapter
+    from torchllm.models.qwen3.hf import Qwen3MoeAdapter
     from torchllm.models.qwen3 import Qwen3, moe_flavors
 
     args = moe_flavors["debug"].with_overrides(moe_bias_update_rate=0.01, n_layers=2)

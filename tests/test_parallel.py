@@ -255,7 +255,7 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors():
 
 @pytest.mark.slow
 def test_trainer_applies_ac_and_compile_from_config(tmp_path):
-    """The same losses through parallelize_llama with full AC and compiled blocks and loss."""
+    """The same losses through parallelize_model with full AC and compiled blocks and loss."""
     from torchllm.train import Trainer
 
     from conftest import tiny_config

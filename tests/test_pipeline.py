@@ -89,7 +89,8 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     torch.manual_seed(cfg.job.seed)
     whole.init_weights(buffer_device=torch.device("cpu"))
     blocks = stage_blocks(args.n_layers, 3)
-    stages = [build_stage(build, b, first=i == 0, last=i == 2) for i, b in enumerate(blocks)]
+    stages = [build_stage(build, spec.pipeline, b, first=i == 0, last=i == 2)
+              for i, b in enumerate(blocks)]
     for stage in stages:
         init_stage_weights(stage, build, torch.device("cpu"), cfg.job.seed)
     names = [set(s.state_dict()) for s in stages]
@@ -98,7 +99,7 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     for stage in stages:
         for k, v in stage.state_dict().items():
             assert torch.equal(v, whole.state_dict()[k]), k
-    union = rank_model([stages[0], stages[2]], build)
+    union = rank_model([stages[0], stages[2]], build, spec.pipeline)
     assert set(union.state_dict()) == names[0] | names[2]
 
     tokens = torch.randint(0, 512, (2, 16))
@@ -271,7 +272,7 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
 
     from torchllm import generate
     from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli
-    from torchllm.checkpoint.hf_adapters import LlamaAdapter
+    from torchllm.models.llama.hf import LlamaAdapter
     from torchllm.eval import hellaswag
 
     tmp, refs = reference

@@ -9,7 +9,7 @@ import torch
 from conftest import build_model, tiny_config
 from test_hf_parity import SEQ, TOL, VOCAB, randomize, tokens
 from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
-from torchllm.checkpoint.hf_qwen3 import Qwen3Adapter, Qwen3MoeAdapter
+from torchllm.models.qwen3.hf import Qwen3Adapter, Qwen3MoeAdapter
 from torchllm.models.moe import MoE, auxiliary_loss, load_balancing_loss, moe_layers
 from torchllm.models.qwen3 import Qwen3, Qwen3Args
 
@@ -202,7 +202,7 @@ def test_moe_stats_reach_tensorboard_scalars(tmp_path):
 def test_kv_cache_decoding_equals_full_forward():
     """Llama's KV cache under Qwen3's QK-norm and half-split RoPE: decoding token by token gives
     the logits of one full forward (dense and MoE)."""
-    from torchllm.models.llama.model import KVCache
+    from torchllm.models.kv_cache import KVCache
 
     for case in ("dense-untied", "moe"):
         args = CASES[case][1]

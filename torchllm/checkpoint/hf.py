@@ -34,7 +34,6 @@ from torch import nn
 from torchllm import models
 from torchllm.checkpoint.convert import load_dcp_weights, refuse_step_folder, replace_dir, \
     save_safetensors, save_seed_checkpoint, temp_sibling
-from torchllm.checkpoint.hf_adapters import adapter_for_hf, adapter_for_model
 from torchllm.checkpoint.integrity import open_for_reading
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
@@ -46,6 +45,7 @@ from torchllm.checkpoint.layout import (
 from torchllm.checkpoint.storage import is_url, join, storage_for
 from torchllm.config import ConfigError, load_config
 from torchllm.log import logger
+from torchllm.models import adapter_for_hf, adapter_for_model
 from torchllm.models.lora import plain_weights
 
 WEIGHTS = "model.safetensors"

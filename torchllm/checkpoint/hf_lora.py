@@ -11,7 +11,7 @@
 
 `peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("OUT/base"), "OUT")`
 then computes what the torchllm LoRA model computes. Names come from the family's Hugging
-Face mapping (hf_adapters.py, hf_qwen3.py). A LoRA update B @ A changes W's rows through B
+Face mapping (models/<family>/hf.py). A LoRA update B @ A changes W's rows through B
 and its columns through A, so the row permutation Llama's export applies to wq and wk (RoPE's
 interleaved pairs -> Hugging Face's halves) applies to lora_B's rows; A is unchanged.
 """
@@ -35,8 +35,8 @@ PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
 def module_map(model_name: str) -> tuple[dict[str, str], dict[str, str]]:
     """(torchllm name inside a block -> HF name inside `model.layers.<i>.`, torchllm root
     module -> HF root module (the embeddings and head)) for a family with adapter export."""
-    from torchllm.checkpoint.hf_adapters import LlamaAdapter
-    from torchllm.checkpoint.hf_qwen3 import ATTENTION, DENSE
+    from torchllm.models.llama.hf import LlamaAdapter
+    from torchllm.models.qwen3.hf import ATTENTION, DENSE
 
     roots = {"tok_embeddings": "model.embed_tokens", "output": "lm_head"}
     blocks = {"llama3": LlamaAdapter.BLOCK, "qwen3": {**ATTENTION, **DENSE},
@@ -55,7 +55,8 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
                  ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """(PEFT state dict, HF target module names, modules_to_save) of a LoRA checkpoint's
     weights (torchllm names)."""
-    from torchllm.checkpoint.hf_adapters import _rope_meta_to_hf, trim_vocab
+    from torchllm.models.hf_common import trim_vocab
+    from torchllm.models.llama.hf import rope_meta_to_hf
 
     block_map, roots = module_map(cfg.model.name)
     out, targets = {}, set()
@@ -65,7 +66,7 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
         a, b = weights[f"{name}.lora_A.weight"], weights[f"{name}.lora_B.weight"]
         if cfg.model.name == "llama3" and sub in ("attention.wq", "attention.wk"):
             heads = args.n_heads if sub == "attention.wq" else args.n_kv_heads
-            b = _rope_meta_to_hf(b, heads)  # W's rows are permuted on export: so are B's
+            b = rope_meta_to_hf(b, heads)  # W's rows are permuted on export: so are B's
         out[f"{PREFIX}{hf}.lora_A.weight"] = a
         out[f"{PREFIX}{hf}.lora_B.weight"] = b
         targets.add(hf.rsplit(".", 1)[-1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import sys
 import types
 import typing
@@ -220,6 +221,19 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"config file {path}: invalid TOML: {e}") from None
 
 
+def import_custom(module: str | None) -> None:
+    """job.custom_import: import the user's module (it registers its model families), so that
+    every command that loads a config (training, export, generation, tools) knows them."""
+    if not module:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"job.custom_import = {module!r} cannot be imported ({e}); give a "
+                          "dotted module path importable from the working directory or "
+                          "PYTHONPATH", "job.custom_import") from None
+
+
 def load_config(argv: list[str] | None = None) -> JobConfig:
     """Defaults, then the TOML file named by --job.config_file, then the other CLI overrides."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -248,6 +262,7 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
             sources.get(k, "").startswith("flag") for k in ("data.dataset", "data.sources")):
         cfg.job.description = ""
     try:
+        import_custom(cfg.job.custom_import)
         cfg.validate()
     except ConfigError as e:
         if e.key in sources:

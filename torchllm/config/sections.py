@@ -35,6 +35,12 @@ class Job:
         "checkpoint folder and its TensorBoard folder, nothing else (without it such a start "
         "is refused)"
     )
+    custom_import: Optional[str] = opt(
+        None, "Dotted path of a module to import when the config is loaded, before the model is "
+        "looked up: a model family outside torchllm registers itself there "
+        "(docs/howto_model_family.md); it must be importable from the working directory or "
+        "PYTHONPATH"
+    )
     lock_stale_minutes: float = opt(
         10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "
         "this long is stale and taken over (same host: taken over once its process is gone)",

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from torchllm.data.tokenizer import Tokenizer, readable
-from torchllm.models.llama.model import KVCache
+from torchllm.models import spec_of
 
 
 def completion_text(tokenizer: Tokenizer, prompt: list[int], ids: list[int]) -> str:
@@ -108,7 +108,7 @@ def generate(
     limit = torch.tensor([min(total, n + max_new_tokens) for n in lengths], device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    cache = KVCache(total) if use_cache else None
+    cache = spec_of(model).cache_cls(total) if use_cache else None  # the family's cache
 
     was_training = model.training
     model.eval()
@@ -176,7 +176,7 @@ def generate_stream(
     device = next(model.parameters()).device
     total = min(max_seq_len, len(prompt) + max_new_tokens)
     generator = torch.Generator(device=device).manual_seed(seed)
-    cache = KVCache(total)
+    cache = spec_of(model).cache_cls(total)
     was_training = model.training
     model.eval()
     try:

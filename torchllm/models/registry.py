@@ -1,7 +1,9 @@
-"""Model registry: a model name maps to its class, flavors and parallelize function.
+"""Model registry: a model name maps to its family's `ModelSpec` (torchllm/models/spec.py).
 
-A new model family is one `register(ModelSpec(...))` call; the trainer, tools and parallelism
-code only ever talk to the spec.
+A new model family is one folder (`torchllm/models/<family>/`) and one `register(...)` line
+(torchllm/models/__init__.py; a family outside the package registers itself in the module that
+`job.custom_import` names, imported when the config is loaded). The trainer, tools, HF interop
+and parallelism code only ever talk to the spec.
 """
 
 from __future__ import annotations
@@ -9,31 +11,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
 
 from torch import nn
 
 from torchllm.config.job_config import ConfigError, document_masking
+from torchllm.models.spec import ModelSpec
 
-_REGISTRY: dict[str, "ModelSpec"] = {}
+_REGISTRY: dict[str, ModelSpec] = {}
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    model_cls: Callable[[Any], nn.Module]
-    flavors: dict[str, Any]
-    # parallelize_fn(model, parallel_dims, job_config) applies TP/float8/AC/compile/FSDP|DDP in place.
-    parallelize_fn: Callable[..., None]
-    # The linear layers (their names inside a block) lora.target_modules may name (models/lora.py).
-    lora_targets: tuple[str, ...] = ()
-
-    def build(self, args) -> nn.Module:
-        return self.model_cls(args)
+# [model] keys that replace a field of the flavor's args (unset = the flavor's value); each
+# family declares the ones its args take (ModelSpec.shape_keys).
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
+              "ffn_dim_multiplier")
 
 
 def register(spec: ModelSpec) -> None:
+    """Add a family; its declared shape keys must be [model] shape keys and fields of its args."""
+    unknown = [k for k in spec.shape_keys if k not in SHAPE_KEYS]
+    for flavor, args in spec.flavors.items():
+        fields = {f.name for f in dataclasses.fields(args)}
+        unknown += [f"{k} (not a field of {flavor}'s args)" for k in spec.shape_keys
+                    if k in SHAPE_KEYS and k not in fields]
+    if unknown:
+        raise ValueError(f"model {spec.name!r}: shape_keys {unknown} are not [model] shape keys "
+                         f"of its args; known: {', '.join(SHAPE_KEYS)}")
     _REGISTRY[spec.name] = spec
 
 
@@ -41,6 +42,38 @@ def get(name: str) -> ModelSpec:
     if name not in _REGISTRY:
         raise ConfigError(f"model.name = {name!r} is not registered; known: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
+
+
+def spec_of(model: nn.Module) -> ModelSpec:
+    """The spec whose model class `model` is (or subclasses: FSDP2 wraps the class)."""
+    for cls in type(model).__mro__:
+        for spec in _REGISTRY.values():
+            if spec.model_cls is cls:
+                return spec
+    raise ValueError(f"{type(model).__name__} is not the model of a registered family "
+                     f"({', '.join(_REGISTRY)}); register its ModelSpec")
+
+
+def adapter_for_model(model_name: str):
+    """The family's Hugging Face adapter (models/<family>/hf.py)."""
+    adapters = {name: s.hf_adapter for name, s in _REGISTRY.items() if s.hf_adapter is not None}
+    if model_name not in adapters:
+        raise ConfigError(f"model.name = {model_name!r} has no Hugging Face conversion; "
+                          f"supported: {', '.join(adapters)}")
+    return adapters[model_name]
+
+
+def adapter_for_hf(hf_config: dict):
+    """The adapter of a Hugging Face config's model_type."""
+    by_type = {}  # the first family registered for a model_type reads it (a variant may share it)
+    for spec in _REGISTRY.values():
+        if spec.hf_adapter is not None:
+            by_type.setdefault(spec.hf_adapter.model_type, spec.hf_adapter)
+    kind = hf_config.get("model_type")
+    if kind not in by_type:
+        raise ConfigError(f"Hugging Face model_type {kind!r} is not supported; "
+                          f"supported: {', '.join(by_type)}")
+    return by_type[kind]
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 64, pow2: bool = False) -> int:
@@ -53,15 +86,10 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64, pow2: bool = False) -
     return multiple * math.ceil(vocab_size / multiple)
 
 
-# [model] keys that replace a field of the flavor's args (unset = the flavor's value).
-SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
-              "ffn_dim_multiplier")
-
-
 def shape_overrides(job_config, args) -> dict:
-    """The [model] shape keys that are set, checked against the family's args fields."""
+    """The [model] shape keys that are set, checked against the family's declared ones."""
     mcfg = job_config.model
-    known = {f.name for f in dataclasses.fields(args)}
+    known = get(mcfg.name).shape_keys
     changes = {}
     for key in SHAPE_KEYS:
         value = getattr(mcfg, key)

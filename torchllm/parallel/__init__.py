@@ -16,7 +16,7 @@ from torchllm.parallel.distributed import (
 )
 from torchllm.parallel.float8 import register_float8_scale_precompute
 from torchllm.parallel.init import init_model_weights
-from torchllm.parallel.parallelize import build_parallel_dims, parallelize_llama
+from torchllm.parallel.parallelize import build_parallel_dims, parallelize_model
 from torchllm.parallel.pipeline_schedule import Pipeline
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "first_collective",
     "gradient_sync",
     "init_model_weights",
-    "parallelize_llama",
+    "parallelize_model",
     "rank_zero_first",
     "register_float8_scale_precompute",
     "set_comm_timeout",

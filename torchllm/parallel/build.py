@@ -6,12 +6,13 @@ import torch
 
 from torchllm.models.lora import build_with_lora
 from torchllm.parallel.init import init_model_weights
+from torchllm.parallel.parallelize import parallelize_model
 from torchllm.parallel.pipeline_schedule import Pipeline
 
 
 def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn):
     """(model, pipeline). Without pipeline parallelism: the model built on the meta device (no
-    memory), parallelized by the family's parallelize_fn, then materialized with the initial
+    memory), parallelized as its family declares (parallelize_model), then materialized with the initial
     weights of a single CPU process with this seed, sharded or not; pipeline is None. With it:
     the union of this rank's stages (parameters under the unsplit model's names) and the
     Pipeline that runs their schedule."""
@@ -20,7 +21,7 @@ def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn):
         return pipeline.model, pipeline
     with torch.device("meta"):  # (lora.enable: with adapters, base frozen; models/lora.py)
         model = build_with_lora(spec, model_args, cfg)
-    spec.parallelize_fn(model, parallel_dims, cfg)
+    parallelize_model(model, spec, parallel_dims, cfg)
     init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg), device,
                        cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
     return model, None

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchllm.models.attention import TokenLayout
 
 
 def head_tail_index(seqlen: int, cp: int, rank: int, device=None) -> torch.Tensor:
@@ -96,9 +97,6 @@ class ContextParallel:
 
     def shard(self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None):
         """(inputs, targets, layout) of this rank's tokens; the identity without cp."""
-        # (Imported here: torchllm.models imports this package to register parallelize_fns.)
-        from torchllm.models.attention import TokenLayout
-
         if self.degree == 1:
             return inputs, targets, TokenLayout.from_positions(positions)
         seqlen = inputs.shape[1]

@@ -1,4 +1,4 @@
-"""Apply parallelisms and speed-ups to a Llama model, in one documented order."""
+"""Apply parallelisms and speed-ups to a model, in one documented order, as its family declares."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from torchllm.config.job_config import ConfigError, document_masking
+from torchllm import models
 from torchllm.log import logger
 from torchllm.models.lora import check_lora
 from torchllm.parallel.ac import apply_ac, parse_selective_option
@@ -27,7 +28,13 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     dims = ParallelDims.from_config(job_config.parallelism, world_size)
     dims.device_type = device_type
     dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
-    dims.validate_experts(job_config.model.name, getattr(model_args, "n_experts", 0))
+    spec = models.get(job_config.model.name)
+    dims.validate_experts(job_config.model.name, spec.n_experts(model_args))
+    if dims.tp_enabled and spec.tp_plan is None:
+        raise ConfigError(
+            f"model.name = {job_config.model.name!r} declares no tensor-parallel plan "
+            "(ModelSpec.tp_plan); set parallelism.tensor_parallel_degree = 1",
+            "parallelism.tensor_parallel_degree")
     if dims.tp_enabled and job_config.training.seq_len % dims.tp:
         raise ConfigError(
             f"training.seq_len = {job_config.training.seq_len} is not a multiple of "
@@ -39,7 +46,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
     if (dims.tp_enabled and document_masking(job_config)[1]
-            and not hasattr(model_args, "rope_theta")):  # learned positions (GPT-2)
+            and spec.tp_plan.learned_positions):  # GPT-2
         raise ConfigError(
             "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "
             "supported for GPT-2 (TP shards its learned position table along one shared "
@@ -102,8 +109,8 @@ def check_cp_lengths(tcfg, cp: int, tp: int) -> None:
             )
 
 
-def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
-    """Apply, in place, on the meta-device model:
+def parallelize_model(model: nn.Module, spec, parallel_dims: ParallelDims, job_config) -> None:
+    """Apply, in place, on the meta-device model of family `spec` (its declared plans):
     CP -> EP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
 
     Under pipeline parallelism `model` is one stage (torchllm.parallel.pipeline: the split comes
@@ -136,7 +143,7 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config)
         n = apply_ep(model, parallel_dims.ep_mesh())
         applied.append(f"EP {parallel_dims.ep} ({n} MoE layers, all-to-all dispatch)")
     if parallel_dims.tp_enabled:
-        apply_tp(model, parallel_dims.mesh["tp"])
+        apply_tp(model, parallel_dims.mesh["tp"], spec.tp_plan)
         applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
     if job_config.float8.enable:
         names = apply_float8(model, job_config.float8, parallel_dims.device_type,

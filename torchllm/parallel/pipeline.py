@@ -9,7 +9,8 @@ each stage holds 4, and on 4 stages the first and last hold 1-2 blocks and the m
 
 A stage (`build_stage`) is the whole model built on the meta device with the other stages'
 blocks deleted: `layers` stays a ModuleDict keyed by the original block index, the first stage
-keeps the embedding, the last the final norm and the output head (the others set them to None),
+keeps the embedding, the last the final norm and the output head (the others set them to None;
+the family declares these parts: ModelSpec.pipeline, models/spec.py's PipelinePlan),
 so every parameter keeps the unsplit model's name. DCP checkpoints therefore load across PP and
 non-PP layouts, and a PP checkpoint loads into a plain model for generation or export.
 
@@ -23,15 +24,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchllm import models
 from torchllm.config.job_config import ConfigError
 from torchllm.parallel.init import seeded_full_state
 
 # Schedules that put several (here: two) stages on every rank.
 MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 V_SHAPED = ("ZBVZeroBubble",)
-# Module attributes of the model that only the first / the last stage keeps.
-FIRST_STAGE_PARTS = ("tok_embeddings",)
-LAST_STAGE_PARTS = ("norm", "output")
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -139,7 +138,7 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
             f"training.local_batch_size ({tcfg.local_batch_size}) / {mkey} ({mb}) = {n_micro}; "
             "use a multiple of pp micro-batches (local_batch_size / micro-batch size)", mkey)
     unsupported = [
-        (not hasattr(model_args, "rope_theta"), "model.name",
+        (models.get(job_config.model.name).pipeline is None, "model.name",
          f"model.name = {job_config.model.name!r} is not pipeline-parallel yet; use llama "
          "or qwen3 (RoPE models whose stages drop the embedding / head)"),
         (pcfg.expert_parallel_degree > 1, "parallelism.expert_parallel_degree",
@@ -161,22 +160,23 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
                         pcfg.pipeline_parallel_split_points)
 
 
-def build_stage(build: callable, blocks: list[int], first: bool, last: bool) -> nn.Module:
+def build_stage(build: callable, plan, blocks: list[int], first: bool, last: bool) -> nn.Module:
     """The model on the meta device with only `blocks` (and the embedding if `first`, the final
-    norm and head if `last`); parameter names stay those of the whole model."""
+    norm and head if `last`: `plan`, the family's PipelinePlan, names them); parameter names
+    stay those of the whole model."""
     with torch.device("meta"):
         model = build()
     for name in list(model.layers.keys()):
         if int(name) not in blocks:
             del model.layers[name]
-    for part in () if first else FIRST_STAGE_PARTS:
+    for part in () if first else plan.first:
         setattr(model, part, None)
-    for part in () if last else LAST_STAGE_PARTS:
+    for part in () if last else plan.last:
         setattr(model, part, None)
     return model
 
 
-def rank_model(stages: list[nn.Module], build: callable) -> nn.Module:
+def rank_model(stages: list[nn.Module], build: callable, plan) -> nn.Module:
     """One module holding every parameter of this rank's stages under its unsplit name (for
     the optimizer, clipping and checkpoints): the stage itself, or for two stages per rank a
     meta shell whose parts are the stages' own modules (never run forward)."""
@@ -184,7 +184,7 @@ def rank_model(stages: list[nn.Module], build: callable) -> nn.Module:
         return stages[0]
     with torch.device("meta"):
         union = build()
-    for part in (*FIRST_STAGE_PARTS, *LAST_STAGE_PARTS):
+    for part in (*plan.first, *plan.last):
         setattr(union, part, next((getattr(s, part) for s in stages
                                    if getattr(s, part) is not None), None))
     layers = {k: v for s in stages for k, v in s.layers.items()}

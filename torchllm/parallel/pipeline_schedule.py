@@ -1,7 +1,7 @@
 """The training step under pipeline parallelism: a torch.distributed.pipelining schedule runs
 forward and backward of this rank's stages over the micro-batches of one local batch.
 
-Apply order: split (pipeline.build_stage) -> per stage the model's parallelize_fn (CP -> TP ->
+Apply order: split (pipeline.build_stage) -> per stage parallelize_model (CP -> TP ->
 float8 -> AC -> compile -> FSDP2) -> materialize (pipeline.init_stage_weights) -> schedule.
 
 Loss: the last stage computes the same float32 summed cross entropy as the non-PP step, times
@@ -21,7 +21,9 @@ from torch import nn
 
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
+from torchllm.models import moe
 from torchllm.parallel.context_parallel import ContextParallel
+from torchllm.parallel.parallelize import parallelize_model
 from torchllm.parallel.pipeline import (
     build_stage,
     check_pipeline,
@@ -67,8 +69,9 @@ class Pipeline:
         stages = []
         build = lambda: spec.build(model_args)  # noqa: E731
         for i in ids:
-            stage = build_stage(build, blocks[i], first=i == 0, last=i == len(blocks) - 1)
-            spec.parallelize_fn(stage, dims, job_config)  # TP, float8, AC, compile, FSDP2
+            stage = build_stage(build, spec.pipeline, blocks[i], first=i == 0,
+                                last=i == len(blocks) - 1)
+            parallelize_model(stage, spec, dims, job_config)  # TP, float8, AC, compile, FSDP2
             init_stage_weights(stage, build, device, job_config.job.seed)
             stage.train()
             stages.append(stage)
@@ -77,7 +80,7 @@ class Pipeline:
                     [f"{b[0]}-{b[-1]}" for b in blocks], dims.pp_rank, ids)
         n_micro = job_config.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
         pipeline = cls(stages, ids, len(blocks), pcfg.pipeline_parallel_schedule, n_micro,
-                       loss_fn, dims, device, rank_model(stages, build))
+                       loss_fn, dims, device, rank_model(stages, build, spec.pipeline))
         with torch.device("meta"):
             pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
         mcfg, tcfg = job_config.model, job_config.training
@@ -90,12 +93,9 @@ class Pipeline:
         output (moe.AttachLoss), weighted as the trainer weights them without PP: the coefficient-
         weighted mean over all the model's MoE layers x the micro-batch's valid tokens x the
         step's scale. The weight rides with the micro-batch (`aux_weight`, per sequence)."""
-        from torchllm.models import moe  # (models import parallel/ at load)
-
         n_total = len(moe.moe_layers(self.whole))
         if not n_total or not (aux_coef or z_coef):
             return
-        self._moe = moe
         self.aux_weights = {}
         for stage in self.stages:
             stage.register_forward_pre_hook(self._take_aux_weight, with_kwargs=True)
@@ -109,10 +109,10 @@ class Pipeline:
 
     def _attach_aux(self, module, args, kwargs, output, layers, coefs):
         weight = self.aux_weights.pop(id(module), None)
-        aux = self._moe.auxiliary_loss(layers, *coefs)  # (read and cleared in every forward)
+        aux = moe.auxiliary_loss(layers, *coefs)  # (read and cleared in every forward)
         if aux is None or weight is None or not torch.is_grad_enabled():
             return output
-        return self._moe.AttachLoss.apply(output, aux * weight.sum())
+        return moe.AttachLoss.apply(output, aux * weight.sum())
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # training.chunked_loss: the last stage returned the summed loss itself (its head ran

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from torchllm import models
 from torchllm.config import ConfigError, load_config
-from torchllm.parallel import build_parallel_dims
+from torchllm.parallel import build_parallel_dims, parallelize_model
 from torchllm.parallel.data_parallel import reshard_after_forward
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
@@ -135,13 +135,13 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
 
 
 def sharded_model(cfg, model_args, dims):
-    """Rank 0's real model under the real parallelize_fn, on the meta device (no memory)."""
+    """Rank 0's real model under the real parallelize_model, on the meta device (no memory)."""
     spec = models.get(cfg.model.name)
     run_cfg = copy.deepcopy(cfg)
     run_cfg.compile.enable = False  # tracing happens at the first call, not here
     with torch.device("meta"):
         model = spec.build(model_args)
-    spec.parallelize_fn(model, dims, run_cfg)
+    parallelize_model(model, spec, dims, run_cfg)
     return model
 
 

@@ -1,14 +1,17 @@
-"""Llama 3 family."""
+"""Llama 3 family: args and flavors, model, HF adapter (hf.py), parallel plans (plan.py)."""
 
+from torchllm.models.kv_cache import KVCache
 from torchllm.models.llama.args import LlamaArgs, flavors
+from torchllm.models.llama.hf import LlamaAdapter
 from torchllm.models.llama.model import Transformer
-from torchllm.models.registry import ModelSpec, register
-from torchllm.parallel.parallelize import parallelize_llama
+from torchllm.models.llama.plan import PIPELINE, TP_PLAN
+from torchllm.models.spec import ModelSpec
 
-register(
-    ModelSpec(name="llama3", model_cls=Transformer, flavors=flavors,
-              parallelize_fn=parallelize_llama,
-              lora_targets=("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
+SPEC = ModelSpec(
+    name="llama3", model_cls=Transformer, flavors=flavors,
+    shape_keys=("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "ffn_dim_multiplier"),
+    cache_cls=KVCache, hf_adapter=LlamaAdapter, tp_plan=TP_PLAN, pipeline=PIPELINE,
+    lora_targets=("wq", "wk", "wv", "wo", "w1", "w2", "w3"),
 )
 
-__all__ = ["LlamaArgs", "Transformer", "flavors"]
+__all__ = ["SPEC", "LlamaArgs", "Transformer", "flavors"]

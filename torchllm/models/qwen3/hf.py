@@ -12,11 +12,13 @@ import math
 
 import torch
 
-from torchllm.checkpoint.hf_adapters import (
-    ConfigError, Weights, _check_tied, _check_vocab, _expect, pad_vocab, trim_vocab,
-)
+from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
-from torchllm.models.qwen3 import Qwen3, Qwen3Args
+from torchllm.models.hf_common import (
+    Weights, check_tied, check_vocab, expect, pad_vocab, trim_vocab,
+)
+from torchllm.models.qwen3.args import Qwen3Args
+from torchllm.models.qwen3.model import Qwen3
 
 ATTENTION = {
     "attention_norm.weight": "input_layernorm.weight",
@@ -91,10 +93,10 @@ class Qwen3Adapter:
                                   "MoE blocks every model.moe_every layers)")
         aliases = {"num_experts": "num_local_experts"}  # transformers 5 writes the latter
         for key, ours, want in keys:
-            _expect(key, hf.get(key, hf.get(aliases.get(key, ""))), ours, want)
-        _expect("attention_bias", bool(hf.get("attention_bias", False)), "biases", False)
-        _check_vocab(hf["vocab_size"], args.vocab_size)
-        _check_tied(bool(hf.get("tie_word_embeddings", False)), args.tie_embeddings)
+            expect(key, hf.get(key, hf.get(aliases.get(key, ""))), ours, want)
+        expect("attention_bias", bool(hf.get("attention_bias", False)), "biases", False)
+        check_vocab(hf["vocab_size"], args.vocab_size)
+        check_tied(bool(hf.get("tie_word_embeddings", False)), args.tie_embeddings)
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         if not math.isclose(theta, args.rope_theta):
