@@ -57,7 +57,7 @@ def test_a_toy_source_packs_its_documents_into_the_windows(tmp_path, counting):
 
 
 def test_an_unregistered_source_is_not_known(tmp_path):
-    with pytest.raises(ConfigError, match="'counting:6' is not known; use one of 'embedded'"):
+    with pytest.raises(ConfigError, match="'counting:6' is not known; use one of .*'embedded'"):
         check_config(tiny_args(tmp_path, "--data.dataset=counting:6"), 1)
 
 
