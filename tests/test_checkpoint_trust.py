@@ -26,11 +26,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
-from torchllm.checkpoint.integrity import CorruptCheckpoint, folder_checksums
+from torchllm.checkpoint.integrity import folder_checksums
+from torchllm.checkpoint.reader import CorruptCheckpoint
 from torchllm.checkpoint.layout import MARKER
 from torchllm.checkpoint.safe_load import UntrustedCheckpoint, load_bytes
 from torchllm.checkpoint.state import PickledState, TrainState
-from torchllm.checkpoint.storage import storage_for
+from torchllm.storage import storage_for
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
@@ -170,7 +171,7 @@ def generate(root: Path) -> subprocess.CompletedProcess:
 
 
 def export(root: Path) -> subprocess.CompletedProcess:
-    return command(sys.executable, "-m", "torchllm.checkpoint.hf", "export", "--checkpoint",
+    return command(sys.executable, "-m", "torchllm.hf", "export", "--checkpoint",
                    str(root / "run"), "--out", str(root / "hf"))
 
 
@@ -230,7 +231,7 @@ def test_generate_and_export_refuse_a_flipped_byte(run):
 
 
 def test_convert_and_inference_loading_refuse_a_flipped_byte_or_code(run, tmp_path):
-    from torchllm.checkpoint.convert import main as convert
+    from torchllm.hf.convert import main as convert
     from torchllm.eval.loading import load_for_inference
 
     step = step_of(run)

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
+from torchllm.hf.folder import write_hf_weights
+from torchllm.hf.load import convert_from_hf
 from torchllm.checkpoint.hf_adapters import GPT2Adapter, LlamaAdapter
 from torchllm.models.gpt2 import GPT2, GPT2Args
 from torchllm.models.llama import LlamaArgs, Transformer

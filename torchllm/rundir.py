@@ -32,11 +32,11 @@ from torchllm.checkpoint.layout import (
     step_dir,
     write_durably,
 )
-from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm.metrics.writers import tensorboard_folder
 from torchllm.runlock import RunLock, RunLockedError
+from torchllm.storage import checkpoint_folder, is_url
 
 
 def run_name(cfg: JobConfig) -> str:

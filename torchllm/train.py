@@ -17,10 +17,8 @@ import torch
 
 from torchllm import models, process
 from torchllm.callbacks import StepReport, build_callbacks
-from torchllm.checkpoint import Checkpointer, TrainState
-from torchllm.checkpoint.resume import recorded_precision
+from torchllm.checkpoint import Checkpointer, TrainState, recorded_precision
 from torchllm.checkpoint.stage_tokenizer import stage_tokenizer, trains_new_tokenizer
-from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.checkpoint.vocab_resize import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import build_data, build_tokenizer
@@ -34,6 +32,7 @@ from torchllm.device import (
 )
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
+from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger, open_run_log
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler, rank
@@ -116,8 +115,7 @@ class Trainer:
         # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise.
         # A resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe).
         ccfg = cfg.checkpoint
-        folder = checkpoint_folder(self.run_dir, ccfg.folder)
-        recorded = recorded_precision(folder, ccfg.load_step, self.device) if ccfg.enable else None
+        recorded = recorded_precision(self.run_dir, ccfg, self.device) if ccfg.enable else None
         self.bf16, why = resolve_bf16(tcfg.mixed_precision, self.device.type, recorded)
         self.precision = "bf16" if self.bf16 else "fp32"
         (logger.info if recorded in (None, self.precision) else logger.warning)(
@@ -177,6 +175,7 @@ class Trainer:
                       # What the data position means: a resume compares it (on_data_change).
                       "data": data_fingerprint(cfg, self.train_loader.dataset,
                                                tokenizer["base_sha256"])},
+            load_hf=load_initial_weights,
         )
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
         self.guard.save_checkpoint = self.save_dropped_step

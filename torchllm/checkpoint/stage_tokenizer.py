@@ -1,5 +1,5 @@
-"""A stage's tokenizer is its initial load's, and the one check that a checkpoint meets the
-tokenizer it was trained with (resume, initial load, inference).
+"""A stage's tokenizer is its initial load's, and the tokenizer inference reads a checkpoint
+with (checked by the one tokenizer identity check, checkpoint.reader.check_same_tokenizer).
 
 data.tokenizer = "from_initial_load", or "auto" (the default) with checkpoint.initial_load_path
 set: a new stage (mid-training, SFT) uses the tokenizer of the model it starts from, as that
@@ -19,10 +19,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from torchllm.checkpoint.layout import MARKER, MarkerError, read_marker, resolve_checkpoint
-from torchllm.checkpoint.storage import join
+from torchllm.checkpoint.layout import MARKER
+from torchllm.checkpoint.reader import MarkerError, read_marker, resolve_checkpoint
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
+from torchllm.storage import join
 
 FROM_INITIAL_LOAD = "from_initial_load"
 NEW = "train"  # data.tokenizer = "train": a new SentencePiece model, even for a stage
@@ -137,69 +138,16 @@ def stage_tokenizer(cfg, log: bool = False, auto: bool = True):
     return dataclasses.replace(cfg, data=data)
 
 
-# ------------------------------------------------------------------------- identity
-
-
-def _named(record: dict) -> str:
-    digest = record.get("base_sha256")
-    chat = " + 6 chat tokens" if record.get("chat_tokens") else ""
-    return f"{record['name']}{chat}" + (f" (sha256 {digest[:12]})" if digest else "")
-
-
-HINTS = {
-    "resume": "a run resumes with the tokenizer it trained with: relaunch with the run's "
-              "data.tokenizer (its config.toml), or start a new run (another job.run_name)",
-    "initial load": "use the checkpoint's (data.tokenizer = 'auto' or 'from_initial_load' "
-                    f"takes it), or set data.tokenizer = {NEW!r} to train a new one on purpose",
-    "inference": "restore that file (or pass --data.tokenizer=FILE with it)",
-}
-
-
-def check_same_tokenizer(saved: dict | None, now: dict | None, where: str, use: str) -> None:
-    """The one check that the tokenizer `now` (vocab_resize.tokenizer_record) is the one the
-    weights at `where` were trained with (`saved`, the record in its marker): the same base
-    tokenizer by the SHA-256 of its file (by name when neither is a file; a file against a Hub
-    name cannot be compared). `use`: 'resume', 'initial load' or 'inference' (which also needs
-    the same ids: chat tokens included). A differing one is a ConfigError naming both, except
-    at an initial load with data.tokenizer = 'train' (now['new']): a warning. The ids added to
-    the same base (chat tokens) are vocab_resize.plan_growth's."""
-    if not saved or not now:
-        return
-    a, b = saved.get("base_sha256"), now.get("base_sha256")
-    if a and b:
-        same = a == b
-    elif a is None and b is None:
-        same = saved["name"] == now["name"]
-    else:
-        return
-    if use == "inference":
-        same = same and saved.get("vocab_size") == now.get("vocab_size")
-    if same:
-        return
-    both = (f"{where} was trained with tokenizer {_named(saved)}, but this run's is "
-            f"{_named(now)}")
-    if use == "initial load" and now.get("new"):
-        logger.warning("%s (data.tokenizer = %r): the loaded embedding and output rows belong "
-                       "to the other tokenizer's ids, so expect a high loss at first", both, NEW)
-        return
-    raise ConfigError(f"{both}: the weights' ids would mean other tokens; {HINTS[use]}",
-                      "data.tokenizer")
-
-
-def inference_tokenizer(cfg, step_dir, data_dir: Path):
-    """The tokenizer of checkpoint `step_dir` for generate, the evals and export: `cfg`'s (the
-    config the step was written under), never trained here ('auto': the run's cached file,
-    else one line naming it), and checked against the step's recorded tokenizer."""
+def inference_tokenizer(cfg, reader, data_dir: Path):
+    """The tokenizer of the checkpoint step `reader` (checkpoint.reader.CheckpointReader) for
+    generate, the evals and export: `cfg`'s (the config the step was written under), never
+    trained here ('auto': the run's cached file, else one line naming it), and checked against
+    the step's recorded tokenizer (reader.check_tokenizer)."""
     from torchllm.checkpoint.vocab_resize import tokenizer_record
     from torchllm.data import build_tokenizer
 
     tokenizer = build_tokenizer(cfg, data_dir, train=False)
-    try:
-        saved = read_marker(step_dir).get("tokenizer")
-    except MarkerError:
-        saved = None
-    check_same_tokenizer(saved, tokenizer_record(tokenizer), f"checkpoint {step_dir}",
-                         "inference")
+    reader.check_tokenizer(tokenizer_record(tokenizer), "inference")
     return tokenizer
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchllm.checkpoint.stage_tokenizer import check_same_tokenizer
+from torchllm.checkpoint.reader import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
 
 VOCAB_KEYS = ("tok_embeddings.weight", "output.weight")
@@ -77,7 +77,7 @@ def plan_growth(path: Path, metadata, marker: dict, sd: dict, now: dict | None,
                 resume: bool) -> tuple[list[str], int]:
     """([vocab keys to grow], saved vocab size) for loading checkpoint `path` into the model
     state dict `sd`; ([], 0) when nothing grows. ConfigError (naming both tokenizers) for
-    another tokenizer (stage_tokenizer.check_same_tokenizer: by its file's SHA-256, whatever
+    another tokenizer (reader.check_same_tokenizer: by its file's SHA-256, whatever
     its size), a vocabulary that shrinks, another base vocabulary, or a resume with another
     vocabulary."""
     saved = marker.get("tokenizer")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from torchllm.checkpoint.storage import Location, as_location, is_url, join, storage_for
 from torchllm.config.job_config import ConfigError
 from torchllm.data.token_stream import ShardPart, TokenStream
+from torchllm.storage import Location, as_location, is_url, join, storage_for
 
 MAGIC = b"TLLMSHRD"
 VERSION = 1

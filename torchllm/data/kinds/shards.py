@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchllm.checkpoint.storage import as_location, join
 from torchllm.config.job_config import ConfigError
 from torchllm.data import shards
 from torchllm.data.kinds.base import TokenKind
 from torchllm.data.kinds.registry import register
 from torchllm.data.token_stream import TokenStream
+from torchllm.storage import as_location, join
 
 
 @register
