@@ -1266,6 +1266,15 @@ MUTANTS = [
         "        return super().find_class(module, name)",
         ("tests/test_checkpoint_trust.py::test_pickled_state_with_tensors_loads_and_their_storage_is_data_only",),
     ),
+    # --- storage a leaf, resolved once per protocol (issue 44) ---
+    Mutant(
+        "storage_resolved_per_call", "storage_for makes a new file system (and checks the "
+        "protocol's package) on every call instead of once per protocol",
+        "torchllm/storage.py",
+        "@lru_cache(maxsize=None)\ndef _storage_of(",
+        "def _storage_of(",
+        ("tests/test_storage_leaf.py::test_each_protocol_is_resolved_once",),
+    ),
 ]
 
 

@@ -296,10 +296,13 @@ class LocalStorage(FsspecStorage):
         return shutil.disk_usage(folder).free
 
 
+LOCAL = ""  # _storage_of's key for local paths (a file:// URL is an fsspec location like s3://)
+
+
 @lru_cache(maxsize=None)
 def _storage_of(protocol: str) -> FsspecStorage:
     """The storage of a protocol, made once (again after `set_store_timeout` changes it)."""
-    if protocol == "file":
+    if protocol == LOCAL:
         return LocalStorage()
     problem = _missing(protocol)
     if problem:
@@ -311,7 +314,7 @@ def storage_for(location: Location) -> FsspecStorage:
     """The storage that holds `location`; a missing fsspec implementation (s3fs, gcsfs) is one
     ImportError line naming the URL and what to install."""
     if not is_url(location):
-        return _storage_of("file")
+        return _storage_of(LOCAL)
     try:
         return _storage_of(location.split("://", 1)[0])
     except ImportError as e:

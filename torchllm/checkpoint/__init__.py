@@ -2,7 +2,13 @@
 every consumer uses (reader.py). The names here are the package's public API."""
 
 from torchllm.checkpoint.checkpointer import Checkpointer
-from torchllm.checkpoint.layout import EXPORT_DTYPES, complete_steps, mark_complete, step_dir, step_of
+from torchllm.checkpoint.layout import (
+    EXPORT_DTYPES,
+    complete_steps,
+    mark_complete,
+    step_dir,
+    step_of,
+)
 from torchllm.checkpoint.reader import (
     CheckpointReader,
     CorruptCheckpoint,
@@ -17,4 +23,5 @@ from torchllm.checkpoint.state import TrainState
 
 __all__ = ["EXPORT_DTYPES", "CheckpointReader", "CheckpointSaveError", "Checkpointer",
            "CorruptCheckpoint", "MarkerError", "TrainState", "complete_steps", "mark_complete",
-           "open_checkpoint", "read_marker", "recorded_precision", "resolve_checkpoint", "step_dir", "step_of"]
+           "open_checkpoint", "read_marker", "recorded_precision", "resolve_checkpoint",
+           "step_dir", "step_of"]

@@ -7,8 +7,9 @@
                                target_modules (Hugging Face names), base_model_name_or_path
 
 Names come from the family's Hugging Face mapping (hf_adapters.py, hf_qwen3.py). A LoRA update
-B @ A changes W's rows through B and its columns through A, so the row permutation Llama's export applies to wq and wk (RoPE's
-interleaved pairs -> Hugging Face's halves) applies to lora_B's rows; A is unchanged.
+B @ A changes W's rows through B and its columns through A, so the row permutation Llama's
+export applies to wq and wk (RoPE's interleaved pairs -> Hugging Face's halves) applies to
+lora_B's rows; A is unchanged.
 """
 
 from __future__ import annotations
