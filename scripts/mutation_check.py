@@ -259,13 +259,13 @@ MUTANTS = [
     ),
     Mutant(
         "export_mode_0600", "exported .safetensors keep safetensors' 0600 mode",
-        "torchllm/checkpoint/convert.py", "    os.chmod(path, file_mode())\n", "",
+        "torchllm/hf/files.py", "    os.chmod(path, file_mode())\n", "",
         ("tests/test_hf_export.py::"
          "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
     ),
     Mutant(
         "output_replaced", "convert to-file / to-dcp silently replace an existing output",
-        "torchllm/checkpoint/convert.py", "    if out.exists() and not overwrite:\n",
+        "torchllm/hf/files.py", "    if out.exists() and not overwrite:\n",
         "    if False:\n",
         ("tests/test_hf_export.py::"
          "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
@@ -273,7 +273,7 @@ MUTANTS = [
     Mutant(
         "unreadable_marker_skips_checksums",
         "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
-        "loads unverified", "torchllm/checkpoint/layout.py",
+        "loads unverified", "torchllm/checkpoint/reader.py",
         '        raise MarkerError(f"marker {marker} is {what}") from None\n',
         "        return {}\n",
         ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
@@ -380,7 +380,7 @@ MUTANTS = [
     ),
     Mutant(
         "export_without_chat_template", "the export writes no chat_template for a chat run",
-        "torchllm/checkpoint/hf_tokenizer.py",
+        "torchllm/hf/tokenizer.py",
         '        config["chat_template"], end_of_turn = found\n',
         "        end_of_turn = found[1]\n",
         ("tests/test_hf_tokenizer_export.py::"
@@ -597,13 +597,13 @@ MUTANTS = [
     Mutant(
         "step_list_not_updated_by_saves",
         "the checkpointer's cached step list misses its own saves: retention never deletes",
-        "torchllm/checkpoint/checkpointer.py", "        self._known(agree).append(step)\n", "",
+        "torchllm/checkpoint/retention.py", "        self.known(agree).append(step)\n", "",
         ("tests/test_checkpoint.py::test_retention_keeps_exactly_k",),
     ),
     Mutant(
         "object_store_prefix_not_own",
         "deleting step-1 on a store deletes every key starting with step-1 (step-10 too)",
-        "torchllm/checkpoint/storage.py",
+        "torchllm/storage.py",
         '            return self.fs.find(self._key(folder) + "/")\n',
         '            return [k for k in self.fs.find(parent_of(self._key(folder)) + "/")\n'
         '                    if k.startswith(self._key(folder))]\n',
@@ -848,24 +848,23 @@ MUTANTS = [
     Mutant(
         "inference_skips_checksums",
         "generate, the evals and convert read a checkpoint without its COMPLETE CRC-32s",
-        "torchllm/checkpoint/integrity.py",
-        "    problem = check_files(step, read_marker(step))",
-        "    problem = None",
+        "torchllm/checkpoint/reader.py",
+        "    problem = reader.verify()\n",
+        "    problem = None\n",
         ("tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",),
     ),
     Mutant(
         "export_skips_checksums",
         "hf export resolves the checkpoint without checking it (a flipped byte exports)",
-        "torchllm/checkpoint/hf.py",
-        "    step_path = open_for_reading(checkpoint)  # checksums, data-only metadata",
-        "    from torchllm.checkpoint.layout import resolve_checkpoint\n"
-        "    step_path = resolve_checkpoint(checkpoint)",
+        "torchllm/hf/export.py",
+        "else open_checkpoint(checkpoint)",
+        "else CheckpointReader.find(checkpoint)",
         ("tests/test_checkpoint_trust.py::test_generate_and_export_refuse_a_flipped_byte",),
     ),
     Mutant(
         "resume_falls_back_from_untrusted",
         "a resume treats a value that would run code as a read error and falls back",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/restore.py",
         "            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop",
         "            problem, misfit = describe_failure(e), None",
         ("tests/test_checkpoint_trust.py::"
@@ -977,7 +976,7 @@ MUTANTS = [
         "store_error_before_save_uncaught",
         "a store error clearing the step before a save (botocore's, no OSError) escapes "
         "checkpoint.on_save_error as a traceback",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/saver.py",
         "            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no "
         "OSError)\n",
         "            except OSError as e:\n",
@@ -1022,7 +1021,7 @@ MUTANTS = [
     Mutant(
         "hf_import_bad_safetensors_unnamed",
         "hf import of a bad .safetensors prints safetensors' error without the file",
-        "torchllm/checkpoint/hf.py",
+        "torchllm/hf/folder.py",
         "        except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not "
         "one\n",
         "        except ImportError as e:\n",
@@ -1033,7 +1032,7 @@ MUTANTS = [
         "retention_counts_unhealthy_steps",
         "retention counts steps saved while the guard skipped updates: a bad stretch evicts the "
         "last good checkpoint",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/retention.py",
         "        good = [s for s in known if s not in self.not_resumable]\n",
         "        good = list(known)\n",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
@@ -1050,7 +1049,7 @@ MUTANTS = [
         "resumed_lr_from_old_schedule",
         "the first resumed step's LR is the one the checkpoint's schedule set (training.steps "
         "changed), not this config's",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/restore.py",
         "            current_lr(self.optimizer, self.lr_scheduler)\n",
         "            pass\n",
         ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
@@ -1058,7 +1057,7 @@ MUTANTS = [
     Mutant(
         "data_restart_keeps_position",
         "on_data_change = 'restart' says so but still loads the old data position",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/restore.py",
         '        return [*exclude, "dataloader"]\n',
         "        return exclude\n",
         ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[seq_len]",),
@@ -1122,9 +1121,9 @@ MUTANTS = [
     ),
     Mutant(
         "hf_initial_load_tokenizer_unchecked", "initial_load_in_hf accepts another tokenizer "
-        "than the folder's", "torchllm/checkpoint/loading.py",
-        '            check_same_tokenizer(hf_record(folder), self.run_info.get("tokenizer"),\n',
-        '            (hf_record(folder), self.run_info.get("tokenizer"),\n',
+        "than the folder's", "torchllm/hf/load.py",
+        '    check_same_tokenizer(hf_record(hf_dir), tokenizer,\n',
+        '    (hf_record(hf_dir), tokenizer,\n',
         ("tests/test_stage_tokenizer.py::"
          "test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer",),
     ),
@@ -1139,7 +1138,7 @@ MUTANTS = [
     ),
     Mutant(
         "hf_import_seed_without_tokenizer", "hf import writes a seed with no config.toml and no "
-        "tokenizer", "torchllm/checkpoint/hf.py",
+        "tokenizer", "torchllm/hf/load.py",
         "    save_seed_checkpoint(weights, out, step,\n"
         "                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, "
         "hf_vocab))\n",
@@ -1170,7 +1169,7 @@ MUTANTS = [
     ),
     Mutant(
         "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
-        "torchllm/checkpoint/hf_lora.py",
+        "torchllm/hf/peft_names.py",
         "            b = rope_meta_to_hf(b, heads)",
         "            pass",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
@@ -1251,14 +1250,14 @@ MUTANTS = [
     ),
     Mutant(
         "generation_config_without_sampling", "the export's generation_config.json leaves out the run's sampling defaults",
-        "torchllm/checkpoint/hf.py",
+        "torchllm/hf/export.py",
         '    gen["max_new_tokens"] = sampling.max_new_tokens',
         '    pass',
         ("tests/test_hf_export.py::test_export_writes_a_generation_config_transformers_follows",),
     ),
     Mutant(
         "inference_reads_unhealthy_newest", "generate / export of a run read the step saved while updates were skipped",
-        "torchllm/checkpoint/layout.py",
+        "torchllm/checkpoint/reader.py",
         "            return _newest_healthy(folder, steps)",
         "            return step_dir(folder, steps[-1])",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
@@ -1350,6 +1349,14 @@ MUTANTS = [
         "    block={**ATTENTION, **SWIGLU, **QK_NORM},",
         "    block={**ATTENTION, **SWIGLU},",
         ("tests/test_parallel_multiprocess.py::test_qk_norm_weights_replicated_over_tp",),
+    ),
+    Mutant(
+        "storage_resolved_per_call", "storage_for makes a new file system (and checks the "
+        "protocol's package) on every call instead of once per protocol",
+        "torchllm/storage.py",
+        "@lru_cache(maxsize=None)\ndef _storage_of(",
+        "def _storage_of(",
+        ("tests/test_storage_leaf.py::test_each_protocol_is_resolved_once",),
     ),
 ]
 

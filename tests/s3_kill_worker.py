@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from torchllm.checkpoint import mirror
-from torchllm.checkpoint.storage import join, storage_for
+from torchllm.storage import join, storage_for
 from torchllm.config import load_config
 from torchllm.train import Trainer
 

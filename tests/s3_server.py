@@ -53,9 +53,9 @@ def _forget_clients() -> None:
     """Drop cached file-system objects: they hold the endpoint they were made with."""
     import s3fs
 
-    from torchllm.checkpoint import storage
+    from torchllm import storage
 
-    storage._fsspec_storage.cache_clear()
+    storage._storage_of.cache_clear()
     s3fs.S3FileSystem.clear_instance_cache()
 
 

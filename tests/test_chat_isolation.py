@@ -110,7 +110,7 @@ def test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_
     """The shipped SFT config through ./run_train.sh on a local chat file (3 steps), exported
     to Hugging Face: transformers scoring each conversation of a packed batch alone (assistant
     tokens only) gives the loss torchllm's trained model computes on the packed batch."""
-    from torchllm.checkpoint.hf import main as hf_cli
+    from torchllm.hf.cli import main as hf_cli
     from torchllm.eval.loading import load_for_inference
 
     transformers = pytest.importorskip("transformers")

@@ -178,7 +178,7 @@ def test_every_tokenizer_kind_renders_36_conversations_like_transformers(tmp_pat
     assistant mask (`{% generation %}` around each reply), conversation by conversation."""
     from transformers import AutoTokenizer
 
-    from torchllm.checkpoint.hf_tokenizer import write_tokenizer
+    from torchllm.hf.tokenizer import write_tokenizer
 
     (tmp_path / "src").mkdir()
     tok = CHAT_KINDS[kind](tmp_path / "src")

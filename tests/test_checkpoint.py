@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchllm.checkpoint import complete_steps, resolve_checkpoint
-from torchllm.checkpoint.checkpointer import saved_keys
+from torchllm.checkpoint.reader import saved_keys
 from torchllm.config import ConfigError
 from torchllm.optim import lr_factor
 from torchllm.train import Trainer
@@ -86,9 +86,9 @@ def test_corrupt_checkpoint_falls_back_to_earlier_one(tmp_path, caplog):
 
 def all_tensors(step_dir) -> dict:
     """Every tensor of a checkpoint (weights, optimizer moments and steps, RNG states)."""
-    from torchllm.checkpoint.convert import load_dcp_tensors
+    from torchllm.checkpoint import open_checkpoint
 
-    return load_dcp_tensors(step_dir, "")
+    return open_checkpoint(step_dir).tensors("")
 
 
 def test_async_save_equals_sync_save(tmp_path):
@@ -103,7 +103,7 @@ def test_async_save_equals_sync_save(tmp_path):
     asyn.optimizer.register_step_post_hook(lambda *_: stepped.set())
     staged_at = []
 
-    class SlowStager(asyn.checkpointer._stager_cls):  # the checkpointer makes one per save
+    class SlowStager(asyn.checkpointer.saver._stager_cls):  # the checkpointer makes one per save
         def _stage(self, state_dict, **kwargs):
             # Copy only after the next optimizer step, if it does not wait for us (the bug),
             # else after 1.5 s, by when the next step's forward and backward have run.
@@ -112,7 +112,7 @@ def test_async_save_equals_sync_save(tmp_path):
             staged_at.append(asyn.step)  # the step running when the copy was made
             return super()._stage(state_dict, **kwargs)
 
-    asyn.checkpointer._stager_cls = SlowStager
+    asyn.checkpointer.saver._stager_cls = SlowStager
     assert asyn.train() == sync_losses
     assert staged_at == [3, 5, 5]  # saves of steps 2 and 4 overlapped the next step
     for step in (2, 4, 5):
@@ -264,7 +264,7 @@ def test_sigterm_saves_current_step_and_exits_zero(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
 def test_convert_round_trip_dcp_file_dcp(tmp_path, suffix):
-    from torchllm.checkpoint.convert import main as convert
+    from torchllm.hf.convert import main as convert
 
     t = trainer(tmp_path, "--checkpoint.interval=100")
     t.train()
@@ -281,7 +281,7 @@ def test_convert_round_trip_dcp_file_dcp(tmp_path, suffix):
 
 
 def test_convert_dtype_and_errors(tmp_path, capsys):
-    from torchllm.checkpoint.convert import load_weights_file, main as convert
+    from torchllm.hf.convert import load_weights_file, main as convert
 
     t = trainer(tmp_path, "--checkpoint.interval=100")
     t.train()

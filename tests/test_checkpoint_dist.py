@@ -19,7 +19,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchllm.checkpoint import complete_steps
-from torchllm.checkpoint.convert import load_dcp_tensors
+from torchllm.checkpoint import open_checkpoint
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
@@ -64,9 +64,9 @@ def assert_same_tensors(got: dict, expected: dict) -> None:
 
 
 def saved_state(step_dir) -> dict:
-    return {**{f"model.{k}": v for k, v in load_dcp_tensors(step_dir, "model.").items()},
+    return {**{f"model.{k}": v for k, v in open_checkpoint(step_dir).tensors("model.").items()},
             **{f"optimizer.{k}": v
-               for k, v in load_dcp_tensors(step_dir, "optimizer.").items()}}
+               for k, v in open_checkpoint(step_dir).tensors("optimizer.").items()}}
 
 
 def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):

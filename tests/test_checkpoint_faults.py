@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchllm.checkpoint import CheckpointSaveError, complete_steps
-from torchllm.checkpoint.convert import load_dcp_tensors
+from torchllm.checkpoint import open_checkpoint
 from torchllm.config import ConfigError
 from torchllm.metrics.guard import LossGuard, TrainingStopped
 from torchllm.train import Trainer, main
@@ -52,7 +52,7 @@ def test_nonfinite_state_is_never_marked_complete_nor_counted(tmp_path, caplog):
                 "--training.steps=2")
     t.train()
     assert complete_steps(folder(tmp_path)) == [2]
-    good = load_dcp_tensors(folder(tmp_path) / "step-2", "model.")
+    good = open_checkpoint(folder(tmp_path) / "step-2").tensors("model.")
     # NaN in one optimizer moment only (weights finite), then inf in a weight.
     state = next(iter(t.optimizer.state.values()))
     state["exp_avg"].view(-1)[0] = float("nan")
@@ -76,7 +76,7 @@ def test_disk_full_before_save_is_one_line_and_keeps_earlier(tmp_path, monkeypat
     t = trainer(tmp_path, "--checkpoint.interval=2")
     t.train()
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr("torchllm.checkpoint.storage.shutil.disk_usage",
+    monkeypatch.setattr("torchllm.storage.shutil.disk_usage",
                         lambda path: usage._replace(free=1000))
     with pytest.raises(CheckpointSaveError) as err:
         t.checkpointer.save(5)
@@ -219,7 +219,8 @@ def test_two_async_saves_equal_sync_saves_with_a_one_shot_stager(tmp_path, monke
     for step in (2, 4):
         a, s = (folder(tmp_path / r) / f"step-{step}" for r in ("a", "s"))
         for prefix in ("model.", "optimizer."):
-            assert same_tensors(load_dcp_tensors(a, prefix), load_dcp_tensors(s, prefix)), step
+            assert same_tensors(open_checkpoint(a).tensors(prefix),
+                                open_checkpoint(s).tensors(prefix)), step
 
 
 def test_rng_state_saves_only_this_ranks_cuda_generator(monkeypatch):

@@ -26,11 +26,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
-from torchllm.checkpoint.integrity import CorruptCheckpoint, folder_checksums
-from torchllm.checkpoint.layout import MARKER
+from torchllm.checkpoint.integrity import folder_checksums
+from torchllm.checkpoint.layout import MARKER, dcp_writer
+from torchllm.checkpoint.reader import CorruptCheckpoint, dcp_reader
 from torchllm.checkpoint.safe_load import UntrustedCheckpoint, load_bytes
 from torchllm.checkpoint.state import PickledState, TrainState
-from torchllm.checkpoint.storage import storage_for
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
@@ -170,7 +170,7 @@ def generate(root: Path) -> subprocess.CompletedProcess:
 
 
 def export(root: Path) -> subprocess.CompletedProcess:
-    return command(sys.executable, "-m", "torchllm.checkpoint.hf", "export", "--checkpoint",
+    return command(sys.executable, "-m", "torchllm.hf", "export", "--checkpoint",
                    str(root / "run"), "--out", str(root / "hf"))
 
 
@@ -230,7 +230,7 @@ def test_generate_and_export_refuse_a_flipped_byte(run):
 
 
 def test_convert_and_inference_loading_refuse_a_flipped_byte_or_code(run, tmp_path):
-    from torchllm.checkpoint.convert import main as convert
+    from torchllm.hf.convert import main as convert
     from torchllm.eval.loading import load_for_inference
 
     step = step_of(run)
@@ -262,7 +262,7 @@ def test_dcp_reads_of_poisoned_values_are_refused_naming_the_file(run, tmp_path,
     shard = poison(step, marker)
     key, fqn = ("rng_rank0", "python") if poison is poison_rng_value else ("train_state", "pickle")
     with pytest.raises(CheckpointException) as e:
-        dcp.load({key: {fqn: None}}, storage_reader=storage_for(step).reader(step), no_dist=True)
+        dcp.load({key: {fqn: None}}, storage_reader=dcp_reader(step), no_dist=True)
     assert f"{shard} (value {key}.{fqn}) {REFUSED}" in untrusted_cause(e.value)
     assert not marker.exists()
 
@@ -270,7 +270,7 @@ def test_dcp_reads_of_poisoned_values_are_refused_naming_the_file(run, tmp_path,
 def test_restricted_metadata_reads_what_plain_pickle_reads(trained):
     """The allow-list covers a real checkpoint's .metadata: the same Metadata as pickle's."""
     step = step_of(trained)
-    ours = storage_for(step).reader(step).read_metadata()
+    ours = dcp_reader(step).read_metadata()
     plain = pickle.loads((step / ".metadata").read_bytes())
     assert ours.state_dict_metadata == plain.state_dict_metadata
     assert ours.storage_data == plain.storage_data and ours.planner_data == plain.planner_data
@@ -282,16 +282,16 @@ def test_fsspec_checkpoints_are_read_through_the_allow_list(tmp_path):
     refused."""
     url = f"file://{tmp_path}/step-1"
     state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "train_state": {"step": 7}}
-    dcp.save(state, storage_writer=storage_for(url).writer(url), no_dist=True)
+    dcp.save(state, storage_writer=dcp_writer(url), no_dist=True)
     loaded = {"model": {"w": torch.zeros(2, 3)}, "train_state": {"step": 0}}
-    dcp.load(loaded, storage_reader=storage_for(url).reader(url), no_dist=True)
+    dcp.load(loaded, storage_reader=dcp_reader(url), no_dist=True)
     assert torch.equal(loaded["model"]["w"], state["model"]["w"])
     assert loaded["train_state"]["step"] == 7
     marker = tmp_path / "PWNED"
     path = tmp_path / "step-1" / ".metadata"
     path.write_bytes(payload(marker) + path.read_bytes())
     with pytest.raises(UntrustedCheckpoint, match="os.system"):
-        storage_for(url).reader(url).read_metadata()
+        dcp_reader(url).read_metadata()
     assert not marker.exists()
 
 

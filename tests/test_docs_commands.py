@@ -39,9 +39,9 @@ TINY = {
     "python -m torchllm.generate": ["--max-new-tokens", "4"],
     "python -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
     "torchrun -m torchllm.eval.hellaswag": ["--data", "hellaswag_val.jsonl", "--limit", "4"],
-    "python -m torchllm.checkpoint.hf export": [],
+    "python -m torchllm.hf export": [],
     # the target model of an import is the config's: the tiny run's shape
-    "python -m torchllm.checkpoint.hf import": ["--training.seq_len=32",
+    "python -m torchllm.hf import": ["--training.seq_len=32",
                                                 "--data.tokenizer_vocab_size=512"],
     "python -m torchllm.tools.model_info": [],
     "python -m torchllm.report": [],
@@ -134,7 +134,7 @@ def program(command: str) -> str:
     words = shlex.split(command)
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
         words = words[1:]
-    if words[:3] == ["python", "-m", "torchllm.checkpoint.hf"]:
+    if words[:3] == ["python", "-m", "torchllm.hf"]:
         return " ".join(words[:4])  # export / import
     if words[:2] == ["python", "-m"]:
         return " ".join(words[:3])
@@ -169,7 +169,7 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
     assert len(found) > 20
     programs = {program(c) for _, _, c in found}
     assert {"./run_train.sh", "python -m torchllm.generate", "python -m torchllm.eval.hellaswag",
-            "python -m torchllm.checkpoint.hf export"} <= programs
+            "python -m torchllm.hf export"} <= programs
     for path, n, cmd in found:
         where = f"{path.relative_to(REPO)}:{n}: {cmd}"
         assert "[--" not in cmd and "..." not in cmd, f"{where}: a synopsis; use a ```text block"

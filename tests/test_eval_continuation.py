@@ -116,7 +116,7 @@ HF_BATCH = 32  # rows per transformers forward
 def trained_export(tmp_path_factory):
     """A short debug-model run (auto SentencePiece tokenizer), exported; both sides in eval."""
     transformers = pytest.importorskip("transformers")
-    from torchllm.checkpoint.hf import main as hf_cli
+    from torchllm.hf.cli import main as hf_cli
     from torchllm.train import Trainer
 
     from conftest import tiny_config

@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
     """A short debug-model run (auto SentencePiece tokenizer, fp32) and its HF export:
     (run folder, HF folder, model, tokenizer) with the model loaded as the CLI loads it."""
     shared_path("data", "evals")
-    from torchllm.checkpoint.hf import export_hf
+    from torchllm.hf.export import export_hf
     from torchllm.eval.loading import load_for_inference
     from torchllm.train import Trainer
 

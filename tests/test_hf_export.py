@@ -1,4 +1,4 @@
-"""The `python -m torchllm.checkpoint.hf` CLI and `checkpoint.initial_load_in_hf`, end to end on
+"""The `python -m torchllm.hf` CLI and `checkpoint.initial_load_in_hf`, end to end on
 real (tiny) training runs; `transformers` loading the exported folders is the oracle."""
 
 import json
@@ -10,14 +10,15 @@ import sys
 import pytest
 import torch
 
-from torchllm.checkpoint import Checkpointer
-from torchllm.checkpoint.convert import load_dcp_weights
-from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli, parse_size
-from torchllm.config import ConfigError
-from torchllm.models.gpt2 import GPT2Args
+from torchllm.checkpoint import Checkpointer, open_checkpoint
 from torchllm.models.gpt2.hf import GPT2Adapter
-from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.models.llama.hf import LlamaAdapter
+from torchllm.config import ConfigError
+from torchllm.hf.cli import main as hf_cli
+from torchllm.hf.folder import parse_size
+from torchllm.hf.load import convert_from_hf, load_initial_weights
+from torchllm.models.gpt2 import GPT2Args
+from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_config
@@ -100,7 +101,7 @@ def test_export_then_import_is_bit_identical(llama_export):
     seed = tmp / "seed" / "step-0"
     assert hf_cli(["import", "--hf", str(out), "--out", str(seed),
                    f"--job.config_file={tmp / 'run' / 'config.toml'}"]) == 0
-    original, back = load_dcp_weights(tmp / "run"), load_dcp_weights(seed)
+    original, back = open_checkpoint(tmp / "run").weights(), open_checkpoint(seed).weights()
     assert original.keys() == back.keys()
     for name, value in original.items():
         if name in ("tok_embeddings.weight", "output.weight"):
@@ -122,7 +123,7 @@ def test_export_dtype_choice(llama_export):
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
-    original = load_dcp_weights(tmp / "run")
+    original = open_checkpoint(tmp / "run").weights()
     hf = transformers.LlamaForCausalLM.from_pretrained(out)
     assert hf.dtype == torch.bfloat16
     assert torch.equal(hf.model.norm.weight, original["norm.weight"].to(torch.bfloat16))
@@ -174,7 +175,7 @@ def test_initial_load_in_hf_rejects_another_family(tmp_path):
                       "--checkpoint.initial_load_in_hf")
     llama = Transformer(LlamaArgs(dim=64, n_layers=1, n_heads=4, vocab_size=TOKENIZER_VOCAB))
     with pytest.raises(ConfigError, match="holds a 'gpt2' model but the run builds a Transformer"):
-        Checkpointer(cfg.checkpoint, tmp_path, llama).load()
+        Checkpointer(cfg.checkpoint, tmp_path, llama, load_hf=load_initial_weights).load()
 
 
 def test_config_checks_name_the_mismatch(tmp_path):
@@ -213,9 +214,8 @@ import torch, torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torchllm.checkpoint.hf import convert_from_hf, load_hf_weights, write_hf_weights
-from torchllm.models.llama.hf import LlamaAdapter
-from torchllm.models.llama import LlamaArgs, Transformer
+from torchllm.hf.folder import write_hf_weights
+from torchllm.hf.load import convert_from_hf, load_hf_weights
 
 dist.init_process_group("gloo")
 hf_dir = Path(sys.argv[1])
@@ -280,7 +280,7 @@ def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llam
     and refuses to replace an existing output unless --overwrite (issue 28)."""
     import stat
 
-    from torchllm.checkpoint.convert import main as convert_cli
+    from torchllm.hf.convert import main as convert_cli
 
     _, tmp, out = llama_export
     run = str(tmp / "run")
@@ -319,8 +319,9 @@ def test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite(llam
         assert convert_cli(["to-dcp", str(weights), str(step)]) == 2
         assert "already exists; pass --overwrite" in capsys.readouterr().err
         assert convert_cli(["to-dcp", str(weights), str(step), "--overwrite"]) == 0
-        assert load_dcp_weights(step).keys() == load_dcp_weights(run).keys()
-        assert load_dcp_weights(step)["norm.weight"].dtype == torch.bfloat16  # the new file's
+        weights = open_checkpoint(step).weights()
+        assert weights.keys() == open_checkpoint(run).weights().keys()
+        assert weights["norm.weight"].dtype == torch.bfloat16  # the new file's
     finally:
         os.umask(old_umask)
 

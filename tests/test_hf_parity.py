@@ -10,11 +10,12 @@ import json
 import pytest
 import torch
 
-from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
-from torchllm.models.gpt2 import GPT2, GPT2Args
+from torchllm.hf.folder import write_hf_weights
+from torchllm.hf.load import convert_from_hf
 from torchllm.models.gpt2.hf import GPT2Adapter
-from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.models.llama.hf import LlamaAdapter
+from torchllm.models.gpt2 import GPT2, GPT2Args
+from torchllm.models.llama import LlamaArgs, Transformer
 
 from conftest import build_model
 

@@ -11,7 +11,7 @@ import stat
 import pytest
 import torch
 
-from torchllm.checkpoint.hf_tokenizer import write_tokenizer
+from torchllm.hf.tokenizer import write_tokenizer
 from torchllm.data import load_tokenizer
 from torchllm.data.chat.template import ChatTemplate
 from torchllm.data.chat.tokens import ChatTokenizer
@@ -104,7 +104,7 @@ def test_sft_run_export_chats_like_torchllm_generate(tmp_path, capsys):
     tokenizer's chat prompt is the run's, and transformers' greedy reply is
     `python -m torchllm.generate --chat ... --temperature 0`'s, token for token."""
     from torchllm import generate
-    from torchllm.checkpoint.hf import main as hf_cli
+    from torchllm.hf.cli import main as hf_cli
     from torchllm.train import Trainer
 
     Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=base",

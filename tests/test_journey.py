@@ -5,7 +5,7 @@ local data the test writes:
     CONFIG_FILE=...midtrain.toml ./run_train.sh  mid-train: the novel + a streamed local folder
     CONFIG_FILE=...sft.toml ./run_train.sh       SFT on a chat JSONL (the base has no chat tokens)
     python -m torchllm.eval.downstream ...      HellaSwag from a local file
-    python -m torchllm.checkpoint.hf export ... a transformers folder, tokenizer included
+    python -m torchllm.hf export ... a transformers folder, tokenizer included
     python -m torchllm.generate --chat ...      torchllm's greedy reply
 
 and transformers' greedy reply on the exported folder (its own tokenizer and chat template) must
@@ -185,7 +185,7 @@ def test_the_users_journey_through_the_commands(tmp_path):
 
     # 5. Export to a transformers folder, tokenizer and chat template included.
     hf_dir = tmp_path / "hf"
-    run([sys.executable, "-m", "torchllm.checkpoint.hf", "export", "--checkpoint", str(sft),
+    run([sys.executable, "-m", "torchllm.hf", "export", "--checkpoint", str(sft),
          "--out", str(hf_dir)])
     assert "chat_template" in json.loads((hf_dir / "tokenizer_config.json").read_text())
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from torchllm.checkpoint.convert import load_dcp_weights
+from torchllm.checkpoint import open_checkpoint
 from torchllm.config import ConfigError, load_config
 from torchllm.models.lora import LoRALinear, check_lora, is_adapter_key
 from torchllm.train import Trainer
@@ -115,15 +115,15 @@ def test_shipped_config_trains_adapters_only_resumes_exactly_and_exports(base_ru
     checkpoint: every base tensor bit-identical after training; two launches (stopped after
     step 2, resumed) give the straight run's losses; the --adapter export in peft and the
     merged export in plain transformers give torchllm's logits."""
-    from torchllm.checkpoint.hf import main as hf_main
+    from torchllm.hf.cli import main as hf_main
 
     straight = run_train_sh(base_run, "straight")
     first = run_train_sh(base_run, "resumed", "--training.stop_after_steps=2")
     assert run_train_sh(base_run, "resumed") == straight[2:] and first == straight[:2]
     assert len(straight) == 4
 
-    base = load_dcp_weights(base_run / "debug_model")
-    tuned = load_dcp_weights(base_run / "straight")
+    base = open_checkpoint(base_run / "debug_model").weights()
+    tuned = open_checkpoint(base_run / "straight").weights()
     assert base.keys() == {k for k in tuned if not is_adapter_key(k)}
     assert all(torch.equal(base[k], tuned[k]) for k in base)  # frozen: bit-identical
     assert all(tuned[k].abs().max() > 0 for k in tuned if k.endswith("lora_B.weight"))
@@ -185,7 +185,7 @@ def lora_run(base_run):
 def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, family):
     """peft on the --adapter export, and transformers on the merged one, vs torchllm (Llama:
     the RoPE row permutation of wq/wk applies to lora_B; Qwen3: none)."""
-    from torchllm.checkpoint.hf import main as hf_main
+    from torchllm.hf.cli import main as hf_main
 
     run = lora_run
     if family != "llama3":  # a Qwen3 LoRA run on the base run's tokenizer (fresh weights)

@@ -1,6 +1,6 @@
 """A model family from a folder outside torchllm (tests/toy_family: Llama with a fused gate-up
 MLP) is one folder plus one `register` line: through `job.custom_import` it trains with
-`python -m torchllm.train`, exports with `python -m torchllm.checkpoint.hf export`, and the
+`python -m torchllm.train`, exports with `python -m torchllm.hf export`, and the
 export loads in transformers' LlamaForCausalLM with our logits (the independent oracle)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_toy_family_trains_exports_and_loads_in_transformers(tmp_path, toy_impor
                                        "--model.name=toy_llama", "--checkpoint.enable",
                                        "--job.run_name=run", "--training.steps=2")], tmp_path)
     out = tmp_path / "hf"
-    _run(["torchllm.checkpoint.hf", "export", "--checkpoint", str(tmp_path / "run"),
+    _run(["torchllm.hf", "export", "--checkpoint", str(tmp_path / "run"),
           "--out", str(out)], tmp_path)
 
     from torchllm.eval.generation import generate

@@ -235,7 +235,7 @@ def test_inference_and_hf_export_from_and_to_a_bucket(s3, tmp_path):
     from the local run folder) with the trained weights; `hf export` from the bucket to the
     bucket writes a folder that `transformers` loads, after a download, with the same logits."""
     transformers = pytest.importorskip("transformers")
-    from torchllm.checkpoint.hf import main as hf_cli
+    from torchllm.hf.cli import main as hf_cli
     from torchllm.eval.loading import load_for_inference
 
     remote = f"{s3}/ckpt"
@@ -279,7 +279,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
     from test_data import assert_batches_equal, take
     from test_data_kinds import run_train
 
-    from torchllm.checkpoint import storage
+    from torchllm import storage
     from torchllm.data import build_data
     from torchllm.data.sources.embedded import embedded_documents
     from torchllm.data.tokenizer import load_tokenizer

@@ -271,7 +271,8 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
     from test_eval_hellaswag import write_tiny_jsonl
 
     from torchllm import generate
-    from torchllm.checkpoint.hf import convert_from_hf, main as hf_cli
+    from torchllm.hf.cli import main as hf_cli
+    from torchllm.hf.load import convert_from_hf
     from torchllm.models.llama.hf import LlamaAdapter
     from torchllm.eval import hellaswag
 

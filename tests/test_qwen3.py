@@ -8,7 +8,8 @@ import torch
 
 from conftest import build_model, tiny_config
 from test_hf_parity import SEQ, TOL, VOCAB, randomize, tokens
-from torchllm.checkpoint.hf import convert_from_hf, write_hf_weights
+from torchllm.hf.folder import write_hf_weights
+from torchllm.hf.load import convert_from_hf
 from torchllm.models.qwen3.hf import Qwen3Adapter, Qwen3MoeAdapter
 from torchllm.models.moe import MoE, auxiliary_loss, load_balancing_loss, moe_layers
 from torchllm.models.qwen3 import Qwen3, Qwen3Args

@@ -144,7 +144,7 @@ def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     assert f"report      {run / 'report' / 'report.md'}" in block
     assert f"log         {run / 'train.log'}" in block
     assert f'python -m torchllm.generate --checkpoint {run} --prompt "' in block  # a base model
-    assert f"python -m torchllm.checkpoint.hf export --checkpoint {run} --out hf/r" in block
+    assert f"python -m torchllm.hf export --checkpoint {run} --out hf/r" in block
     # The evals that download say so, with the offline form (none configured here).
     assert "--limit 200  # downloads it; offline: --data hellaswag_val.jsonl" in block
     assert "# downloads them; offline: --data-dir DIR" in block

@@ -15,8 +15,9 @@ import torch
 
 from torchllm import precision
 from torchllm.checkpoint import complete_steps
-from torchllm.checkpoint.convert import load_dcp_tensors
-from torchllm.checkpoint.layout import MARKER, mark_complete, read_marker
+from torchllm.checkpoint import open_checkpoint
+from torchllm.checkpoint.layout import MARKER, mark_complete
+from torchllm.checkpoint.reader import read_marker
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
@@ -67,7 +68,7 @@ def test_unreadable_marker_is_an_unusable_step(run, caplog, marker):
         resumed = Trainer(tiny_config(run, *CKPT))
     resumed.close()
     assert resumed.step == 2  # fell back
-    saved, now = load_dcp_tensors(step(run, 2), "model."), resumed.model.state_dict()
+    saved, now = open_checkpoint(step(run, 2)).tensors("model."), resumed.model.state_dict()
     assert saved and all(torch.equal(now[k], v) for k, v in saved.items())
     lines = [r.getMessage() for r in caplog.records if str(newest / MARKER) in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0], lines
@@ -107,7 +108,8 @@ def test_failed_resume_leaves_the_runs_config_byte_identical(run):
 
 
 def test_inference_uses_the_step_folders_config(run):
-    from torchllm.checkpoint.hf import _run_config
+    from torchllm.checkpoint import CheckpointReader
+    from torchllm.hf.export import run_config
     from torchllm.eval.loading import load_for_inference
 
     # What a failed resume of earlier code left: the run's config with another vocab.
@@ -116,9 +118,9 @@ def test_inference_uses_the_step_folders_config(run):
     assert "vocab_size = 5000" in config.read_text()
     model, cfg, _ = load_for_inference(run / "run", "cpu")
     assert cfg.model.vocab_size is None
-    saved = load_dcp_tensors(step(run, 4), "model.")
+    saved = open_checkpoint(step(run, 4)).tensors("model.")
     assert saved and all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
-    assert _run_config(step(run, 4), []).model.vocab_size is None  # hf export
+    assert run_config(CheckpointReader.at(step(run, 4)), []).model.vocab_size is None  # hf export
 
 
 def test_retention_that_cannot_delete_names_the_folder(fresh, monkeypatch, caplog):

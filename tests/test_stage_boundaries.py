@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchllm.checkpoint import resolve_checkpoint
-from torchllm.checkpoint.convert import load_dcp_tensors
+from torchllm.checkpoint import open_checkpoint
 from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
@@ -37,7 +37,7 @@ def base_run(tmp_path):
     Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=base",
                         "--training.steps=2")).train()
     (tok,) = (tmp_path / "base" / "data").glob("tokenizer_*.model")
-    return tok, load_dcp_tensors(tmp_path / "base")
+    return tok, open_checkpoint(tmp_path / "base").tensors()
 
 
 def next_stage(tmp_path, tok, name="mid", *extra):
@@ -124,7 +124,7 @@ def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     got = torch.load(tmp_path / "mid.pt")
     assert_grown({k[len("model."):]: v for k, v in got.items() if k.startswith("model.")},
-                 load_dcp_tensors(tmp_path / "base"))
+                 open_checkpoint(tmp_path / "base").tensors())
 
 
 def test_relaunching_a_finished_run_says_so(tmp_path):

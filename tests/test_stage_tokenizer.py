@@ -211,7 +211,7 @@ def test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer(base, tmp_path):
 @pytest.mark.slow
 def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, tmp_path):
     hf = tmp_path / "hf"
-    code, out = python_m("torchllm.checkpoint.hf", "export", "--checkpoint",
+    code, out = python_m("torchllm.hf", "export", "--checkpoint",
                          str(base["root"] / "base"), "--out", str(hf))
     assert code == 0, out[-3000:]
     assert sha(hf / "tokenizer.model") == sha(base["tok"])
@@ -234,9 +234,9 @@ def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, tmp_path):
 def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base, tmp_path):
     hf, seed = tmp_path / "hf", tmp_path / "seeds" / "debug" / "step-0"
     run = base["root"] / "base"
-    assert python_m("torchllm.checkpoint.hf", "export", "--checkpoint", str(run), "--out",
+    assert python_m("torchllm.hf", "export", "--checkpoint", str(run), "--out",
                     str(hf))[0] == 0
-    code, out = python_m("torchllm.checkpoint.hf", "import", "--hf", str(hf), "--out", str(seed),
+    code, out = python_m("torchllm.hf", "import", "--hf", str(hf), "--out", str(seed),
                          f"--job.config_file={run / 'config.toml'}")
     assert code == 0, out[-3000:]
     assert sha(seed / "tokenizer.model") == sha(base["tok"])  # the seed carries its own copy

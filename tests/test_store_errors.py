@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from torchllm.checkpoint import storage
-from torchllm.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
+from torchllm import storage
+from torchllm.checkpoint import Checkpointer, CheckpointSaveError
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.train import Trainer
 
@@ -189,10 +189,11 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
     """The pre-save check sees room (another writer fills the disk during the save): torch's
     write fails on the real 8 MB tmpfs ("unexpected pos" or ENOSPC) and the line says "no space
     left on <folder>" with the bytes needed."""
-    from torchllm.checkpoint import checkpointer
+    from torchllm.checkpoint import checkpointer, saver
 
     disk = small_disk(tmp_path / "run" / "checkpoint", "8m")
-    monkeypatch.setattr(checkpointer, "free_bytes", lambda folder: 1 << 40)  # "plenty"
+    for module in (checkpointer, saver):  # the launch's check and the save's: "plenty"
+        monkeypatch.setattr(module, "free_bytes", lambda folder: 1 << 40)
     trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
                                   "--training.steps=1"))
     with pytest.raises(CheckpointSaveError) as err:
@@ -256,7 +257,7 @@ def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tm
     def short_write(*args, **kwargs):
         raise real.value
 
-    monkeypatch.setattr("torchllm.checkpoint.checkpointer.dcp.save", short_write)
+    monkeypatch.setattr("torchllm.checkpoint.saver.dcp.save", short_write)
     with pytest.raises(CheckpointSaveError) as err:
         trainer.train()
     folder = tmp_path / "run" / "checkpoint"

@@ -27,6 +27,7 @@ from torchllm.device import (
 )
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
+from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler
@@ -153,6 +154,7 @@ class Trainer:
                       # What the data position means: a resume compares it (on_data_change).
                       "data": data_fingerprint(cfg, self.train_loader.dataset,
                                                tokenizer["base_sha256"])},
+            load_hf=load_initial_weights,
         )
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()

@@ -1,7 +1,27 @@
-"""Distributed checkpointing: sharded DCP saves, exact resume, retention, conversion."""
+"""Training checkpoints: sharded DCP saves, exact resume, retention, and the one reader that
+every consumer uses (reader.py). The names here are the package's public API."""
 
-from torchllm.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
-from torchllm.checkpoint.layout import complete_steps, resolve_checkpoint, step_dir
+from torchllm.checkpoint.checkpointer import Checkpointer
+from torchllm.checkpoint.layout import (
+    EXPORT_DTYPES,
+    complete_steps,
+    mark_complete,
+    step_dir,
+    step_of,
+)
+from torchllm.checkpoint.reader import (
+    CheckpointReader,
+    CorruptCheckpoint,
+    MarkerError,
+    open_checkpoint,
+    read_marker,
+    resolve_checkpoint,
+)
+from torchllm.checkpoint.resume import recorded_precision
+from torchllm.checkpoint.saver import CheckpointSaveError
 from torchllm.checkpoint.state import TrainState
 
-__all__ = ["Checkpointer", "CheckpointSaveError", "TrainState", "complete_steps", "resolve_checkpoint", "step_dir"]
+__all__ = ["EXPORT_DTYPES", "CheckpointReader", "CheckpointSaveError", "Checkpointer",
+           "CorruptCheckpoint", "MarkerError", "TrainState", "complete_steps", "mark_complete",
+           "open_checkpoint", "read_marker", "recorded_precision", "resolve_checkpoint",
+           "step_dir", "step_of"]

@@ -1,78 +1,37 @@
 """Sharded, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
-Every rank writes its own shards of one DCP directory per step. A save becomes visible to
-loading and retention only when rank 0 writes the COMPLETE marker (with each file's CRC-32)
-after every rank finished and no saved value was NaN/inf, so a crash mid-save never damages
-what was already on disk and a poisoned state is never resumed from. The marker also says when a
-step is no resume candidate (weights only; saved while the loss guard skipped updates):
-retention counts only the candidates and never deletes the newest one for the others.
-
-Every decision that ranks could see differently (which checkpoint loads, whether a save
-failed or finished) is agreed over a small gloo group, so ranks never hang or diverge.
+A Checkpointer is composed of parts, each its own file: the states it saves (state.py), the
+saver (saver.py: sync, async and mirrored saves, committed by the COMPLETE marker), retention
+(retention.py: the known steps, keep_latest_k), and the loader (loading.py: which step; restore.py:
+one step, through reader.py's checks). Every decision that ranks could see differently (which
+checkpoint loads, whether a save failed or finished) is agreed over a small gloo group
+(agree.py), so ranks never hang or diverge.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
-from torchllm.checkpoint.integrity import (
-    describe_failure,
-    folder_checksums,
-    free_bytes,
-    human,
-    is_disk_full,
-    nonfinite_and_bytes,
-    state_estimate,
-    tensors_of,
-)
-from torchllm.checkpoint.layout import (
-    EXPORT_DTYPES,
-    complete_steps,
-    delete_step,
-    mark_complete,
-    mark_nonfinite,
-    not_resumable,
-    step_dir,
-    write_durably,
-)
 from torchllm.checkpoint.agree import RankAgreement
-from torchllm.checkpoint.loading import LoadingMixin
-from torchllm.checkpoint.mirror import Mirror, done_future
+from torchllm.checkpoint.integrity import free_bytes, human, state_estimate
+from torchllm.checkpoint.loading import Loader
+from torchllm.checkpoint.mirror import Mirror
+from torchllm.checkpoint.restore import StepLoader
 from torchllm.checkpoint.resume import hparams_snapshot
+from torchllm.checkpoint.retention import Retention
+from torchllm.checkpoint.saver import CheckpointSaveError, Saver
 from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
-from torchllm.checkpoint.storage import (
-    Location,
-    checkpoint_folder,
-    join,
-    set_store_timeout,
-    storage_for,
-)
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
-from torchllm.ranks import rank as _rank
+from torchllm.storage import checkpoint_folder, set_store_timeout
 
 LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 
 
-class CheckpointSaveError(RuntimeError):
-    """A save failed (disk full, I/O error): one line with the folder and the bytes involved."""
-
-
-def saved_keys(path: Location) -> set[str]:
-    """Top-level keys of a DCP checkpoint (reads only its metadata file)."""
-    metadata = storage_for(path).reader(path).read_metadata()
-    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
-
-
-class Checkpointer(LoadingMixin, RankAgreement):
+class Checkpointer:
     """Saves and restores model, optimizer, scheduler, data position, counters and RNGs."""
 
     def __init__(
@@ -88,27 +47,20 @@ class Checkpointer(LoadingMixin, RankAgreement):
         device: torch.device = torch.device("cpu"),
         others: dict[str, Any] | None = None,
         run_info: dict[str, Any] | None = None,
+        load_hf=None,
     ):
         """`others`: more objects with state_dict()/load_state_dict(), saved under their keys
         (identical on every rank, like the train state). `run_info`: `config_toml` (written
         into each step folder, compared at resume) and `global_batch_size` (must not change
-        silently)."""
+        silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
+        for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights)."""
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
         self.folder = checkpoint_folder(run_dir, ccfg.folder)  # a local path or a URL
         set_store_timeout(ccfg.store_timeout_s)
-        self.storage = storage_for(self.folder)
-        self.steps: list[int] | None = None  # complete steps: listed once, then kept here
-        self.not_resumable: dict[int, str] = {}  # complete steps no resume takes: why
-        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
-        self.run_info = run_info or {}
-        self.device = device
-        self.rank = _rank()
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
         # Agreement between ranks on CPU tensors: no device sync, never mixed with training's.
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        # The configured hyperparameters, before a load replaces them with the checkpoint's.
-        self.hparams = hparams_snapshot(optimizer) if optimizer is not None else None
+        self.agree = RankAgreement.of_this_job()
+        self.retention = Retention(self.folder, ccfg.keep_latest_k, self.agree)
         others = others or {}
         self.loadable = [*LOADABLE, *others]
         bad = set(ccfg.exclude_from_loading) - set(self.loadable)
@@ -118,31 +70,34 @@ class Checkpointer(LoadingMixin, RankAgreement):
                 f"{', '.join(self.loadable)}", "checkpoint.exclude_from_loading",
             )
         # Per-rank objects get per-rank keys: DCP keeps one copy of identically named values.
-        self.dataloader_key = f"dataloader_dp{dp_rank}"
-        self.rng_key = f"rng_rank{self.rank}"
+        dataloader_key, rng_key = f"dataloader_dp{dp_rank}", f"rng_rank{self.agree.rank}"
         self.states: dict[str, Any] = {"model": ModelState(model)}
         if optimizer is not None:
             self.states["optimizer"] = OptimizerState(model, optimizer)
         if lr_scheduler is not None:
             self.states["lr_scheduler"] = PickledState(lr_scheduler)
         if dataloader is not None:
-            self.states[self.dataloader_key] = PickledState(dataloader)
+            self.states[dataloader_key] = PickledState(dataloader)
         if train_state is not None:
             self.states["train_state"] = PickledState(train_state)
         for key, obj in others.items():
             self.states[key] = PickledState(obj)
-        self.states[self.rng_key] = RNGState()
+        self.states[rng_key] = RNGState()
 
-        self.pending: dict | None = None  # the background save: step, future, stager, finite
-        self.staging = None
-        self.needed = 0  # bytes of the save in progress (for error messages)
-        self.async_options = None
-        self.async_group = None
-        if self.enabled and ccfg.async_mode != "disabled":
-            self._setup_async(ccfg.async_mode, device)
+        run_info = run_info or {}
+        # The configured hyperparameters, before a load replaces them with the checkpoint's.
+        hparams = hparams_snapshot(optimizer) if optimizer is not None else None
+        restore = StepLoader(ccfg, self.states, dataloader_key, rng_key, self.agree, optimizer,
+                             lr_scheduler, hparams, run_info)
+        self.loader = Loader(ccfg, restore, self.retention, model, self.loadable,
+                             optimizer is not None, load_hf)
         # Steps written locally first, uploaded in the background (object storage only).
-        self.mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.rank) \
+        mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.agree.rank) \
             if self.enabled and ccfg.local_mirror else None
+        self.saver = Saver(ccfg, self.states, model, self.retention, self.agree, device, mirror,
+                           run_info)
+        if self.enabled and ccfg.async_mode != "disabled":
+            self.saver.setup_async(ccfg.async_mode, device)
         if ccfg.enable and not ccfg.create_seed_checkpoint:
             self._check_room(model, optimizer)
 
@@ -150,41 +105,30 @@ class Checkpointer(LoadingMixin, RankAgreement):
         """Before step 1: the disk must hold one save (model + the optimizer state's estimate;
         AdamW's moments do not exist until its first step), or the launch is refused in one line
         instead of training until its first save fails."""
-        needed = sum(self._gather(state_estimate(model, optimizer)))
+        needed = sum(self.agree.gather(state_estimate(model, optimizer)))
         free = free_bytes(self.folder)
-        if self._all(free is None or free >= needed):
+        if self.agree.all(free is None or free >= needed):
             return
         raise CheckpointSaveError(
             f"no space left on {self.folder} for one checkpoint: it needs about {human(needed)} "
             f"(model + optimizer state), {human(free or 0)} free; free space or set "
             "checkpoint.folder to a disk with room")
 
-    def _setup_async(self, mode: str, device: torch.device) -> None:
-        """Stage (copy to host memory) in a background thread, then write in another.
+    @property
+    def steps(self) -> list[int] | None:
+        """The complete steps this Checkpointer knows, oldest first (None before it listed)."""
+        return self.retention.steps
 
-        Weights change only in optimizer.step(), so staging overlaps the next step's forward
-        and backward; the trainer calls wait_for_staging() before stepping the optimizer.
-        """
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    @property
+    def pending(self) -> dict | None:
+        """The background save in flight ({"step": ...}), or None."""
+        return self.saver.pending
 
-        self._stager_cls = DefaultStager  # one per save: torch < 2.13 closes it after one
-        if mode == "async_with_pinned_mem":
-            if device.type != "cuda":
-                raise ConfigError(
-                    "checkpoint.async_mode = 'async_with_pinned_mem' stages through pinned host "
-                    "memory and needs CUDA; on CPU use 'async'", "checkpoint.async_mode",
-                )
-            options = StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                     use_async_staging=True, use_non_blocking_copy=True)
-        else:
-            options = StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                     use_async_staging=True, use_non_blocking_copy=False)
-        self.async_options = options
-        if dist.is_initialized():
-            # Background saves talk on their own gloo group, never interleaving with training's.
-            self.async_group = dist.new_group(backend="gloo")
-
-    # ---------------------------------------------------------------- saving
+    def load(self) -> int | None:
+        """Restore the newest loadable checkpoint of this run (or `initial_load_path`): the
+        step restored from this run's folder, 0 for initial weights, None for a fresh start
+        (loading.Loader.load)."""
+        return self.loader.load()
 
     def should_save(self, step: int, last: bool = False) -> bool:
         return self.enabled and (last or step % self.cfg.interval == 0)
@@ -198,284 +142,37 @@ class Checkpointer(LoadingMixin, RankAgreement):
         be resumed from (the loss guard skipping updates; recorded in the marker). A failed save
         raises CheckpointSaveError (or, with on_save_error = 'continue', logs it and returns).
         """
-        if not self.enabled:
-            return
-        self.wait()
-        path = step_dir(self.folder, step)
-        if self.steps is not None and step in self.steps:
-            logger.warning("checkpoint %s exists and is replaced by this save (%s)", path,
-                           self.not_resumable.get(step, "a complete checkpoint"))
-        self._forget(step)
-        early = None  # rank 0's error clearing the step: agreed on with the counts below
-        if self.rank == 0:  # (the next collective keeps the others from writing before this)
-            try:
-                delete_step(path)  # a crashed or stale save of this step; complete ones rewritten
-                if self.mirror is not None:
-                    self.mirror.remove(step)
-            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no OSError)
-                early = self._cause(e)
-        export = last and self.cfg.last_save_model_only
-        model_only = model_only or export
-        if model_only:
-            dtype = EXPORT_DTYPES[self.cfg.export_dtype] if export else torch.float32
-            state = {"model": ModelState(self.model, None if dtype == torch.float32 else dtype)}
-            kind = {"weights_only": True, "weights_dtype": str(dtype).split(".")[-1]}
-        else:
-            state = self.states
-            kind = {"healthy": False, "unhealthy": unhealthy} if unhealthy else {"healthy": True}
-        t0 = time.perf_counter()
-        # Before writing: NaN/inf anywhere (never marked complete), and room on the disk.
-        tensors = tensors_of([s.state_dict() for s in state.values()
-                              if isinstance(s, (ModelState, OptimizerState))])
-        counts = self._gather((*nonfinite_and_bytes(tensors), early))
-        nonfinite, self.needed = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        early = self._one([c[2] for c in counts])
-        if early is not None:
-            self._failed(step, early)
-            return
-        free = free_bytes(self.folder)
-        if not self._all(free is None or free >= self.needed):
-            self._failed(step, "not enough free space on that disk")
-            return
-        try:
-            if self.mirror is None and (self.cfg.async_mode == "disabled" or model_only):
-                dcp.save(state, storage_writer=self.storage.writer(path))
-            else:
-                self._save_async(step, path, state, nonfinite, model_only, kind)
-                logger.info("checkpoint %s: %s in the background (blocked %.2fs)", path,
-                            "uploading" if self.mirror else "staging and writing",
-                            time.perf_counter() - t0)
-                return
-        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises on every rank
-            self._failed(step, self._cause(e))
-            return
-        if self._complete(step, nonfinite, kind=kind):
-            logger.info("saved checkpoint %s in %.2fs%s", path, time.perf_counter() - t0,
-                        " (model only)" if model_only else "")
-
-    def _save_async(self, step: int, path: Location, state: dict, nonfinite: int,
-                    model_only: bool = False, kind: dict | None = None) -> None:
-        """A background save: DCP's async save, and/or (local_mirror) a local save uploaded by a
-        background thread. `pending["future"]` is done once this rank's part is written."""
-        target = path if self.mirror is None else self.mirror.step_dir(step)
-        if self.cfg.async_mode == "disabled" or model_only:  # mirror: write locally now
-            dcp.save(state, storage_writer=storage_for(target).writer(target))
-            written, stager = done_future(), None
-        else:
-            written, stager = self._dcp_async(target, state)
-        future = written if self.mirror is None else self.mirror.start(written, step, path)
-        self.pending = {"step": step, "future": future, "stager": stager,
-                        "nonfinite": nonfinite, "mirror": self.mirror is not None,
-                        "kind": kind or {}}
-
-    def _dcp_async(self, target: Location, state: dict):
-        if self.device.type == "cuda":
-            # DCP's staging stream does not wait for the compute stream: let the optimizer
-            # step's kernels finish before the copies read the weights.
-            torch.cuda.current_stream(self.device).synchronize()
-        stager = self._stager_cls(self.async_options)
-        try:
-            response = dcp.async_save(state, storage_writer=storage_for(target).writer(target),
-                                      process_group=self.async_group, async_stager=stager)
-        except BaseException:
-            stager.close()
-            raise
-        self.staging = response.staging_completion
-        return response.upload_completion, stager
+        if self.enabled:
+            self.saver.save(step, last, model_only, unhealthy)
 
     def wait_for_staging(self) -> None:
         """Block until a background save has copied the state; call before weights change."""
-        if self.staging is not None:
-            staging, self.staging = self.staging, None
-            staging.result()
+        self.saver.wait_for_staging()
 
     def poll(self) -> None:
         """Finish a background save once every rank's part is written (call once per step on
-        every rank: the ranks agree, so all of them finish it at the same step)."""
-        if self.pending is not None and self._all(self.pending["future"].done()):
-            self.wait()
+        every rank)."""
+        self.saver.poll()
 
     def wait(self) -> None:
         """Block until the pending background save is written and committed (every rank)."""
-        if self.pending is None:
-            return
-        pending, self.pending = self.pending, None
-        error, files = None, None
-        try:
-            self.wait_for_staging()
-            result = pending["future"].result()
-            files = result if pending["mirror"] else None  # the uploaded files' checksums
-        except (Exception, CheckpointException) as e:  # noqa: BLE001 - agreed on below
-            error = self._cause(e)
-        finally:
-            if pending["stager"] is not None:
-                pending["stager"].close()
-        gathered = self._gather((error, files))  # commit only if every rank's write succeeded
-        error = self._one([e for e, _ in gathered])
-        if error is not None:
-            self._failed(pending["step"], error)
-        elif self._complete(pending["step"], pending["nonfinite"],
-                            {k: v for _, f in gathered for k, v in (f or {}).items()}
-                            if pending["mirror"] else None, pending["kind"]):
-            logger.info("checkpoint step-%d written", pending["step"])
+        self.saver.wait()
 
-    def _complete(self, step: int, nonfinite: int, files: dict | None = None,
-                  kind: dict | None = None) -> bool:
-        """Every rank's shards are on disk: rank 0 commits (or flags NaN/inf); ranks agree.
-        `files`: the checksums of every file, when the ranks computed them (local mirror);
-        `kind`: the marker's fields saying whether the step is a resume candidate."""
-        error = None
-        if self.rank == 0:
-            try:
-                self._commit(step, nonfinite, files, kind)
-                if self.mirror is not None:
-                    self.mirror.remove(step)
-            except Exception as e:  # noqa: BLE001 - any store error, not only OSError
-                error = self._cause(e)
-        error = self._one(self._gather(error))
-        if error is not None:
-            self._failed(step, error)
-            return False
-        if not nonfinite:
-            self._add(step, kind)
-        return not nonfinite
-
-    def _add(self, step: int, kind: dict | None, agree: bool = True) -> None:
-        """A step just committed: known, flagged when it is no resume candidate, retention."""
-        self._known(agree).append(step)
-        why = not_resumable(kind or {})
-        if why:
-            self.not_resumable[step] = why
-        self._purge()
-
-    def _commit(self, step: int, nonfinite: int, files: dict | None = None,
-                kind: dict | None = None) -> None:
-        path = step_dir(self.folder, step)
-        if "config_toml" in self.run_info:
-            write_durably(join(path, "config.toml"), self.run_info["config_toml"])
-        if nonfinite:
-            what = f"{nonfinite} saved tensors hold NaN or inf"
-            mark_nonfinite(path, what)
-            logger.error("checkpoint %s is not marked complete: %s; it is kept for inspection "
-                         "and never loaded or counted by retention", path, what)
-            return
-        if not self.cfg.checksums:
-            files = None
-        elif files is None:  # read back (on an object store: downloaded) by rank 0
-            files = folder_checksums(path)
-        info = {k: v for k, v in self.run_info.items() if k != "config_toml"}
-        mark_complete(path, step, files, **info, **(kind or {}))  # last: the commit point
-
-    def _cause(self, e: BaseException) -> str:
-        """One line for a failed store operation; a full disk says so (torch's short-write
-        error does not), a timeout names the key that bounds it."""
-        cause = describe_failure(e)
-        if not self.storage.remote and is_disk_full(e):
-            return f"no space left on {self.folder} ({cause})"
-        if self.storage.remote and "Timeout" in cause:
-            cause += (f" (no answer within checkpoint.store_timeout_s = "
-                      f"{self.cfg.store_timeout_s:g} s)")
-        return cause
-
-    def _failed(self, step: int, cause: str) -> None:
-        """Every rank: remove the partial folder, keep the rest, stop or carry on."""
-        path = step_dir(self.folder, step)
-        removed = "partial folder removed"
-        if self.rank == 0 and "checkpoint.store_timeout_s" in cause:  # it would wait again
-            removed = "partial folder left (the next resume deletes it)"
-        elif self.rank == 0:
-            try:
-                delete_step(path)
-            except Exception:  # noqa: BLE001 - a store that fails: botocore's are no OSError
-                removed = "partial folder left (the next resume deletes it)"
-        if self.mirror is not None:
-            self.mirror.remove(step)
-        free = free_bytes(self.folder)
-        room = "" if free is None else f"; {human(free)} free"
-        # An object store that just failed is not listed again: the steps known so far.
-        kept = self.steps if self.storage.remote and self.steps is not None else self._known()
-        msg = (f"checkpoint step {step} could not be saved to {path}: {cause} (it needs about "
-               f"{human(self.needed)}{room}); {removed}, earlier checkpoints "
-               f"kept: {kept or 'none'}")
-        if self.cfg.on_save_error == "continue":
-            logger.error("%s; training continues and saves again at the next interval "
-                         "(checkpoint.on_save_error = 'continue')", msg)
-            return
-        raise CheckpointSaveError(msg + " (checkpoint.on_save_error = 'continue' keeps training)")
-
-    def _known(self, agree: bool = True) -> list[int]:
-        """This run's complete steps, oldest first: listed once per launch (rank 0's listing,
-        on every rank), then kept up to date by this Checkpointer's own saves and deletions
-        (an object store's listing is slow, and a run lock keeps other writers out)."""
-        if self.steps is None:
-            steps = complete_steps(self.folder) if self.rank == 0 or not agree else None
-            self.steps = sorted(self._gather(steps)[0] if agree else steps)
-        return self.steps
+    def close(self) -> None:
+        """Finish a pending save (see Saver.close: also while an exception unwinds)."""
+        self.saver.close()
 
     def explain_resume(self, step: int) -> None:
         """One line, after the loss guard stopped at `step` (saved, unhealthy): which step a
         relaunch resumes from."""
         if not self.enabled:
             return
-        good = [s for s in self._known() if s not in self.not_resumable]
-        if good:
+        good = self.retention.newest_good()
+        if good is not None:
             logger.warning("resume will continue from step-%d, the last checkpoint saved before "
                            "updates were skipped (step-%d and any saved while skipping are kept "
-                           "for inspection, never resumed from)", good[-1], step)
+                           "for inspection, never resumed from)", good, step)
         else:
             logger.warning("no checkpoint was saved before updates were skipped: a relaunch "
                            "resumes from step-%d as it is (checkpoint.load_step picks another, "
                            "--job.overwrite starts over)", step)
-
-    def _forget(self, step: int) -> None:
-        if self.steps is not None and step in self.steps:
-            self.steps.remove(step)
-        self.not_resumable.pop(step, None)
-
-    def _purge(self) -> None:
-        """Retention (every rank updates its list; rank 0 deletes): keeps the newest K resume
-        candidates, and the newest K other complete steps (weights only, saved while updates
-        were skipped) newer than the newest candidate; deletes the other complete ones. So the
-        last good checkpoint is never deleted for steps no resume would take."""
-        k = self.cfg.keep_latest_k
-        if k <= 0:
-            return
-        known = sorted(self._known())
-        good = [s for s in known if s not in self.not_resumable]
-        newest = good[-1] if good else -1
-        keep = set(good[-k:]) | set([s for s in known if s in self.not_resumable
-                                     and s > newest][-k:])
-        for old in [s for s in known if s not in keep]:
-            self._forget(old)
-            if self.rank != 0:
-                continue
-            path = step_dir(self.folder, old)
-            try:
-                delete_step(path)  # the marker first: never partly deleted yet complete
-            except Exception as e:  # noqa: BLE001 - any store error, not only OSError
-                logger.warning("retention (checkpoint.keep_latest_k = %d) could not delete %s: "
-                               "%s; it stays on disk, delete it by hand", k, path,
-                               describe_failure(e))
-
-    def close(self) -> None:
-        """Finish a pending save. While an exception unwinds (other ranks may be gone), rank 0
-        commits on its own what its DCP future says every rank wrote."""
-        if sys.exc_info()[0] is None:
-            self.wait()
-        elif self.pending is not None:
-            pending, self.pending = self.pending, None
-            try:
-                result = pending["future"].result()
-                # With a mirror, rank 0 cannot know that the other ranks' uploads finished:
-                # the step stays without its marker (deleted by the next resume).
-                if self.rank == 0 and (not pending["mirror"] or self.world == 1):
-                    self._commit(pending["step"], pending["nonfinite"],
-                                 result if pending["mirror"] else None, pending["kind"])
-                    if not pending["nonfinite"]:
-                        self._add(pending["step"], pending["kind"], agree=False)
-            except (Exception, CheckpointException) as e:  # noqa: BLE001 - already failing
-                logger.error("checkpoint step-%d was not completed: %s", pending["step"],
-                             describe_failure(e))
-            finally:
-                if pending["stager"] is not None:
-                    pending["stager"].close()

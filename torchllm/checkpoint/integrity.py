@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
-from torchllm.checkpoint.layout import MARKER, read_marker, resolve_checkpoint
-from torchllm.checkpoint.storage import Location, as_location, iter_chunks, join, storage_for
+from torchllm.checkpoint.layout import MARKER
+from torchllm.storage import Location, as_location, iter_chunks, join, storage_for
 
 CHUNK = 16 << 20
 
@@ -55,31 +55,12 @@ def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) ->
     return None
 
 
-class CorruptCheckpoint(ValueError):
-    """A checkpoint file differs from what its COMPLETE marker recorded when it was saved."""
-
-
 def check_files(path: Location, marker: dict, rank: int = 0, world: int = 1) -> str | None:
     """The first problem among this rank's share (every `world`-th name from `rank`) of the
     files the marker records; None when they all match, or the marker records none (a seed
     checkpoint written by convert or hf import)."""
     files = marker.get("files") or {}
     return verify_files(path, files, sorted(files)[rank::world]) if files else None
-
-
-def open_for_reading(path: Location, folder_name: str = "checkpoint") -> Location:
-    """The complete step folder `path` names (a run, checkpoint or step folder), checked as a
-    resume checks it: its COMPLETE marker read, every file against the marker's sizes and
-    CRC-32s, and its .metadata read through the restricted unpickler (safe_load). What every
-    reader outside training uses (generate, the evals, hf export, convert); one-line errors:
-    FileNotFoundError, layout.MarkerError or CorruptCheckpoint (ValueErrors naming the file),
-    safe_load.UntrustedCheckpoint."""
-    step = resolve_checkpoint(path, folder_name)
-    problem = check_files(step, read_marker(step))
-    if problem:
-        raise CorruptCheckpoint(f"checkpoint {step} cannot be used: {problem}")
-    storage_for(step).reader(step).read_metadata()
-    return step
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -11,13 +11,15 @@
 A folder without COMPLETE is a save that crashed, is still being written or holds non-finite
 values: it is never loaded and never counted for retention (a resume deletes the ones without
 either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
-here takes a local path or a URL, and does its file operations through `storage.storage_for`.
+here takes a local path or a URL, and does its file operations through `torchllm.storage`.
+Reading a step (its marker, which step a run folder means, checks) is reader.py's.
 
 A complete step is a resume candidate unless its marker says otherwise (`not_resumable`):
 `"weights_only": true` (a weights-only final save or seed: no optimizer, schedule or data
 position) or `"healthy": false` (saved while the loss guard was skipping updates, or by its
 stop: `"unhealthy"` says why). Such steps still load for inference and as initial weights when
-named; a run folder given to inference or export resolves to its newest healthy step.
+named; a run folder given to inference or export resolves to its newest healthy step
+(reader.resolve_checkpoint).
 """
 
 from __future__ import annotations
@@ -25,19 +27,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
-
 import torch
 
-from torchllm.checkpoint.storage import (
-    Location,
-    as_location,
-    join,
-    name_of,
-    parent_of,
-    storage_for,
-)
 from torchllm.log import logger
+from torchllm.storage import Location, as_location, join, name_of, storage_for
 
 # Dtypes a checkpoint's weights can be exported in (checkpoint.export_dtype, convert, hf).
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,10 +49,6 @@ def step_of(path: Location) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def is_complete(path: Location) -> bool:
-    return storage_for(path).is_file(join(as_location(path), MARKER))
-
-
 def write_durably(path: Location, text: str) -> None:
     """Replace `path` with `text` atomically and durably (storage.LocalStorage.write_durably: a
     temp file, fsync, rename, folder fsync; on an object store, one PUT)."""
@@ -76,29 +65,6 @@ def mark_complete(path: Location, step: int, files: dict | None = None, **info) 
     if files is not None:
         record["files"] = files
     write_durably(join(as_location(path), MARKER), json.dumps(record, indent=1) + "\n")
-
-
-class MarkerError(ValueError):
-    """A COMPLETE marker that cannot be read or holds no record: its step is not used."""
-
-
-def read_marker(path: Location) -> dict:
-    """The COMPLETE marker's record; MarkerError (one line naming the marker) when it cannot be
-    read, is empty or cut short, or is not the record `mark_complete` writes. Such a step is
-    unusable: without its record the files' checksums cannot be verified."""
-    marker = join(as_location(path), MARKER)
-    try:
-        data = storage_for(marker).read_bytes(marker)
-    except OSError as e:
-        raise MarkerError(f"marker {marker} cannot be read ({e.strerror or e})") from None
-    try:
-        record = json.loads(data.decode())
-    except ValueError as e:  # empty, cut short, or not text at all
-        what = "empty" if not data.strip() else f"damaged (not a JSON record: {e})"
-        raise MarkerError(f"marker {marker} is {what}") from None
-    if not isinstance(record, dict) or "step" not in record:
-        raise MarkerError(f"marker {marker} is damaged (no step record in it)")
-    return record
 
 
 WEIGHTS_ONLY = "weights only: no optimizer, LR schedule or data position"
@@ -138,7 +104,7 @@ def move_aside(folder: Location, after_step: int,
         return [], None
     dest = join(folder, time.strftime(f"abandoned-%Y%m%d-%H%M%S-after-step-{after_step}"))
     for step in newer:
-        store.move(step_dir(folder, step), join(dest, f"step-{step}"))
+        store.move(step_dir(folder, step), join(dest, f"step-{step}"), first=MARKER)
     return newer, dest
 
 
@@ -175,68 +141,15 @@ def complete_steps(folder: Location, warn_incomplete: bool = False) -> list[int]
     return sorted(s for s, state in steps.items() if state == "complete")
 
 
-def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Location:
-    """A complete step folder from a step folder, a checkpoint folder, or a run folder (each a
-    local path or a URL)."""
-    path = as_location(path)
-    store = storage_for(path)
-    if step_of(path) is not None:
-        if not is_complete(path):
-            if not store.is_dir(path):
-                raise FileNotFoundError(f"checkpoint path {path} is not a folder")
-            raise FileNotFoundError(f"checkpoint {path} is incomplete (no {MARKER} marker)")
-        return path
-    if not store.is_dir(path):
-        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
-    for folder in (path, join(path, folder_name)):
-        steps = complete_steps(folder)
-        if steps:
-            return _newest_healthy(folder, steps)
-    raise FileNotFoundError(
-        f"no complete checkpoint under {path} (looked for step-<N>/{MARKER} in {path} and "
-        f"{join(path, folder_name)})"
-    )
+def dcp_writer(location: Location):
+    """DCP's writer for a step folder: the file system's (fsync'd files) for a local path, the
+    fsspec one for a URL (no fsync: it means nothing for an upload, and falls back to a
+    machine-wide sync())."""
+    store = storage_for(location)
+    if not store.remote:
+        from torch.distributed.checkpoint import FileSystemWriter
 
+        return FileSystemWriter(str(location))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-def _newest_healthy(folder: Location, steps: list[int]) -> Location:
-    """A run's newest step whose weights were saved while training was healthy (inference and
-    export of a run folder; a step named explicitly is read as it is): a step saved while the
-    loss guard skipped updates holds the weights that made them. The newest step when none is."""
-    for step in reversed(steps):
-        path = step_dir(folder, step)
-        try:
-            unhealthy = read_marker(path).get("healthy") is False
-        except MarkerError:
-            unhealthy = False  # the reader names the marker's problem
-        if not unhealthy:
-            if step != steps[-1]:
-                logger.warning("reading %s: the newer steps %s were saved while the loss guard "
-                               "skipped updates (name one to read it anyway)", path,
-                               [s for s in steps if s > step])
-            return path
-    return step_dir(folder, steps[-1])
-
-
-def checkpoint_config(step_path: Location) -> Path | None:
-    """The config a step was written under (a local copy of it for a step on object storage):
-    its own config.toml, else the run's (run/<folder>/step-N -> run/config.toml), else None.
-    The step's wins: a later launch of the run (another shape, a failed resume of older code)
-    may have rewritten the run's."""
-    step_path = as_location(step_path)
-    for path in (join(step_path, "config.toml"),
-                 join(parent_of(parent_of(step_path)), "config.toml")):
-        store = storage_for(path)
-        if store.is_file(path):
-            return store.local_copy(path)
-    return None
-
-
-def run_folder_of(step_path: Location, cfg) -> Path:
-    """The local run folder that wrote `step_path` (its tokenizer cache is in data/): the
-    step's grandparent, or for a step on object storage the run folder its config names."""
-    step_path = as_location(step_path)
-    if storage_for(step_path).remote:
-        from torchllm.config.paths import run_name
-
-        return Path(cfg.job.dump_folder) / run_name(cfg.job)
-    return Path(parent_of(parent_of(step_path)))
+    return FsspecWriter(str(location), sync_files=False, **store.options)

@@ -18,7 +18,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from torchllm.checkpoint.storage import Location, join, storage_for
+from torchllm.storage import Location, join, storage_for
 
 CHUNK = 16 << 20
 _RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")

@@ -14,13 +14,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.layout import (
-    MarkerError,
-    complete_steps,
-    not_resumable,
-    read_marker,
-    step_dir,
-)
+from torchllm.checkpoint.layout import complete_steps, not_resumable, step_dir
+from torchllm.checkpoint.reader import MarkerError, read_marker
+from torchllm.storage import checkpoint_folder
 
 try:
     import tomllib
@@ -56,10 +52,12 @@ def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> lis
     return changes
 
 
-def recorded_precision(folder: Path, load_step: int, device: torch.device) -> str | None:
-    """The precision ("bf16" or "fp32") recorded in the marker of the checkpoint a resume tries
-    first (`load_step`, or the newest with a readable marker), as rank 0 reads it: every rank
-    gets the same answer. None: no checkpoint, or one saved before precision was recorded."""
+def recorded_precision(run_dir: Path, ccfg, device: torch.device) -> str | None:
+    """The precision ("bf16" or "fp32") recorded in the marker of the checkpoint a resume of the
+    run in `run_dir` tries first (`ccfg.load_step`, or the newest with a readable marker), as
+    rank 0 reads it: every rank gets the same answer. None: no checkpoint, or one saved before
+    precision was recorded."""
+    folder, load_step = checkpoint_folder(run_dir, ccfg.folder), ccfg.load_step
     found = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
         steps = [s for s in complete_steps(folder) if load_step in (-1, s)]

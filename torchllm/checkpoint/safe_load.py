@@ -12,7 +12,7 @@ three kinds of pickle, each read here:
 - torchllm's own small states (`state.PickledState`: scheduler, data loader position,
   counters, loss guard): `load_state_pickle`, containers of numbers and strings only.
 
-`SafeReader`s (what `storage_for(path).reader(path)` returns) apply the first two to every DCP
+`SafeReader`s (what `reader.dcp_reader(path)` returns) apply the first two to every DCP
 load, so no caller can forget them.
 """
 

@@ -33,7 +33,7 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     folder: its tokenizer.json (added tokens are inside), else its tokenizer.model (SentencePiece
     or tiktoken; chat tokens when tokenizer_config.json adds torchllm's 6 after the vocabulary,
     as export writes them); None when it has neither. ConfigError for other added tokens."""
-    from torchllm.data.chat import ADDED_TOKENS
+    from torchllm.data.chat.tokens import ADDED_TOKENS
     from torchllm.data.tokenizer import load_tokenizer
 
     folder = Path(folder)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+from torchllm.storage import missing_package
+
 NAME_ALLOWED = ("one folder name: not empty, no '/' or '\\', not '.' or '..' (leave it unset "
                 "for the config file's name)")
 SUBFOLDER_ALLOWED = "a relative path below {where}: not empty or '.', no '..', not absolute"
@@ -57,8 +59,6 @@ def path_errors(cfg) -> list[tuple[str, str]]:
     for key, where in subfolders:
         value = cfg.value(key)
         if key == "checkpoint.folder" and "://" in value:
-            from torchllm.checkpoint.storage import missing_package
-
             if problem := missing_package(value):
                 errors.append((key, f"{key} = {problem}"))
             continue

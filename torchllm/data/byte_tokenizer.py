@@ -4,7 +4,7 @@ Shakespeare, whose text is ASCII, so one character is one token) run from the te
 
 It is a Hugging Face `tokenizers` byte-level tokenizer without merges, built in memory, so it
 encodes at Rust speed and the HF export writes it as a tokenizer.json that `AutoTokenizer` loads
-with the same ids (torchllm.checkpoint.hf_tokenizer handles it like any tokenizer.json).
+with the same ids (torchllm.hf.tokenizer handles it like any tokenizer.json).
 """
 
 from __future__ import annotations
@@ -15,11 +15,23 @@ BYTES = "bytes"  # the data.tokenizer value
 BOS, EOS = "<|bos|>", "<|eos|>"
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table of byte-level BPE vocabularies."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
 def byte_level_tokenizer():
     """A `tokenizers.Tokenizer`: byte b -> id b, BOS -> 256, EOS -> 257."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    from torchllm.checkpoint.hf_tokenizer import bytes_to_unicode
 
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from torchllm.checkpoint.storage import Location, as_location, is_url, join
 from torchllm.config.job_config import ConfigError
 from torchllm.config.sections import Data
 from torchllm.data.sources.shards import INDEX, SHARD_FILE, storage_of, token_dtype, write_doc_starts, \
     write_index, write_shard
 from torchllm.data.dataset import documents
 from torchllm.data.tokenizer import load_tokenizer
+from torchllm.storage import Location, as_location, is_url, join
 
 _worker_tokenizer = None
 

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from torchllm.checkpoint.storage import is_url
+from torchllm.storage import is_url
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RangeReads:
     slice is one ranged read of just its bytes."""
 
     def __init__(self, part: ShardPart):
-        from torchllm.checkpoint.storage import storage_for
+        from torchllm.storage import storage_for
 
         self.part, self.storage = part, storage_for(part.path)
         self.itemsize = np.dtype(part.dtype).itemsize

@@ -19,20 +19,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint.integrity import open_for_reading
-from torchllm.checkpoint.layout import checkpoint_config, run_folder_of
+from torchllm.checkpoint import CheckpointReader, open_checkpoint
 from torchllm.run.tokenizer import inference_tokenizer
-from torchllm.checkpoint.storage import join, storage_for
 from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 from torchllm.models.lora import build_with_lora, init_weights
 from torchllm.ranks import env_world_size
+from torchllm.storage import join
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
@@ -59,19 +57,21 @@ def parse_args_and_overrides(parser: argparse.ArgumentParser, argv: list[str] | 
 
 
 def load_for_inference(
-    path: str | Path, device: torch.device | str, overrides: list[str] = ()
+    path: str | Path | CheckpointReader, device: torch.device | str, overrides: list[str] = ()
 ) -> tuple[nn.Module, JobConfig, Tokenizer]:
-    """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint.
+    """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint (a
+    run, checkpoint or step folder, or a step the checkpoint reader already opened).
 
     `overrides` (`--section.key=value`) apply on top of the run's config, as for training.
     """
-    step_dir = open_for_reading(path)  # checksums verified, .metadata data-only
-    config_path = checkpoint_config(step_dir)
+    reader = path if isinstance(path, CheckpointReader) else open_checkpoint(path)
+    step_dir = reader.path  # checksums verified, .metadata data-only
+    config_path = reader.config_file()
     if config_path is None:
         raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
                                 "missing; they hold the run's model config")
     cfg = load_config(["--job.config_file", str(config_path), *overrides])
-    tokenizer = inference_tokenizer(cfg, step_dir, run_folder_of(step_dir, cfg) / "data")
+    tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
         model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg)
@@ -80,7 +80,7 @@ def load_for_inference(
     state = model.state_dict()
     with warnings.catch_warnings():  # one process without a group is the intended use here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load({"model": state}, storage_reader=storage_for(step_dir).reader(step_dir))
+        reader.load({"model": state})
     model.load_state_dict(state)
     model.eval()
     return model, cfg, tokenizer

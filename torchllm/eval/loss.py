@@ -27,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-from torchllm.checkpoint.layout import MarkerError, read_marker, resolve_checkpoint, step_of
-from torchllm.checkpoint.storage import parent_of
-from torchllm.checkpoint.resume import recorded_precision
+from torchllm.checkpoint import CheckpointReader, open_checkpoint
 from torchllm.data import build_data
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
@@ -50,13 +48,10 @@ def target_bytes(batches, steps: int, tokenizer) -> int:
     return total
 
 
-def recorded_global_batch(step) -> int | None:
-    """The global batch (sequences) the checkpoint at `step` was trained with, as its marker
-    records it; None when it records none (the config's training.global_batch_size is used)."""
-    try:
-        saved = read_marker(step).get("global_batch_size")
-    except MarkerError:
-        return None
+def recorded_global_batch(reader: CheckpointReader) -> int | None:
+    """The global batch (sequences) the checkpoint step was trained with, as its marker records
+    it; None when it records none (the config's training.global_batch_size is used)."""
+    saved = reader.marker.get("global_batch_size")
     return saved if isinstance(saved, int) and saved > 0 else None
 
 
@@ -117,11 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     try:
         device = inference_device(args.device)
-        model, cfg, tokenizer = load_for_inference(args.checkpoint, device)
-        step = resolve_checkpoint(args.checkpoint)
-        recorded = recorded_precision(parent_of(step), step_of(step), device)
+        reader = open_checkpoint(args.checkpoint)  # the step, read once and checked
+        model, cfg, tokenizer = load_for_inference(reader, device)
         result = evaluate_loss(model, cfg, tokenizer, device, args.data, args.steps,
-                               args.max_tokens, recorded, recorded_global_batch(step))
+                               args.max_tokens, reader.precision, recorded_global_batch(reader))
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         logger.error("error: %s", e)
         return 2

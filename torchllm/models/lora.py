@@ -249,7 +249,7 @@ def fresh_adapters(sds: dict, metadata, resume: bool) -> dict:
 def checkpoint_misfit(path, current_toml: str | None) -> tuple[str, str] | None:
     """(message, key) when a checkpoint that does not fit this model was saved under other
     [lora] settings (its step folder's config.toml), else None."""
-    from torchllm.checkpoint.storage import join, storage_for
+    from torchllm.storage import join, storage_for
 
     saved = join(path, "config.toml")
     store = storage_for(saved)

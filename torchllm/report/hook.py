@@ -22,13 +22,13 @@ import torch
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
-from torchllm.checkpoint.storage import checkpoint_folder
 from torchllm.config.job_config import reads_conversations
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.metrics.writers import tensorboard_folder
 from torchllm.ranks import rank, world_size
 from torchllm.report.events import RUN_INFO, TOKENS_TAG
+from torchllm.storage import checkpoint_folder
 
 
 def hardware(device: torch.device) -> str:
@@ -182,7 +182,7 @@ class RunReport(Callback):
             nxt = [f"python -m torchllm.generate --checkpoint {q} {ask}",
                    f"python -m torchllm.eval.loss --checkpoint {q}  # or --data local:FILE",
                    *evals_offline(cfg, q, tasks),
-                   f"python -m torchllm.checkpoint.hf export --checkpoint {q} "
+                   f"python -m torchllm.hf export --checkpoint {q} "
                    f"--out {shlex.quote('hf/' + run.name)}"]
         else:
             nxt = []

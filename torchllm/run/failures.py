@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from torchllm.checkpoint.checkpointer import CheckpointSaveError
+from torchllm.checkpoint import CheckpointSaveError
 from torchllm.config import ConfigError
 from torchllm.log import logger
 from torchllm.metrics import TrainingStopped

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from torchllm import models
-from torchllm.checkpoint.resume import recorded_precision
-from torchllm.checkpoint.storage import checkpoint_folder
+from torchllm.checkpoint import recorded_precision
 from torchllm.checkpoint.tokenizer_identity import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import Tokenizer, build_tokenizer
@@ -80,8 +79,7 @@ def _precision(cfg: JobConfig, folder: Path, device: torch.device) -> bool:
     """bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise. A
     resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe)."""
     ccfg = cfg.checkpoint
-    checkpoints = checkpoint_folder(folder, ccfg.folder)
-    recorded = recorded_precision(checkpoints, ccfg.load_step, device) if ccfg.enable else None
+    recorded = recorded_precision(folder, ccfg, device) if ccfg.enable else None
     bf16, why = resolve_bf16(cfg.training.mixed_precision, device.type, recorded)
     precision = "bf16" if bf16 else "fp32"
     (logger.info if recorded in (None, precision) else logger.warning)(

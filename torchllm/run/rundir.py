@@ -32,12 +32,12 @@ from torchllm.checkpoint.layout import (
     step_dir,
     write_durably,
 )
-from torchllm.checkpoint.storage import checkpoint_folder, is_url
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm import ranks
 from torchllm.metrics.writers import tensorboard_folder
 from torchllm.run.runlock import RunLock, RunLockedError
+from torchllm.storage import checkpoint_folder, is_url
 
 
 def run_name(cfg: JobConfig) -> str:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from torchllm.checkpoint.layout import MARKER, MarkerError, read_marker, resolve_checkpoint
-from torchllm.checkpoint.storage import join
+from torchllm.checkpoint.layout import MARKER
+from torchllm.checkpoint.reader import MarkerError, read_marker, resolve_checkpoint
+from torchllm.storage import join
 from torchllm.checkpoint.tokenizer_identity import (
     FROM_INITIAL_LOAD,
     NEW,
-    check_same_tokenizer,
     hf_folder_tokenizer,
     sha256_of,
     tokenizer_record,
@@ -100,17 +100,13 @@ def stage_tokenizer(cfg, log: bool = False, auto: bool = True):
     return dataclasses.replace(cfg, data=data)
 
 
-def inference_tokenizer(cfg, step_dir, data_dir: Path):
-    """The tokenizer of checkpoint `step_dir` for generate, the evals and export: `cfg`'s (the
-    config the step was written under), never trained here ('auto': the run's cached file,
-    else one line naming it), and checked against the step's recorded tokenizer."""
+def inference_tokenizer(cfg, reader, data_dir: Path):
+    """The tokenizer of the checkpoint step `reader` (checkpoint.CheckpointReader) for generate,
+    the evals and export: `cfg`'s (the config the step was written under), never trained here
+    ('auto': the run's cached file, else one line naming it), and checked against the step's
+    recorded tokenizer (reader.check_tokenizer)."""
     tokenizer = build_tokenizer(stage_tokenizer(cfg, auto=False), data_dir, train=False)
-    try:
-        saved = read_marker(step_dir).get("tokenizer")
-    except MarkerError:
-        saved = None
-    check_same_tokenizer(saved, tokenizer_record(tokenizer), f"checkpoint {step_dir}",
-                         "inference")
+    reader.check_tokenizer(tokenizer_record(tokenizer), "inference")
     return tokenizer
 
 

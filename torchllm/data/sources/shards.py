@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from torchllm.checkpoint.storage import Location, as_location, is_url, join, storage_for
 from torchllm.config.job_config import ConfigError
 from torchllm.data.sources.base import Source
 from torchllm.data.sources.registry import register
 from torchllm.data.token_stream import ShardPart, TokenStream
+from torchllm.storage import Location, as_location, is_url, join, storage_for
 
 MAGIC = b"TLLMSHRD"
 VERSION = 1

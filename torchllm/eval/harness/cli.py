@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
-    from torchllm.checkpoint.layout import resolve_checkpoint, step_of
-    from torchllm.checkpoint.resume import recorded_precision
+    from torchllm.checkpoint import open_checkpoint
     from torchllm.eval.harness.data import TASKS_DIR, check_local_tasks, resolve_sources
     from torchllm.eval.harness.model import TorchllmLM
     from torchllm.eval.loading import inference_device, init_distributed, load_for_inference
@@ -135,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--log_samples writes beside the results: give --output_path too")
         device = inference_device(args.device)
         init_distributed(device)
-        model, cfg, tokenizer = load_for_inference(args.checkpoint, device, overrides)
-        step_dir = resolve_checkpoint(args.checkpoint)
-        step = step_of(step_dir)
-        bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type,
-                               recorded_precision(step_dir.parent, step, device))
+        reader = open_checkpoint(args.checkpoint)  # the step, read once and checked
+        model, cfg, tokenizer = load_for_inference(reader, device, overrides)
+        step_dir, step = reader.path, reader.step
+        bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type, reader.precision)
         autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16
                     else contextlib.nullcontext)
         seeds = (dict(random_seed=args.seed, numpy_random_seed=args.seed,

@@ -1,17 +1,18 @@
-"""Where checkpoints live: a local folder or an object store (s3://, gs://, any fsspec URL).
+"""Where files live: a local folder or an object store (s3://, gs://, any fsspec URL). A leaf:
+it imports nothing from torchllm, and knows nothing of what the files mean (checkpoints, shards).
 
-Every file operation the checkpoint code does goes through `storage_for(location)`: a
-`LocalStorage` for a path, an `FsspecStorage` for a URL. Both offer the same few operations
-(list a folder's steps in one listing, read, write a marker durably, delete a step, sizes and
-contents for checksums, DCP's writer and reader), so no caller branches on the kind of location.
+Every file operation goes through `storage_for(location)`, resolved once per protocol (the
+package check and the client are cached): a `LocalStorage` for a path, an `FsspecStorage` for a
+URL, both over one fsspec file system (`.fs`), offering the same few operations (list a folder's
+subfolders in one listing, read, write durably, delete a folder, move one, sizes and contents,
+ranged reads), so no caller branches on the kind of location.
 
 A location is a `Path` (local) or a `str` URL (`s3://bucket/prefix/step-4`); `join` appends
 names to either. What object stores change, and how each operation copes:
-- no atomic rename: a marker is one PUT (an object appears whole or not at all), and a step is
-  complete only once its marker exists, written after every other object of the step;
-- no directories: a step is the prefix `<folder>/step-<N>/` (with the slash: deleting step-1
-  never touches step-10), and deleting it deletes the marker first;
-- listing is slow: `scan` lists a folder's objects once and the Checkpointer keeps its result;
+- no atomic rename: `write_durably` is one PUT (an object appears whole or not at all);
+- no directories: a folder is the prefix `<folder>/` (with the slash: deleting step-1 never
+  touches step-10); `move` and `remove_tree` can delete a named file (a commit marker) first;
+- listing is slow: `scan` lists a folder's objects once (callers keep its result);
 - credentials and endpoints come from the store's own environment (AWS_ENDPOINT_URL,
   AWS_ACCESS_KEY_ID, ... for S3); nothing secret is in a config or a log line;
 - a store that stalls or refuses: an S3 request attempt fails once it went unanswered for
@@ -57,7 +58,7 @@ def set_store_timeout(seconds: float) -> None:
     global STORE_TIMEOUT_S
     if seconds != STORE_TIMEOUT_S:
         STORE_TIMEOUT_S = float(seconds)
-        _fsspec_storage.cache_clear()
+        _storage_of.cache_clear()
 
 
 def is_url(location: Location | None) -> bool:
@@ -91,122 +92,39 @@ def checkpoint_folder(run_dir: Location, folder: str) -> Location:
 
 def missing_package(url: str) -> str | None:
     """One line naming the package to install when `url`'s protocol is not importable."""
+    problem = _missing(url.split("://", 1)[0])
+    return f"{url}: {problem}" if problem else None
+
+
+@lru_cache(maxsize=None)
+def _missing(protocol: str) -> str | None:
+    """What `missing_package` says about a protocol (looked up once per protocol)."""
     import fsspec
 
-    protocol = url.split("://", 1)[0]
     try:
         fsspec.get_filesystem_class(protocol)
     except ImportError:
         needs = PACKAGES.get(protocol, (None, f"the fsspec implementation of {protocol}://"))[1]
-        return f"{url}: {protocol}:// needs {needs}"
+        return f"{protocol}:// needs {needs}"
     except ValueError:
-        return f"{url}: unknown protocol {protocol}:// (fsspec knows none by that name)"
+        return f"unknown protocol {protocol}:// (fsspec knows none by that name)"
     package = PACKAGES.get(protocol, (None,))[0]
     if package == "s3fs":  # 0.x releases (2019-20) predate the async API the DCP writer uses
         from importlib.metadata import version
 
         found = version("s3fs")
         if int(found.split(".")[0]) < MIN_S3FS:
-            return (f"{url}: s3fs {found} is too old; needs s3fs >= {MIN_S3FS} "
+            return (f"s3fs {found} is too old; needs s3fs >= {MIN_S3FS} "
                     '(pip install -U "s3fs>=2024.6")')
     return None
 
 
-class LocalStorage:
-    """A folder on a local (or mounted) file system."""
-
-    remote = False
-
-    def scan(self, folder: Location) -> dict[str, set[str]]:
-        """{subfolder name: names of the files directly inside it} for every subfolder."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            return {}
-        return {c.name: {f.name for f in c.iterdir() if f.is_file()}
-                for c in folder.iterdir() if c.is_dir()}
-
-    def is_file(self, location: Location) -> bool:
-        return Path(location).is_file()
-
-    def is_dir(self, location: Location) -> bool:
-        return Path(location).is_dir()
-
-    def read_bytes(self, location: Location) -> bytes:
-        return Path(location).read_bytes()
-
-    def write_durably(self, location: Location, text: str) -> None:
-        """A temp file, fsync'd, renamed over `location`, then the folder fsync'd: after a crash
-        `location` holds its old content or all of `text`, never an empty or partial file."""
-        path = Path(location)
-        tmp = path.parent / f".{path.name}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself
-        finally:
-            os.close(fd)
-
-    def remove_file(self, location: Location) -> None:
-        Path(location).unlink(missing_ok=True)
-
-    def remove_tree(self, location: Location) -> None:
-        if Path(location).exists():
-            shutil.rmtree(location)
-
-    def move(self, src: Location, dst: Location) -> None:
-        Path(dst).parent.mkdir(parents=True, exist_ok=True)
-        Path(src).rename(dst)
-
-    def local_copy(self, location: Location) -> Path:
-        """A local path holding `location`'s content (the file itself when it is local)."""
-        return Path(location)
-
-    def upload(self, local: Path, location: Location) -> None:
-        """Copy the local file `local` to `location`."""
-        Path(location).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(local, location)
-
-    def files(self, folder: Location) -> dict[str, int]:
-        """{name: size} of the files directly in `folder`."""
-        return {f.name: f.stat().st_size for f in Path(folder).iterdir() if f.is_file()}
-
-    def open(self, location: Location) -> IO[bytes]:
-        return open(location, "rb")
-
-    def read_range(self, location: Location, start: int, end: int) -> bytes:
-        """Bytes [start, end) of a file (one ranged GET on an object store)."""
-        with open(location, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
-
-    def free_bytes(self, folder: Location) -> int | None:
-        """Free bytes on the disk holding `folder` (or its nearest existing parent)."""
-        folder = Path(folder).absolute()
-        while not folder.exists():
-            folder = folder.parent
-        return shutil.disk_usage(folder).free
-
-    def writer(self, location: Location):
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        return FileSystemWriter(str(location))
-
-    def reader(self, location: Location):
-        """DCP's reader, whose pickles are data only (safe_load: allow-listed types)."""
-        from torchllm.checkpoint.safe_load import SafeFileSystemReader
-
-        return SafeFileSystemReader(str(location))
-
-
-class FsspecStorage(LocalStorage):
-    """An object store (or any fsspec file system) under one protocol.
+class FsspecStorage:
+    """Files under one fsspec file system: an object store (or any fsspec URL) under one
+    protocol; `LocalStorage` is the same over the local file system.
 
     Listings are never served from fsspec's cache (other processes write the same prefixes);
-    the Checkpointer keeps its own list of steps instead."""
+    callers keep what `scan` found instead."""
 
     remote = True
     OPTIONS = {"use_listings_cache": False}
@@ -223,6 +141,8 @@ class FsspecStorage(LocalStorage):
         return self.fs._strip_protocol(str(location)).rstrip("/")
 
     def scan(self, folder: Location) -> dict[str, set[str]]:
+        """{subfolder name: names of the files directly inside it} for every subfolder, from
+        one listing."""
         root = self._key(folder) + "/"
         out: dict[str, set[str]] = {}
         try:
@@ -268,18 +188,18 @@ class FsspecStorage(LocalStorage):
         if objects:
             self.fs.rm(objects)
 
-    def move(self, src: Location, dst: Location) -> None:
-        """Copy every object, then delete the source (its marker first)."""
+    def move(self, src: Location, dst: Location, first: str | None = None) -> None:
+        """Copy every object, then delete the source (the file named `first` before the rest:
+        a commit marker, so a source cut short never looks complete)."""
         src_key, dst_key = self._key(src), self._key(dst)
-        objects = self._objects(src)
-        for key in objects:
+        for key in self._objects(src):
             self.fs.copy(key, dst_key + key[len(src_key):])
-        from torchllm.checkpoint.layout import MARKER
-
-        self.remove_file(join(src, MARKER))
+        if first is not None:
+            self.remove_file(join(src, first))
         self.remove_tree(src)
 
     def local_copy(self, location: Location) -> Path:
+        """A local path holding `location`'s content (the file itself when it is local)."""
         import tempfile
 
         path = Path(tempfile.mkdtemp(prefix="torchllm-")) / name_of(location)
@@ -287,9 +207,11 @@ class FsspecStorage(LocalStorage):
         return path
 
     def upload(self, local: Path, location: Location) -> None:
+        """Copy the local file `local` to `location`."""
         self.fs.put_file(str(local), self._key(location))
 
     def files(self, folder: Location) -> dict[str, int]:
+        """{name: size} of the files directly in `folder`."""
         root = self._key(folder) + "/"
         return {info["name"][len(root):]: int(info["size"])
                 for info in self.fs.find(root, detail=True).values()
@@ -299,40 +221,104 @@ class FsspecStorage(LocalStorage):
         return self.fs.open(self._key(location), "rb")
 
     def read_range(self, location: Location, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file (one ranged GET on an object store)."""
         return self.fs.cat_file(self._key(location), start=start, end=end)
 
     def free_bytes(self, folder: Location) -> int | None:
-        return None  # an object store does not fill up like a disk
-
-    def writer(self, location: Location):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        # No fsync: it means nothing for an upload (and falls back to a machine-wide sync()).
-        return FsspecWriter(str(location), sync_files=False, **self.options)
-
-    def reader(self, location: Location):
-        from torchllm.checkpoint.safe_load import safe_fsspec_reader
-
-        return safe_fsspec_reader(str(location), **self.options)
+        """Free bytes on the disk holding `folder`; None: an object store does not fill up."""
+        return None
 
 
-_LOCAL = LocalStorage()
+class LocalStorage(FsspecStorage):
+    """A folder on a local (or mounted) file system: fsspec's local file system, with what a
+    disk does better than an object store (a durable rename, real folders, free space)."""
+
+    remote = False
+
+    def __init__(self):
+        super().__init__("file")
+
+    def scan(self, folder: Location) -> dict[str, set[str]]:
+        folder = Path(folder)
+        if not folder.is_dir():
+            return {}
+        return {c.name: {f.name for f in c.iterdir() if f.is_file()}
+                for c in folder.iterdir() if c.is_dir()}
+
+    def is_dir(self, location: Location) -> bool:
+        return Path(location).is_dir()
+
+    def write_durably(self, location: Location, text: str) -> None:
+        """A temp file, fsync'd, renamed over `location`, then the folder fsync'd: after a crash
+        `location` holds its old content or all of `text`, never an empty or partial file."""
+        path = Path(location)
+        tmp = path.parent / f".{path.name}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself
+        finally:
+            os.close(fd)
+
+    def remove_tree(self, location: Location) -> None:
+        if Path(location).exists():
+            shutil.rmtree(location)
+
+    def move(self, src: Location, dst: Location, first: str | None = None) -> None:
+        """One rename (atomic: `first` needs no deleting ahead of the rest)."""
+        Path(dst).parent.mkdir(parents=True, exist_ok=True)
+        Path(src).rename(dst)
+
+    def local_copy(self, location: Location) -> Path:
+        return Path(location)
+
+    def upload(self, local: Path, location: Location) -> None:
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, location)
+
+    def files(self, folder: Location) -> dict[str, int]:
+        return {f.name: f.stat().st_size for f in Path(folder).iterdir() if f.is_file()}
+
+    def read_range(self, location: Location, start: int, end: int) -> bytes:
+        with open(location, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def free_bytes(self, folder: Location) -> int | None:
+        """Free bytes on the disk holding `folder` (or its nearest existing parent)."""
+        folder = Path(folder).absolute()
+        while not folder.exists():
+            folder = folder.parent
+        return shutil.disk_usage(folder).free
+
+
+LOCAL = ""  # _storage_of's key for local paths (a file:// URL is an fsspec location like s3://)
 
 
 @lru_cache(maxsize=None)
-def _fsspec_storage(protocol: str) -> FsspecStorage:
+def _storage_of(protocol: str) -> FsspecStorage:
+    """The storage of a protocol, made once (again after `set_store_timeout` changes it)."""
+    if protocol == LOCAL:
+        return LocalStorage()
+    problem = _missing(protocol)
+    if problem:
+        raise ImportError(problem)
     return FsspecStorage(protocol, STORE_TIMEOUT_S)
 
 
-def storage_for(location: Location) -> LocalStorage:
+def storage_for(location: Location) -> FsspecStorage:
     """The storage that holds `location`; a missing fsspec implementation (s3fs, gcsfs) is one
-    ImportError line naming what to install."""
+    ImportError line naming the URL and what to install."""
     if not is_url(location):
-        return _LOCAL
-    problem = missing_package(location)
-    if problem:
-        raise ImportError(problem)
-    return _fsspec_storage(location.split("://", 1)[0])
+        return _storage_of(LOCAL)
+    try:
+        return _storage_of(location.split("://", 1)[0])
+    except ImportError as e:
+        raise ImportError(f"{location}: {e}") from None
 
 
 def iter_chunks(stream: IO[bytes], size: int) -> Iterator[bytes]:

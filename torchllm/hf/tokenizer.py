@@ -19,21 +19,8 @@ import json
 import shutil
 from pathlib import Path
 
+from torchllm.data.byte_tokenizer import bytes_to_unicode
 from torchllm.data.chat.jinja import fallback_template
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table of byte-level BPE vocabularies."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:

@@ -1,0 +1,213 @@
+"""Loading one step into a Checkpointer's states on every rank, or on none, and saying why a
+step did not load (which rank, file, key or shape).
+
+Three agreed phases, so no rank is ever left inside a collective alone: rank-local checks
+(checksums, keys and shapes, batch size, data and vocabulary changes) -> DCP's read through the
+reader (which itself raises on every rank when one fails) -> applying the states (rank-local
+again). A step that cannot fit this config (a ConfigError on any rank) stops every rank; any
+other problem is returned, so the resume can fall back to an earlier step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.integrity import describe_failure, structure_mismatch
+from torchllm.checkpoint.reader import CheckpointReader
+from torchllm.checkpoint.resume import apply_hparams, config_changes, current_lr
+from torchllm.checkpoint.safe_load import untrusted_cause
+from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
+from torchllm.config.job_config import ConfigError
+from torchllm.data.fingerprint import changes as data_changes
+from torchllm.log import logger
+from torchllm.models.lora import checkpoint_misfit, fresh_adapters
+from torchllm.storage import Location, join, storage_for
+
+
+class StepLoader:
+    """Loads a step into `states` (key -> object with load_state_dict(); this rank's data
+    loader and RNG states are under `dataloader_key` and `rng_key`). `hparams`: the configured
+    optimizer hyperparameters (checkpoint.optimizer_hparams_from = 'config' puts them back)."""
+
+    def __init__(self, ccfg, states: dict[str, Any], dataloader_key: str, rng_key: str,
+                 agree: RankAgreement, optimizer=None, lr_scheduler=None,
+                 hparams: list[dict] | None = None, run_info: dict | None = None):
+        self.cfg, self.states, self.agree = ccfg, states, agree
+        self.dataloader_key, self.rng_key = dataloader_key, rng_key
+        self.optimizer, self.lr_scheduler, self.hparams = optimizer, lr_scheduler, hparams
+        self.run_info = run_info or {}
+
+    def load(self, path: Location, exclude: list[str], resume: bool) -> str | None:
+        """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
+        cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
+        # 1. Rank-local checks, before any collective: checksums (each rank a share of the
+        # files), config fit (keys, shapes, batch size), and the templates to load into.
+        sds, problem, misfit, grow, fresh = {}, None, None, None, {}
+        try:
+            reader = CheckpointReader.at(path)
+            marker = reader.marker
+            if self.cfg.checksums:
+                problem = reader.verify(self.agree.rank, self.agree.world)
+            if problem is None:
+                if resume:  # the data loader's position is kept only for the same data
+                    exclude = self._data_change(path, marker, exclude)
+                metadata = reader.metadata
+                present = reader.keys()
+                sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
+                fresh = fresh_adapters(sds, metadata, resume)  # LoRA on a base checkpoint
+                grow = self._plan_growth(path, metadata, marker, sds, resume)
+                mismatch = structure_mismatch(
+                    metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
+                if mismatch and (lora := checkpoint_misfit(path, self.run_info.get("config_toml"))):
+                    raise ConfigError(*lora)
+                if mismatch:
+                    raise ConfigError(
+                        f"checkpoint {path} does not fit this model (saved shapes in "
+                        f"{join(path, '.metadata')}): {mismatch}; did model.name or model.flavor "
+                        "change?", "model.flavor")
+                if resume:
+                    self._check_batch(path, marker)
+        except ConfigError as e:
+            misfit = str(e)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
+            problem = describe_failure(e)
+        if problem := self._agreed(misfit, problem):
+            return problem
+        # 2. Read (DCP gathers every rank's read errors and raises on all of them).
+        try:
+            reader.load(sds)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
+            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop
+        if problem := self._agreed(misfit, problem):
+            return problem
+        # 3. Apply (rank-local: a failure here is agreed on like the others; a ConfigError,
+        # e.g. the data loader refusing another data-parallel degree, stops every rank).
+        try:
+            if grow:
+                self._grow(sds["model"], *grow)
+            if fresh:
+                sds["model"].update(fresh)
+            for key, sd in sds.items():
+                self.states[key].load_state_dict(sd)
+        except ConfigError as e:
+            misfit = str(e)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
+            problem = describe_failure(e)
+        return self._agreed(misfit, problem)
+
+    def _plan_growth(self, path: Location, metadata, marker: dict, sds: dict, resume: bool):
+        """For a new run whose vocabulary adds tokens to the checkpoint's: read the saved
+        embedding/output rows whole (plain tensors replace the model's in `sds`) and return
+        what `_grow` needs; None when nothing grows (vocab_resize.plan_growth raises on a
+        vocabulary that cannot grow)."""
+        if "model" not in sds:
+            return None
+        keys, saved_vocab = plan_growth(path, metadata, marker, sds["model"],
+                                        self.run_info.get("tokenizer"), resume)
+        if not keys:
+            return None
+        if "optimizer" in sds:
+            raise ConfigError(
+                f"checkpoint {path} has a smaller vocabulary than this run, and its optimizer "
+                "state cannot grow with the embeddings: set checkpoint.initial_load_model_only "
+                "= true (a new stage takes the weights only)", "checkpoint.initial_load_model_only")
+        targets = {k: sds["model"][k] for k in keys}
+        sds["model"].update(full_templates(metadata, sds["model"], keys))
+        return targets, saved_vocab
+
+    def _grow(self, model_sd: dict, targets: dict, saved_vocab: int) -> None:
+        generator = torch.Generator().manual_seed(0)  # the same rows on every rank
+        for key, like in targets.items():  # embedding first, then output (as transformers)
+            saved_rows, rows = model_sd[key].shape[0], like.shape[0]
+            model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows, generator), like)
+        logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
+                    "from id %d drawn around the mean of the saved rows in %s", saved_vocab,
+                    self.run_info["tokenizer"]["vocab_size"], saved_rows, rows, saved_vocab,
+                    ", ".join(targets))
+
+    def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
+        """Every rank's outcome: a ConfigError on every rank if any rank found the checkpoint
+        cannot fit this config, else every rank's problem as one line (None: all loaded)."""
+        outcomes = self.agree.gather((misfit, problem))
+        if misfit := self.agree.one([m for m, _ in outcomes]):
+            raise ConfigError(misfit, "checkpoint")
+        return self.agree.one([p for _, p in outcomes])
+
+    def _check_batch(self, path: Location, marker: dict) -> None:
+        saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
+        if saved and now and saved != now and not self.cfg.allow_global_batch_change:
+            raise ConfigError(
+                f"checkpoint {path} was trained with a global batch of {saved} sequences, this "
+                f"config makes {now}: set training.global_batch_size = {saved} to keep it "
+                "(gradient accumulation makes up the difference), or "
+                "checkpoint.allow_global_batch_change = true to resume with the new batch",
+                "checkpoint.allow_global_batch_change")
+
+    def _data_change(self, path: Location, marker: dict, exclude: list[str]) -> list[str]:
+        """The states not to load, given whether the data differs from the checkpoint's
+        (torchllm.data.fingerprint): unchanged, the same; changed, a ConfigError
+        (on_data_change = 'error') or the data loader added (its position restarts)."""
+        saved, now = marker.get("data"), self.run_info.get("data")
+        if not saved or not now or "dataloader" in exclude:
+            return exclude  # a checkpoint from before fingerprints: nothing to compare
+        if saved.get("tokenizer_sha256") != now.get("tokenizer_sha256"):
+            return exclude  # another tokenizer: the identity check next names both files
+        what = "; ".join(data_changes(saved, now))
+        if not what:
+            return exclude
+        if self.cfg.on_data_change == "error":
+            raise ConfigError(
+                f"checkpoint {path} was saved reading other data ({what}): its data position "
+                "does not point into this data order; resume with the data it was saved with, or "
+                "set checkpoint.on_data_change = 'restart' to read this data from its beginning "
+                "(step and token counters kept)", "checkpoint.on_data_change")
+        logger.warning("the data changed since %s (%s): reading it from its beginning in its "
+                       "new order (data position reset; step, token counters and LR schedule "
+                       "kept; checkpoint.on_data_change = 'restart')", path, what)
+        return [*exclude, "dataloader"]
+
+    def after_resume(self, path: Location) -> None:
+        """One warning listing the config changes since `path` was saved, and what wins."""
+        saved, now = join(path, "config.toml"), self.run_info.get("config_toml")
+        store = storage_for(saved)
+        if now and store.is_file(saved):
+            changes = config_changes(store.read_bytes(saved).decode(), now,
+                                     self.cfg.optimizer_hparams_from)
+            if changes:
+                logger.warning("resuming with %d config change(s) since %s: %s", len(changes),
+                               saved, "; ".join(changes))
+        if self.cfg.optimizer_hparams_from == "config" and self.hparams is not None:
+            apply_hparams(self.optimizer, self.lr_scheduler, self.hparams)
+            logger.info("optimizer hyperparameters (peak LR, betas, eps, weight decay) taken "
+                        "from the config (checkpoint.optimizer_hparams_from = 'config')")
+        elif self.optimizer is not None and self.lr_scheduler is not None and \
+                hasattr(self.lr_scheduler, "lr_lambdas"):
+            current_lr(self.optimizer, self.lr_scheduler)
+
+    def _wanted(self, path: Location, present: set[str], exclude: list[str]) -> dict[str, Any]:
+        wanted = {}
+        for key, state in self.states.items():
+            kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key
+            if kind in exclude:
+                continue
+            if key in present:
+                wanted[key] = state
+            elif kind == "model":
+                raise ConfigError(f"checkpoint {path} holds no model weights")
+            elif kind == "dataloader" and any(k.startswith("dataloader_dp") for k in present):
+                saved = sorted(k for k in present if k.startswith("dataloader_dp"))
+                raise ConfigError(
+                    f"checkpoint {path} holds the data-loader positions of {len(saved)} "
+                    f"data-parallel ranks ({', '.join(saved)}), not of this rank's "
+                    f"{self.dataloader_key}: resuming with another data-parallel degree cannot "
+                    "continue the same data order; add 'dataloader' to "
+                    "checkpoint.exclude_from_loading to restart the data order instead",
+                    "checkpoint.exclude_from_loading",
+                )
+            elif kind != "rng":
+                logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
+        return wanted

@@ -1,0 +1,127 @@
+"""Hugging Face folders into torchllm: a seed checkpoint (`python -m torchllm.hf import`), or a
+run's initial weights (`checkpoint.initial_load_in_hf = true`: `load_initial_weights`).
+
+`import` writes a complete weights-only DCP checkpoint for the model the given config describes
+(usable as `checkpoint.initial_load_path`), with the folder's tokenizer and the config naming
+it, written beside the output and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torchllm import models
+from torchllm.checkpoint import EXPORT_DTYPES, step_of
+from torchllm.models import adapter_for_hf, adapter_for_model
+from torchllm.checkpoint.reader import check_same_tokenizer
+from torchllm.checkpoint.tokenizer_identity import hf_record
+from torchllm.config import ConfigError, load_config
+from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
+from torchllm.hf.folder import read_hf_config, read_hf_weights
+from torchllm.log import logger
+
+
+def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor]:
+    """A HF folder's weights as the state dict of the torchllm model `args` describes."""
+    hf_config = read_hf_config(hf_dir)
+    if adapter_for_hf(hf_config) is not adapter:
+        raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
+                          f"{adapter.model_type!r} one; set model.name to match")
+    adapter.check(hf_config, args)
+    try:
+        return adapter.from_hf(read_hf_weights(hf_dir), args)
+    except KeyError as e:
+        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config "
+                         "implies") from None
+
+
+def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),
+              dtype: str = "float32", overwrite: bool = False) -> Path:
+    """Write a complete weights-only DCP checkpoint (a seed checkpoint) from a HF folder."""
+    out = Path(out_dir)
+    step = step_of(out)
+    if step is None:
+        raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
+    refuse_step_folder(out, overwrite)
+    cfg = load_config(list(overrides))
+    hf_vocab = read_hf_config(hf_dir).get("vocab_size")
+    args = models.model_args(cfg, hf_vocab)
+    weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
+    weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
+    save_seed_checkpoint(weights, out, step,
+                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, hf_vocab))
+    logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
+                cfg.model.flavor, hf_vocab, args.vocab_size, out)
+    return out
+
+
+def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int) -> dict:
+    """Into the seed checkpoint `out` (being written in `tmp`): the HF folder's tokenizer files
+    (else the config's named tokenizer) and the config.toml naming it, as training writes them,
+    so generate reads the seed like a run's step and a stage from it takes its tokenizer
+    (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
+    from torchllm.checkpoint.tokenizer_identity import FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer
+    from torchllm.checkpoint.vocab_resize import tokenizer_record
+    from torchllm.config import to_toml
+    from torchllm.data import build_tokenizer
+
+    found = hf_folder_tokenizer(hf_dir)
+    named = cfg.data.tokenizer not in ("auto", NEW, FROM_INITIAL_LOAD)
+    info, data = {}, cfg.data
+    if found is not None:
+        file, chat = found
+        for name in (file.name, "tokenizer_config.json"):
+            if (Path(hf_dir) / name).is_file():
+                shutil.copyfile(Path(hf_dir) / name, tmp / name)
+        if named:
+            logger.info("recorded %s's own tokenizer %s (not the config's data.tokenizer = %r)",
+                        hf_dir, file.name, cfg.data.tokenizer)
+        data = dataclasses.replace(data, tokenizer=str(tmp / file.name), chat_tokens=chat)
+    elif not named:
+        logger.warning("%s has no tokenizer.json or tokenizer.model and the config names none: "
+                       "the seed records no tokenizer (name it in data.tokenizer to use the "
+                       "seed)", hf_dir)
+    if found is not None or named:
+        tokenizer = build_tokenizer(dataclasses.replace(cfg, data=data), tmp, train=False)
+        if tokenizer.vocab_size > hf_vocab:
+            raise ConfigError(f"the tokenizer {data.tokenizer} has {tokenizer.vocab_size} ids, "
+                              f"more than {hf_dir}'s vocab_size = {hf_vocab}", "data.tokenizer")
+        info["tokenizer"] = record = tokenizer_record(tokenizer)
+        if found is not None:  # named as it will be: the finished seed's copy
+            data = dataclasses.replace(data, tokenizer=str(out / found[0].name))
+            record["name"] = data.tokenizer
+    model = cfg.model
+    if not model.vocab_size and (not info or info["tokenizer"]["vocab_size"] != hf_vocab):
+        model = dataclasses.replace(model, vocab_size=hf_vocab)  # the seed's rows, not fewer
+    (tmp / "config.toml").write_text(to_toml(dataclasses.replace(cfg, data=data, model=model)))
+    return info
+
+
+def load_hf_weights(model: nn.Module, hf_dir: str | Path) -> None:
+    """Initialize a (possibly sharded) model in place from a HF folder.
+
+    Every rank reads the full tensors (safetensors maps them lazily) and keeps its own shards.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    adapter = adapter_for_hf(read_hf_config(hf_dir))
+    if not isinstance(model, adapter.model_cls):
+        raise ConfigError(f"{hf_dir} holds a {adapter.model_type!r} model but the run builds a "
+                          f"{type(model).__name__}; set model.name to match")
+    weights = convert_from_hf(hf_dir, adapter, model.args)
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, weights, options=options)
+
+
+def load_initial_weights(model: nn.Module, hf_dir: str | Path, tokenizer: dict | None) -> None:
+    """A run's initial weights from a Hugging Face folder (checkpoint.initial_load_in_hf), once
+    the folder's tokenizer is the run's (`tokenizer`: the run's tokenizer record; the
+    checkpoint reader's one identity check)."""
+    check_same_tokenizer(hf_record(hf_dir), tokenizer,
+                         f"the Hugging Face folder {hf_dir}", "initial load")
+    load_hf_weights(model, hf_dir)
