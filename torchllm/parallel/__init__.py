@@ -4,12 +4,11 @@ from torchllm.parallel.build import build_model
 from torchllm.parallel.compile import build_loss_fn
 from torchllm.parallel.context_parallel import ContextParallel, apply_cp
 from torchllm.parallel.dims import ParallelDims, destroy_distributed
+from torchllm.parallel.first_collective import FirstCollectiveError, first_collective
 from torchllm.parallel.distributed import (
-    FirstCollectiveError,
     any_rank,
     clip_grad_norm_,
     dp_sum,
-    first_collective,
     gradient_sync,
     rank_zero_first,
     set_comm_timeout,

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from torchllm.config.job_config import ConfigError
+from torchllm.parallel.first_collective import first_collective
 
 
 @dataclass
@@ -229,7 +230,6 @@ class ParallelDims:
                 dist.init_process_group("gloo", **kwargs)
             # The first collective: a network that cannot connect the ranks fails here, with a
             # message naming the NCCL settings to check, instead of hanging in the first step.
-            from torchllm.parallel.distributed import first_collective
 
             first_collective(device, timeout_s if timeout_s is not None else 1800.0)
         self.mesh = init_device_mesh(
