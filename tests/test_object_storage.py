@@ -14,14 +14,8 @@ import time
 import pytest
 import torch
 
-from torchllm.checkpoint.layout import (
-    complete_steps,
-    delete_step,
-    read_marker,
-    resolve_checkpoint,
-    scan_steps,
-    step_dir,
-)
+from torchllm.checkpoint.layout import complete_steps, delete_step, scan_steps, step_dir
+from torchllm.checkpoint.reader import read_marker, resolve_checkpoint
 from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
