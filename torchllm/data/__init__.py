@@ -49,20 +49,23 @@ def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer
     the config a checkpoint was written under): 'auto' is the run's cached file, never trained.
     """
     data = parse_data(job_config.data)
-    base = _base_tokenizer(data.tokenizer_source(), data_dir, train)
+    base = load_tokenizer(_tokenizer_file(data.tokenizer_source(), data_dir, train))
     if (data.chat or job_config.data.chat_tokens) and not has_native_template(base):
         return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
     return base
 
 
-def _base_tokenizer(dataset, data_dir: Path, train: bool = True) -> Tokenizer:
+def _tokenizer_file(dataset, data_dir: Path, train: bool):
+    """What the base tokenizer is loaded from: data.tokenizer when it names one; for 'auto', the
+    data's own (shards) if it carries one; else the SentencePiece model cached in `data_dir`,
+    trained first (rank 0; the others wait) when training and missing."""
     dcfg = dataset.dcfg
     if dcfg.tokenizer not in ("auto", "train"):
-        return load_tokenizer(dcfg.tokenizer)
+        return dcfg.tokenizer
+    path = auto_tokenizer_path(dcfg, data_dir)
     carried = dataset.carried_tokenizer() if dcfg.tokenizer == "auto" else None
     if carried is not None:
-        return load_tokenizer(carried)
-    path = auto_tokenizer_path(dcfg, data_dir)
+        return carried
     if not train:
         if not path.is_file():
             raise ConfigError(
@@ -70,14 +73,14 @@ def _base_tokenizer(dataset, data_dir: Path, train: bool = True) -> Tokenizer:
                 "training trained it on data.dataset and cached it there; loading a checkpoint "
                 "never trains one): copy that file from the run's data/ folder where it trained, "
                 "or pass --data.tokenizer=FILE", "data.tokenizer")
-        return load_tokenizer(path)
+        return path
     texts = dataset.texts()  # on every rank: data without text says so before the barrier
     if _is_rank0() and not path.is_file():
         train_sentencepiece(texts, dcfg.tokenizer_vocab_size, path,
                             max_chars=dcfg.tokenizer_train_chars,
                             source=f"data.dataset = {dcfg.dataset!r}")
     _barrier()
-    return load_tokenizer(path)
+    return path
 
 
 def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
