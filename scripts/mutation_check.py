@@ -1358,6 +1358,34 @@ MUTANTS = [
         "def _storage_of(",
         ("tests/test_storage_leaf.py::test_each_protocol_is_resolved_once",),
     ),
+    # --- optimizer spec (docs/howto_optimizer.md) ---
+    Mutant(
+        "resume_hparams_from_a_table", "a resume says which optimizer keys the checkpoint keeps "
+        "from a fixed (AdamW + Muon) table instead of the run's OptimizerSpec",
+        "torchllm/checkpoint/resume.py",
+        '    hparams = resume_hparams(*{str(c.get("optimizer.name", "adamw")) for c in (old, new)})\n',
+        '    hparams = {"optimizer." + k for k in ("lr", "beta1", "beta2", "eps", "weight_decay",\n'
+        '                                          "muon_lr", "muon_momentum")}\n',
+        ("tests/test_optimizer_plugin.py::"
+         "test_toy_optimizer_trains_and_resumes_exactly_through_the_trainer",),
+    ),
+    Mutant(
+        "optimizer_name_not_checked_at_launch", "the launcher's pre-flight check does not look "
+        "optimizer.name up (an unknown one fails only in every worker)",
+        "torchllm/run/launch.py",
+        "    optim.get(cfg.optimizer.name)  # a registered optimizer",
+        "    optim  # a registered optimizer",
+        ("tests/test_optimizer_plugin.py::test_unknown_optimizer_is_refused_by_the_launchers_check",),
+    ),
+    Mutant(
+        "optimizer_registry_builds_adamw", "the trainer builds AdamW whatever optimizer.name "
+        "names (the registry looked up, its builder not used)",
+        "torchllm/optim/registry.py",
+        "    return get(ocfg.name).build(model, ocfg, device)",
+        "    return get(ocfg.name) and get(\"adamw\").build(model, ocfg, device)",
+        ("tests/test_optimizer_plugin.py::"
+         "test_toy_optimizer_trains_and_resumes_exactly_through_the_trainer",),
+    ),
 ]
 
 

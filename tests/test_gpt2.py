@@ -7,7 +7,7 @@ from torchllm import models
 from torchllm.config import load_config
 from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.models.gpt2 import GPT2, GPT2Args, flavors
-from torchllm.optim.optimizer import param_groups
+from torchllm.optim import param_groups
 from torchllm.train import Trainer
 
 from conftest import REPO, build_model, tiny_config

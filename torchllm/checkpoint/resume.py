@@ -1,10 +1,11 @@
 """What a resume keeps from the checkpoint and what it takes from the new config.
 
 Every step folder holds the `config.toml` it was written under. At resume, keys whose value
-differs are listed in one warning with what wins: the optimizer's hyperparameters (peak LR,
-betas, eps, weight decay) come back with the optimizer state unless
-`checkpoint.optimizer_hparams_from = "config"`; every other key takes the new value (the LR
-schedule's shape and length included: it is a function of the step, rebuilt from the config).
+differs are listed in one warning with what wins: the optimizer's hyperparameters (the keys
+its OptimizerSpec.hparams names: peak LR, betas, eps, weight decay for AdamW) come back with the
+optimizer state unless `checkpoint.optimizer_hparams_from = "config"`; every other key takes the
+new value (the LR schedule's shape and length included: it is a function of the step, rebuilt
+from the config).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from torchllm.checkpoint.layout import complete_steps, not_resumable, step_dir
 from torchllm.checkpoint.reader import MarkerError, read_marker
+from torchllm.optim.registry import resume_hparams
 from torchllm.storage import checkpoint_folder
 
 try:
@@ -23,9 +25,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# Optimizer keys that live in the optimizer's param groups, hence in the checkpoint.
-OPTIMIZER_HPARAMS = {"optimizer." + k for k in (
-    "lr", "beta1", "beta2", "eps", "weight_decay", "muon_lr", "muon_momentum")}
 # Keys that say how this launch runs, not what the run is.
 LAUNCH_ONLY = {"checkpoint.load_step", "training.stop_after_steps",
                "training.time_limit_minutes", "job.print_config", "job.config_file"}
@@ -39,11 +38,13 @@ def _flat(text: str) -> dict[str, object]:
 def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> list[str]:
     """'key: old -> new (what wins)' for each key that differs (missing values are 'unset')."""
     old, new = _flat(saved_toml), _flat(current_toml)
+    # The optimizer's keys that live in its param groups, hence in the checkpoint (its spec's).
+    hparams = resume_hparams(*{str(c.get("optimizer.name", "adamw")) for c in (old, new)})
     changes = []
     for key in sorted(set(old) | set(new)):
         if key in LAUNCH_ONLY or old.get(key) == new.get(key):
             continue
-        if key in OPTIMIZER_HPARAMS and hparams_from == "checkpoint":
+        if key in hparams and hparams_from == "checkpoint":
             wins = "the checkpoint's value is kept; checkpoint.optimizer_hparams_from = " \
                    "'config' applies the new one"
         else:

@@ -222,8 +222,9 @@ def load_toml(path: str | Path) -> dict:
 
 
 def import_custom(module: str | None) -> None:
-    """job.custom_import: import the user's module (it registers its model families), so that
-    every command that loads a config (training, export, generation, tools) knows them."""
+    """job.custom_import: import the user's module (it registers its model families or
+    optimizers), so that every command that loads a config (training, export, generation,
+    tools) knows them."""
     if not module:
         return
     try:

@@ -37,9 +37,9 @@ class Job:
     )
     custom_import: Optional[str] = opt(
         None, "Dotted path of a module to import when the config is loaded, before the model is "
-        "looked up: a model family outside torchllm registers itself there "
-        "(docs/howto_model_family.md); it must be importable from the working directory or "
-        "PYTHONPATH"
+        "looked up: a model family or an optimizer outside torchllm registers itself there "
+        "(docs/howto_model_family.md, docs/howto_optimizer.md); it must be importable from the "
+        "working directory or PYTHONPATH"
     )
     lock_stale_minutes: float = opt(
         10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "
@@ -189,9 +189,10 @@ class Training:
 
 @dataclass
 class Optimizer:
-    name: Literal["adamw", "muon", "adamw8bit"] = opt(
-        "adamw", "adamw | muon (Muon for the blocks' matrices, AdamW for the rest) | adamw8bit "
-        "(torchao 8-bit moments)"
+    name: str = opt(
+        "adamw", "Optimizer in the registry (torchllm/optim/): adamw, muon (Muon for the blocks' "
+        "matrices, AdamW for the rest) or adamw8bit (torchao 8-bit moments); a module named by "
+        "job.custom_import can register more (docs/howto_optimizer.md)"
     )
     lr: float = opt(3e-4, "Peak learning rate", POSITIVE)
     beta1: float = opt(0.9, "Adam beta1", BELOW_ONE)

@@ -49,7 +49,7 @@ LOOPBACK = "127.0.0.1"
 
 def check_config(train_args: list[str], world_size: int | None):
     """Everything about the config that can be checked without a process group; ConfigError."""
-    from torchllm import models
+    from torchllm import models, optim
     from torchllm.run.tokenizer import stage_tokenizer
     from torchllm.data.dataset import check_data
     from torchllm.device import resolve_device
@@ -57,6 +57,7 @@ def check_config(train_args: list[str], world_size: int | None):
 
     cfg = load_config(train_args)
     model_args = models.model_args(cfg)
+    optim.get(cfg.optimizer.name)  # a registered optimizer (job.custom_import may add one)
     device = resolve_device(cfg.training.device)
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
