@@ -1386,6 +1386,16 @@ MUTANTS = [
         ("tests/test_optimizer_plugin.py::"
          "test_toy_optimizer_trains_and_resumes_exactly_through_the_trainer",),
     ),
+    # --- estimate_memory reads the family's ModelSpec ---
+    Mutant(
+        "qwen3_spec_forgets_qk_norm", "Qwen3's ModelSpec does not declare QK-norm: the memory "
+        "estimate counts a Llama attention's activations for it",
+        "torchllm/models/qwen3/__init__.py",
+        "pipeline=PIPELINE, qk_norm=True,\n",
+        "pipeline=PIPELINE,\n",
+        ("tests/test_estimate_memory.py::"
+         "test_estimate_within_5_percent_of_measured_on_debug[qwen3_qk_norm]",),
+    ),
 ]
 
 

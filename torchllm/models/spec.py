@@ -90,6 +90,9 @@ class ModelSpec:
     pipeline: PipelinePlan | None = None
     # A mixture-of-experts family: args.n_experts experts per MoE layer (expert parallelism).
     moe: bool = False
+    # Attention RMS-normalizes each query and key head (QK-norm): what its blocks keep for
+    # backward (torchllm/tools/estimate_memory.py counts the normed copies).
+    qk_norm: bool = False
     # The linear layers (their names inside a block) lora.target_modules may name (models/lora.py).
     lora_targets: tuple[str, ...] = ()
 

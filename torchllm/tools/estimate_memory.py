@@ -60,9 +60,10 @@ from torchllm.tools.model_info import pop_flag, tokenizer_vocab_hint
 FP32 = 4
 
 
-def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: str,
+def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, option: str,
                               autocast: bool = False) -> int:
-    """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens.
+    """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens, of the
+    family whose ModelSpec is `spec` (its declared QK-norm and experts) with these args.
 
     Counted from what autograd saves in the Llama block's forward (torchllm/models/llama/
     model.py; checked with saved-tensor hooks), in units of dim per token:
@@ -86,13 +87,14 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
     dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
     stats = tokens * FP32 * (args.n_heads + 2)
     attention, ffn = 7 * dim, 3 * dim + 4 * hidden
-    if getattr(args, "qk_norm", False):
+    qk_norm, n_experts = spec.qk_norm, spec.n_experts(args)
+    if qk_norm:
         attention = 3 * dim + 4 * (args.n_heads * args.head_dim + kv_dim)
         stats += tokens * FP32 * (args.n_heads + args.n_kv_heads)
-    if getattr(args, "n_experts", 0) and args.moe_every == 1:  # every block's MLP is a MoE
+    if n_experts and args.moe_every == 1:  # every block's MLP is a MoE
         k = args.n_experts_per_tok
         ffn = 3 * dim + k * (3 * dim + 4 * args.moe_hidden_dim)
-        stats += tokens * FP32 * (2 * args.n_experts + k * dim)
+        stats += tokens * FP32 * (2 * n_experts + k * dim)
     if mode == "full":
         return tokens * dim * act
     if mode == "selective" and option == "op":
@@ -102,7 +104,7 @@ def activation_bytes_per_block(args, tokens: int, act: int, mode: str, option: s
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
     if mode == "selective" and option == "attention":
         return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
-    if autocast and not getattr(args, "qk_norm", False) and not getattr(args, "n_experts", 0):
+    if autocast and not qk_norm and not n_experts:
         # Under autocast the residual stream and the norms stay float32 (block input, residual,
         # x*rstd, the norms' outputs: 5 x dim) and each matmul keeps its own bf16 copy of its
         # input (the normed inputs, the attention output) beside q, k, v (GQA: not repeated)
@@ -284,19 +286,20 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     tokens = rank["micro_batch"] * tcfg.seq_len // dims.cp
     ac = cfg.activation_checkpoint
     autocast = act != FP32 and not dims.fsdp_enabled  # (FSDP2 runs bf16 params instead)
-    per_block = activation_bytes_per_block(model_args, tokens, act, ac.mode, ac.selective_option,
-                                           autocast)
+    spec = models.get(cfg.model.name)
+    per_block = activation_bytes_per_block(spec, model_args, tokens, act, ac.mode,
+                                           ac.selective_option, autocast)
     per_block += lora_activation_bytes(model, cfg, tokens, act)
     if ac.mode == "selective" and ac.selective_option.isdigit():
         every = int(ac.selective_option)
-        full = activation_bytes_per_block(model_args, tokens, act, "full", "")
+        full = activation_bytes_per_block(spec, model_args, tokens, act, "full", "")
         checkpointed = n_blocks // every
         activations = checkpointed * full + (n_blocks - checkpointed) * per_block
     else:
         activations = n_blocks * per_block
     # With AC, a block's activations are rebuilt in its backward: after the loss backward.
     recompute = 0 if ac.mode == "none" else activation_bytes_per_block(
-        model_args, tokens, act, "none", "", autocast)
+        spec, model_args, tokens, act, "none", "", autocast)
     # The embedding output (first block's input), the final norm's x*rstd and its output.
     activations += (rank["first"] + 2 * rank["last"]) * tokens * model_args.dim * act
     activations = int(activations * rank["in_flight"])  # pipeline: forwards kept at once

@@ -12,13 +12,14 @@ SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_di
 
 SPEC = ModelSpec(
     name="qwen3", model_cls=Qwen3, flavors=flavors, shape_keys=SHAPE_KEYS, cache_cls=KVCache,
-    hf_adapter=Qwen3Adapter, tp_plan=TP_PLAN, pipeline=PIPELINE,
+    hf_adapter=Qwen3Adapter, tp_plan=TP_PLAN, pipeline=PIPELINE, qk_norm=True,
     lora_targets=("wq", "wk", "wv", "wo", "w1", "w2", "w3"),
 )
 # MoE: LoRA on the attention's linears (the experts are batched weights, not nn.Linear layers).
 MOE_SPEC = ModelSpec(
     name="qwen3_moe", model_cls=Qwen3, flavors=moe_flavors, shape_keys=SHAPE_KEYS,
     cache_cls=KVCache, hf_adapter=Qwen3MoeAdapter, tp_plan=TP_PLAN, pipeline=PIPELINE, moe=True,
+    qk_norm=True,
     lora_targets=("wq", "wk", "wv", "wo"),
 )
 

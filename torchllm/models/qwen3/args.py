@@ -27,7 +27,6 @@ class Qwen3Args:
     norm_topk_prob: bool = True
     moe_every: int = 1
     moe_bias_update_rate: float = 0.0  # > 0: a per-expert routing bias (aux-loss-free balancing)
-    qk_norm: bool = True  # RMSNorm on each query/key head (always, in Qwen3)
     # What Llama's shared code reads (attention masks and kernels, RoPE, dropout).
     rope_scaling: bool = False
     dropout: float = 0.0
