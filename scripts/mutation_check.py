@@ -1267,6 +1267,16 @@ MUTANTS = [
         "        return super().find_class(module, name)",
         ("tests/test_checkpoint_trust.py::test_pickled_state_with_tensors_loads_and_their_storage_is_data_only",),
     ),
+    # --- validation.stop_at_loss (issue 46 item 4) ---
+    Mutant(
+        "stop_at_loss_ignored", "validation.stop_at_loss is read but never stops the run",
+        "torchllm/eval/in_training.py",
+        """            trainer.stops.target_loss(step, report.scalars["val/loss"],
+                                      self.cfg.validation.stop_at_loss)
+""",
+        "",
+        ("tests/test_stop_at_loss.py::test_run_train_sh_stops_at_the_target_with_a_final_checkpoint_and_report",),
+    ),
 ]
 
 
