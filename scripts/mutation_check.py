@@ -1277,6 +1277,21 @@ MUTANTS = [
         "",
         ("tests/test_stop_at_loss.py::test_run_train_sh_stops_at_the_target_with_a_final_checkpoint_and_report",),
     ),
+    # --- Muon's Newton-Schulz dtype (issue 46 item 4) ---
+    Mutant(
+        "muon_ns_always_bf16", "Muon orthogonalizes in bf16 on CPUs without native bf16 (~20x slower)",
+        "torchllm/optim/optimizer.py",
+        "             ns_dtype=fast_ns_dtype(device)),",
+        "             ns_dtype=torch.bfloat16),",
+        ("tests/test_muon_ns_dtype.py::test_trainer_runs_newton_schulz_in_float32_on_a_cpu_without_native_bf16",),
+    ),
+    Mutant(
+        "muon_ns_dtype_ignored", "the Newton-Schulz iteration runs in bf16 whatever ns_dtype says",
+        "torchllm/optim/muon.py",
+        "    x = grad.to(dtype)\n",
+        "    x = grad.to(torch.bfloat16)\n",
+        ("tests/test_muon_ns_dtype.py::test_muon_matches_torch_in_bf16_and_float32_within_bf16_rounding",),
+    ),
 ]
 
 
