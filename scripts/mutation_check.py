@@ -1292,6 +1292,23 @@ MUTANTS = [
         "    x = grad.to(torch.bfloat16)\n",
         ("tests/test_muon_ns_dtype.py::test_muon_matches_torch_in_bf16_and_float32_within_bf16_rounding",),
     ),
+    # --- memory estimate on CUDA: compiled blocks and float8 (issue 46 item 5) ---
+    Mutant(
+        "estimate_ignores_compile", "the estimate counts eager autocast's activations for compiled blocks",
+        "torchllm/tools/estimate_memory.py",
+        '    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"',
+        '    compiled = False',
+        ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
+         "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
+    ),
+    Mutant(
+        "estimate_ignores_float8", "the estimate counts bf16 matmul inputs and weight copies under float8",
+        "torchllm/tools/estimate_memory.py",
+        '    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"',
+        '    float8 = False',
+        ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
+         "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
+    ),
 ]
 
 
