@@ -57,6 +57,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+PACKAGED_TEXT = REPO / "torchllm" / "data" / "assets" / "tinyshakespeare.txt"  # the config's
 
 # nanoGPT's CPU recipe (its README's command line over config/train_shakespeare_char.py).
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block=64, batch=12, steps=2000, lr=1e-3,
@@ -417,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                     short = ([f"--training.steps={args.steps}", f"--validation.freq={args.steps}",
                               f"--lr_scheduler.warmup_steps={args.steps // 2}"]
                              if args.steps else [])
-                    out = run_torchllm(name, [f"--data.dataset=local:{args.text}", *seed, *short,
+                    # The config's own dataset (the packaged copy) when --text is that text.
+                    data = ([] if args.text.read_bytes() == PACKAGED_TEXT.read_bytes()
+                            else [f"--data.dataset=local:{args.text}"])
+                    out = run_torchllm(name, [*data, *seed, *short,
                                               f"--validation.stop_at_loss={args.target}"],
                                        speedrun, work)
                 results[name].append(out)
