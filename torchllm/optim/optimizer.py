@@ -8,6 +8,7 @@ from torch.distributed.tensor import DTensor
 
 from torchllm.config.job_config import ConfigError
 from torchllm.optim.container import OptimizerList
+from torchllm.optim.muon import Muon, fast_ns_dtype
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool,
@@ -80,7 +81,8 @@ def muon_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter
 
 
 def muon(model: nn.Module, ocfg, device: torch.device) -> OptimizerList:
-    """Muon (torch.optim.Muon) for the blocks' matrices, AdamW at optimizer.lr for the rest.
+    """Muon (torch.optim.Muon; its Newton-Schulz in float32 on CPUs without native bf16) for the
+    blocks' matrices, AdamW at optimizer.lr for the rest.
 
     AdamW comes first, so `param_groups[0]["lr"]` (what metrics log) is the AdamW rate.
     """
@@ -96,8 +98,10 @@ def muon(model: nn.Module, ocfg, device: torch.device) -> OptimizerList:
                           "2-D weights under 'layers.' for Muon")
     return OptimizerList([
         adamw(model, ocfg, device, rest),
-        torch.optim.Muon(hidden, lr=ocfg.muon_lr, weight_decay=ocfg.weight_decay,
-                         momentum=ocfg.muon_momentum, adjust_lr_fn=ocfg.muon_adjust_lr),
+        # Newton-Schulz in bf16 only where bf16 matmuls are native (torchllm/optim/muon.py).
+        Muon(hidden, lr=ocfg.muon_lr, weight_decay=ocfg.weight_decay,
+             momentum=ocfg.muon_momentum, adjust_lr_fn=ocfg.muon_adjust_lr,
+             ns_dtype=fast_ns_dtype(device)),
     ])
 
 
