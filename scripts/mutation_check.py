@@ -1358,6 +1358,15 @@ MUTANTS = [
         "def _storage_of(",
         ("tests/test_storage_leaf.py::test_each_protocol_is_resolved_once",),
     ),
+    # --- libraries: tqdm, torchelastic's @record, one benchmark tree (issue 44 item 5) ---
+    Mutant(
+        "worker_error_not_recorded", "a worker's exception never reaches torchrun's error file "
+        "(TORCHELASTIC_ERROR_FILE): @record dropped from the worker's build-and-train",
+        "torchllm/run/process.py",
+        "@record\ndef _build_and_train(",
+        "def _build_and_train(",
+        ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
+    ),
 ]
 
 
