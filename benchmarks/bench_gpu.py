@@ -14,8 +14,8 @@ run) in its own process per round, alternating with torchllm's variants (even ro
 first, odd rounds the peer first). Each variant's row gets the ratio torchllm / peer tokens/s:
 the geometric mean of the rounds' ratios and its 95% interval (bench_throughput.paired_ratio).
 
-Each variant is one process running `torchllm.bench.worker` (the Trainer's own loop, observed:
-see torchllm/bench/worker.py) for warmup + steps steps on one device. Offline: the data is the
+Each variant is one process running `benchlib.worker` (the Trainer's own loop, observed:
+see benchmarks/benchlib/worker.py) for warmup + steps steps on one device. Offline: the data is the
 embedded corpus (CPython's docs) and the tokenizer is trained on it unless --tokenizer names a
 file (e.g. the Llama 3 tokenizer.model); the model keeps the config's vocab (128,256 padded to
 2^17 for the 1B), so the matmul shapes are the real ones either way.
@@ -46,17 +46,15 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's torchllm; benchlib
 
+from bench_throughput import paired_ratio  # noqa: E402  (the CPU peer's ratio and interval)
+from benchlib import WORKER, worker_env  # noqa: E402
+from benchlib.report import failure_reason, summarize  # noqa: E402
 from torchllm import models  # noqa: E402
-from torchllm.bench.__main__ import failure_reason  # noqa: E402
-from torchllm.bench.report import summarize  # noqa: E402
 from torchllm.config import load_config  # noqa: E402
 from torchllm.tools.estimate_memory import estimate_memory  # noqa: E402
 from torchllm.tools.model_info import tokenizer_vocab_hint  # noqa: E402
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_throughput import paired_ratio  # noqa: E402  (the CPU peer's ratio and interval)
 
 GiB = 1024**3
 VARIANTS = {
@@ -147,10 +145,8 @@ def base_args(args, overrides: list[str], work: Path, batch: int, seq: int) -> l
 def run_logged(cmd: list[str], run_dir: Path, timeout: float) -> tuple[int | None, str]:
     """Run `cmd` in its own session, its output to run_dir/log.txt; (exit code or None on
     timeout, log)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]), "WORLD_SIZE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            env=worker_env(WORLD_SIZE="1"), start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -175,7 +171,7 @@ def run_variant(name: str, args, base: list[str], work: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("rank*.json"):
         old.unlink()
-    cmd = [sys.executable, "-m", "torchllm.bench.worker", str(run_dir), *config_args,
+    cmd = [sys.executable, "-m", WORKER, str(run_dir), *config_args,
            f"--activation_checkpoint.mode={ac}", "--activation_checkpoint.selective_option=op"]
     print(f"[bench_gpu] {name} (AC {ac}): {' '.join(cmd[3:])}", flush=True)
     code, log = run_logged(cmd, run_dir, args.timeout)
