@@ -1397,6 +1397,14 @@ MUTANTS = [
         ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
          "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
     ),
+    Mutant(
+        "worker_error_not_recorded", "a worker's exception never reaches torchrun's error file "
+        "(TORCHELASTIC_ERROR_FILE): @record dropped from the worker's build-and-train",
+        "torchllm/run/process.py",
+        "@record\ndef _build_and_train(",
+        "def _build_and_train(",
+        ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
+    ),
 ]
 
 
