@@ -216,6 +216,7 @@ FREE_FORM = {
     "data.chat_column", "eval.tasks_data_dir",
     "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream
     "parallelism.pipeline_parallel_split_points",  # block names: checked by check_pipeline
+    "job.custom_import",  # a module name: imported (and named if it cannot be) when the config loads
 }
 
 
