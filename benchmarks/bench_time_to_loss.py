@@ -322,7 +322,8 @@ def summarize(results: dict[str, list[dict]], target: float, baseline: str) -> l
             # each round's time over the baseline's in the same round (rounds alternate)
             "vs_baseline_by_round": [
                 (t / baseline_time(b, target)) if t is not None else None
-                for t, b in zip(times, base_runs)],
+                for t, b in zip([baseline_time(r, target) for r in runs]
+                                if name == baseline else times, base_runs)],
             "final_val": [r["curve"][-1][2] if r["curve"] else None for r in runs],
             "wall_s": [r["wall"] for r in runs],
             "val_at_baseline_time": [val_at(r["curve"], base_median) for r in runs],

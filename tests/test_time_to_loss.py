@@ -136,6 +136,7 @@ def test_nanogpt_contender_runs_its_train_py_on_its_prepared_data(tmp_path):
     assert 0 < times[0] < times[1] < times[2] <= row["wall_s"][0]
     assert times[2] - times[0] >= 0.35  # timed as each line arrived, not at the end
     assert row["time_to_target_s"] == [times[2]] and row["vs_baseline"] == pytest.approx(1.0)
+    assert row["vs_baseline_by_round"] == [pytest.approx(1.0)]
 
 
 def test_nanogpt_missing_says_why(tmp_path):
