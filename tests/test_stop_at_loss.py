@@ -15,7 +15,7 @@ def test_stop_conditions_take_the_first_validation_at_or_below_the_target():
     import torch
 
     from torchllm.config import load_config
-    from torchllm.stopping import StopConditions
+    from torchllm.run.stopping import StopConditions
 
     stops = StopConditions(load_config([]).training, torch.device("cpu"), 0.0)
     stops.target_loss(2, 1.9, 0.0)  # 0 = off
