@@ -7,6 +7,8 @@
 #   CONFIG_FILE   TOML config (default: train_configs/debug_model.toml)
 #   NGPU / NPROC  processes per node (default: number of CUDA devices, else 1)
 #   LOG_RANK      ranks whose output is shown, e.g. 0 or 0,1 (default: 0)
+#   LOG_DIR       keep torchrun's per-rank output and error files (tracebacks) in this folder
+#                 (default: a temporary folder, removed at exit)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
 #   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
 #   RDZV_ID       the c10d rendezvous id: random when unset on one node; several nodes need the
@@ -43,5 +45,6 @@ elif [ "$NNODES" -gt 1 ]; then
 else
     launch+=(--standalone)
 fi
+[ -z "${LOG_DIR:-}" ] || launch+=(--log-dir="$LOG_DIR")
 
 exec python -m torchllm.run "${launch[@]}" -- --job.config_file "$CONFIG_FILE" "$@"

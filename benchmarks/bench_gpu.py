@@ -14,8 +14,9 @@ run) in its own process per round, alternating with torchllm's variants (even ro
 first, odd rounds the peer first). Each variant's row gets the ratio torchllm / peer tokens/s:
 the geometric mean of the rounds' ratios and its 95% interval (bench_throughput.paired_ratio).
 
-Each variant is one process running `torchllm.bench.worker` (the Trainer's own loop, observed:
-see torchllm/bench/worker.py) for warmup + steps steps on one device. Offline: the data is the
+Each variant is one process running `benchlib.worker` (the Trainer's own loop, observed:
+see benchmarks/benchlib/worker.py) for warmup + steps steps on one device (the variants' table:
+benchlib/gpu_variants.py; the peer's loop: benchlib/gpu_peer.py). Offline: the data is the
 embedded corpus (CPython's docs) and the tokenizer is trained on it unless --tokenizer names a
 file (e.g. the Llama 3 tokenizer.model); the model keeps the config's vocab (128,256 padded to
 2^17 for the 1B), so the matmul shapes are the real ones either way.
@@ -39,74 +40,25 @@ import re
 import subprocess
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's torchllm; benchlib
 
+from bench_throughput import paired_ratio  # noqa: E402  (the CPU peer's ratio and interval)
+from benchlib import WORKER, worker_env  # noqa: E402
+from benchlib.gpu_peer import peer_worker  # noqa: E402
+from benchlib.gpu_variants import (CPU_VARIANTS, CUDA_ONLY, VARIANT_AC,  # noqa: E402
+                                   VARIANT_ACCUM, VARIANT_SEQ, VARIANTS)
+from benchlib.report import failure_reason, summarize  # noqa: E402
 from torchllm import models  # noqa: E402
-from torchllm.bench.__main__ import failure_reason  # noqa: E402
-from torchllm.bench.report import summarize  # noqa: E402
 from torchllm.config import load_config  # noqa: E402
 from torchllm.tools.estimate_memory import estimate_memory  # noqa: E402
 from torchllm.tools.model_info import tokenizer_vocab_hint  # noqa: E402
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_throughput import paired_ratio  # noqa: E402  (the CPU peer's ratio and interval)
-
 GiB = 1024**3
-VARIANTS = {
-    "bf16_compile": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                     "--float8.enable=false"],
-    "bf16_compile_float8": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                            "--float8.enable=true", "--float8.recipe=tensorwise"],
-    "bf16": ["--training.mixed_precision=bf16", "--compile.enable=false", "--float8.enable=false"],
-    "fp32": ["--training.mixed_precision=none", "--compile.enable=false", "--float8.enable=false"],
-    "bf16_compile_float8_rowwise": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                                    "--float8.enable=true", "--float8.recipe=rowwise"],
-    "bf16_compile_ac_selective": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                                  "--float8.enable=false"],
-    "bf16_compile_seq4096": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                             "--float8.enable=false"],
-    "bf16_compile_seq8192": ["--training.mixed_precision=bf16", "--compile.enable=true",
-                             "--float8.enable=false"],
-}
-# The speed levers (docs/gpu.md, "Speed levers"): each beside the row it changes. The accum4
-# rows run 4 micro-steps per optimizer step (global batch = 4 x local), where the eager float32
-# gradient accumulation of the first H200 profile shows.
-BF16_COMPILE = VARIANTS["bf16_compile"]
-VARIANTS.update({
-    "bf16_compile_accum4": BF16_COMPILE,
-    "bf16_compile_accum4_cast_once": [*BF16_COMPILE, "--training.cast_weights_once=true"],
-    "bf16_compile_cast_once": [*BF16_COMPILE, "--training.cast_weights_once=true"],
-    "bf16_compile_chunked_loss": [*BF16_COMPILE, "--training.chunked_loss=true"],
-    "bf16_compile_liger_loss": [*BF16_COMPILE, "--training.chunked_loss=true",
-                                "--training.chunked_loss_impl=liger"],
-    "bf16_compile_model": [*BF16_COMPILE, "--compile.granularity=model"],
-    "bf16_compile_cudagraphs": [*BF16_COMPILE, "--compile.cudagraphs=true"],
-    "bf16_compile_model_cudagraphs": [*BF16_COMPILE, "--compile.granularity=model",
-                                      "--compile.cudagraphs=true"],
-    "bf16_compile_accum4_cudagraphs": [*BF16_COMPILE, "--compile.cudagraphs=true"],
-    **{f"bf16_compile_sdpa_{b}": [*BF16_COMPILE, f"--model.sdpa_backend={b}"]
-       for b in ("cudnn", "flash", "efficient", "math")},
-    "bf16_compile_flex": [*BF16_COMPILE, "--model.attention=flex"],
-})
-VARIANT_ACCUM = {"bf16_compile_accum4": 4, "bf16_compile_accum4_cast_once": 4,
-                 "bf16_compile_accum4_cudagraphs": 4}
-VARIANT_AC = {"bf16_compile_ac_selective": "selective"}  # fixed, whatever --ac says
-VARIANT_SEQ = {"bf16_compile_seq4096": 4096, "bf16_compile_seq8192": 8192}
-CUDA_ONLY = {"bf16_compile_float8": "float8 matmuls", "bf16_compile_float8_rowwise":
-             "float8 matmuls", "bf16_compile_liger_loss": "liger-kernel's Triton loss",
-             "bf16_compile_cudagraphs": "CUDA graphs", "bf16_compile_model_cudagraphs":
-             "CUDA graphs", "bf16_compile_accum4_cudagraphs": "CUDA graphs",
-             "bf16_compile_sdpa_cudnn": "cuDNN attention",
-             "bf16_compile_sdpa_efficient": "memory-efficient attention",
-             "bf16_compile_flex": "FlexAttention"}
-CPU_VARIANTS = [v for v in VARIANTS if v not in CUDA_ONLY]
 AC_CHOICES = ("auto", "none", "selective", "full")
 PEERS = ("transformers",)
 
@@ -147,10 +99,8 @@ def base_args(args, overrides: list[str], work: Path, batch: int, seq: int) -> l
 def run_logged(cmd: list[str], run_dir: Path, timeout: float) -> tuple[int | None, str]:
     """Run `cmd` in its own session, its output to run_dir/log.txt; (exit code or None on
     timeout, log)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]), "WORLD_SIZE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            env=worker_env(WORLD_SIZE="1"), start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -175,7 +125,7 @@ def run_variant(name: str, args, base: list[str], work: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("rank*.json"):
         old.unlink()
-    cmd = [sys.executable, "-m", "torchllm.bench.worker", str(run_dir), *config_args,
+    cmd = [sys.executable, "-m", WORKER, str(run_dir), *config_args,
            f"--activation_checkpoint.mode={ac}", "--activation_checkpoint.selective_option=op"]
     print(f"[bench_gpu] {name} (AC {ac}): {' '.join(cmd[3:])}", flush=True)
     code, log = run_logged(cmd, run_dir, args.timeout)
@@ -198,71 +148,6 @@ def run_variant(name: str, args, base: list[str], work: Path) -> dict:
         "losses": ranks[0]["losses"], "peak_flops": ranks[0]["peak_flops"],
         "flops_per_token": res["flops_per_token"], "params": res["params"],
     }
-
-
-def peer_model(cfg, device: torch.device):
-    """transformers' Llama with torchllm's model of `cfg` (same dims, heads, SwiGLU width,
-    RoPE, vocab, tied or not), random init: the same matmuls per token."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    m = models.model_args(cfg, tokenizer_vocab_hint(cfg))
-    rope = None
-    if getattr(m, "rope_scaling", False):
-        rope = {"rope_type": "llama3", "factor": m.rope_scaling_factor,
-                "low_freq_factor": m.rope_low_freq_factor,
-                "high_freq_factor": m.rope_high_freq_factor,
-                "original_max_position_embeddings": m.rope_original_max_pos}
-    hf = LlamaConfig(vocab_size=m.vocab_size, hidden_size=m.dim,
-                     intermediate_size=m.ffn_hidden_dim, num_hidden_layers=m.n_layers,
-                     num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads or m.n_heads,
-                     max_position_embeddings=max(cfg.training.seq_len, m.max_seq_len,
-                                                 m.rope_original_max_pos),
-                     rope_theta=m.rope_theta, rope_scaling=rope, rms_norm_eps=m.norm_eps,
-                     tie_word_embeddings=m.tie_embeddings, attn_implementation="sdpa")
-    with torch.device(device):
-        return LlamaForCausalLM(hf).train(), m.vocab_size
-
-
-def peer_worker(out: str, config_args: list[str], steps: int, warmup: int, precision: str,
-                backend: str) -> None:
-    """The peer's training loop (one process): writes tokens/s, step times, losses, peak."""
-    cfg = load_config(config_args)
-    device = torch.device(cfg.training.device)
-    cuda = device.type == "cuda"
-    torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cuda
-    model, vocab = peer_model(cfg, device)
-    if backend != "none":
-        for layer in model.model.layers:
-            layer.compile(backend=backend)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda)
-    batch, seq = cfg.training.local_batch_size, cfg.training.seq_len
-    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
-    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    times, losses = [], []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    for _ in range(warmup + steps):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with amp:
-            logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())  # waits for the step
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    timed = times[warmup:]
-    Path(out).write_text(json.dumps({
-        "tokens_per_s": batch * seq * len(timed) / sum(timed),  # as torchllm's summarize
-        "step_time_median_s": statistics.median(timed), "losses": losses, "vocab": vocab,
-        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
 
 
 def run_peer(args, base: list[str], work: Path) -> dict:

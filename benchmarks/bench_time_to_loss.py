@@ -1,16 +1,25 @@
 """Time to quality on CPU: wall-clock seconds to a validation loss of 1.88 on tiny Shakespeare.
 
-    python benchmarks/bench_time_to_loss.py [--rounds 2] [--target 1.88]
-        [--text ../shared/data/tinyshakespeare.txt] [--contenders reference,same,speedrun]
+    python benchmarks/bench_time_to_loss.py [--rounds 2] [--target 1.88] [--nanogpt DIR]
+        [--text ../shared/data/tinyshakespeare.txt] [--contenders nanogpt,speedrun,reference,same]
         [--json benchmarks/results/time_to_loss_cpu.json] [--md benchmarks/results/time_to_loss_cpu.md]
 
 The anchor is nanoGPT's published CPU run (README: `config/train_shakespeare_char.py` with
-`--device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12 --n_layer=4
---n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`, "~3 minutes ...
-a loss of only 1.88"). Three contenders, each a fresh process, timed from its launch (start-up,
-data, validation and shutdown included), run alternately (reference, same, speedrun, reference,
-...) so they share the machine's moments:
+`--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
+--n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`,
+"~3 minutes ... a loss of only 1.88"). Contenders, each a fresh process, timed from the launch
+of its command to the moment its first validation line at or below the target reaches the
+console (start-up, data, every validation on the way included), run alternately (nanogpt,
+speedrun, reference, same, nanogpt, ...) so they share the machine's moments:
 
+- nanogpt: nanoGPT's own code (`--nanogpt DIR`: a checkout holding train.py, model.py,
+  configurator.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py; never
+  copied into this repository). Its files are copied to a scratch folder, --text is placed as
+  its input.txt (no download) and its own prepare.py writes train.bin / val.bin once, before the
+  rounds (not on the clock: nanoGPT prepares data once per dataset); then `python train.py` with
+  the README's command line. Its validation lines are `step N: train loss X, val loss Y`
+  (every 250 steps, the mean over 20 random batches of 12 x 64: about +-0.02 of noise). Without
+  --nanogpt (or without its files) it is skipped, with the reason in the table.
 - reference: this file's own plain loop (`--reference-worker`): `transformers`' GPT-2 (4 x 128,
   4 heads, dropout 0, SDPA attention) on characters, nanoGPT's recipe: random 12 x 64 windows of
   the first 90% of the text, AdamW (0.9, 0.99), weight decay 0.1 on 2-D weights, lr 1e-3 with
@@ -19,13 +28,16 @@ data, validation and shutdown included), run alternately (reference, same, speed
   shape keys), tokenizer (`data.tokenizer = "bytes"`: one token per character of this ASCII
   text), split (`data.val_fraction = 0.1`), batch, steps, optimizer, schedule and precision.
 - speedrun: `CONFIG_FILE=train_configs/speedrun_shakespeare_cpu.toml ./run_train.sh`, the fastest
-  recipe this project has for the same split (see the config's comments).
+  recipe this project has for the same split (see the config's comments); it stops at the
+  target (`validation.stop_at_loss`).
 
-Every contender validates on the whole held-out 10% (non-overlapping windows; not nanoGPT's 20
-random batches, whose estimate moves by about +-0.02 between calls), the reference and `same`
-every 250 steps as nanoGPT does, the speedrun where its config says. Reported per contender: the
-time to the first validation at or below the target, its final validation loss and wall time,
-and the validation loss it had reached when the reference hit the target (equal wall time).
+The torchllm contenders and the reference validate on the whole held-out 10% (non-overlapping
+windows), the reference and `same` every 250 steps as nanoGPT does, the speedrun where its config
+says. The baseline (the "x baseline" column) is nanogpt when it ran, else the reference; its time
+is its time to the target, or, where its recipe ends just above it (nanoGPT's own code ends at
+1.8802 on some seeds), the time of its last validation: what it publishes. Reported per
+contender: the time to the first validation at or below the target, its final validation loss
+and wall time, and the validation loss it had reached by the baseline's time.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +57,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+PACKAGED_TEXT = REPO / "torchllm" / "data" / "assets" / "tinyshakespeare.txt"  # the config's
 
 # nanoGPT's CPU recipe (its README's command line over config/train_shakespeare_char.py).
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block=64, batch=12, steps=2000, lr=1e-3,
@@ -162,41 +177,107 @@ def same_recipe_args(text: Path, r: dict = RECIPE) -> list[str]:
     ]
 
 
-def val_curve(tb_folder: Path) -> list[tuple[float, int, float]]:
-    """(wall time, step, val loss) of every validation a run logged to TensorBoard."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+# A validation on the console: torchllm's `validation step N: loss X | ...` and nanoGPT's
+# `step N: train loss X, val loss Y`.
+TORCHLLM_VAL = re.compile(r"validation step (\d+): loss ([0-9.]+)")
+NANOGPT_VAL = re.compile(r"^step (\d+): train loss [0-9.]+, val loss ([0-9.]+)")
 
-    acc = EventAccumulator(str(tb_folder))
-    acc.Reload()
-    return [(e.wall_time, e.step, e.value) for e in acc.Scalars("val/loss")]
+
+def run_streaming(name: str, cmd: list[str], env: dict, cwd: Path, parse) -> dict:
+    """Run `cmd`, timing each validation line (parse(line) -> (step, loss) or None) from the
+    launch to the moment the line arrives; returns the wall time and [(seconds, step, loss)]."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    curve, tail = [], []
+    for line in proc.stdout:
+        found = parse(line)
+        if found is not None:
+            curve.append((time.time() - start, *found))
+        tail = (tail + [line])[-60:]
+    rc = proc.wait()
+    end = time.time()
+    if rc != 0:
+        raise SystemExit(f"{name}: {' '.join(cmd[:3])} ... exited {rc}:\n{''.join(tail)}")
+    return {"wall": end - start, "curve": curve}
+
+
+def torchllm_line(line: str):
+    m = TORCHLLM_VAL.search(line)
+    return (int(m.group(1)), float(m.group(2))) if m else None
+
+
+def nanogpt_line(line: str):
+    m = NANOGPT_VAL.match(line.strip())
+    return (int(m.group(1)), float(m.group(2))) if m else None
 
 
 def run_torchllm(name: str, args: list[str], config: Path | None, folder: Path) -> dict:
     env = dict(os.environ, NGPU="1")
     if config is not None:
         env["CONFIG_FILE"] = str(config)
-    run_name = f"{name}_{time.time_ns()}"
     cmd = [str(REPO / "run_train.sh"), f"--job.dump_folder={folder}",
-           f"--job.run_name={run_name}", *args]
-    start = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    end = time.time()
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: run_train.sh exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    curve = [(t - start, step, v) for t, step, v in val_curve(folder / "tb" / run_name)]
-    return {"wall": end - start, "curve": curve}
+           f"--job.run_name={name}_{time.time_ns()}", *args]
+    return run_streaming(name, cmd, env, REPO, torchllm_line)
 
 
 def run_reference(text: Path, seed: int, steps: int | None) -> dict:
-    start = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--reference-worker", "--text", str(text),
-                           "--seed", str(seed)] + (["--steps", str(steps)] if steps else []),
-                          capture_output=True, text=True)
-    end = time.time()
-    if proc.returncode != 0:
-        raise SystemExit(f"reference exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {"wall": end - start, "curve": [(r["time"] - start, r["step"], r["val"]) for r in rows]}
+    cmd = [sys.executable, __file__, "--reference-worker", "--text", str(text), "--seed",
+           str(seed)] + (["--steps", str(steps)] if steps else [])
+
+    def parse(line: str):
+        if not line.startswith("{"):
+            return None
+        row = json.loads(line)
+        return row["step"], row["val"]
+
+    return run_streaming("reference", cmd, dict(os.environ), REPO, parse)
+
+
+# --- nanoGPT's own code -------------------------------------------------------------------------
+
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py",
+                 "data/shakespeare_char/prepare.py")
+
+
+def nanogpt_missing(checkout: Path | None) -> str | None:
+    """Why the nanogpt contender cannot run (None when it can)."""
+    if checkout is None:
+        return "no --nanogpt DIR given (a checkout of github.com/karpathy/nanoGPT)"
+    missing = [f for f in NANOGPT_FILES if not (checkout / f).is_file()]
+    if missing:
+        return f"--nanogpt {checkout} lacks {', '.join(missing)}"
+    return None
+
+
+def prepare_nanogpt(checkout: Path, text: Path, work: Path) -> Path:
+    """A scratch copy of nanoGPT's files with `text` as its input.txt, prepared by its own
+    prepare.py (train.bin, val.bin, meta.pkl): the folder to run train.py in."""
+    for f in NANOGPT_FILES:
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(checkout / f, work / f)
+    data = work / "data" / "shakespeare_char"
+    shutil.copyfile(text, data / "input.txt")  # present: prepare.py does not download
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    return work
+
+
+def nanogpt_args(r: dict, out_dir: Path) -> list[str]:
+    """The README's CPU command line (for `r`'s steps), its checkpoints written to out_dir."""
+    return ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+            "--eval_iters=20", "--log_interval=1", f"--block_size={r['block']}",
+            f"--batch_size={r['batch']}", f"--n_layer={r['n_layer']}", f"--n_head={r['n_head']}",
+            f"--n_embd={r['n_embd']}", f"--max_iters={r['steps']}",
+            f"--lr_decay_iters={r['steps']}", "--dropout=0.0", f"--out_dir={out_dir}"] + (
+        [f"--eval_interval={r['eval_interval']}", f"--warmup_iters={r['warmup']}"]
+        if r["steps"] != RECIPE["steps"] else [])  # a shortened smoke run only
+
+
+def run_nanogpt(work: Path, r: dict, out_dir: Path) -> dict:
+    # Unbuffered: each line reaches the pipe when printed, as on a terminal.
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return run_streaming("nanogpt", [sys.executable, *nanogpt_args(r, out_dir)], env, work,
+                         nanogpt_line)
 
 
 def time_to(curve, target: float) -> float | None:
@@ -213,31 +294,39 @@ def val_at(curve, seconds: float | None) -> float | None:
 
 # --- the table ------------------------------------------------------------------------------------
 
-def reference_time(run: dict, target: float) -> float:
-    """The reference recipe's time: to the target, or (nanoGPT's recipe ending just above it,
-    as its own code does on some seeds: 1.8802) the whole recipe, which is what it publishes."""
+def baseline_time(run: dict, target: float) -> float:
+    """The baseline recipe's time: to the target, or (nanoGPT's recipe ending just above it,
+    as its own code does on some seeds: 1.8802) its last validation, which is what it
+    publishes."""
     reached = time_to(run["curve"], target)
-    return reached if reached is not None else run["wall"]
+    if reached is not None:
+        return reached
+    return run["curve"][-1][0] if run["curve"] else run["wall"]
 
 
-def summarize(results: dict[str, list[dict]], target: float) -> list[dict]:
-    ref_runs = results.get("reference", [])
-    ref_median = statistics.median([reference_time(r, target) for r in ref_runs]) \
-        if ref_runs else None
+def summarize(results: dict[str, list[dict]], target: float, baseline: str) -> list[dict]:
+    base_runs = results.get(baseline, [])
+    base_median = statistics.median([baseline_time(r, target) for r in base_runs]) \
+        if base_runs else None
     rows = []
     for name, runs in results.items():
         times = [time_to(r["curve"], target) for r in runs]
         reached = [t for t in times if t is not None]
-        median = statistics.median(reached) if len(reached) == len(runs) else None
-        if name == "reference":
-            median = ref_median
+        median = statistics.median(reached) if runs and len(reached) == len(runs) else None
+        if name == baseline:
+            median = base_median
         rows.append({
             "contender": name, "runs": len(runs), "time_to_target_s": times,
             "median_time_to_target_s": median,
-            "vs_reference": (median / ref_median) if median and ref_median else None,
-            "final_val": [r["curve"][-1][2] for r in runs],
+            "vs_baseline": (median / base_median) if median and base_median else None,
+            # each round's time over the baseline's in the same round (rounds alternate)
+            "vs_baseline_by_round": [
+                (t / baseline_time(b, target)) if t is not None else None
+                for t, b in zip([baseline_time(r, target) for r in runs]
+                                if name == baseline else times, base_runs)],
+            "final_val": [r["curve"][-1][2] if r["curve"] else None for r in runs],
             "wall_s": [r["wall"] for r in runs],
-            "val_at_reference_time": [val_at(r["curve"], ref_median) for r in runs],
+            "val_at_baseline_time": [val_at(r["curve"], base_median) for r in runs],
             "curves": [r["curve"] for r in runs],
         })
     return rows
@@ -247,20 +336,26 @@ def fmt(values, spec: str) -> str:
     return ", ".join("-" if v is None else format(v, spec) for v in values)
 
 
-def markdown(rows: list[dict], target: float, machine: str) -> str:
+def markdown(rows: list[dict], target: float, machine: str, baseline: str,
+             skipped: dict[str, str]) -> str:
     lines = [f"Time to validation loss {target} on tiny Shakespeare ({machine}); seconds from "
-             "launch, each contender a fresh process, rounds alternating.", "",
-             "The reference's time is its time to the target, or its whole recipe where it ends "
-             "above it (nanoGPT's published anchor is the end of its recipe).", "",
-             f"| contender | time to {target} (s) | median | x reference | final val | "
-             "wall (s) | val at reference's time |", "|---|---|---|---|---|---|---|"]
+             "the command's launch to its validation line, each contender a fresh process, "
+             "rounds alternating.", "",
+             f"Baseline: {baseline}. Its time is its time to the target, or its last validation "
+             "where its recipe ends above it (what nanoGPT publishes).", "",
+             f"| contender | time to {target} (s) | median | x {baseline} | x {baseline} by round "
+             "| final val | wall (s) | val at baseline's time |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = "-" if r["vs_reference"] is None else f"{r['vs_reference']:.2f}x"
+        ratio = "-" if r["vs_baseline"] is None else f"{r['vs_baseline']:.2f}x"
         median = "-" if r["median_time_to_target_s"] is None else \
             f"{r['median_time_to_target_s']:.1f}"
         lines.append(f"| {r['contender']} | {fmt(r['time_to_target_s'], '.1f')} | {median} | "
-                     f"{ratio} | {fmt(r['final_val'], '.4f')} | {fmt(r['wall_s'], '.1f')} | "
-                     f"{fmt(r['val_at_reference_time'], '.4f')} |")
+                     f"{ratio} | {fmt(r['vs_baseline_by_round'], '.2f')} | "
+                     f"{fmt(r['final_val'], '.4f')} | {fmt(r['wall_s'], '.1f')} | "
+                     f"{fmt(r['val_at_baseline_time'], '.4f')} |")
+    for name, why in skipped.items():
+        lines.append(f"| {name} | skipped: {why} | - | - | - | - | - | - |")
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=1.88)
     p.add_argument("--steps", type=int, default=None,
                    help="shorten every contender to N steps (a smoke test, not a measurement)")
-    p.add_argument("--contenders", default="reference,same,speedrun")
+    p.add_argument("--contenders", default="nanogpt,speedrun,reference,same")
+    p.add_argument("--nanogpt", type=Path, default=None,
+                   help="a checkout of github.com/karpathy/nanoGPT (the nanogpt contender)")
     p.add_argument("--json", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.json")
     p.add_argument("--md", type=Path, default=REPO / "benchmarks/results/time_to_loss_cpu.md")
     args = p.parse_args(argv)
@@ -283,41 +380,63 @@ def main(argv: list[str] | None = None) -> int:
     if not args.text.is_file():
         raise SystemExit(f"--text {args.text} does not exist (tiny Shakespeare: "
                          "../shared/data/tinyshakespeare.txt)")
+    contenders = args.contenders.split(",")
+    unknown = sorted(set(contenders) - {"nanogpt", "reference", "same", "speedrun"})
+    if unknown:
+        raise SystemExit(f"--contenders: unknown {', '.join(unknown)} (allowed: nanogpt, "
+                         "reference, same, speedrun)")
+    skipped = {}
+    if "nanogpt" in contenders and (why := nanogpt_missing(args.nanogpt)):
+        skipped["nanogpt"] = why
+        contenders.remove("nanogpt")
+        print(f"nanogpt skipped: {why}", flush=True)
+    baseline = "nanogpt" if "nanogpt" in contenders else "reference"
     from torchllm.precision import cpu_flags, cpuinfo
 
     flags = cpu_flags() or set()
     machine = (f"{cpuinfo('model name') or 'unknown CPU'}, {os.cpu_count()} cores, "
                f"{'native bf16' if flags & {'amx_bf16', 'avx512_bf16'} else 'no native bf16'}")
     speedrun = REPO / "train_configs" / "speedrun_shakespeare_cpu.toml"
-    contenders = args.contenders.split(",")
+    r = recipe(args.steps)
     results: dict[str, list[dict]] = {name: [] for name in contenders}
+    load = []  # the machine's 1-minute load average before each run (shared machines)
     with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if "nanogpt" in contenders:
+            (work / "nanogpt").mkdir()
+            prepare_nanogpt(args.nanogpt, args.text, work / "nanogpt")
         for rnd in range(args.rounds):
             for name in contenders:
                 seed = [f"--job.seed={args.seed + rnd}"]
-                if name == "reference":
+                load.append((rnd + 1, name, os.getloadavg()[0]))
+                if name == "nanogpt":
+                    out = run_nanogpt(work / "nanogpt", r, work / f"nanogpt_out_{rnd}")
+                elif name == "reference":
                     out = run_reference(args.text, args.seed + rnd, args.steps)
                 elif name == "same":
-                    out = run_torchllm(name, same_recipe_args(args.text, recipe(args.steps))
-                                       + seed, None, Path(tmp))
-                elif name == "speedrun":
+                    out = run_torchllm(name, same_recipe_args(args.text, r) + seed, None, work)
+                else:  # speedrun
                     short = ([f"--training.steps={args.steps}", f"--validation.freq={args.steps}",
                               f"--lr_scheduler.warmup_steps={args.steps // 2}"]
                              if args.steps else [])
-                    out = run_torchllm(name, [f"--data.dataset=local:{args.text}", *seed, *short],
-                                       speedrun, Path(tmp))
-                else:
-                    raise SystemExit(f"--contenders: unknown {name!r} (reference, same, speedrun)")
+                    # The config's own dataset (the packaged copy) when --text is that text.
+                    data = ([] if args.text.read_bytes() == PACKAGED_TEXT.read_bytes()
+                            else [f"--data.dataset=local:{args.text}"])
+                    out = run_torchllm(name, [*data, *seed, *short,
+                                              f"--validation.stop_at_loss={args.target}"],
+                                       speedrun, work)
                 results[name].append(out)
                 last = out["curve"][-1] if out["curve"] else (None, None, None)
                 print(f"round {rnd + 1} {name:9s} wall {out['wall']:6.1f}s  final val {last[2]}  "
                       f"time to {args.target}: {time_to(out['curve'], args.target)}", flush=True)
-    rows = summarize(results, args.target)
-    table = markdown(rows, args.target, str(machine))
+    rows = summarize(results, args.target, baseline)
+    table = markdown(rows, args.target, str(machine), baseline, skipped)
     print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": str(machine), "target": args.target,
-                                     "recipe": RECIPE, "rows": rows}, indent=1))
+    args.json.write_text(json.dumps({
+        "machine": str(machine), "target": args.target, "recipe": RECIPE, "baseline": baseline,
+        "skipped": skipped, "load_average_before_each_run": load,
+        "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
     args.md.write_text(table)
     return 0
 

@@ -1396,6 +1396,53 @@ MUTANTS = [
         ("tests/test_estimate_memory.py::"
          "test_estimate_within_5_percent_of_measured_on_debug[qwen3_qk_norm]",),
     ),
+    Mutant(
+        "stop_at_loss_ignored", "validation.stop_at_loss is read but never stops the run",
+        "torchllm/eval/in_training.py",
+        """            trainer.stops.target_loss(step, report.scalars["val/loss"],
+                                      self.cfg.validation.stop_at_loss)
+""",
+        "",
+        ("tests/test_stop_at_loss.py::test_run_train_sh_stops_at_the_target_with_a_final_checkpoint_and_report",),
+    ),
+    Mutant(
+        "muon_ns_always_bf16", "Muon orthogonalizes in bf16 on CPUs without native bf16 (~20x slower)",
+        "torchllm/optim/muon.py",
+        "             ns_dtype=fast_ns_dtype(device)),",
+        "             ns_dtype=torch.bfloat16),",
+        ("tests/test_muon_ns_dtype.py::test_trainer_runs_newton_schulz_in_float32_on_a_cpu_without_native_bf16",),
+    ),
+    Mutant(
+        "muon_ns_dtype_ignored", "the Newton-Schulz iteration runs in bf16 whatever ns_dtype says",
+        "torchllm/optim/muon_ns.py",
+        "    x = grad.to(dtype)\n",
+        "    x = grad.to(torch.bfloat16)\n",
+        ("tests/test_muon_ns_dtype.py::test_muon_matches_torch_in_bf16_and_float32_within_bf16_rounding",),
+    ),
+    Mutant(
+        "estimate_ignores_compile", "the estimate counts eager autocast's activations for compiled blocks",
+        "torchllm/tools/estimate_memory.py",
+        '    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"',
+        '    compiled = False',
+        ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
+         "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
+    ),
+    Mutant(
+        "estimate_ignores_float8", "the estimate counts bf16 matmul inputs and weight copies under float8",
+        "torchllm/tools/estimate_memory.py",
+        '    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"',
+        '    float8 = False',
+        ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
+         "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
+    ),
+    Mutant(
+        "worker_error_not_recorded", "a worker's exception never reaches torchrun's error file "
+        "(TORCHELASTIC_ERROR_FILE): @record dropped from the worker's build-and-train",
+        "torchllm/run/process.py",
+        "@record\ndef _build_and_train(",
+        "def _build_and_train(",
+        ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
+    ),
 ]
 
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from torchllm.checkpoint import mirror
-from torchllm.storage import join, storage_for
 from torchllm.config import load_config
+from torchllm.storage import join, storage_for
 from torchllm.train import Trainer
 
 upload = mirror.Mirror.upload

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from torchllm.bench.__main__ import failure_reason, parse_args
-from torchllm.bench.report import markdown_table, percentile, render_markdown, summarize
-from torchllm.bench.variants import Variant, build_matrix, parse_list
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts and benchlib, as they import
+from bench_parallel import parse_args  # noqa: E402
+from benchlib.report import (failure_reason, markdown_table, percentile,  # noqa: E402
+                             render_markdown, summarize)
+from benchlib.variants import Variant, build_matrix, parse_list  # noqa: E402
 
 
 def test_matrix_is_the_product_of_the_lists_with_readable_names():
@@ -102,7 +105,8 @@ def test_two_rank_matrix_end_to_end(tmp_path):
     (needs a GPU) are rows with their reasons; the same data and seed give ddp and fsdp2 the
     same loss; the memory estimate is within 20% of the measured peak for each."""
     out = tmp_path / "res.json"
-    cmd = [sys.executable, "-m", "torchllm.bench", "--config", "train_configs/debug_model.toml",
+    cmd = [sys.executable, "benchmarks/bench_parallel.py", "--config",
+           "train_configs/debug_model.toml",
            "--matrix", "ddp,fsdp2,hsdp,pp", "--float8", "off,tensorwise", "--steps", "2",
            "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
            "--training.seq_len=32", "--training.local_batch_size=2",

@@ -185,14 +185,15 @@ def test_sampling_with_fullgraph_compiled_blocks_runs_eagerly(family):
 
 def test_generate_computes_on_the_given_device_not_the_first_parameters():
     """fsdp_cpu_offload keeps parameters on CPU while the model computes on the GPU. Stand-in on
-    CPU: a wrapper whose first parameter lives on the meta device."""
+    CPU: the model's class (FSDP2 subclasses it too) whose first parameter lives on the meta
+    device."""
     from torchllm.eval.generation import generate
 
     inner = _tiny("llama3")
 
-    class Offloaded(torch.nn.Module):
+    class Offloaded(type(inner)):
         def __init__(self):
-            super().__init__()
+            torch.nn.Module.__init__(self)
             self.offloaded = torch.nn.Parameter(torch.empty(1, device="meta"))
             self.inner, self.args = inner, inner.args
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 
-from conftest import tiny_config
-from torchllm import models
-from torchllm.bench.tensor_memory import PeakTensorMemory
-from torchllm.bench.worker import StepRecorder
-from torchllm.config import load_config
-from torchllm.tools import estimate_memory as em
-from torchllm.tools.model_info import model_info
-from torchllm.train import Trainer
+from conftest import REPO, tiny_config
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchlib: the benchmarks' measurements
+from benchlib.tensor_memory import PeakTensorMemory  # noqa: E402
+from benchlib.worker import StepRecorder  # noqa: E402
+from torchllm import models  # noqa: E402
+from torchllm.config import load_config  # noqa: E402
+from torchllm.tools import estimate_memory as em  # noqa: E402
+from torchllm.tools.model_info import model_info  # noqa: E402
+from torchllm.train import Trainer  # noqa: E402
 
 MB = 1_000_000
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_args, tiny_config
+from conftest import REPO, tiny_args, tiny_config
 from gpu_harness import (check_steps, cuda_gaps, ddp_model, float8_config, one_rank_group,
                          prepare_compile, prepare_float8, prepare_fsdp, restored_process_state,
                          saved_checkpoint_keys)
@@ -168,7 +169,8 @@ def test_async_with_pinned_mem_checkpoint_equals_sync(tmp_path):
 def test_cuda_memory_stats_nonzero_and_within_the_estimate(tmp_path):
     """The trainer's CUDA peak (max_memory_allocated, read every step before the logger
     resets it) is > 0 and at most the estimator's peak + 20%."""
-    from torchllm.bench.worker import StepRecorder
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from benchlib.worker import StepRecorder
     from torchllm.metrics.memory import memory_stats
     from torchllm.tools.estimate_memory import estimate_memory
     from torchllm.train import Trainer

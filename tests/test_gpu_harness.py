@@ -201,10 +201,12 @@ def test_bench_gpu_peer_is_torchllms_model_shape(config):
     from torchllm.models.llama.model import Transformer
     from torchllm.tools.model_info import tokenizer_vocab_hint
 
-    bench_gpu = bench_gpu_module()
+    bench_gpu_module()  # benchmarks/ on sys.path: bench_gpu.py's peer lives in benchlib
+    from benchlib.gpu_peer import peer_model
+
     cfg = load_config(["--job.config_file", str(REPO / f"train_configs/{config}.toml"),
                        "--training.device=cpu", "--data.tokenizer_vocab_size=512"])
-    peer, vocab = bench_gpu.peer_model(cfg, torch.device("meta"))
+    peer, vocab = peer_model(cfg, torch.device("meta"))
     with torch.device("meta"):
         ours = Transformer(models.model_args(cfg, tokenizer_vocab_hint(cfg)))
     assert vocab == ours.args.vocab_size

@@ -216,6 +216,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torchllm.hf.folder import write_hf_weights
 from torchllm.hf.load import convert_from_hf, load_hf_weights
+from torchllm.models.llama.args import LlamaArgs
+from torchllm.models.llama.model import Transformer
+from torchllm.models.llama.hf import LlamaAdapter
 
 dist.init_process_group("gloo")
 hf_dir = Path(sys.argv[1])

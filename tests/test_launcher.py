@@ -16,8 +16,9 @@ from conftest import REPO, tiny_args
 pytestmark = pytest.mark.slow
 
 
-def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None):
-    env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": log_rank, "PYTHONPATH": str(REPO)}
+def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None, env=None):
+    env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": log_rank, "PYTHONPATH": str(REPO),
+           **(env or {})}
     cmd = ["./run_train.sh", *tiny_args(tmp_path, "--training.local_batch_size=2",
                                         "--metrics.progress_bar=false"), *extra]
     if wait:
@@ -41,14 +42,22 @@ def test_an_error_on_rank_1_is_printed_once_on_rank_0s_console(tmp_path):
     (tmp_path / "tb" / "r").mkdir(parents=True)
     (tmp_path / "tb" / "r" / "rank_1").write_text("")
     proc = launch(tmp_path, "--job.run_name=r", "--metrics.rank_0_only=false", ngpu=2,
-                  log_rank="0")
+                  log_rank="0", env={"LOG_DIR": str(tmp_path / "logs")})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert out.count("File exists") == 1, out
-    assert f"run_train: rank 1 failed: FileExistsError: [Errno 17] File exists: " \
-           f"'{tmp_path / 'tb' / 'r' / 'rank_1'}'" in out
+    message = f"FileExistsError: [Errno 17] File exists: '{tmp_path / 'tb' / 'r' / 'rank_1'}'"
+    assert f"run_train: rank 1 failed: {message}" in out
     assert "run_train:   at torchllm/metrics/writers.py:" in out
     assert "Traceback" not in out and "ChildFailedError" not in out
+    # torchrun's error file for rank 1 (TORCHELASTIC_ERROR_FILE, kept by LOG_DIR) holds the
+    # worker's exception and traceback (@record), and the console line names it.
+    (error_file,) = (tmp_path / "logs").glob("*/attempt_0/1/error.json")
+    assert f"(traceback: {error_file})" in out
+    error = json.loads(error_file.read_text())["message"]
+    assert error["message"] == message
+    assert "Traceback" in error["extraInfo"]["py_callstack"]
+    assert "torchllm/metrics/writers.py" in error["extraInfo"]["py_callstack"]
 
 
 def test_sigterm_reaches_every_worker_which_save_and_exit_0(tmp_path):

@@ -213,13 +213,17 @@ def test_progress_bar_on_a_terminal_and_plain_otherwise():
 
     term, pipe = Terminal(), io.StringIO()
     for stream in (term, pipe):
-        progress = Progress(10, live=True, stream=stream)
+        # min_interval=0: tqdm redraws at each step regardless of its 10 Hz limit
+        progress = Progress(10, live=True, stream=stream, min_interval=0)
         for step in (1, 2, 3):
             progress.update(step)
-            progress.drawn_at = 0.0  # redraw at each step regardless of the 10 Hz limit
         assert progress.eta_s() is not None and progress.eta_s() >= 0
+        progress.close()
     assert pipe.getvalue() == ""
-    assert "3/10 30% ETA" in term.getvalue() and "\r\033[K" in term.getvalue()
+    drawn = term.getvalue()
+    assert "\r[#########.....................] 3/10 30% ETA 00:00" in drawn, repr(drawn)
+    assert "\r[###" in drawn and "1/10 10% ETA ?" in drawn  # no ETA before a step was timed
+    assert drawn.endswith(" " * 40 + "\r"), repr(drawn)  # closed: the row is cleared
     off = Terminal()
     Progress(10, live=False, stream=off).update(1)
     assert off.getvalue() == ""

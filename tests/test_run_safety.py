@@ -163,8 +163,12 @@ def test_failure_report_names_the_root_cause_once():
     lines, code = failure_report(statuses, {3: "signal SIGTERM"})
     assert code == 1
     assert lines[0] == "ranks 1, 2 failed: FileExistsError: [Errno 17] File exists: 'a'"
-    assert lines[1].startswith("  at torchllm/m.py:3 in g")
+    assert lines[1] == ("  at torchllm/m.py:3 in g (traceback: LOG_RANK=1 shows that rank's "
+                        "console)")
     assert lines[2] == "  then ranks 0, 3 stopped because of it"
+    # torchrun's error file (@record's traceback) kept (LOG_DIR): the line names it.
+    kept, _ = failure_report(statuses, {3: "signal SIGTERM"}, {1: "/logs/1/error.json"})
+    assert kept[1] == "  at torchllm/m.py:3 in g (traceback: /logs/1/error.json)"
     config = [{"rank": 0, "code": 2, "time": 1.0, "error": summary(ConfigError("bad x")),
                "where": "torchllm/c.py:1 in f"}]
     assert failure_report(config, {}) == (["rank 0 failed: config error: bad x"], 2)
@@ -212,6 +216,7 @@ FREE_FORM = {
     "data.chat_column", "eval.tasks_data_dir",
     "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream
     "parallelism.pipeline_parallel_split_points",  # block names: checked by check_pipeline
+    "job.custom_import",  # a module name: imported (and named if it cannot be) when the config loads
 }
 
 

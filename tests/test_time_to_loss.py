@@ -1,10 +1,13 @@
 """benchmarks/bench_time_to_loss.py: torchllm's "same recipe" contender is nanoGPT's recipe as
 the reference loop runs it (same model size, schedule within one step's offset, optimizer, split),
-and the benchmark runs end to end (three contenders, table and JSON) on a shortened recipe."""
+the benchmark runs end to end (three contenders, table and JSON) on a shortened recipe, the
+nanogpt contender is skipped with its reason without --nanogpt, and with a checkout it runs
+train.py with the README's command line on data its own prepare.py wrote, timed to its lines."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -67,10 +70,81 @@ def test_the_benchmark_runs_its_three_contenders_and_writes_the_table(tmp_path):
     result = json.loads(out_json.read_text())
     rows = {row["contender"]: row for row in result["rows"]}
     assert set(rows) == {"reference", "same", "speedrun"}
+    assert result["skipped"] == {"nanogpt": "no --nanogpt DIR given (a checkout of "
+                                 "github.com/karpathy/nanoGPT)"}
+    assert "| nanogpt | skipped: no --nanogpt DIR given" in out_md.read_text()
     for name, row in rows.items():
         (curve,) = row["curves"]
         assert curve and curve[-1][1] == 4, (name, curve)  # validated at the (shortened) end
         assert 0 < row["time_to_target_s"][0] <= row["wall_s"][0]
         assert 1.0 < row["final_val"][0] < 6.0  # a loss in nats over ~65-258 symbols
-    assert rows["reference"]["vs_reference"] == pytest.approx(1.0)
+    assert result["baseline"] == "reference"
+    assert rows["reference"]["vs_baseline"] == pytest.approx(1.0)
     assert "| speedrun |" in out_md.read_text() and "| speedrun |" in proc.stdout
+
+
+# A stand-in for nanoGPT's files: prepare.py must find input.txt (else it would download) and
+# writes what train.py reads; train.py records its command line and prints nanoGPT's lines.
+FAKE_PREPARE = """
+import os
+here = os.path.dirname(__file__)
+text = open(os.path.join(here, 'input.txt')).read()
+open(os.path.join(here, 'train.bin'), 'w').write(str(len(text)))
+"""
+FAKE_TRAIN = """
+import os, sys, time
+n = open(os.path.join('data', 'shakespeare_char', 'train.bin')).read()
+open(os.environ['FAKE_ARGV'], 'w').write(' '.join(sys.argv[1:]) + ' ' + n)
+print('tokens per iteration will be: 768')
+for step, val in ((0, 4.1649), (2, 2.5), (4, 1.87)):
+    time.sleep(0.2)
+    print(f'step {step}: train loss {val + 0.01:.4f}, val loss {val:.4f}')
+    print(f'iter {step}: loss {val:.4f}, time 50.00ms, mfu 0.00%')
+"""
+
+
+def test_nanogpt_contender_runs_its_train_py_on_its_prepared_data(tmp_path):
+    checkout = tmp_path / "nanoGPT"
+    bench = benchmark_script("bench_time_to_loss")
+    for f in bench.NANOGPT_FILES:
+        (checkout / f).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / f).write_text("")
+    assert bench.nanogpt_missing(checkout) is None
+    (checkout / "data/shakespeare_char/prepare.py").write_text(FAKE_PREPARE)
+    (checkout / "train.py").write_text(FAKE_TRAIN)
+    text = tmp_path / "text.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n")
+    out_json, argv = tmp_path / "t.json", tmp_path / "argv.txt"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_time_to_loss.py"), "--contenders",
+         "nanogpt", "--rounds", "1", "--text", str(text), "--nanogpt", str(checkout),
+         "--json", str(out_json), "--md", str(tmp_path / "t.md")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FAKE_ARGV": str(argv)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded = argv.read_text()
+    assert recorded.startswith(
+        "config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 "
+        "--log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 "
+        "--max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 --out_dir="), recorded
+    assert recorded.endswith(f" {len(text.read_text())}")  # prepare.py read our text
+    assert not (checkout / "data/shakespeare_char/input.txt").exists()  # the checkout untouched
+    (row,) = json.loads(out_json.read_text())["rows"]
+    assert [(step, loss) for _, step, loss in row["curves"][0]] == [(0, 4.1649), (2, 2.5),
+                                                                    (4, 1.87)]
+    times = [t for t, _, _ in row["curves"][0]]
+    assert 0 < times[0] < times[1] < times[2] <= row["wall_s"][0]
+    assert times[2] - times[0] >= 0.35  # timed as each line arrived, not at the end
+    assert row["time_to_target_s"] == [times[2]] and row["vs_baseline"] == pytest.approx(1.0)
+    assert row["vs_baseline_by_round"] == [pytest.approx(1.0)]
+
+
+def test_nanogpt_missing_says_why(tmp_path):
+    bench = benchmark_script("bench_time_to_loss")
+    assert "no --nanogpt DIR given" in bench.nanogpt_missing(None)
+    assert bench.nanogpt_missing(tmp_path) == (
+        f"--nanogpt {tmp_path} lacks {', '.join(bench.NANOGPT_FILES)}")
+    assert bench.nanogpt_line("step 250: train loss 1.9637, val loss 2.0700\n") == (250, 2.07)
+    assert bench.nanogpt_line("iter 250: loss 1.9637, time 50.00ms, mfu 0.00%") is None
+    assert bench.torchllm_line("[rank0]:20:14:53 validation step 600: loss 1.8755 | perplexity "
+                               "6.52 | 110,000 tokens | 3.1s") == (600, 1.8755)

@@ -352,8 +352,11 @@ class Trainer:
                 self.metrics.log_eval(self.step, report.scalars, report.texts)
 
                 self.checkpointer.poll()
-                last = self.step == tcfg.steps
-                reason = None if last else self.stops.reason(len(losses), slowest_step)
+                # The validation target reached ends the run as its last step would.
+                reached = self.stops.target_reached
+                last = self.step == tcfg.steps or reached is not None
+                reason = reached or (None if last else self.stops.reason(len(losses),
+                                                                         slowest_step))
                 if reason or self.checkpointer.should_save(self.step, last=last):
                     self.checkpointer.save(self.step, last=last,
                                            unhealthy=self.guard.unhealthy())

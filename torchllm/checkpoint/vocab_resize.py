@@ -15,7 +15,6 @@ another vocabulary) stays an error that names both tokenizers.
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from pathlib import Path
 
@@ -26,23 +25,6 @@ from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
 
 VOCAB_KEYS = ("tok_embeddings.weight", "output.weight")
-
-
-def tokenizer_record(tokenizer, new: bool = False) -> dict:
-    """What the checkpoint marker records of the run's tokenizer: its name, its ids, and its base
-    vocabulary (the tokenizer before the added chat tokens) with the base file's SHA-256; `new`
-    (recorded only when true): a stage that trained its own (data.tokenizer = 'train') instead
-    of taking checkpoint.initial_load_path's."""
-    base = getattr(tokenizer, "base", tokenizer)
-    path = getattr(base, "path", None)
-    digest = None
-    if path is not None and Path(path).is_file():
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    name = getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)
-    return {"name": name,  # what load_tokenizer (and data.tokenizer = from_initial_load) reads
-            "vocab_size": int(tokenizer.vocab_size), "base_vocab_size": int(base.vocab_size),
-            "base_sha256": digest, "chat_tokens": base is not tokenizer,
-            **({"new": True} if new else {})}
 
 
 def _describe(record: dict | None, path: Path, rows: int) -> str:

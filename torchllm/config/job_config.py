@@ -189,6 +189,12 @@ class JobConfig:
                 "to the previous stage's run folder, or name the tokenizer in data.tokenizer",
                 "data.tokenizer",
             )
+        if self.validation.stop_at_loss and not self.validation.enable:
+            raise ConfigError(
+                f"validation.stop_at_loss = {self.validation.stop_at_loss} stops at a validation "
+                "loss, and validation.enable is false; set validation.enable = true (or "
+                "validation.stop_at_loss = 0)", "validation.stop_at_loss",
+            )
         if self.checkpoint.initial_load_in_hf and not self.checkpoint.initial_load_path:
             raise ConfigError(
                 "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (a "

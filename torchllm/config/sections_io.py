@@ -194,6 +194,10 @@ class Validation:
     split: str = opt(
         "", "Hugging Face split to validate on (e.g. validation); empty = held out from training"
     )
+    stop_at_loss: float = opt(
+        0.0, "Stop the run (final save and report, as at its last step) after the first "
+        "validation at or below this loss; 0 = off (needs validation.enable)", NON_NEGATIVE,
+    )
 
 
 @dataclass

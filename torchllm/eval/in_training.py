@@ -144,6 +144,8 @@ class Evaluator(Callback):
             self.last_val = (step, report.scalars["val/loss"])  # the end-of-run block shows it
             trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss,
                                                     report.scalars["val/loss"])
+            trainer.stops.target_loss(step, report.scalars["val/loss"],
+                                      self.cfg.validation.stop_at_loss)
         return report
 
     def __init__(

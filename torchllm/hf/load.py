@@ -65,8 +65,9 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     (else the config's named tokenizer) and the config.toml naming it, as training writes them,
     so generate reads the seed like a run's step and a stage from it takes its tokenizer
     (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
-    from torchllm.checkpoint.tokenizer_identity import FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer
-    from torchllm.checkpoint.vocab_resize import tokenizer_record
+    from torchllm.checkpoint.tokenizer_identity import (
+        FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer, tokenizer_record,
+    )
     from torchllm.config import to_toml
     from torchllm.data import build_tokenizer
 

@@ -1,4 +1,5 @@
-"""Muon (torch.optim.Muon) for the blocks' 2-D weights, AdamW for the rest."""
+"""Muon (torch.optim.Muon; its Newton-Schulz in float32 on CPUs without native bf16, see
+muon_ns.py) for the blocks' 2-D weights, AdamW for the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.distributed.tensor import DTensor
 from torchllm.config.job_config import ConfigError
 from torchllm.optim.adamw import adamw
 from torchllm.optim.container import OptimizerList
+from torchllm.optim.muon_ns import Muon, fast_ns_dtype
 from torchllm.optim.spec import OptimizerSpec
 
 
@@ -42,8 +44,10 @@ def muon(model: nn.Module, ocfg, device: torch.device) -> OptimizerList:
                           "2-D weights under 'layers.' for Muon")
     return OptimizerList([
         adamw(model, ocfg, device, rest),
-        torch.optim.Muon(hidden, lr=ocfg.muon_lr, weight_decay=ocfg.weight_decay,
-                         momentum=ocfg.muon_momentum, adjust_lr_fn=ocfg.muon_adjust_lr),
+        # Newton-Schulz in bf16 only where bf16 matmuls are native (torchllm/optim/muon_ns.py).
+        Muon(hidden, lr=ocfg.muon_lr, weight_decay=ocfg.weight_decay,
+             momentum=ocfg.muon_momentum, adjust_lr_fn=ocfg.muon_adjust_lr,
+             ns_dtype=fast_ns_dtype(device)),
     ])
 
 

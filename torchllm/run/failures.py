@@ -1,5 +1,13 @@
 """How a worker's end reaches the launcher: one small status file per rank.
 
+Which part is whose: torchelastic's `@record` (on the worker's build-and-train, in
+`torchllm.run.process`) writes torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE: the
+exception, its full traceback, a timestamp in seconds) and turns on faulthandler; torchrun reads
+it into `ChildFailedError`. This module keeps what @record does not do: the exit code per kind
+of stop, the status file of every rank (clean exits too, for a SIGTERM stop; the time to the
+microsecond, to order the ranks' errors; whether an error is an echo of another rank's), and the
+launcher's one-line report.
+
 `python -m torchllm.run` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
 workers. Each worker's `main()` writes `rank<R>.json` there as it ends: its exit code and, for a
 failure, a one-line summary of the exception, the innermost source line and the time. The
@@ -121,11 +129,14 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
-def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[list[str], int]:
+def failure_report(statuses: list[dict], failed_ranks: dict[int, str],
+                   error_files: dict[int, str] | None = None) -> tuple[list[str], int]:
     """(lines to print, exit code) for a failed launch.
 
     `failed_ranks`: rank -> how torchrun saw it end (e.g. 'exit code 1', 'signal SIGTERM'),
     for the ranks that left no status file (killed, or crashed in the interpreter).
+    `error_files`: rank -> torchrun's error file (@record's traceback) where it is kept
+    (torchrun's --log-dir, run_train.sh's LOG_DIR); else the line points at LOG_RANK.
     """
     # The root cause: the first error that is not a rank losing its peers.
     errors = sorted((s for s in statuses if s.get("code", 0) != 0 and s.get("error")),
@@ -152,8 +163,10 @@ def failure_report(statuses: list[dict], failed_ranks: dict[int, str]) -> tuple[
     same = [s["rank"] for s in errors if s["error"] == first["error"]]
     lines.append(f"{_ranks(same)} failed: {first['error']}")
     if first.get("where") and not first["error"].startswith("config error:"):
-        lines.append(f"  at {first['where']} (traceback: LOG_RANK={first['rank']} shows that "
-                     "rank's console)")
+        kept = (error_files or {}).get(first["rank"])
+        lines.append(f"  at {first['where']} (traceback: "
+                     + (kept if kept else f"LOG_RANK={first['rank']} shows that rank's console")
+                     + ")")
     echoes = [s["rank"] for s in errors if s["error"] != first["error"]]
     echoes += silent
     if echoes:

@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     status_dir = tempfile.mkdtemp(prefix="torchllm-status-")
     os.environ[STATUS_DIR_ENV] = status_dir
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process
+    kept_logs = args.log_dir is not None  # --log-dir (run_train.sh's LOG_DIR): the user's
     if args.log_dir is None:  # torchrun's tee files: here, removed below (not /tmp/torchelastic_*)
         args.log_dir = os.path.join(status_dir, "torchrun")
     bar, streams = None, (sys.stdout, sys.stderr)
@@ -225,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ChildFailedError as e:
         failed = {rank: _how(f) for rank, f in e.failures.items()}
-        lines, code = failure_report(read_statuses(status_dir), failed)
+        error_files = {rank: f.error_file for rank, f in e.failures.items()
+                       if kept_logs and os.path.isfile(f.error_file)}
+        lines, code = failure_report(read_statuses(status_dir), failed, error_files)
         print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr, flush=True)
         return code
     except SignalException as e:

@@ -1,11 +1,14 @@
 """What a training process does around its Trainer: logging, --help, dying with torchrun, the
-exit code and the status file torchllm.run.launch reads. (The Trainer class is passed in: this
+exit code and the status file torchllm.run.launch reads (torchrun's own per-rank error file,
+with the traceback, is torchelastic's @record). (The Trainer class is passed in: this
 module sits below torchllm.train and never imports it.)"""
 
 from __future__ import annotations
 
 import os
 import signal
+
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from torchllm.config import ConfigError, help_text, load_config
 from torchllm.run.failures import LAUNCHER_PID_ENV, exit_code, log_failure, write_status
@@ -32,6 +35,15 @@ def _release_locks_and_die(signum, frame) -> None:
     os.kill(os.getpid(), signum)
 
 
+@record
+def _build_and_train(trainer_cls, argv: list[str], built: list) -> None:
+    """torchelastic's @record: an exception leaving here is written, with its traceback and a
+    timestamp, to this rank's error file (torchrun's TORCHELASTIC_ERROR_FILE; nothing outside
+    torchrun) before main() turns it into a log line, a status file and an exit code."""
+    built.append(trainer_cls(load_config(argv)))
+    built[0].train()
+
+
 def main(trainer_cls, argv: list[str]) -> int:
     """Train; returns the exit code (torchllm.run.failures.exit_code: 0 done or stopped and saved,
     2 config error, 3 stopped by the loss guard, 130 interrupted, 1 any other error)."""
@@ -42,15 +54,14 @@ def main(trainer_cls, argv: list[str]) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: die with it
         launcher = os.environ.get(LAUNCHER_PID_ENV)
         set_parent_death_signal(int(launcher) if launcher else None)
-    trainer, error = None, None
+    built, error = [], None  # the Trainer, once built
     # Training replaces this handler with its own (stop after the step, save, exit 0).
     previous = signal.signal(signal.SIGTERM, _release_locks_and_die)
     try:
-        trainer = trainer_cls(load_config(argv))
-        trainer.train()
+        _build_and_train(trainer_cls, argv, built)
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - logged, then an exit code
         error = e
-        log_failure(e, trainer.step if trainer else 0)
+        log_failure(e, built[0].step if built else 0)
     finally:
         code = exit_code(error)
         # For torchllm.run.launch, which prints the first error once; written before leaving the

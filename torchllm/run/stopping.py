@@ -1,7 +1,10 @@
-"""Why a launch stops before training.steps: a signal, a step budget or a time limit.
+"""Why a launch stops before training.steps: a signal, a step budget, a time limit, or the
+validation loss reaching validation.stop_at_loss.
 
 Preemption (SIGTERM from SLURM/Kubernetes) and Ctrl-C finish the current step, save and exit 0;
-`training.stop_after_steps` and `training.time_limit_minutes` do the same. Ranks see signals
+`training.stop_after_steps` and `training.time_limit_minutes` do the same. A validation loss at
+or below `validation.stop_at_loss` ends the run as its last step would (the final save with its
+export options, the report). Ranks see signals
 and clocks at slightly different moments, so they agree (any rank stopping stops all): every
 rank saves the same step and none waits forever in a collective.
 """
@@ -22,6 +25,14 @@ class StopConditions:
         self.tcfg, self.device, self.start_time = tcfg, device, start_time
         self.stop_signal: int | None = None
         self.stop_signal_time = 0.0
+        self.target_reached: str | None = None  # why the run is done early (target_loss)
+
+    def target_loss(self, step: int, loss: float, target: float) -> None:
+        """A validation at `step` measured `loss` (the same on every rank: reduced over them);
+        at or below `target` (validation.stop_at_loss, 0 = off) the run is done after this step."""
+        if target and loss <= target and self.target_reached is None:
+            self.target_reached = (f"validation.stop_at_loss = {target} reached (validation loss "
+                                   f"{loss:.4f} at step {step})")
 
     def on_signal(self, signum, frame) -> None:
         """SIGTERM or Ctrl-C: stop after this step. A second Ctrl-C (later than 1 s) stops now."""

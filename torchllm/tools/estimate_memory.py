@@ -17,10 +17,16 @@ Terms (bytes per rank):
   autocast_weights   under bf16 autocast (not FSDP2): the bf16 copies of the matmul weights
                      that forward saves for backward
   activations        what autograd keeps from forward to backward, per block by AC mode
+                     (compiled blocks and float8 linears keep less: compiled_block_bytes)
   recompute          with AC: one block's activations, rebuilt during its backward
   logits             what the output head and loss keep for backward, by loss path
                      (loss_bytes: the bf16 logits for the fused loss, the float32 log-softmax
-                     in fp32, nothing with chunked_loss)
+                     in fp32, nothing with chunked_loss; the logits when the loss is compiled)
+
+The estimate is of allocated tensor bytes (CUDA: `max_memory_allocated`), not of what the
+caching allocator reserves (`max_memory_reserved`, larger by its fragmentation). On the first
+H200 run (Llama 3.2 1B shape, seq 2048, bf16 + compile, AC none, local batch 4/8/16, with and
+without float8 tensorwise) measured / estimate is 1.004-1.006.
 
 Phases: `forward` ends with every activation and the logits alive; `loss backward` adds the
 logits' gradients; `optimizer` holds params, grads and moments; under FSDP2 or AC,
@@ -61,7 +67,8 @@ FP32 = 4
 
 
 def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, option: str,
-                              autocast: bool = False) -> int:
+                              autocast: bool = False, compiled: bool = False,
+                              float8: bool = False) -> int:
     """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens, of the
     family whose ModelSpec is `spec` (its declared QK-norm and experts) with these args.
 
@@ -80,7 +87,9 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     counted for perfectly balanced experts (the CPU path pads every expert to the busiest one's
     load, which adds the imbalance on top).
     `act` is the activation element size (2 under bf16, 4 in fp32); `autocast`: bf16 by
-    autocast over float32 weights (not FSDP2's bf16 parameters), see the end.
+    autocast over float32 weights (not FSDP2's bf16 parameters), see the end; `compiled`: the
+    block compiled (compile.enable, AC none), `float8`: its linears in float8 (tensorwise), see
+    compiled_block_bytes.
     With AC, a checkpointed region keeps only its input (and, for "op", the matmul and
     attention outputs).
     """
@@ -104,13 +113,40 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
     if mode == "selective" and option == "attention":
         return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
-    if autocast and not qk_norm and not n_experts:
+    dense = not qk_norm and not n_experts
+    if autocast and compiled and dense:
+        return compiled_block_bytes(args, tokens, act, float8)
+    if autocast and dense:
         # Under autocast the residual stream and the norms stay float32 (block input, residual,
         # x*rstd, the norms' outputs: 5 x dim) and each matmul keeps its own bf16 copy of its
         # input (the normed inputs, the attention output) beside q, k, v (GQA: not repeated)
         # and the FFN's 4 x hidden (measured with saved-tensor hooks, debug Llama on CPU).
         return tokens * (5 * dim * FP32 + (7 * dim + 2 * kv_dim + 4 * hidden) * act) + stats
     return tokens * (attention + ffn) * act + stats
+
+
+def compiled_block_bytes(args, tokens: int, act: int, float8: bool = False) -> int:
+    """What a compiled dense Llama block keeps for backward under bf16 autocast, no AC.
+
+    Inductor's partitioner saves the smallest set of tensors backward can rebuild the rest from,
+    recomputing cheap elementwise work (norms, casts, SiLU, the float32 residual adds): listed
+    with saved-tensor hooks on a compiled block (CPU, dim 256, 4 heads, 1 KV head, SwiGLU 1024:
+    10,008 bytes per token, exactly this count), per token:
+      float32: the block input (the attention norm's backward) and both norms' rstd
+      act: q (after RoPE), k, v, SDPA's output and its logsumexp (float32 per head), as SDPA
+        saves them; the w1 and w3 outputs (SiLU's and the product's backward)
+      each matmul's input for its weight gradient: the two normed inputs, the attention
+        output as wo reads it (a re-laid-out copy), SiLU(w1 x) * w3 x: 3 x dim + hidden in act
+    Under float8 (tensorwise; listed the same way with torchao's Float8Linear, 6,936 bytes per
+    token) no matmul input is kept, in float8 or otherwise: backward casts them again from the
+    tensors above, and one dim-wide act tensor remains instead (2 x dim + hidden less: on the
+    Llama 3.2 1B shape 24,576 bytes per token and block, the H200's measured difference).
+    Eager autocast keeps more: the float32 residual h and the norms' float32 outputs, and a
+    bf16 copy of each matmul input beside its float32 source (activation_bytes_per_block)."""
+    dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
+    matmul_inputs = dim if float8 else 3 * dim + hidden
+    return tokens * (dim * FP32 + (2 * dim + 2 * kv_dim + 2 * hidden + matmul_inputs) * act
+                     + FP32 * (2 + args.n_heads))
 
 
 def lora_activation_bytes(model, cfg, tokens: int, act: int) -> int:
@@ -130,7 +166,8 @@ def moe_params(model) -> dict[str, int]:
             for name, block in model.layers.items()}
 
 
-def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tuple[int, int, int]:
+def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
+               compiled: bool = False) -> tuple[int, int, int]:
     """(kept for backward, extra at the end of the loss's forward, extra in its backward) for
     the output head and loss of `tokens` tokens, by loss path (torchllm/loss.py; measured):
       chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
@@ -143,13 +180,20 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool) -> tupl
                     once (float32 a few MiB at a time)
       fp32 logits   log-softmax keeps its float32 output (the logits are freed after the loss,
                     unless a pipeline stage keeps its output); in forward both exist at once;
-                    backward adds d(log-softmax) and d(logits)"""
+                    backward adds d(log-softmax) and d(logits)
+      compiled      (`compiled`: the loss compiled, no pipeline) the logits in their dtype are
+                    kept, their gradient written once in backward"""
     vocab, dim = model_args.vocab_size, model_args.dim
     if tcfg.chunked_loss:
         chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
         return (0, chunk * (act + 2 * FP32),
                 chunk * (FP32 + act) + vocab * dim * FP32 + tokens * dim * act)
     vocab_tokens = tokens * vocab
+    if compiled:
+        # compile.components has "loss": inductor fuses the float32 log-softmax into its
+        # kernels (no float32 copy of the logits); forward keeps the logits as the head wrote
+        # them and two float32 numbers per token, backward writes their gradient once.
+        return vocab_tokens * act + 2 * tokens * FP32, 0, vocab_tokens * act
     if act != FP32 and not plain_kernels(vocab_tokens):
         return vocab_tokens * act, 0, vocab_tokens * act
     extra = 0 if act == FP32 else vocab_tokens * act  # bf16 logits beside their float32 copy
@@ -287,8 +331,11 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
     ac = cfg.activation_checkpoint
     autocast = act != FP32 and not dims.fsdp_enabled  # (FSDP2 runs bf16 params instead)
     spec = models.get(cfg.model.name)
+    # Compiled blocks (AC none) and float8 linears (tensorwise) save less: compiled_block_bytes.
+    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"
+    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"
     per_block = activation_bytes_per_block(spec, model_args, tokens, act, ac.mode,
-                                           ac.selective_option, autocast)
+                                           ac.selective_option, autocast, compiled, float8)
     per_block += lora_activation_bytes(model, cfg, tokens, act)
     if ac.mode == "selective" and ac.selective_option.isdigit():
         every = int(ac.selective_option)
@@ -308,8 +355,11 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
 
     # The loss's tensors on the last stage: kept per forward in flight, and the transient ones of
     # the loss's forward and backward (see loss_bytes).
+    compiled_loss = (cfg.compile.enable and "loss" in cfg.compile.components
+                     and not tcfg.chunked_loss and not dims.pp_enabled)
     kept, loss_forward, loss_backward = loss_bytes(tcfg, act, tokens, model_args,
-                                                   pipelined=dims.pp_enabled)
+                                                   pipelined=dims.pp_enabled,
+                                                   compiled=compiled_loss)
     logit_forwards = rank["in_flight"] if rank["last"] else 0
     terms["logits"] = int(kept * logit_forwards)
     if not rank["last"]:
@@ -317,10 +367,12 @@ def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict
 
     # Autocast's bf16 copies of the matmul weights, saved by forward for backward (not the
     # embedding, which is looked up, not multiplied).
+    # Float8 (tensorwise, compiled) keeps no copy of the blocks' linear weights: backward casts
+    # them again from the float32 masters (measured on an H200: the peak drops by their bf16 size).
     embedding = model.tok_embeddings.weight.numel() if rank["first"] else 0
     terms["autocast_weights"] = (
         (root_params - embedding * (model.output is not None)) * act // dims.tp
-        + split_sum * act // dims.tp + moe_sum * act) if autocast else 0
+        + (0 if float8 else split_sum * act // dims.tp + moe_sum * act)) if autocast else 0
 
     state = terms["params"] + terms["optimizer"] + terms["ddp_buckets"]
     held = (terms["gathered_params"] + terms["autocast_weights"]

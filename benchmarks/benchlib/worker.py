@@ -1,8 +1,9 @@
 """One benchmark variant on one rank: the Trainer's own loop, observed, never re-implemented.
 
-    torchrun --nproc_per_node N -m torchllm.bench.worker OUT_DIR [--section.key=value ...]
+    torchrun --nproc_per_node N -m benchlib.worker OUT_DIR [--section.key=value ...]
+    (PYTHONPATH: the checkout and benchmarks/, as benchlib.worker_env() sets it)
 
-The launcher (`python -m torchllm.bench`) starts this under torchrun with the variant's
+The launcher (`python benchmarks/bench_parallel.py`) starts this under torchrun with the variant's
 overrides. It wraps three of the Trainer's methods to record, per step, the wall time and the
 loss the trainer logs, the training-state bytes (read between backward and zero_grad), and on
 CPU the peak tensor memory of step 2 (steps 1-2 are profiled, so that what step 1 leaves
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from torchllm.bench.tensor_memory import PeakTensorMemory, live_tensor_bytes
+from benchlib.tensor_memory import PeakTensorMemory, live_tensor_bytes
 from torchllm.log import init_logger
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed

@@ -1,15 +1,19 @@
-"""Run a benchmark matrix; print a table, write JSON and a markdown table.
+"""The parallel benchmark: a matrix of parallelism / AC / compile / float8 variants, each a real
+multi-process training run of the Trainer, reported as throughput, step times, memory (measured
+and estimated), MFU and the final loss; prints a table, writes JSON and a markdown table.
 
-    python -m torchllm.bench --config train_configs/debug_model.toml --matrix ddp,fsdp2 \\
-        [--ac none,full,selective] [--compile off,on] [--float8 off,tensorwise] \\
-        --steps 10 --warmup 3 --json benchmarks/results/X.json [--nproc 2] [--timeout 600] \\
+    python benchmarks/bench_parallel.py --config train_configs/debug_model.toml \\
+        --matrix ddp,fsdp2 [--ac none,full,selective] [--compile off,on] \\
+        [--float8 off,tensorwise] --steps 10 --warmup 3 --json benchmarks/results/X.json \\
+        [--nproc 2] [--timeout 600] \\
         [--section.key=value ...]          (config overrides applied to every variant)
 
 Each variant (the product of the lists) is checked like run_train.sh checks a config, then is
-one `torchrun` launch of `torchllm.bench.worker` with warmup + steps training steps; the warm-up
-steps (compilation, optimizer-state creation, and on CPU the two memory-profiled steps) are not
-timed. A variant that cannot run (a layout the world size does not allow, a config error, OOM,
-a crash, a timeout) becomes a row with the reason; the others still run.
+one `torchrun` launch of `benchlib.worker` (benchmarks/benchlib/worker.py) with warmup + steps
+training steps; the warm-up steps (compilation, optimizer-state creation, and on CPU the two
+memory-profiled steps) are not timed. A variant that cannot run (a layout the world size does
+not allow, a config error, OOM, a crash, a timeout) becomes a row with the reason; the others
+still run.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -26,16 +29,23 @@ from pathlib import Path
 
 import torch
 
-from torchllm.bench.report import console_table, render_markdown, summarize
-from torchllm.bench.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant, build_matrix,
-                                     parse_list)
-from torchllm.bench.worker import PROFILED_STEPS
-from torchllm.config import ConfigError
-from torchllm.run.launch import check_config
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's torchllm; benchlib
+
+from benchlib import WORKER, worker_env  # noqa: E402
+from benchlib.report import (console_table, failure_reason, render_markdown,  # noqa: E402
+                             summarize)
+from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # noqa: E402
+                               build_matrix, parse_list)
+from benchlib.worker import PROFILED_STEPS  # noqa: E402
+from torchllm.config import ConfigError  # noqa: E402
+from torchllm.run.launch import check_config  # noqa: E402
+
+COMMAND = "python benchmarks/bench_parallel.py"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m torchllm.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="TOML training config")
     p.add_argument("--matrix", default="ddp,fsdp2", help=f"layouts: {', '.join(LAYOUTS)}")
@@ -70,15 +80,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def failure_reason(log: str, returncode: int) -> str:
-    """The most telling line of a failed run's output: a config error, OOM, or the last error."""
-    for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)", r"(\w+Error: .*)"):
-        found = re.findall(pattern, log)
-        if found:
-            return found[-1].strip()[:300]
-    return f"exit code {returncode}"
-
-
 def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> dict:
     row = {"variant": variant.name, "layout": variant.layout, "ac": variant.ac,
            "compile": variant.compile, "float8": variant.float8}
@@ -104,13 +105,12 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
     except ConfigError as e:
         return {**row, "status": "failed", "reason": str(e)[:300]}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={args.nproc}", "-m", "torchllm.bench.worker", str(run_dir),
-           *config_args]
+           f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
     print(f"[bench] {variant.name}: {' '.join(cmd[3:])}", flush=True)
     log_path = run_dir / "log.txt"
     # Its own session, so that a timeout stops torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            env=worker_env(), start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=args.timeout)
         rc = proc.returncode
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.work_dir or Path("outputs") / "bench" / json_path.stem)
     rows = [run_variant(v, args, overrides, out_dir) for v in args.variants]
     result = {
-        "command": "python -m torchllm.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": f"{COMMAND} " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": args.config, "overrides": overrides, "nproc": args.nproc,
         "steps": args.steps, "warmup": args.warmup,
         "host": {"machine": platform.machine(), "processor": platform.processor(),

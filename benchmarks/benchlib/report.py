@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from torchllm.metrics.flops import mfu_stats
 
 MiB = 1024**2
+
+
+def failure_reason(log: str, returncode: int) -> str:
+    """The most telling line of a failed run's output: a config error, OOM, or the last error."""
+    for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)", r"(\w+Error: .*)"):
+        found = re.findall(pattern, log)
+        if found:
+            return found[-1].strip()[:300]
+    return f"exit code {returncode}"
 
 
 def percentile(values: list[float], q: float) -> float:

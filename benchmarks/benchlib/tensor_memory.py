@@ -35,7 +35,7 @@ def live_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int
     return total
 
 
-STEADY = "torchllm.bench.steady"
+STEADY = "benchlib.steady"
 
 
 def net_allocation_peak(kineto_events) -> int:
