@@ -172,7 +172,7 @@ MUTANTS = [
     Mutant(
         "estimator_drops_attention_activations",
         "the memory estimator forgets the attention activations of every block",
-        "torchllm/tools/estimate_memory.py",
+        "torchllm/tools/activation_bytes.py",
         "    return tokens * (attention + ffn) * act + stats",
         "    return tokens * ffn * act + stats",
         ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug"
@@ -668,7 +668,7 @@ MUTANTS = [
     Mutant(
         "estimate_ignores_loss_size_rule",
         "the memory estimator counts small bf16 logits as the chunked cross entropy's",
-        "torchllm/tools/estimate_memory.py",
+        "torchllm/tools/activation_bytes.py",
         "    if act != FP32 and not plain_kernels(vocab_tokens):",
         "    if act != FP32:",
         ("tests/test_estimate_memory.py::test_estimate_within_5_percent_of_measured_on_debug",),

@@ -15,6 +15,7 @@ from benchlib.tensor_memory import PeakTensorMemory  # noqa: E402
 from benchlib.worker import StepRecorder  # noqa: E402
 from torchllm import models  # noqa: E402
 from torchllm.config import load_config  # noqa: E402
+from torchllm.tools import activation_bytes as ab  # noqa: E402
 from torchllm.tools import estimate_memory as em  # noqa: E402
 from torchllm.tools.model_info import model_info  # noqa: E402
 from torchllm.train import Trainer  # noqa: E402
@@ -144,7 +145,7 @@ def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule
     whole = em.estimate_memory(load_config(pp_args[:4]), args, 1)["terms_bytes"]
     assert sum(m["terms_bytes"]["params"] for m in per_rank) == whole["params"]
     assert [m["terms_bytes"]["logits"] > 0 for m in per_rank] == [False, False, False, True]
-    one_forward = em.activation_bytes_per_block(models.get(cfg.model.name), args, 256, 4,
+    one_forward = ab.activation_bytes_per_block(models.get(cfg.model.name), args, 256, 4,
                                                  "none", "")
     middle = per_rank[1]  # no embedding / head: blocks x in-flight micro-batches
     assert middle["terms_bytes"]["activations"] == (

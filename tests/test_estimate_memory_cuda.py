@@ -14,6 +14,7 @@ import torch
 from conftest import REPO, SHARED
 from torchllm import models
 from torchllm.config import load_config
+from torchllm.tools import activation_bytes as ab
 from torchllm.tools import estimate_memory as em
 
 LLAMA = models.get("llama3")  # the family whose block these counts describe
@@ -74,10 +75,10 @@ def test_compiled_and_float8_terms_count_what_the_partitioner_saves():
     # Per token: float32 block input; q, k, v, SDPA out, w1 and w3 outputs, the normed inputs,
     # wo's input and the SwiGLU product in bf16; rstd x 2 and the logsumexp per head in float32.
     bf16 = 4 * dim + 2 * (dim + 2 * kv + dim + 2 * hidden + 3 * dim + hidden) + 4 * (2 + 32)
-    assert em.compiled_block_bytes(args, 1, 2) == bf16 == 80_008
-    assert em.compiled_block_bytes(args, 1, 2, float8=True) == bf16 - 2 * (2 * dim + hidden)
-    eager = em.activation_bytes_per_block(LLAMA, args, 1, 2, "none", "", autocast=True)
-    assert em.activation_bytes_per_block(LLAMA, args, 1, 2, "none", "", True, compiled=True) == bf16
+    assert ab.compiled_block_bytes(args, 1, 2) == bf16 == 80_008
+    assert ab.compiled_block_bytes(args, 1, 2, float8=True) == bf16 - 2 * (2 * dim + hidden)
+    eager = ab.activation_bytes_per_block(LLAMA, args, 1, 2, "none", "", autocast=True)
+    assert ab.activation_bytes_per_block(LLAMA, args, 1, 2, "none", "", True, compiled=True) == bf16
     assert eager > bf16  # eager keeps the float32 residual, norms and bf16 copies too
 
     tokens = 4 * 2048
@@ -125,4 +126,4 @@ def test_compiled_block_saves_what_compiled_block_bytes_counts():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", torch.bfloat16):
             compiled(x, rope_table(args)[:seq]).float().sum().backward()
-    assert sum(saved.values()) == em.compiled_block_bytes(args, tokens, 2)
+    assert sum(saved.values()) == ab.compiled_block_bytes(args, tokens, 2)

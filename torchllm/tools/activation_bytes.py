@@ -1,0 +1,143 @@
+"""What a training step keeps in memory per token: one transformer block's activations (by AC
+mode, autocast, compile and float8), the LoRA adapters' and the output head and loss's.
+Used by torchllm/tools/estimate_memory.py (which adds parameters, gradients, optimizer state and
+the phases); each count was checked against saved-tensor hooks or measured peaks (see
+tests/test_estimate_memory*.py)."""
+
+from __future__ import annotations
+
+from torchllm.loss import plain_kernels
+from torchllm.models.lora import LoRALinear
+
+FP32 = 4
+
+
+def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, option: str,
+                              autocast: bool = False, compiled: bool = False,
+                              float8: bool = False) -> int:
+    """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens, of the
+    family whose ModelSpec is `spec` (its declared QK-norm and experts) with these args.
+
+    Counted from what autograd saves in the Llama block's forward (torchllm/models/llama/
+    model.py; checked with saved-tensor hooks), in units of dim per token:
+      attention: block input, x*rstd and the normed input (2), q, k and v as SDPA gets them
+        (k, v repeated to all heads), the re-laid-out output feeding wo: 7 x dim
+      FFN: the residual h, x*rstd and the normed input: 3 x dim; then w1 x, silu(w1 x), w3 x
+        and their product: 4 x hidden
+    plus per-row float32 statistics (two RMSNorm rstd, SDPA's logsumexp per head).
+    Qwen3 (QK-norm, head_dim x heads != dim; checked the same way): its attention keeps q and k
+    before and after their norms, q, k, v as SDPA gets them (GQA: k, v not repeated) and the
+    output: 4 x (q width + kv width) + the rstd of each q and k head. A MoE layer (instead of
+    the FFN's 4 x hidden) keeps per routed copy (k per token) the token, its padded slot, the
+    expert output, its float32 weighted copy and 4 x moe_hidden_dim, plus router scores:
+    counted for perfectly balanced experts (the CPU path pads every expert to the busiest one's
+    load, which adds the imbalance on top).
+    `act` is the activation element size (2 under bf16, 4 in fp32); `autocast`: bf16 by
+    autocast over float32 weights (not FSDP2's bf16 parameters), see the end; `compiled`: the
+    block compiled (compile.enable, AC none), `float8`: its linears in float8 (tensorwise), see
+    compiled_block_bytes.
+    With AC, a checkpointed region keeps only its input (and, for "op", the matmul and
+    attention outputs).
+    """
+    dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
+    stats = tokens * FP32 * (args.n_heads + 2)
+    attention, ffn = 7 * dim, 3 * dim + 4 * hidden
+    qk_norm, n_experts = spec.qk_norm, spec.n_experts(args)
+    if qk_norm:
+        attention = 3 * dim + 4 * (args.n_heads * args.head_dim + kv_dim)
+        stats += tokens * FP32 * (args.n_heads + args.n_kv_heads)
+    if n_experts and args.moe_every == 1:  # every block's MLP is a MoE
+        k = args.n_experts_per_tok
+        ffn = 3 * dim + k * (3 * dim + 4 * args.moe_hidden_dim)
+        stats += tokens * FP32 * (2 * n_experts + k * dim)
+    if mode == "full":
+        return tokens * dim * act
+    if mode == "selective" and option == "op":
+        # block input; q, k, v, wo, w1, w3, w2 outputs; SDPA output (+ its logsumexp)
+        return tokens * (5 * dim + 2 * kv_dim + 2 * hidden) * act + tokens * FP32 * args.n_heads
+    if mode == "selective" and option == "ffn":
+        return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
+    if mode == "selective" and option == "attention":
+        return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
+    dense = not qk_norm and not n_experts
+    if autocast and compiled and dense:
+        return compiled_block_bytes(args, tokens, act, float8)
+    if autocast and dense:
+        # Under autocast the residual stream and the norms stay float32 (block input, residual,
+        # x*rstd, the norms' outputs: 5 x dim) and each matmul keeps its own bf16 copy of its
+        # input (the normed inputs, the attention output) beside q, k, v (GQA: not repeated)
+        # and the FFN's 4 x hidden (measured with saved-tensor hooks, debug Llama on CPU).
+        return tokens * (5 * dim * FP32 + (7 * dim + 2 * kv_dim + 4 * hidden) * act) + stats
+    return tokens * (attention + ffn) * act + stats
+
+
+
+def compiled_block_bytes(args, tokens: int, act: int, float8: bool = False) -> int:
+    """What a compiled dense Llama block keeps for backward under bf16 autocast, no AC.
+
+    Inductor's partitioner saves the smallest set of tensors backward can rebuild the rest from,
+    recomputing cheap elementwise work (norms, casts, SiLU, the float32 residual adds): listed
+    with saved-tensor hooks on a compiled block (CPU, dim 256, 4 heads, 1 KV head, SwiGLU 1024:
+    10,008 bytes per token, exactly this count), per token:
+      float32: the block input (the attention norm's backward) and both norms' rstd
+      act: q (after RoPE), k, v, SDPA's output and its logsumexp (float32 per head), as SDPA
+        saves them; the w1 and w3 outputs (SiLU's and the product's backward)
+      each matmul's input for its weight gradient: the two normed inputs, the attention
+        output as wo reads it (a re-laid-out copy), SiLU(w1 x) * w3 x: 3 x dim + hidden in act
+    Under float8 (tensorwise; listed the same way with torchao's Float8Linear, 6,936 bytes per
+    token) no matmul input is kept, in float8 or otherwise: backward casts them again from the
+    tensors above, and one dim-wide act tensor remains instead (2 x dim + hidden less: on the
+    Llama 3.2 1B shape 24,576 bytes per token and block, the H200's measured difference).
+    Eager autocast keeps more: the float32 residual h and the norms' float32 outputs, and a
+    bf16 copy of each matmul input beside its float32 source (activation_bytes_per_block)."""
+    dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
+    matmul_inputs = dim if float8 else 3 * dim + hidden
+    return tokens * (dim * FP32 + (2 * dim + 2 * kv_dim + 2 * hidden + matmul_inputs) * act
+                     + FP32 * (2 + args.n_heads))
+
+
+
+def lora_activation_bytes(model, cfg, tokens: int, act: int) -> int:
+    """What one block's adapters keep for backward (lora.enable, no AC): each A's output (rank
+    per token) for B, and with lora.dropout each dropped input and its mask (1 byte)."""
+    if not cfg.lora.enable or cfg.activation_checkpoint.mode != "none":
+        return 0
+    wrapped = [m for m in model.layers["0"].modules() if isinstance(m, LoRALinear)]
+    dropout = cfg.lora.dropout > 0
+    return sum(tokens * (m.rank * act + dropout * m.in_features * (act + 1)) for m in wrapped)
+
+
+
+def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
+               compiled: bool = False) -> tuple[int, int, int]:
+    """(kept for backward, extra at the end of the loss's forward, extra in its backward) for
+    the output head and loss of `tokens` tokens, by loss path (torchllm/loss.py; measured):
+      chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
+                    forward; in backward a chunk's float32 softmax and its gradient, the
+                    float32 head-weight gradient and the hidden states' gradient
+      bf16 logits   up to loss._PLAIN_MAX_BYTES in float32 (loss.plain_kernels): as float32
+                    logits, plus the bf16 logits beside their float32 copy in forward (their
+                    bf16 gradient comes after the float32 ones are freed); larger: the
+                    chunked cross entropy keeps the logits and backward writes their gradient
+                    once (float32 a few MiB at a time)
+      fp32 logits   log-softmax keeps its float32 output (the logits are freed after the loss,
+                    unless a pipeline stage keeps its output); in forward both exist at once;
+                    backward adds d(log-softmax) and d(logits)
+      compiled      (`compiled`: the loss compiled, no pipeline) the logits in their dtype are
+                    kept, their gradient written once in backward"""
+    vocab, dim = model_args.vocab_size, model_args.dim
+    if tcfg.chunked_loss:
+        chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
+        return (0, chunk * (act + 2 * FP32),
+                chunk * (FP32 + act) + vocab * dim * FP32 + tokens * dim * act)
+    vocab_tokens = tokens * vocab
+    if compiled:
+        # compile.components has "loss": inductor fuses the float32 log-softmax into its
+        # kernels (no float32 copy of the logits); forward keeps the logits as the head wrote
+        # them and two float32 numbers per token, backward writes their gradient once.
+        return vocab_tokens * act + 2 * tokens * FP32, 0, vocab_tokens * act
+    if act != FP32 and not plain_kernels(vocab_tokens):
+        return vocab_tokens * act, 0, vocab_tokens * act
+    extra = 0 if act == FP32 else vocab_tokens * act  # bf16 logits beside their float32 copy
+    kept = vocab_tokens * FP32 * (2 if pipelined else 1)
+    return kept, vocab_tokens * FP32 * (0 if pipelined else 1) + extra, 2 * vocab_tokens * FP32
