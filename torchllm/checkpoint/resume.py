@@ -17,27 +17,18 @@ import torch.distributed as dist
 
 from torchllm.checkpoint.layout import complete_steps, not_resumable, step_dir
 from torchllm.checkpoint.reader import MarkerError, read_marker
+from torchllm.config import flat_toml
 from torchllm.optim.registry import resume_hparams
 from torchllm.storage import checkpoint_folder
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 # Keys that say how this launch runs, not what the run is.
 LAUNCH_ONLY = {"checkpoint.load_step", "training.stop_after_steps",
                "training.time_limit_minutes", "job.print_config", "job.config_file"}
 
 
-def _flat(text: str) -> dict[str, object]:
-    return {f"{section}.{key}": value for section, table in tomllib.loads(text).items()
-            for key, value in table.items()}
-
-
 def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> list[str]:
     """'key: old -> new (what wins)' for each key that differs (missing values are 'unset')."""
-    old, new = _flat(saved_toml), _flat(current_toml)
+    old, new = flat_toml(saved_toml), flat_toml(current_toml)
     # The optimizer's keys that live in its param groups, hence in the checkpoint (its spec's).
     hparams = resume_hparams(*{str(c.get("optimizer.name", "adamw")) for c in (old, new)})
     changes = []

@@ -299,6 +299,12 @@ def to_toml(cfg: JobConfig) -> str:
     return "\n".join(lines)
 
 
+def flat_toml(text: str) -> dict[str, object]:
+    """A saved config's TOML text as {"section.key": value} (how resumes compare configs)."""
+    return {f"{section}.{key}": value for section, table in tomllib.loads(text).items()
+            for key, value in table.items()}
+
+
 def help_text(cfg: JobConfig | None = None) -> str:
     """`--help`: every key by section with its type, default and help string."""
     cfg = cfg or JobConfig()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchllm.config.job_config import ConfigError
+from torchllm.config.loader import flat_toml
 
 ADAPTER_PARTS = ("lora_A", "lora_B")
 
@@ -205,9 +206,7 @@ def parameter_summary(model: nn.Module, cfg) -> str:
 def resume_mismatch(saved_toml: str, current_toml: str) -> str | None:
     """Which [lora] key differs between the config a checkpoint was saved under and this run's,
     as one line naming it (None: the adapters have the same shape and places)."""
-    from torchllm.checkpoint.resume import _flat
-
-    old, new = _lora_keys(_flat(saved_toml)), _lora_keys(_flat(current_toml))
+    old, new = _lora_keys(flat_toml(saved_toml)), _lora_keys(flat_toml(current_toml))
     if not old["lora.enable"] and not new["lora.enable"]:
         return None
     for key in old:
