@@ -47,13 +47,15 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent)]  # benchlib
+from benchlib.nanogpt import (nanogpt_missing, prepare_nanogpt, run_nanogpt,  # noqa: E402
+                              run_streaming)
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -180,35 +182,10 @@ def same_recipe_args(text: Path, r: dict = RECIPE) -> list[str]:
 # A validation on the console: torchllm's `validation step N: loss X | ...` and nanoGPT's
 # `step N: train loss X, val loss Y`.
 TORCHLLM_VAL = re.compile(r"validation step (\d+): loss ([0-9.]+)")
-NANOGPT_VAL = re.compile(r"^step (\d+): train loss [0-9.]+, val loss ([0-9.]+)")
-
-
-def run_streaming(name: str, cmd: list[str], env: dict, cwd: Path, parse) -> dict:
-    """Run `cmd`, timing each validation line (parse(line) -> (step, loss) or None) from the
-    launch to the moment the line arrives; returns the wall time and [(seconds, step, loss)]."""
-    start = time.time()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    curve, tail = [], []
-    for line in proc.stdout:
-        found = parse(line)
-        if found is not None:
-            curve.append((time.time() - start, *found))
-        tail = (tail + [line])[-60:]
-    rc = proc.wait()
-    end = time.time()
-    if rc != 0:
-        raise SystemExit(f"{name}: {' '.join(cmd[:3])} ... exited {rc}:\n{''.join(tail)}")
-    return {"wall": end - start, "curve": curve}
 
 
 def torchllm_line(line: str):
     m = TORCHLLM_VAL.search(line)
-    return (int(m.group(1)), float(m.group(2))) if m else None
-
-
-def nanogpt_line(line: str):
-    m = NANOGPT_VAL.match(line.strip())
     return (int(m.group(1)), float(m.group(2))) if m else None
 
 
@@ -232,52 +209,6 @@ def run_reference(text: Path, seed: int, steps: int | None) -> dict:
         return row["step"], row["val"]
 
     return run_streaming("reference", cmd, dict(os.environ), REPO, parse)
-
-
-# --- nanoGPT's own code -------------------------------------------------------------------------
-
-NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py",
-                 "data/shakespeare_char/prepare.py")
-
-
-def nanogpt_missing(checkout: Path | None) -> str | None:
-    """Why the nanogpt contender cannot run (None when it can)."""
-    if checkout is None:
-        return "no --nanogpt DIR given (a checkout of github.com/karpathy/nanoGPT)"
-    missing = [f for f in NANOGPT_FILES if not (checkout / f).is_file()]
-    if missing:
-        return f"--nanogpt {checkout} lacks {', '.join(missing)}"
-    return None
-
-
-def prepare_nanogpt(checkout: Path, text: Path, work: Path) -> Path:
-    """A scratch copy of nanoGPT's files with `text` as its input.txt, prepared by its own
-    prepare.py (train.bin, val.bin, meta.pkl): the folder to run train.py in."""
-    for f in NANOGPT_FILES:
-        (work / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(checkout / f, work / f)
-    data = work / "data" / "shakespeare_char"
-    shutil.copyfile(text, data / "input.txt")  # present: prepare.py does not download
-    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
-    return work
-
-
-def nanogpt_args(r: dict, out_dir: Path) -> list[str]:
-    """The README's CPU command line (for `r`'s steps), its checkpoints written to out_dir."""
-    return ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-            "--eval_iters=20", "--log_interval=1", f"--block_size={r['block']}",
-            f"--batch_size={r['batch']}", f"--n_layer={r['n_layer']}", f"--n_head={r['n_head']}",
-            f"--n_embd={r['n_embd']}", f"--max_iters={r['steps']}",
-            f"--lr_decay_iters={r['steps']}", "--dropout=0.0", f"--out_dir={out_dir}"] + (
-        [f"--eval_interval={r['eval_interval']}", f"--warmup_iters={r['warmup']}"]
-        if r["steps"] != RECIPE["steps"] else [])  # a shortened smoke run only
-
-
-def run_nanogpt(work: Path, r: dict, out_dir: Path) -> dict:
-    # Unbuffered: each line reaches the pipe when printed, as on a terminal.
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return run_streaming("nanogpt", [sys.executable, *nanogpt_args(r, out_dir)], env, work,
-                         nanogpt_line)
 
 
 def time_to(curve, target: float) -> float | None:
@@ -410,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                 seed = [f"--job.seed={args.seed + rnd}"]
                 load.append((rnd + 1, name, os.getloadavg()[0]))
                 if name == "nanogpt":
-                    out = run_nanogpt(work / "nanogpt", r, work / f"nanogpt_out_{rnd}")
+                    out = run_nanogpt(work / "nanogpt", r, work / f"nanogpt_out_{rnd}",
+                                      RECIPE["steps"])
                 elif name == "reference":
                     out = run_reference(args.text, args.seed + rnd, args.steps)
                 elif name == "same":

@@ -106,7 +106,8 @@ for step, val in ((0, 4.1649), (2, 2.5), (4, 1.87)):
 def test_nanogpt_contender_runs_its_train_py_on_its_prepared_data(tmp_path):
     checkout = tmp_path / "nanoGPT"
     bench = benchmark_script("bench_time_to_loss")
-    for f in bench.NANOGPT_FILES:
+    from benchlib import nanogpt
+    for f in nanogpt.NANOGPT_FILES:
         (checkout / f).parent.mkdir(parents=True, exist_ok=True)
         (checkout / f).write_text("")
     assert bench.nanogpt_missing(checkout) is None
@@ -141,10 +142,11 @@ def test_nanogpt_contender_runs_its_train_py_on_its_prepared_data(tmp_path):
 
 def test_nanogpt_missing_says_why(tmp_path):
     bench = benchmark_script("bench_time_to_loss")
+    from benchlib import nanogpt  # on sys.path once the benchmark is loaded
     assert "no --nanogpt DIR given" in bench.nanogpt_missing(None)
     assert bench.nanogpt_missing(tmp_path) == (
-        f"--nanogpt {tmp_path} lacks {', '.join(bench.NANOGPT_FILES)}")
-    assert bench.nanogpt_line("step 250: train loss 1.9637, val loss 2.0700\n") == (250, 2.07)
-    assert bench.nanogpt_line("iter 250: loss 1.9637, time 50.00ms, mfu 0.00%") is None
+        f"--nanogpt {tmp_path} lacks {', '.join(nanogpt.NANOGPT_FILES)}")
+    assert nanogpt.nanogpt_line("step 250: train loss 1.9637, val loss 2.0700\n") == (250, 2.07)
+    assert nanogpt.nanogpt_line("iter 250: loss 1.9637, time 50.00ms, mfu 0.00%") is None
     assert bench.torchllm_line("[rank0]:20:14:53 validation step 600: loss 1.8755 | perplexity "
                                "6.52 | 110,000 tokens | 3.1s") == (600, 1.8755)
