@@ -1443,6 +1443,26 @@ MUTANTS = [
         "def _build_and_train(",
         ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
     ),
+    # --- issue 42 round 3 gaps: tokenizer identity at a DCP initial load, a Hub name against a
+    # file, store errors under on_save_error = 'stop' ---
+    Mutant(
+        "dcp_initial_load_tokenizer_unchecked", "a stage from a DCP checkpoint (initial_load_path) "
+        "accepts another tokenizer of the same size: only a resume compares the SHA-256",
+        "torchllm/checkpoint/vocab_resize.py",
+        '    check_same_tokenizer(saved, now, f"checkpoint {path}", "resume" if resume else '
+        '"initial load")\n',
+        '    if resume:\n        check_same_tokenizer(saved, now, f"checkpoint {path}", "resume")\n',
+        ("tests/test_stage_tokenizer.py::test_a_stage_from_a_dcp_checkpoint_with_another_"
+         "tokenizer_of_the_same_size_names_both",),
+    ),
+    Mutant(
+        "hub_name_against_file_passes", "a tokenizer by Hub name against one by file passes "
+        "unchecked (no SHA-256 on one side)", "torchllm/checkpoint/tokenizer_identity.py",
+        "        same = digest == (a or b)\n",
+        "        same = True\n",
+        ("tests/test_stage_tokenizer.py::test_a_hub_name_against_a_file_is_compared_by_the_"
+         "cached_copy_or_refused",),
+    ),
 ]
 
 
