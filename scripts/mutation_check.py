@@ -1463,6 +1463,15 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::test_a_hub_name_against_a_file_is_compared_by_the_"
          "cached_copy_or_refused",),
     ),
+    Mutant(
+        "save_error_exit_code_not_4", "a checkpoint that cannot be saved (on_save_error = "
+        "'stop') ends the process with exit code 1, as any crash, not 4",
+        "torchllm/run/failures.py",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 4\n",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 1\n",
+        ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",
+         "tests/test_store_errors.py::test_a_stalled_store_with_stop_exits_4_naming_the_url"),
+    ),
 ]
 
 

@@ -141,26 +141,58 @@ def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
     assert complete_steps(remote) == [1, 3]
 
 
+def stopped_by_the_store(tmp_path, remote: str, *extra: str, capfd) -> tuple[str, float]:
+    """`python -m torchllm.train`'s main (what each rank runs) with checkpoint.on_save_error =
+    'stop', a save every step to `remote`, 2 steps: it must return exit code 4; (the one console
+    line saying step 2 could not be saved, the seconds it took)."""
+    from torchllm.train import main
+
+    t0 = time.monotonic()
+    code = main(tiny_args(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
+                          "--training.steps=2", f"--checkpoint.folder={remote}",
+                          "--checkpoint.on_save_error=stop", *extra))
+    took = time.monotonic() - t0
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert code == 4, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    (line,) = [x for x in text.splitlines() if "could not be saved" in x]
+    return line, took
+
+
 @pytest.mark.slow
-def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, monkeypatch):
+def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, monkeypatch,
+                                                         capfd):
     """The store's port closes before step 2's save: botocore's EndpointConnectionError (not
-    an OSError) goes through checkpoint.on_save_error: 'stop' raises CheckpointSaveError (exit
-    4 in a launch) with one line naming the step's URL."""
+    an OSError) goes through checkpoint.on_save_error: 'stop' ends the process with exit code 4
+    and one line naming the step's URL."""
     proxy, bucket = proxied
     remote = f"{bucket}/ckpt"
     switch_at(monkeypatch, {2: proxy.refuse})
-    cfg = tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
-                      "--training.steps=2",
-                      f"--checkpoint.folder={remote}", "--checkpoint.store_timeout_s=10")
-    trainer = Trainer(cfg)
-    t0 = time.monotonic()
-    with pytest.raises(CheckpointSaveError) as err:
-        trainer.train()
-    msg = str(err.value)
-    assert "\n" not in msg and time.monotonic() - t0 < 60
-    assert msg.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: "
-                          "EndpointConnectionError: Could not connect to the endpoint URL"), msg
-    assert "checkpoint.on_save_error = 'continue' keeps training" in msg
+    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=10",
+                                      capfd=capfd)
+    assert took < 60, f"the refused save took {took:.0f}s"
+    assert (f"checkpoint step 2 could not be saved to {remote}/step-2: "
+            "EndpointConnectionError: Could not connect to the endpoint URL") in line, line
+    assert "checkpoint.on_save_error = 'continue' keeps training" in line, line
+
+
+@pytest.mark.slow
+def test_a_stalled_store_with_stop_exits_4_naming_the_url(proxied, tmp_path, monkeypatch,
+                                                          capfd):
+    """The store accepts and never answers from step 2's save on: with store_timeout_s = 3 and
+    on_save_error = 'stop' the process ends with exit code 4 in seconds, one line naming the
+    step's URL and the timeout key."""
+    proxy, bucket = proxied
+    remote = f"{bucket}/ckpt"
+    switch_at(monkeypatch, {2: lambda: setattr(proxy, "mode", "stall")})
+    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=3",
+                                      capfd=capfd)
+    assert took < 60, f"the stalled save took {took:.0f}s"
+    assert f"checkpoint step 2 could not be saved to {remote}/step-2: " in line, line
+    assert "(no answer within checkpoint.store_timeout_s = 3 s)" in line, line
+    proxy.mode = "pass"  # the store answers again: step 1 is there, step 2 never completed
+    assert complete_steps(remote) == [1]
 
 
 # --- a full disk ---------------------------------------------------------------------------------
