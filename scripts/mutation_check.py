@@ -1472,6 +1472,14 @@ MUTANTS = [
         ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",
          "tests/test_store_errors.py::test_a_stalled_store_with_stop_exits_4_naming_the_url"),
     ),
+    Mutant(
+        "disk_full_not_recognised", "a save failing on a full disk (ENOSPC from DCP's writer) "
+        "is reported as a generic I/O error, without 'no space left on' and the bytes needed",
+        "torchllm/checkpoint/integrity.py",
+        "    seen, todo = set(), [e]\n",
+        "    seen, todo = set(), []\n",
+        ("tests/test_store_errors.py::test_a_disk_that_fills_during_a_save_is_named",),
+    ),
 ]
 
 
