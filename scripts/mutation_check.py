@@ -1443,6 +1443,43 @@ MUTANTS = [
         "def _build_and_train(",
         ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
     ),
+    # --- issue 42 round 3 gaps: tokenizer identity at a DCP initial load, a Hub name against a
+    # file, store errors under on_save_error = 'stop' ---
+    Mutant(
+        "dcp_initial_load_tokenizer_unchecked", "a stage from a DCP checkpoint (initial_load_path) "
+        "accepts another tokenizer of the same size: only a resume compares the SHA-256",
+        "torchllm/checkpoint/vocab_resize.py",
+        '    check_same_tokenizer(saved, now, f"checkpoint {path}", "resume" if resume else '
+        '"initial load")\n',
+        '    if resume:\n        check_same_tokenizer(saved, now, f"checkpoint {path}", "resume")\n',
+        ("tests/test_stage_tokenizer.py::test_a_stage_from_a_dcp_checkpoint_with_another_"
+         "tokenizer_of_the_same_size_names_both",),
+    ),
+    Mutant(
+        "hub_name_against_file_passes", "a tokenizer by Hub name against one by file passes "
+        "unchecked (no SHA-256 on one side)", "torchllm/checkpoint/tokenizer_identity.py",
+        "        same = digest == (a or b)\n",
+        "        same = True\n",
+        ("tests/test_stage_tokenizer.py::test_a_hub_name_against_a_file_is_compared_by_the_"
+         "cached_copy_or_refused",),
+    ),
+    Mutant(
+        "save_error_exit_code_not_4", "a checkpoint that cannot be saved (on_save_error = "
+        "'stop') ends the process with exit code 1, as any crash, not 4",
+        "torchllm/run/failures.py",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 4\n",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 1\n",
+        ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",
+         "tests/test_store_errors.py::test_a_stalled_store_with_stop_exits_4_naming_the_url"),
+    ),
+    Mutant(
+        "disk_full_not_recognised", "a save failing on a full disk (ENOSPC from DCP's writer) "
+        "is reported as a generic I/O error, without 'no space left on' and the bytes needed",
+        "torchllm/checkpoint/integrity.py",
+        "    seen, todo = set(), [e]\n",
+        "    seen, todo = set(), []\n",
+        ("tests/test_store_errors.py::test_a_disk_that_fills_during_a_save_is_named",),
+    ),
 ]
 
 

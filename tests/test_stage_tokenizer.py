@@ -185,6 +185,24 @@ def test_resuming_with_another_tokenizer_of_the_same_size_names_both(base, tmp_p
 
 
 @pytest.mark.slow
+def test_a_stage_from_a_dcp_checkpoint_with_another_tokenizer_of_the_same_size_names_both(
+        base, tmp_path):
+    """checkpoint.initial_load_path (a DCP run folder) with another 512-piece tokenizer named in
+    data.tokenizer: the rows fit, but the ids mean other tokens; one line naming both files by
+    SHA-256, exit 2, nothing trained (the oracle: the test's own hash of each file)."""
+    code, out = stage(base, tmp_path, f"--checkpoint.initial_load_path={base['root'] / 'base'}",
+                      "--job.run_name=other", "--checkpoint.enable=true",
+                      f"--data.tokenizer={base['other']}")
+    assert code == 2, out[-3000:]
+    line = [ln for ln in error_lines(out) if ln.startswith("run_train:")][-1]
+    assert f"checkpoint {base['root'] / 'base' / 'checkpoint' / 'step-20'}" in line, line
+    assert f"{base['tok']} (sha256 {sha(base['tok'])[:12]})" in line, line
+    assert f"{base['other']} (sha256 {sha(base['other'])[:12]})" in line, line
+    assert "data.tokenizer = 'train' to train a new one on purpose" in line, line
+    assert not LOSS.search(out) and not (tmp_path / "other" / "checkpoint").exists(), out[-3000:]
+
+
+@pytest.mark.slow
 def test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer(base, tmp_path):
     """The default ('auto') takes the tokenizer of the weights it starts from: the loss starts
     where the base run ended. 'train' trains a new one on the novel, on purpose: a warning
@@ -252,3 +270,62 @@ def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base
     cfg = stage_tokenizer(load_config(tiny_args(tmp_path, "--data.tokenizer=from_initial_load",
                                                 f"--checkpoint.initial_load_path={seed}")))
     assert cfg.data.tokenizer == str(seed / "tokenizer.model") and not cfg.data.chat_tokens
+
+
+def word_tokenizer_json(path: Path, words: list[str]) -> Path:
+    """A real tokenizer.json (a `tokenizers` WordLevel model): <s>, </s>, then `words`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<s>", "</s>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<s>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def test_a_hub_name_against_a_file_is_compared_by_the_cached_copy_or_refused(tmp_path,
+                                                                             monkeypatch):
+    """A checkpoint trained with a tokenizer.json file, then a Hub name of the same size (and
+    the other way round): the Hub repo's tokenizer.json in the local cache (the layout `hf
+    download` writes) is compared by SHA-256: a byte-identical copy passes, another file is one
+    line naming both, and a name with nothing cached is one line saying how to compare."""
+    import huggingface_hub.constants
+
+    from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer, tokenizer_record
+    from torchllm.config.job_config import ConfigError
+    from torchllm.data.tokenizer import load_tokenizer
+
+    cache = tmp_path / "hub"
+    for repo, words in (("org/same", [f"w{i}" for i in range(510)]),
+                        ("org/other", [f"v{i}" for i in range(510)])):
+        folder = cache / f"models--{repo.replace('/', '--')}"
+        (folder / "refs").mkdir(parents=True)
+        (folder / "refs" / "main").write_text("0" * 40)
+        word_tokenizer_json(folder / "snapshots" / ("0" * 40) / "tokenizer.json", words)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    local = word_tokenizer_json(tmp_path / "assets" / "tokenizer.json",
+                                [f"w{i}" for i in range(510)])
+    file = tokenizer_record(load_tokenizer(local))
+    same, other = (tokenizer_record(load_tokenizer(n)) for n in ("org/same", "org/other"))
+    assert file["base_sha256"] == sha(local) and same["base_sha256"] is None
+    assert file["vocab_size"] == same["vocab_size"] == other["vocab_size"] == 512
+    for use in ("resume", "initial load", "inference"):
+        check_same_tokenizer(file, same, "checkpoint C", use)
+        check_same_tokenizer(same, file, "checkpoint C", use)
+    for saved, now in ((file, other), (other, file)):
+        with pytest.raises(ConfigError) as err:
+            check_same_tokenizer(saved, now, "checkpoint C", "resume")
+        msg = str(err.value)
+        assert "\n" not in msg and "org/other" in msg, msg
+        assert f"{local} (sha256 {sha(local)[:12]})" in msg, msg
+        assert "a run resumes with the tokenizer it trained with" in msg, msg
+    missing = {**same, "name": "org/gone"}
+    with pytest.raises(ConfigError) as err:
+        check_same_tokenizer(file, missing, "checkpoint C", "initial load")
+    msg = str(err.value)
+    assert "\n" not in msg and f"{local} (sha256 {sha(local)[:12]})" in msg, msg
+    assert ("org/gone is not a file, and no tokenizer.json of it is in the local Hugging Face "
+            "cache to compare by SHA-256: `hf download org/gone tokenizer.json` puts it there"
+            ) in msg, msg

@@ -2,7 +2,8 @@
 save fails it within checkpoint.store_timeout_s with one line naming the URL, and
 checkpoint.on_save_error decides (continue: training goes on and the next save lands; stop:
 CheckpointSaveError, exit 4); a full disk (a real tmpfs, mounted where root may) is named as
-such during a save, at the start of a run and in `prepare`.
+such during a save, at the start of a run and in `prepare` (without the right to mount: writes
+to /dev/full, the kernel's own ENOSPC, so these never skip where /dev/full exists).
 
 The store is moto's server (tests/s3_server.py) behind a TCP proxy that this test switches to
 "stall" (connections accepted, nothing answered) or "refuse" (the port closed)."""
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,34 +143,71 @@ def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
     assert complete_steps(remote) == [1, 3]
 
 
+def stopped_by_the_store(tmp_path, remote: str, *extra: str, capfd) -> tuple[str, float]:
+    """`python -m torchllm.train`'s main (what each rank runs) with checkpoint.on_save_error =
+    'stop', a save every step to `remote`, 2 steps: it must return exit code 4; (the one console
+    line saying step 2 could not be saved, the seconds it took)."""
+    from torchllm.train import main
+
+    t0 = time.monotonic()
+    code = main(tiny_args(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
+                          "--training.steps=2", f"--checkpoint.folder={remote}",
+                          "--checkpoint.on_save_error=stop", *extra))
+    took = time.monotonic() - t0
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert code == 4, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    (line,) = [x for x in text.splitlines() if "could not be saved" in x]
+    return line, took
+
+
 @pytest.mark.slow
-def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, monkeypatch):
+def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, monkeypatch,
+                                                         capfd):
     """The store's port closes before step 2's save: botocore's EndpointConnectionError (not
-    an OSError) goes through checkpoint.on_save_error: 'stop' raises CheckpointSaveError (exit
-    4 in a launch) with one line naming the step's URL."""
+    an OSError) goes through checkpoint.on_save_error: 'stop' ends the process with exit code 4
+    and one line naming the step's URL."""
     proxy, bucket = proxied
     remote = f"{bucket}/ckpt"
     switch_at(monkeypatch, {2: proxy.refuse})
-    cfg = tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
-                      "--training.steps=2",
-                      f"--checkpoint.folder={remote}", "--checkpoint.store_timeout_s=10")
-    trainer = Trainer(cfg)
-    t0 = time.monotonic()
-    with pytest.raises(CheckpointSaveError) as err:
-        trainer.train()
-    msg = str(err.value)
-    assert "\n" not in msg and time.monotonic() - t0 < 60
-    assert msg.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: "
-                          "EndpointConnectionError: Could not connect to the endpoint URL"), msg
-    assert "checkpoint.on_save_error = 'continue' keeps training" in msg
+    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=10",
+                                      capfd=capfd)
+    assert took < 60, f"the refused save took {took:.0f}s"
+    assert (f"checkpoint step 2 could not be saved to {remote}/step-2: "
+            "EndpointConnectionError: Could not connect to the endpoint URL") in line, line
+    assert "checkpoint.on_save_error = 'continue' keeps training" in line, line
+
+
+@pytest.mark.slow
+def test_a_stalled_store_with_stop_exits_4_naming_the_url(proxied, tmp_path, monkeypatch,
+                                                          capfd):
+    """The store accepts and never answers from step 2's save on: with store_timeout_s = 3 and
+    on_save_error = 'stop' the process ends with exit code 4 in seconds, one line naming the
+    step's URL and the timeout key."""
+    proxy, bucket = proxied
+    remote = f"{bucket}/ckpt"
+    switch_at(monkeypatch, {2: lambda: setattr(proxy, "mode", "stall")})
+    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=3",
+                                      capfd=capfd)
+    assert took < 60, f"the stalled save took {took:.0f}s"
+    assert f"checkpoint step 2 could not be saved to {remote}/step-2: " in line, line
+    assert "(no answer within checkpoint.store_timeout_s = 3 s)" in line, line
+    proxy.mode = "pass"  # the store answers again: step 1 is there, step 2 never completed
+    assert complete_steps(remote) == [1]
 
 
 # --- a full disk ---------------------------------------------------------------------------------
 
+FULL = Path("/dev/full")  # every write fails with the kernel's ENOSPC; no root needed
+
+
 @pytest.fixture
 def small_disk(tmp_path):
-    """mount_at(folder, size) -> folder: a tmpfs of `size` there (skips where mounting is not
-    allowed: root, or a container without the capability); unmounted after the test."""
+    """mount_at(folder, size) -> (folder, mounted): a tmpfs of `size` there where mounting is
+    allowed (root with the capability); elsewhere the plain folder and mounted = False, and the
+    test fills its disk through /dev/full instead (skipped only without /dev/full). Unmounted
+    after the test."""
     mounted = []
 
     def mount_at(folder, size: str):
@@ -176,9 +215,11 @@ def small_disk(tmp_path):
         proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+            if not FULL.exists():
+                pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}) and no {FULL}")
+            return folder, False
         mounted.append(folder)
-        return folder
+        return folder, True
 
     yield mount_at
     for folder in mounted:
@@ -191,9 +232,19 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
     left on <folder>" with the bytes needed."""
     from torchllm.checkpoint import checkpointer, saver
 
-    disk = small_disk(tmp_path / "run" / "checkpoint", "8m")
+    disk, mounted = small_disk(tmp_path / "run" / "checkpoint", "8m")
     for module in (checkpointer, saver):  # the launch's check and the save's: "plenty"
         monkeypatch.setattr(module, "free_bytes", lambda folder: 1 << 40)
+    if not mounted:  # DCP's own writer writes rank 0's data file into /dev/full
+        save = saver.dcp.save
+
+        def into_full(state, storage_writer):
+            step = Path(storage_writer.path)
+            step.mkdir(parents=True, exist_ok=True)
+            (step / "__0_0.distcp").symlink_to(FULL)
+            return save(state, storage_writer=storage_writer)
+
+        monkeypatch.setattr(saver.dcp, "save", into_full)
     trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
                                   "--training.steps=1"))
     with pytest.raises(CheckpointSaveError) as err:
@@ -206,12 +257,16 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
     assert list(disk.iterdir()) == []  # the partial step removed
 
 
-def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, capfd):
+def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, capfd,
+                                                         monkeypatch):
     """`python -m torchllm.train` (what each rank runs) with its checkpoint folder on a disk
     without room for one save: exit 4 with one line, before any step."""
+    from torchllm.checkpoint import checkpointer
     from torchllm.train import main
 
-    disk = small_disk(tmp_path / "run" / "checkpoint", "1m")
+    disk, mounted = small_disk(tmp_path / "run" / "checkpoint", "1m")
+    if not mounted:  # what a 1 MB disk reports
+        monkeypatch.setattr(checkpointer, "free_bytes", lambda folder: 1 << 20)
     assert main(tiny_args(tmp_path, "--checkpoint.enable", "--job.run_name=run")) == 4
     out = capfd.readouterr()
     text = out.out + out.err
@@ -221,22 +276,35 @@ def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, 
     assert "step     1" not in text and "Traceback" not in text
 
 
-def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path):
+def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path, monkeypatch, capfd):
     """`python -m torchllm.data.prepare` into a 256 KB tmpfs: exit 1 with one line naming the
-    folder and what a shard needs; nothing left behind."""
-    disk = small_disk(tmp_path / "disk", "256k")
+    folder and what a shard needs; nothing left behind. (Without a tmpfs: prepare's main in
+    this process, its first shard's bytes going to /dev/full after a partial header.)"""
+    disk, mounted = small_disk(tmp_path / "disk", "256k")
     out = disk / "shards"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.data.prepare", "--dataset",
-         f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer", "bytes",
-         "--out", str(out), "--shard-tokens", "50000", "--workers", "1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
-    assert lines == [x for x in proc.stderr.splitlines() if x.strip() and "tokenizing" not in x]
-    assert lines[0].startswith(f"error: no space left on {out} writing "), proc.stderr
+    args = ["--dataset", f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer",
+            "bytes", "--out", str(out), "--shard-tokens", "50000", "--workers", "1"]
+    if mounted:
+        proc = subprocess.run([sys.executable, "-m", "torchllm.data.prepare", *args],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        code, err = proc.returncode, proc.stderr
+    else:
+        from torchllm.data import prepare
+
+        def into_full(path, tokens):
+            path.write_bytes(b"TLLMSHRD")  # a partial shard, to be removed
+            with FULL.open("wb", buffering=0) as f:
+                f.write(tokens.tobytes())
+
+        monkeypatch.setattr(prepare, "write_shard", into_full)
+        code, err = prepare.main(args), capfd.readouterr().err
+    assert code == 1, err[-3000:]
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert lines == [x for x in err.splitlines() if x.strip() and "tokenizing" not in x]
+    assert lines[0].startswith(f"error: no space left on {out} writing "), err
     assert "needs ~0.00019 GiB per shard (--shard-tokens 50,000" in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in err
     assert not out.exists() and list(disk.iterdir()) == []
 
 
@@ -247,9 +315,9 @@ def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tm
     save failing with it says "no space left on <folder>"."""
     import torch
 
-    disk = small_disk(tmp_path / "full", "64k")
+    disk, mounted = small_disk(tmp_path / "full", "64k")
     with pytest.raises(RuntimeError) as real:
-        torch.save({"a": torch.zeros(100_000)}, disk / "x.pt")
+        torch.save({"a": torch.zeros(100_000)}, disk / "x.pt" if mounted else FULL)
     assert "unexpected pos" in str(real.value) and not isinstance(real.value, OSError)
     trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
                                   "--training.steps=1"))

@@ -98,29 +98,51 @@ HINTS = {
 }
 
 
+def hub_sha256(name: str) -> str | None:
+    """SHA-256 of the tokenizer.json of Hub repo `name` in the local Hugging Face cache (never
+    the network: what `hf download NAME tokenizer.json` or an online run left there), or None."""
+    if name == "bytes":
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "tokenizer.json")
+    except ValueError:  # not a Hub repo id (HFValidationError)
+        return None
+    return sha256_of(cached) if isinstance(cached, str) else None
+
+
 def check_same_tokenizer(saved: dict | None, now: dict | None, where: str, use: str) -> None:
     """The one check that the tokenizer `now` (tokenizer_record) is the one the
     weights at `where` were trained with (`saved`, the record in its marker): the same base
     tokenizer by the SHA-256 of its file (by name when neither is a file; a file against a Hub
-    name cannot be compared). `use`: 'resume', 'initial load' or 'inference' (which also needs
+    name: against the Hub repo's tokenizer.json in the local cache, `hub_sha256`, and refused
+    when that is not there: the two cannot be told apart). `use`: 'resume', 'initial load' or 'inference' (which also needs
     the same ids: chat tokens included). A differing one is a ConfigError naming both, except
     at an initial load with data.tokenizer = 'train' (now['new']): a warning. The ids added to
     the same base (chat tokens) are vocab_resize.plan_growth's."""
     if not saved or not now:
         return
     a, b = saved.get("base_sha256"), now.get("base_sha256")
+    unknown = ""
     if a and b:
         same = a == b
     elif a is None and b is None:
         same = saved["name"] == now["name"]
-    else:
-        return
+    else:  # a file against a Hub name: the Hub repo's tokenizer.json as the local cache has it
+        hub = saved if a is None else now
+        digest = hub_sha256(hub["name"])
+        same = digest == (a or b)
+        if digest is None:
+            unknown = (f" ({hub['name']} is not a file, and no tokenizer.json of it is in the "
+                       "local Hugging Face cache to compare by SHA-256: `hf download "
+                       f"{hub['name']} tokenizer.json` puts it there)")
     if use == "inference":
         same = same and saved.get("vocab_size") == now.get("vocab_size")
     if same:
         return
     both = (f"{where} was trained with tokenizer {_named(saved)}, but this run's is "
-            f"{_named(now)}")
+            f"{_named(now)}{unknown}")
     if use == "initial load" and now.get("new"):
         logger.warning("%s (data.tokenizer = %r): the loaded embedding and output rows belong "
                        "to the other tokenizer's ids, so expect a high loss at first", both, NEW)

@@ -6,7 +6,7 @@
 
 Documents are read in order, tokenized with BOS/EOS in worker processes (order preserved) and
 each appended to one of two splits, cut into shards of exactly --shard-tokens tokens (the last
-may be shorter). See torchllm/data/shards.py for the format.
+may be shorter). See torchllm/data/sources/shards.py for the format.
 
 The validation split is proportional by default: a document goes to it whenever the split holds
 less than --val-fraction of the tokens read so far (so the first document always does, and then
