@@ -1447,9 +1447,10 @@ MUTANTS = [
     Mutant(
         "lora_resume_optimizer_not_restored",
         "a resume loads the weights but not the optimizer state (the adapters' AdamW moments)",
-        "torchllm/checkpoint/state.py",
-        "        set_optimizer_state_dict(self.model, self.optimizer, sd)",
-        "        pass",
+        "torchllm/checkpoint/loading.py",
+        "            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)",
+        "            error = self.restore.load(path, [*self.cfg.exclude_from_loading, "
+        "\"optimizer\"],\n                                      resume=True)",
         ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
     ),
     Mutant(
