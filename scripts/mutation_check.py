@@ -1480,6 +1480,86 @@ MUTANTS = [
         "    seen, todo = set(), []\n",
         ("tests/test_store_errors.py::test_a_disk_that_fills_during_a_save_is_named",),
     ),
+    Mutant(
+        "lora_resume_optimizer_not_restored",
+        "a resume loads the weights but not the optimizer state (the adapters' AdamW moments)",
+        "torchllm/checkpoint/loading.py",
+        "            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)",
+        "            error = self.restore.load(path, [*self.cfg.exclude_from_loading, "
+        "\"optimizer\"],\n                                      resume=True)",
+        ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
+    ),
+    Mutant(
+        "lora_resume_adam_step_behind",
+        "a resume restores the optimizer's moments with the step counters of the step before",
+        "torchllm/checkpoint/state.py",
+        "        set_optimizer_state_dict(self.model, self.optimizer, sd)",
+        "        for s in sd.get(\"state\", {}).values():\n"
+        "            s[\"step\"] = s[\"step\"] - 1\n"
+        "        set_optimizer_state_dict(self.model, self.optimizer, sd)",
+        ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
+    ),
+    Mutant(
+        "lora_header_total_counts_frozen_only",
+        "the run header's 'of N params' counts the frozen base only (not base + adapters)",
+        "torchllm/models/lora.py",
+        "    total = sum(p.numel() for p in model.parameters())",
+        "    total = sum(p.numel() for p in model.parameters() if not p.requires_grad)",
+        ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
+    ),
+    Mutant(
+        "lora_resume_mismatch_ignores_train_embeddings",
+        "a resume with another lora.train_embeddings is not named (a generic shape error)",
+        "torchllm/models/lora.py",
+        "           for k in (\"enable\", \"rank\", \"target_modules\", \"train_embeddings\")}",
+        "           for k in (\"enable\", \"rank\", \"target_modules\")}",
+        ("tests/test_lora.py::test_resume_with_other_lora_settings_is_one_line_naming_the_key",),
+    ),
+    Mutant(
+        "lora_resume_mismatch_off",
+        "a resume under other [lora] settings never names the key (resume_mismatch finds nothing)",
+        "torchllm/models/lora.py",
+        "    if not old[\"lora.enable\"] and not new[\"lora.enable\"]:\n        return None",
+        "    if True:\n        return None",
+        ("tests/test_lora.py::test_resume_with_other_lora_settings_is_one_line_naming_the_key",),
+    ),
+    Mutant(
+        "lora_tp_not_refused", "LoRA with tensor parallelism is not refused at the launcher",
+        "torchllm/models/lora.py",
+        "            (\"parallelism.tensor_parallel_degree\", dims.tp_enabled,",
+        "            (\"parallelism.tensor_parallel_degree\", False,",
+        ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[tp]",),
+    ),
+    Mutant(
+        "lora_pp_not_refused", "LoRA with pipeline parallelism is not refused at the launcher",
+        "torchllm/models/lora.py",
+        "            (\"parallelism.pipeline_parallel_degree\", dims.pp_enabled,",
+        "            (\"parallelism.pipeline_parallel_degree\", False,",
+        ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[pp]",),
+    ),
+    Mutant(
+        "lora_float8_not_refused", "LoRA with float8 is not refused at the launcher",
+        "torchllm/models/lora.py",
+        "    refused = [(\"float8.enable\", cfg.float8.enable,",
+        "    refused = [(\"float8.enable\", False,",
+        ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[float8]",),
+    ),
+    Mutant(
+        "lora_peft_modules_to_save_dropped",
+        "the PEFT adapter of a lora.train_embeddings run does not declare modules_to_save",
+        "torchllm/hf/peft_names.py",
+        "        \"modules_to_save\": saved or None,",
+        "        \"modules_to_save\": None,",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
+    ),
+    Mutant(
+        "lora_peft_modules_to_save_swapped",
+        "the PEFT adapter saves the trained output head as embed_tokens and the table as lm_head",
+        "torchllm/hf/peft_names.py",
+        "    roots = {\"tok_embeddings\": \"model.embed_tokens\", \"output\": \"lm_head\"}",
+        "    roots = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
+    ),
 ]
 
 

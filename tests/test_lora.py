@@ -83,11 +83,28 @@ def test_bad_lora_values_are_one_line_errors_naming_the_key(tmp_path):
     gpt2 = load_config(["--lora.enable", "--model.name=gpt2", "--lora.target_modules=w3"])
     with pytest.raises(ConfigError, match="gpt2 has no linear layer 'w3'"):
         check_lora(gpt2)
-    with pytest.raises(ConfigError, match="lora.enable with float8.enable is not supported"):
-        check_lora(load_config(["--lora.enable", "--float8.enable", "--float8.emulate"]))
     from torchllm.train import main
 
     assert main(tiny_args(tmp_path, "--lora.enable", "--lora.target_modules=gate")) == 2
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--parallelism.tensor_parallel_degree=2"], "parallelism.tensor_parallel_degree"),
+    (["--parallelism.pipeline_parallel_degree=2"], "parallelism.pipeline_parallel_degree"),
+    (["--float8.enable", "--float8.emulate"], "float8.enable")], ids=["tp", "pp", "float8"])
+def test_lora_with_tp_pp_or_float8_stops_at_the_launcher(tmp_path, capsys, monkeypatch, flags,
+                                                         key):
+    """run_train.sh's launcher (python -m torchllm.run, 2 processes): one line naming the key,
+    exit 2, before any worker starts."""
+    from torchllm.run.launch import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # (the launcher sets it for 2 processes)
+
+    args = tiny_args(tmp_path, "--lora.enable", "--data.dataset=embedded", *flags)
+    assert main(["--nproc_per_node=2", "--nnodes=1", "--standalone", "--", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"run_train: config error: lora.enable with {key} is not supported ")
+    assert "\n" not in err
 
 
 def train_losses(out: str) -> list[float]:
@@ -104,9 +121,19 @@ def run_train_sh(tmp, name: str, *extra: str) -> list[float]:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     header = re.sub(r"\s*\n(\[rank0\]:)?\s*", " ", out)  # (the header wraps its lines)
-    assert re.search(r"LoRA r=8 alpha=16 on wq, wk, wv, wo, w1, w2, w3: [\d,]+ of [\d,]+ params "
-                     r"train \(\d\.\d\d%\)", header)
+    trainable, total = expected_counts(tmp / "debug_model", rank=8)
+    assert (f"LoRA r=8 alpha=16 on wq, wk, wv, wo, w1, w2, w3: {trainable:,} of {total:,} params "
+            f"train ({100 * trainable / total:.2f}%)") in header, header[:3000]
     return train_losses(proc.stdout)
+
+
+def expected_counts(base_run, rank: int) -> tuple[int, int]:
+    """(adapter parameters, all parameters) of the LoRA model on `base_run`'s checkpoint, from
+    the base's saved shapes alone: r * (in + out) beside each targeted (out, in) weight."""
+    base = open_checkpoint(base_run).weights()
+    targets = re.compile(r"layers\.\d+\.(attention|feed_forward)\.(wq|wk|wv|wo|w1|w2|w3)\.weight")
+    adapters = sum(rank * sum(w.shape) for k, w in base.items() if targets.fullmatch(k))
+    return adapters, adapters + sum(w.numel() for w in base.values())
 
 
 @pytest.mark.slow
@@ -121,6 +148,7 @@ def test_shipped_config_trains_adapters_only_resumes_exactly_and_exports(base_ru
     first = run_train_sh(base_run, "resumed", "--training.stop_after_steps=2")
     assert run_train_sh(base_run, "resumed") == straight[2:] and first == straight[:2]
     assert len(straight) == 4
+    assert_same_final_state(base_run / "straight", base_run / "resumed", steps=4)
 
     base = open_checkpoint(base_run / "debug_model").weights()
     tuned = open_checkpoint(base_run / "straight").weights()
@@ -142,23 +170,38 @@ def test_shipped_config_trains_adapters_only_resumes_exactly_and_exports(base_ru
     assert "### completion 1" in capsys.readouterr().out
 
 
+def assert_same_final_state(straight, resumed, steps: int) -> None:
+    """The two-launch run's last checkpoint equals the straight run's bit for bit: every model
+    tensor (frozen base and adapters) and every adapter's AdamW state (exp_avg, exp_avg_sq and
+    step, = `steps`); the frozen weights have no optimizer state."""
+    a, b = open_checkpoint(straight), open_checkpoint(resumed)
+    assert a.step == b.step == steps
+    model, other = a.weights(), b.weights()
+    adapters = {k for k in model if is_adapter_key(k)}
+    assert adapters and other.keys() == model.keys()
+    assert all(torch.equal(model[k], other[k]) for k in model)
+    moments = a.tensors("optimizer.state.")
+    assert moments.keys() == {f"{k}.{m}" for k in adapters for m in ("exp_avg", "exp_avg_sq",
+                                                                      "step")}
+    theirs = b.tensors("optimizer.state.")
+    assert theirs.keys() == moments.keys()
+    for key, value in moments.items():
+        assert torch.equal(value, theirs[key]), key
+        if key.endswith(".step"):
+            assert value.item() == steps, key
+
+
 def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
     """torchllm's LoRA model (as generate and the evals load it) vs peft on the exported base
     + adapter, and vs plain transformers on the merged export (float32)."""
-    import json
-
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from torchllm.eval.loading import load_for_inference
-
-    model, _, tok = load_for_inference(run, "cpu")
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["peft_type"], config["task_type"]) == ("LORA", "CAUSAL_LM")
     assert config["base_model_name_or_path"] == str((adapter / "base").absolute())
-    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    ours, ids = torchllm_logits(run)
     with torch.no_grad():
-        ours = model(ids)[..., : tok.vocab_size]
         base = AutoModelForCausalLM.from_pretrained(adapter / "base", dtype=torch.float32)
         with_adapter = peft.PeftModel.from_pretrained(base, adapter).eval()
         assert isinstance(with_adapter.base_model, peft.LoraModel)
@@ -172,6 +215,26 @@ def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
     assert (ours - without).abs().max() > 100 * tol  # the adapters matter at this tolerance
 
 
+def torchllm_logits(run) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, ids): torchllm's LoRA model as generate and the evals load it, float32."""
+    from torchllm.eval.loading import load_for_inference
+
+    model, _, tok = load_for_inference(run, "cpu")
+    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model(ids)[..., : tok.vocab_size], ids
+
+
+def peft_logits(base_dir, adapter, ids) -> torch.Tensor:
+    """peft's PeftModel of `adapter` on the transformers model in `base_dir`, float32."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return peft.PeftModel.from_pretrained(base, adapter).eval()(ids).logits
+
+
 @pytest.fixture(scope="module")
 def lora_run(base_run):
     """A LoRA run (in-process, 2 steps) from base_run's checkpoint: the adapters moved."""
@@ -181,14 +244,23 @@ def lora_run(base_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+@pytest.mark.parametrize("family", ["llama3", "llama3_embeddings", "qwen3"])
 def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, family):
     """peft on the --adapter export, and transformers on the merged one, vs torchllm (Llama:
-    the RoPE row permutation of wq/wk applies to lora_B; Qwen3: none)."""
+    the RoPE row permutation of wq/wk applies to lora_B; Qwen3: none; lora.train_embeddings:
+    the trained tables as PEFT's modules_to_save)."""
     from torchllm.hf.cli import main as hf_main
 
     run = lora_run
-    if family != "llama3":  # a Qwen3 LoRA run on the base run's tokenizer (fresh weights)
+    if family == "llama3_embeddings":  # adapters + whole embedding table and output head
+        run = base_run / family
+        if not run.exists():
+            Trainer(load_config(lora_args(base_run, family, "--lora.train_embeddings",
+                                          "--training.steps=2", "--checkpoint.interval=2"))).train()
+        base, tuned = (open_checkpoint(r).weights() for r in (base_run / "debug_model", run))
+        for key in ("tok_embeddings.weight", "output.weight"):
+            assert not torch.equal(base[key], tuned[key]), key  # they trained
+    elif family != "llama3":  # a Qwen3 LoRA run on the base run's tokenizer (fresh weights)
         run = base_run / family
         if not run.exists():
             tok = next((base_run / "debug_model" / "data").glob("*.model"))
@@ -201,13 +273,29 @@ def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, fam
         assert hf_main(["export", "--checkpoint", str(run), "--out", str(out), "--overwrite",
                         *extra]) == 0
     assert_exports_match(run, adapter, merged)
+    if family == "llama3_embeddings":
+        from safetensors.torch import load_file
+
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        assert sorted(config["modules_to_save"]) == ["embed_tokens", "lm_head"]
+        saved = load_file(adapter / "adapter_model.safetensors")
+        assert any("embed_tokens" in k for k in saved) and any("lm_head" in k for k in saved)
+        # The adapter alone carries the trained tables: on the *untrained* base (the base
+        # run's own export, its original tables) peft still gives torchllm's logits.
+        original = base_run / "debug_model_hf"
+        if not original.exists():
+            assert hf_main(["export", "--checkpoint", str(base_run / "debug_model"), "--out",
+                            str(original)]) == 0
+        ours, ids = torchllm_logits(run)
+        assert (ours - peft_logits(original, adapter, ids)).abs().max() < 1e-5
 
 
 @pytest.mark.slow
 def test_resume_with_other_lora_settings_is_one_line_naming_the_key(base_run, lora_run):
     for flag, key in (("--lora.rank=4", "lora.rank"),
                       ("--lora.target_modules=wq,wv", "lora.target_modules"),
-                      ("--lora.enable=false", "lora.enable")):
+                      ("--lora.enable=false", "lora.enable"),
+                      ("--lora.train_embeddings", "lora.train_embeddings")):
         cfg = load_config(lora_args(base_run, "lora", "--training.steps=3", flag))
         with pytest.raises(ConfigError) as e:
             Trainer(cfg)
