@@ -1443,6 +1443,14 @@ MUTANTS = [
         "def _build_and_train(",
         ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
     ),
+    # --- issue 43 gaps: offline Hub timing, "next" lines ---
+    Mutant(
+        "hub_offline_imports_datasets", "going offline imports datasets (~4 s) for its switch",
+        "torchllm/hub.py",
+        "    datasets_config = sys.modules.get(\"datasets.config\")",
+        "    import datasets.config as datasets_config",
+        ("tests/test_offline.py::test_hub_offline_switch_does_not_import_datasets",),
+    ),
 ]
 
 
