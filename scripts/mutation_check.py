@@ -1451,6 +1451,19 @@ MUTANTS = [
         "    import datasets.config as datasets_config",
         ("tests/test_offline.py::test_hub_offline_switch_does_not_import_datasets",),
     ),
+    Mutant(
+        "next_hellaswag_ignores_local_copy", "the end block's HellaSwag command downloads although "
+        "eval.hellaswag_data is a local file", "torchllm/report/hook.py",
+        "    if Path(hs).is_file():", "    if False:",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+    Mutant(
+        "next_downstream_wrong_flag", "the end block's downstream command passes the local copies "
+        "with a flag the CLI does not have", "torchllm/report/hook.py",
+        "                      f\"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
 ]
 
 
