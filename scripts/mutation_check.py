@@ -1464,6 +1464,22 @@ MUTANTS = [
         "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
         ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
     ),
+    Mutant(
+        "sft_bench_oracle_drops_end_of_turn", "bench_sft_isolation scores a reply without its "
+        "end-of-turn token (the trainer trains it)", "benchmarks/bench_sft_isolation.py",
+        "        if inside:\n            out.append(t)",
+        "        if inside and i != end:\n            out.append(t)",
+        ("tests/test_chat_isolation.py::"
+         "test_the_sft_isolation_benchmarks_oracle_trains_what_the_trainer_trains",),
+    ),
+    Mutant(
+        "sft_tokens_seen_count_padding", "an SFT run's tokens seen (and tok/s, MFU) count the "
+        "packing's padding as processed tokens", "torchllm/train.py",
+        "        if self.chat_data and \"positions\" in batch:",
+        "        if False:",
+        ("tests/test_chat_isolation.py::"
+         "test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_alone",),
+    ),
 ]
 
 
