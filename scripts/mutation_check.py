@@ -1560,6 +1560,42 @@ MUTANTS = [
         "    roots = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
     ),
+    Mutant(
+        "hub_offline_imports_datasets", "going offline imports datasets (~4 s) for its switch",
+        "torchllm/hub.py",
+        "    datasets_config = sys.modules.get(\"datasets.config\")",
+        "    import datasets.config as datasets_config",
+        ("tests/test_offline.py::test_hub_offline_switch_does_not_import_datasets",),
+    ),
+    Mutant(
+        "next_hellaswag_ignores_local_copy", "the end block's HellaSwag command downloads although "
+        "eval.hellaswag_data is a local file", "torchllm/report/hook.py",
+        "    if Path(hs).is_file():", "    if False:",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+    Mutant(
+        "next_downstream_wrong_flag", "the end block's downstream command passes the local copies "
+        "with a flag the CLI does not have", "torchllm/report/hook.py",
+        "                      f\"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+    Mutant(
+        "sft_bench_oracle_drops_end_of_turn", "bench_sft_isolation scores a reply without its "
+        "end-of-turn token (the trainer trains it)", "benchmarks/bench_sft_isolation.py",
+        "        if inside:\n            out.append(t)",
+        "        if inside and i != end:\n            out.append(t)",
+        ("tests/test_chat_isolation.py::"
+         "test_the_sft_isolation_benchmarks_oracle_trains_what_the_trainer_trains",),
+    ),
+    Mutant(
+        "sft_tokens_seen_count_padding", "an SFT run's tokens seen (and tok/s, MFU) count the "
+        "packing's padding as processed tokens", "torchllm/train.py",
+        "        if self.chat_data and \"positions\" in batch:",
+        "        if False:",
+        ("tests/test_chat_isolation.py::"
+         "test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_alone",),
+    ),
 ]
 
 

@@ -131,7 +131,15 @@ def test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_
     model, cfg, tok = load_for_inference(run, "cpu")
     assert (model.args.attn_mask_type, model.args.restart_positions_per_document) == (
         "block_causal", True)
-    batch = next(iter(build_data(cfg, tok, 0, 1)[0]))
+    loader = iter(build_data(cfg, tok, 0, 1)[0])
+    served = [next(loader) for _ in range(3)]  # the 3 steps' batches, in the run's order
+    batch = served[0]
+    # Tokens seen count the tokens the model processed: every input but the packing's padding
+    # (the EOS id, which the chat template never writes), not only the trained ones.
+    processed = sum(int((b["inputs"] != tok.eos_id).sum()) for b in served)
+    trained = sum(int((b["targets"] != -100).sum()) for b in served)
+    assert trained < processed < sum(b["inputs"].numel() for b in served)
+    assert f"tokens      {processed:,} seen in all" in proc.stdout, proc.stdout[-2000:]
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert hf.config.vocab_size == tok.vocab_size == 264
 
@@ -146,3 +154,33 @@ def test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_
                                          restart_positions_per_document=False)
         old = packed(batch["inputs"], batch["positions"])[batch["targets"] != -100]
         assert abs(old.mean() - theirs.mean()) > 1e-3  # the old recipe's loss is not theirs
+
+
+def test_the_sft_isolation_benchmarks_oracle_trains_what_the_trainer_trains(tmp_path):
+    """benchmarks/bench_sft_isolation.py scores conversations alone from the export's rendering:
+    its target positions are the trainer's loss mask (chat/template.py), and its packing count
+    (which conversations are training ones) is window_rows'."""
+    import sys
+
+    from torchllm.data.chat.template import ChatTemplate
+    from torchllm.data.packing.chat import window_rows
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_sft_isolation import assistant_targets, conversations, training_split
+
+    data = write_convs(tmp_path / "chat.jsonl")
+    tok = build_tokenizer(tiny_config(tmp_path, f"--data.dataset=chat:{data}",
+                                      "--data.tokenizer=bytes"), tmp_path / "data")
+    template = ChatTemplate(tok)
+    start, end = tok.added["<|assistant_start|>"], tok.added["<|assistant_end|>"]
+    rendered = [template.render(m) for m in conversations(60)]
+    for r in rendered:
+        assert assistant_targets(r.ids, start, end) == [t for t, on in enumerate(r.trained) if on]
+    for window in (64, 97, 160):  # short windows: some conversations cut, some windows full
+        for val_fraction in (0.05, 0.25):
+            rows, n_train = training_split([len(r.ids) for r in rendered], window, val_fraction)
+            tokens, _, positions, _ = window_rows(rendered, window, "pack", tok.eos_id)
+            held_from = len(tokens) - int(len(tokens) * val_fraction)
+            starts = (positions[:, :-1] == 0) & (positions[:, 1:] == 1)  # a conversation's BOS
+            assert rows == len(tokens) and starts.sum() == len(rendered)
+            assert n_train == starts[:held_from].sum() < len(rendered)

@@ -209,6 +209,11 @@ def fixtures(clone: Path) -> None:
     shared, beside = REPO.parent / "shared", clone.parent / "shared"
     if shared.exists() and not beside.exists():
         beside.symlink_to(shared)
+    # data.md's placeholders for the tokenizer files a user fetched once (its "Offline").
+    for name, source in (("gpt2.tiktoken", "tokenizers/gpt2/gpt2.tiktoken"),
+                         ("llama3_tokenizer.model", "tokenizers/llama3/tokenizer.model")):
+        if (shared / source).is_file():
+            (clone / name).symlink_to(shared / source)
 
 
 def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tuple[str, str]]:

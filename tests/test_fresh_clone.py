@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,10 +57,11 @@ def clone(tmp_path_factory) -> Path:
     return root
 
 
-def launch(clone: Path, config: str, *args: str) -> subprocess.CompletedProcess:
+def launch(clone: Path, config: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http"))}
     env.update(CONFIG_FILE=f"train_configs/{config}.toml", NGPU="1", PYTHONPATH=str(clone),
-               HF_ENDPOINT="https://hub.invalid", HF_HOME=str(clone.parent / "hf_home"))
+               HF_ENDPOINT="https://hub.invalid", HF_HOME=str(clone.parent / "hf_home"),
+               **env_extra)
     return subprocess.run(["./run_train.sh", *args], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=900)
 
@@ -104,9 +106,20 @@ def test_hub_config_fails_offline_in_one_line(clone, config, request):
         request.getfixturevalue("pretrained")
         assert (clone / "outputs" / "debug_midtrain").is_dir() or launch(
             clone, "llama3_debug_midtrain", *TINY).returncode == 0
+    start = time.perf_counter()
     proc = launch(clone, config, *TINY)
+    elapsed = time.perf_counter() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Retrying" not in out and "Traceback" not in out, out[-3000:]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("run_train: ")]
     assert f"config error: {HUB[config]}" in line and "HF_HUB_OFFLINE=1" in line, line
+    # Within seconds: the same launch with HF_HUB_OFFLINE=1 (no network tried, the same
+    # start-up, config check and error) is the baseline. The probe costs well under 5 s on a
+    # quiet machine; the bound is 15 s because start-ups on a loaded 2-core machine vary by +-5 s,
+    # and the Hub's own retries (+25 s, measured: 48 s against 23 s) still fail it.
+    start = time.perf_counter()
+    offline = launch(clone, config, *TINY, HF_HUB_OFFLINE="1")
+    baseline = time.perf_counter() - start
+    assert offline.returncode == 2, (offline.stdout + offline.stderr)[-3000:]
+    assert elapsed - baseline < 15, (elapsed, baseline, out[-2000:])

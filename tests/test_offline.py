@@ -157,3 +157,21 @@ def test_loader_without_torchdata_resumes_exactly(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ConfigError, match="data.num_workers = 2 needs torchdata"):
         loader.TrainLoader(_window_batches(), 0, 1, 2, 2, False)
+
+
+def test_hub_offline_switch_does_not_import_datasets():
+    """An unreachable Hub switches this process offline at once: huggingface_hub's switch, not
+    an import of `datasets` (~4 s with pandas, most of the offline error's delay); datasets,
+    imported later, copies that switch (its config reads huggingface_hub.constants)."""
+    code = (
+        "import sys\n"
+        "from torchllm.hub import prepare_hub\n"
+        "assert prepare_hub() is True\n"
+        "import huggingface_hub.constants as c\n"
+        "assert c.HF_HUB_OFFLINE is True\n"
+        "assert 'datasets' not in sys.modules, 'set_offline imported datasets'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http"))}
+    env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="https://hub.invalid")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -126,6 +126,39 @@ def test_report_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "does not exist" in err[0]
 
 
+def test_next_lines_use_the_runs_local_eval_copies(tmp_path, capfd):
+    """The end block's eval commands with eval.hellaswag_data a local file and
+    eval.tasks_data_dir set: they pass those copies (no download, no comment), quoted, and each
+    command's flags are its CLI's (it fails on the checkpoint, not on an argument); without
+    them (a Hub name, a missing file), the Hub form says it downloads."""
+    import shlex
+
+    from torchllm.eval import downstream, hellaswag
+    from torchllm.report.hook import evals_offline
+
+    hs = tmp_path / "my evals" / "hellaswag_val.jsonl"
+    hs.parent.mkdir()
+    hs.write_text("{}\n")
+    tasks = tmp_path / "task copies"
+    run = tmp_path / "no run"
+    cfg = tiny_config(tmp_path, f"--eval.hellaswag_data={hs}", f"--eval.tasks_data_dir={tasks}")
+    lines = evals_offline(cfg, shlex.quote(str(run)), " --tasks arc_easy,copa")
+    assert [shlex.split(ln) for ln in lines] == [
+        ["python", "-m", "torchllm.eval.hellaswag", "--checkpoint", str(run), "--limit", "200",
+         "--data", str(hs)],
+        ["python", "-m", "torchllm.eval.downstream", "--checkpoint", str(run), "--tasks",
+         "arc_easy,copa", "--data-dir", str(tasks)]]
+    for cli, line in zip((hellaswag, downstream), lines):
+        assert cli.main(shlex.split(line)[3:]) == 2
+        err = capfd.readouterr().err
+        assert f"checkpoint path {run} is not a folder" in err and "unrecognized" not in err
+    for where in (str(tmp_path / "missing.jsonl"), "Rowan/hellaswag"):
+        cfg = tiny_config(tmp_path, f"--eval.hellaswag_data={where}")
+        hub_hs, hub_tasks = evals_offline(cfg, "RUN", "")
+        assert hub_hs.endswith("--limit 200  # downloads it; offline: --data hellaswag_val.jsonl")
+        assert hub_tasks.endswith("# downloads them; offline: --data-dir DIR (docs/evaluation.md)")
+
+
 @pytest.mark.slow
 def test_train_log_stdout_stderr_and_the_end_block(tmp_path, capfd):
     """main(): training lines on stdout, warnings on stderr, both in RUN/train.log, appended

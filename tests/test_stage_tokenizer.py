@@ -18,9 +18,10 @@ import pytest
 
 from torchllm.run.tokenizer import stage_tokenizer
 from torchllm.config import load_config
+from torchllm.data.sources.embedded import TINY_SHAKESPEARE
 from torchllm.data.tokenizer_training import train_sentencepiece
 
-from conftest import REPO, shared_path, tiny_args
+from conftest import REPO, tiny_args
 
 MIDTRAIN = "train_configs/llama3_debug_midtrain.toml"
 SFT = "train_configs/llama3_debug_sft.toml"
@@ -124,7 +125,7 @@ def base(tmp_path_factory):
     a 512-piece tokenizer of the same size trained on other text, and that other text (the
     'novel' a next stage trains on)."""
     root = tmp_path_factory.mktemp("stages")
-    text = shared_path("data", "tinyshakespeare.txt").read_text()
+    text = TINY_SHAKESPEARE.read_text()  # shipped with the package: no ../shared needed
     (root / "a.txt").write_text(text[:200_000])
     (root / "novel.txt").write_text(text[600_000:700_000])
     code, out = run_train(root, *SMALL, f"--data.dataset=local:{root / 'a.txt'}",

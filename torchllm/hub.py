@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import urllib.parse
 
 OFFLINE_HINT = ("offline? set HF_HUB_OFFLINE=1 (only files already in the Hugging Face cache "
@@ -43,19 +44,17 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def set_offline() -> None:
     """Offline mode for huggingface_hub and datasets in this process (its modules' switches,
-    not the environment: a child process probes for itself)."""
+    not the environment: a child process probes for itself). `datasets` is not imported here
+    (~4 s with pandas): imported later, its config copies huggingface_hub's switch."""
     try:
         import huggingface_hub.constants as hub_constants
 
         hub_constants.HF_HUB_OFFLINE = True
     except ImportError:
         pass
-    try:
-        import datasets.config as datasets_config
-
+    datasets_config = sys.modules.get("datasets.config")
+    if datasets_config is not None:
         datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
-    except ImportError:
-        pass
 
 
 def prepare_hub() -> bool:
