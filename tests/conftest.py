@@ -20,6 +20,17 @@ if "TORCHLLM_CACHE_DIR" not in os.environ:
     os.environ["TORCHLLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchllm-test-cache-")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's share of the cores: N workers on N cores each running
+    torch with N threads (and each training subprocess they launch too) oversubscribe the machine,
+    and torch's OpenMP threads spin-waiting for a core made the suite slower than one worker."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the subprocesses tests launch
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, with the reason, where no CUDA device is visible."""
     if torch.cuda.is_available():
