@@ -217,6 +217,8 @@ FREE_FORM = {
     "eval.tasks",  # 'name' or 'name:K': parsed and checked by torchllm.eval.downstream
     "parallelism.pipeline_parallel_split_points",  # block names: checked by check_pipeline
     "job.custom_import",  # a module name: imported (and named if it cannot be) when the config loads
+    "optimizer.name",  # a registered OptimizerSpec (optim/registry.py, job.custom_import may add
+                       # one): checked at launch, test_optimizer_plugin.py
 }
 
 
