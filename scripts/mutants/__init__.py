@@ -1,0 +1,32 @@
+"""The planted bugs of scripts/mutation_check.py, one module per area of the code (by the file
+each patches). A new mutant goes at the end of its area's MUTANTS list."""
+
+from __future__ import annotations
+
+from mutants import training
+from mutants import config
+from mutants import models
+from mutants import data
+from mutants import parallel
+from mutants import checkpoint
+from mutants import hf
+from mutants import metrics
+from mutants import eval
+from mutants import run
+from mutants import tools
+from mutants.base import Mutant
+
+MUTANTS = [
+    *training.MUTANTS,
+    *config.MUTANTS,
+    *models.MUTANTS,
+    *data.MUTANTS,
+    *parallel.MUTANTS,
+    *checkpoint.MUTANTS,
+    *hf.MUTANTS,
+    *metrics.MUTANTS,
+    *eval.MUTANTS,
+    *run.MUTANTS,
+    *tools.MUTANTS,
+]
+__all__ = ["MUTANTS", "Mutant"]

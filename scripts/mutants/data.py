@@ -1,0 +1,210 @@
+"""Mutants of data: sources, packing, chat, mixtures, tokenizers, prepare (scripts/mutation_check.py runs them)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+MUTANTS = [
+    Mutant(
+        "loader_draws_global_rng",
+        "iter(train loader) draws its worker seed from the global torch RNG after a restore",
+        "torchllm/data/loader.py",
+        "                      generator=torch.Generator().manual_seed(0))",
+        "                      )",
+        ("tests/test_checkpoint.py::test_split_run_equals_straight_run_bit_for_bit",),
+    ),
+    Mutant(
+        "prepare_in_place", "prepare writes its shards straight into --out (no swap at the end)",
+        "torchllm/data/prepare.py",
+        "        index = _prepare(dcfg, tokenizer_spec, tmp, shard_tokens,",
+        "        index = _prepare(dcfg, tokenizer_spec, out, shard_tokens,",
+        ("tests/test_data_safety.py::"
+         "test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds",),
+    ),
+    Mutant(
+        "unlisted_shard_read", "training ignores shard files index.json does not list",
+        "torchllm/data/sources/shards.py",
+        "        if SHARD_FILE.fullmatch(name) and name not in listed:",
+        "        if False:",
+        ("tests/test_data_safety.py::test_training_refuses_a_shard_not_listed_in_the_index",),
+    ),
+    Mutant(
+        "sft_without_targets", "chat data with no assistant turn trains (loss nan, 0 tokens)",
+        "torchllm/data/packing/chat.py", "    if not mask[: source.windows_per_epoch, 1:].any():",
+        "    if False:",
+        ("tests/test_data_safety.py::test_sft_data_without_an_assistant_turn_stops_at_start",),
+    ),
+    Mutant(
+        "mixture_stream_position_lost",
+        "a resumed mixture restores its batch count but not its streamed sources' positions",
+        "torchllm/data/mixture.py", "            src.load_state_dict(state[\"streams\"][s])\n",
+        "            pass\n",
+        ("tests/test_data_kinds.py::test_a_mixture_with_a_stream_resumes_exactly",),
+    ),
+    Mutant(
+        "tokenizer_paragraphs_only",
+        "the tokenizer trainer gets blank-line paragraphs (long ones are silently skipped)",
+        "torchllm/data/tokenizer_training.py", "            for chunk in training_chunks(text):\n",
+        "            for chunk in text.split(\"\\n\\n\"):\n",
+        ("tests/test_tokenizer_text.py::test_nothing_is_silently_dropped",
+         "tests/test_tokenizer_text.py::test_the_train_cli_on_a_single_real_shaped_file"),
+    ),
+    Mutant(
+        "chat_mask_past_end_of_turn",
+        "a Jinja template's loss mask also trains what follows the end-of-turn token",
+        "torchllm/data/chat/jinja.py",
+        "                trained[k] = last is None or k <= last\n",
+        "                trained[k] = True\n",
+        ("tests/test_chat_template.py::"
+         "test_own_template_renders_like_transformers_and_masks_the_assistant_turns",),
+    ),
+    Mutant(
+        "ran_out_every_epoch", "a mixture source logs every epoch it runs out",
+        "torchllm/data/mixture.py", "                if self.rollovers[s] == 1:\n",
+        "                if self.rollovers[s] >= 1:\n",
+        ("tests/test_header_fixes.py::test_a_source_that_runs_out_every_step_says_so_once",),
+    ),
+    Mutant(
+        "bytes_prefix_space", "the bytes tokenizer adds a space before each text (ids shift)",
+        "torchllm/data/byte_tokenizer.py", "ByteLevel(add_prefix_space=False, use_regex=True)",
+        "ByteLevel(add_prefix_space=True, use_regex=True)",
+        ("tests/test_hf_tokenizer_export.py::test_bytes_tokenizer_is_utf8_bytes_and_exports_with_"
+         "the_same_ids",),
+    ),
+    Mutant(
+        "chat_hub_read_whole", "chat:hf:NAME conversations are read whole at start, not streamed",
+        "torchllm/data/packing/chat.py", "        if ds.source.streams:\n", "        if False:\n",
+        ("tests/test_chat_stream.py::test_a_chat_hub_dataset_is_streamed_not_read_whole",
+         "tests/test_chat_stream.py::test_a_chat_stream_serves_whole_conversations_in_stream_order"),
+    ),
+    Mutant(
+        "chat_stream_mask_not_restored", "a resumed chat stream loses the loss mask of its "
+        "unbatched tokens", "torchllm/data/sources/hf.py",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = state\n",
+        "    def load_state_dict(self, state: dict) -> None:\n        self.state = {**state, "
+        "**({'trained': [True] * len(state['trained'])} if 'trained' in state else {})}\n",
+        ("tests/test_chat_stream.py::test_a_text_and_chat_stream_mixture_resumes_exactly",),
+    ),
+    Mutant(
+        "remote_shards_read_whole",
+        "a shard object on a store is fetched whole for every window (not its byte range)",
+        "torchllm/data/token_stream.py",
+        "        data = self.storage.read_range(self.part.path, base + lo * self.itemsize,\n"
+        "                                       base + hi * self.itemsize)\n"
+        "        return np.frombuffer(data, dtype=self.part.dtype)\n",
+        "        data = self.storage.read_range(self.part.path, base,\n"
+        "                                       base + self.part.length * self.itemsize)\n"
+        "        return np.frombuffer(data, dtype=self.part.dtype)[lo:hi]\n",
+        ("tests/test_object_storage.py::test_shards_on_a_bucket_train_the_same_batches_as_on_"
+         "disk",),
+    ),
+    Mutant(
+        "remote_shards_header_as_tokens",
+        "ranged reads of a shard object start at the file's first byte, not after the header",
+        "torchllm/data/token_stream.py",
+        "        base = self.part.offset\n",
+        "        base = 0\n",
+        ("tests/test_object_storage.py::test_shards_on_a_bucket_train_the_same_batches_as_on_"
+         "disk",),
+    ),
+    Mutant(
+        "local_data_not_preflighted", "the launcher's pre-flight check does not look for local files",
+        "torchllm/data/sources/local.py",
+        "        local_files(self.location)  # a missing file",
+        "        pass  # a missing file",
+        ("tests/test_run_safety.py::test_launcher_config_error_is_one_line_before_torchrun",),
+    ),
+    Mutant(
+        "prepare_val_takes_big_documents_whole",
+        "prepare gives validation a whole document whenever it is behind its fraction, counting "
+        "the document first (one big document makes most of the corpus validation)",
+        "torchllm/data/prepare.py",
+        "        if n <= max(room, self.WHOLE_DOCUMENT):\n",
+        "        if True:\n",
+        ("tests/test_prepare_split.py::test_a_big_document_cannot_swell_the_validation_split",),
+    ),
+    Mutant(
+        "chat_packing_explicit_causal_accepted",
+        "an explicit causal mask with packed conversations trains silently",
+        "torchllm/data/packing/chat.py",
+        '    if mask != "block_causal" or not restart:\n        key = (',
+        '    if False:\n        key = (',
+        ("tests/test_chat_isolation.py::test_packed_conversations_train_as_if_each_were_alone",),
+    ),
+    Mutant(
+        "chat_llama3_header_newlines_apart",
+        "Llama 3's header \"\\n\\n\" tokenized apart from the content (a reply starting with "
+        "\"\\n\" gets 271, 198 where apply_chat_template gives 1432)",
+        "torchllm/data/chat/template.py",
+        '                head = head[: -len(self.tokenizer.encode("\\n\\n"))]\n'
+        '                body = self.tokenizer.encode("\\n\\n" + content)\n',
+        '                body = self.tokenizer.encode(content)\n',
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tiktoken-llama3]",),
+    ),
+    Mutant(
+        "chat_jinja_mask_by_token_start",
+        "a template's token that merges the header's end with the reply's start is not a target "
+        "(transformers' assistant mask counts it)",
+        "torchllm/data/chat/jinja.py",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if s < end and e > start]",
+        "            inside = [k for k, (s, e) in enumerate(offsets) if start <= s < end]",
+        ("tests/test_chat_template.py::test_every_tokenizer_kind_renders_36_conversations_"
+         "like_transformers[tokenizer.json-llama3-split]",),
+    ),
+    Mutant(
+        "local_text_bom_kept",
+        "a UTF-8 byte-order mark starting a local .txt file is read as text",
+        "torchllm/data/sources/local.py",
+        '            kwargs["encoding"] = "utf-8-sig"',
+        '            kwargs["encoding"] = "utf-8"',
+        ("tests/test_local_text_bom.py::test_a_bom_starting_a_local_text_file_is_not_read",),
+    ),
+    Mutant(
+        "single_document_note_missing", "a one-file corpus gives its end to validation without a word",
+        "torchllm/data/sources/base.py",
+        "        if len(starts) == 1 and held_out:",
+        "        if False:",
+        ("tests/test_data_kinds.py::test_a_single_file_corpus_says_its_end_is_the_validation_split",),
+    ),
+    Mutant(
+        "prepare_disk_full_traceback",
+        "prepare on a full disk ends in a traceback",
+        "torchllm/data/prepare.py",
+        "        if e.errno != errno.ENOSPC:\n",
+        "        if True:\n",
+        ("tests/test_store_errors.py::test_prepare_on_a_full_disk_is_one_line",),
+    ),
+    Mutant(
+        "data_fingerprint_ignores_tokens",
+        "the data fingerprint records the sources' names only: re-prepared shards resume at the "
+        "old position",
+        "torchllm/data/fingerprint.py",
+        '    content = [stream_digest(s) if s is not None else "stream" for s in _streams(dataset)]\n',
+        '    content = ["stream" for s in _streams(dataset)]\n',
+        ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[corpus]",),
+    ),
+    Mutant(
+        "chat_padding_counted_as_processed", "a packed chat batch's padding counts as tokens processed",
+        "torchllm/data/packing/chat.py",
+        "    return (positions > 0).sum() + starts.sum()",
+        "    return positions.numel()",
+        ("tests/test_data_chat.py::test_unpadded_tokens_count_conversation_inputs_not_padding",),
+    ),
+    Mutant(
+        "inference_trains_the_tokenizer", "generate / evals / export train an 'auto' tokenizer "
+        "a checkpoint lacks (on whatever data its config names)", "torchllm/data/__init__.py",
+        "    if not train:\n        if not path.is_file():\n",
+        "    if False:\n        if not path.is_file():\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_generate_never_trains_a_missing_tokenizer_nor_takes_another",),
+    ),
+    Mutant(
+        "corpus_documents_without_eos",
+        "an in-memory text source packs its documents without their EOS token",
+        "torchllm/data/sources/base.py",
+        "            tokenizer.encode(text, bos=True, eos=True) for text in self.texts()\n",
+        "            tokenizer.encode(text, bos=True, eos=False) for text in self.texts()\n",
+        ("tests/test_data_howto.py::test_a_toy_source_packs_its_documents_into_the_windows",),
+    ),
+]

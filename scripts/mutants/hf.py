@@ -1,0 +1,95 @@
+"""Mutants of Hugging Face import/export, PEFT adapters (scripts/mutation_check.py runs them)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+MUTANTS = [
+    Mutant(
+        "export_mode_0600", "exported .safetensors keep safetensors' 0600 mode",
+        "torchllm/hf/files.py", "    os.chmod(path, file_mode())\n", "",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "output_replaced", "convert to-file / to-dcp silently replace an existing output",
+        "torchllm/hf/files.py", "    if out.exists() and not overwrite:\n",
+        "    if False:\n",
+        ("tests/test_hf_export.py::"
+         "test_export_files_follow_the_umask_and_are_replaced_only_with_overwrite",),
+    ),
+    Mutant(
+        "export_without_chat_template", "the export writes no chat_template for a chat run",
+        "torchllm/hf/tokenizer.py",
+        '        config["chat_template"], end_of_turn = found\n',
+        "        end_of_turn = found[1]\n",
+        ("tests/test_hf_tokenizer_export.py::"
+         "test_chat_template_in_the_export_gives_the_runs_chat_ids",),
+    ),
+    Mutant(
+        "export_skips_checksums",
+        "hf export resolves the checkpoint without checking it (a flipped byte exports)",
+        "torchllm/hf/export.py",
+        "else open_checkpoint(checkpoint)",
+        "else CheckpointReader.find(checkpoint)",
+        ("tests/test_checkpoint_trust.py::test_generate_and_export_refuse_a_flipped_byte",),
+    ),
+    Mutant(
+        "hf_import_bad_safetensors_unnamed",
+        "hf import of a bad .safetensors prints safetensors' error without the file",
+        "torchllm/hf/folder.py",
+        "        except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not "
+        "one\n",
+        "        except ImportError as e:\n",
+        ("tests/test_hf_export.py::"
+         "test_import_of_a_truncated_garbage_or_empty_safetensors_names_the_file",),
+    ),
+    Mutant(
+        "hf_initial_load_tokenizer_unchecked", "initial_load_in_hf accepts another tokenizer "
+        "than the folder's", "torchllm/hf/load.py",
+        '    check_same_tokenizer(hf_record(hf_dir), tokenizer,\n',
+        '    (hf_record(hf_dir), tokenizer,\n',
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer",),
+    ),
+    Mutant(
+        "hf_import_seed_without_tokenizer", "hf import writes a seed with no config.toml and no "
+        "tokenizer", "torchllm/hf/load.py",
+        "    save_seed_checkpoint(weights, out, step,\n"
+        "                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, "
+        "hf_vocab))\n",
+        "    save_seed_checkpoint(weights, out, step)\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
+    ),
+    Mutant(
+        "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
+        "torchllm/hf/peft_names.py",
+        "            b = rope_meta_to_hf(b, heads)",
+        "            pass",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
+    ),
+    Mutant(
+        "generation_config_without_sampling", "the export's generation_config.json leaves out the run's sampling defaults",
+        "torchllm/hf/export.py",
+        '    gen["max_new_tokens"] = sampling.max_new_tokens',
+        '    pass',
+        ("tests/test_hf_export.py::test_export_writes_a_generation_config_transformers_follows",),
+    ),
+    Mutant(
+        "lora_peft_modules_to_save_dropped",
+        "the PEFT adapter of a lora.train_embeddings run does not declare modules_to_save",
+        "torchllm/hf/peft_names.py",
+        "        \"modules_to_save\": saved or None,",
+        "        \"modules_to_save\": None,",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
+    ),
+    Mutant(
+        "lora_peft_modules_to_save_swapped",
+        "the PEFT adapter saves the trained output head as embed_tokens and the table as lm_head",
+        "torchllm/hf/peft_names.py",
+        "    roots = {\"tok_embeddings\": \"model.embed_tokens\", \"output\": \"lm_head\"}",
+        "    roots = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
+        ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
+    ),
+]

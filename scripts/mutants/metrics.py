@@ -1,0 +1,86 @@
+"""Mutants of metrics, guards, the run report (scripts/mutation_check.py runs them)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+MUTANTS = [
+    Mutant(
+        "partial_norm_local", "a Partial DTensor's norm is taken of this rank's pending share",
+        "torchllm/metrics/norms.py", "            t = t.full_tensor()\n",
+        "            t = t.to_local()\n",
+        ("tests/test_metrics_dist.py::test_reductions_norms_and_per_rank_folders_over_two_ranks",),
+    ),
+    Mutant(
+        "report_loss_against_steps", "the report's loss plot ignores the tokens seen",
+        "torchllm/report/plots.py",
+        "                x = run.tokens_at(series.steps) if by_tokens else series.steps\n",
+        "                x = series.steps\n",
+        ("tests/test_report.py::test_the_run_writes_a_report_whose_plots_are_the_events_values",),
+    ),
+    Mutant(
+        "header_validation_when_off", "the header names the validation split when validation is off",
+        "torchllm/metrics/header.py",
+        "    held_out = val_dataset.describe() if validation else \"\"\n",
+        "    held_out = val_dataset.describe()\n",
+        ("tests/test_header_fixes.py::test_validation_is_named_only_when_it_is_on",),
+    ),
+    Mutant(
+        "end_block_prompt_for_chat_runs", "a chat run's end-of-run block suggests --prompt",
+        "torchllm/report/hook.py", "            ask = ('--chat \"Hi! How are you?\"' if "
+        "reads_conversations(cfg.data)\n", "            ask = ('--chat \"Hi! How are you?\"' "
+        "if False\n",
+        ("tests/test_data_kinds.py::test_run_train_sh_trains_the_shipped_sft_config",),
+    ),
+    Mutant(
+        "cpu_peak_raised_to_fit", "the CPU peak is raised to what a step reached (MFU ~100% by construction)",
+        "torchllm/metrics/flops.py",
+        "        if achieved > self.flops and not self.warned:",
+        "        self.flops = max(self.flops, achieved)\n        if achieved > self.flops and not self.warned:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
+    Mutant(
+        "cpu_peak_not_cached", "the CPU peak is measured again at every start",
+        "torchllm/metrics/flops.py",
+        "    if remeasure or not isinstance(entry, dict) or not entry.get(\"flops\"):",
+        "    if True:",
+        ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
+         "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
+    ),
+    Mutant(
+        "console_loss_is_the_steps_own", "the console's loss is the logging step's own, not the interval's mean",
+        "torchllm/metrics/metrics_logger.py",
+        "                                      loss=self.interval_loss()))",
+        "                                      loss=None))",
+        ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
+    ),
+    Mutant(
+        "report_mixture_rows_as_repr", "the comparison report shows a mixture's unused data.dataset and a DataSource repr",
+        "torchllm/report/markdown.py",
+        '        flat["data.sources"] = ", ".join(f"{s.dataset} x {s.weight:g}" for s in sources)\n'
+        '        flat["data.dataset"] = "(mixture: data.sources)"',
+        "        pass",
+        ("tests/test_report.py::test_differences_show_a_mixtures_sources_and_weights",),
+    ),
+    Mutant(
+        "throughput_counts_trained_tokens", "tokens/s, MFU and tokens seen count only the trained (assistant) tokens",
+        "torchllm/metrics/reduce.py",
+        '    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[2]}',
+        '    stats = {"loss": total[0] / total[1], "trained_tokens": total[1], "tokens": total[1]}',
+        ("tests/test_data_chat.py::test_sft_throughput_counts_processed_tokens_and_trained_ones_apart",),
+    ),
+    Mutant(
+        "next_hellaswag_ignores_local_copy", "the end block's HellaSwag command downloads although "
+        "eval.hellaswag_data is a local file", "torchllm/report/hook.py",
+        "    if Path(hs).is_file():", "    if False:",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+    Mutant(
+        "next_downstream_wrong_flag", "the end block's downstream command passes the local copies "
+        "with a flag the CLI does not have", "torchllm/report/hook.py",
+        "                      f\"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+]

@@ -1,0 +1,128 @@
+"""Mutants of the launcher, run folder and lock, stopping (scripts/mutation_check.py runs them)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+LOCK_LOG = """            logger.warning("taking over the stale lock %s of host %s pid %s: %s",
+                           self.path, info.get("host"), info.get("pid"), reason)
+"""
+
+LOCK_ASIDE = """            aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}")
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return False
+"""
+
+MUTANTS = [
+    Mutant(
+        "time_limit_ignored", "training.time_limit_minutes never stops the run",
+        "torchllm/run/stopping.py",
+        "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
+        "            if False:",
+        ("tests/test_train.py::test_time_limit_saves_and_stops_before_the_limit",),
+    ),
+    Mutant(
+        "ranks_stop_alone", "a rank that gets SIGTERM stops without telling the others",
+        "torchllm/run/stopping.py",
+        "        if any_rank(reason is not None, self.device) and reason is None:",
+        "        if False:",
+        ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
+    ),
+    Mutant(
+        "lock_takeover_unverified", "a stale-lock takeover renames aside whatever run.lock is "
+        "by then (another launch's new lock), so two launches both hold the run folder",
+        "torchllm/run/runlock.py",
+        """            if _identity(self.path) != ident:
+                return False  # renewed, released or taken over since it was read
+""" + LOCK_LOG + LOCK_ASIDE + """            if _identity(aside) != ident:  # a new lock, created in between: put it back
+                try:
+                    os.link(aside, self.path)
+                except FileExistsError:
+                    pass
+                aside.unlink()
+                return False
+""", LOCK_LOG + LOCK_ASIDE,
+        ("tests/test_runlock.py::test_racing_launches_take_over_a_stale_lock_once",
+         "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
+    ),
+    Mutant(
+        "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
+        "torchllm/run/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
+        "parses them with\n", "",
+        ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
+    ),
+    Mutant(
+        "torchrun_tee_left", "torchrun's tee folder is left under TMPDIR",
+        "torchllm/run/launch.py", "    if args.log_dir is None:  # torchrun's tee files",
+        "    if False:  # torchrun's tee files",
+        ("tests/test_train.py::test_run_train_sh_end_to_end",),
+    ),
+    Mutant(
+        "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
+        "torchllm/run/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
+        "    if False:  # rank 0 reports its step",
+        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
+    ),
+    Mutant(
+        "stage_config_keeps_from_initial_load", "the run's config keeps "
+        "'from_initial_load', not the tokenizer it resolved to", "torchllm/run/resolve.py",
+        "    cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
+        "    stage_tokenizer(cfg, log=rank() == 0)\n",
+        ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
+         "load_trained_with",),
+    ),
+    Mutant(
+        "launch_stores_bind_all_interfaces",
+        "a single-node launch leaves torchrun's TCPStores on torch's default (every interface)",
+        "torchllm/run/launch.py",
+        "        with loopback_stores() if local else contextlib.nullcontext():",
+        "        with contextlib.nullcontext():",
+        ("tests/test_launch_security.py::"
+         "test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id",),
+    ),
+    Mutant(
+        "launch_fixed_rendezvous_id",
+        "a c10d rendezvous without RDZV_ID gets a fixed, guessable id",
+        "torchllm/run/launch.py",
+        "        args.rdzv_id = secrets.token_hex(16)",
+        "        args.rdzv_id = \"torchllm\"",
+        ("tests/test_launch_security.py::"
+         "test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes",),
+    ),
+    Mutant(
+        "stage_auto_trains_a_new_tokenizer", "data.tokenizer = 'auto' with initial_load_path "
+        "trains a new tokenizer on the stage's data", "torchllm/run/tokenizer.py",
+        '    return tok == FROM_INITIAL_LOAD or (tok == "auto" and '
+        "bool(cfg.checkpoint.initial_load_path))\n",
+        "    return tok == FROM_INITIAL_LOAD\n",
+        ("tests/test_stage_tokenizer.py::"
+         "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
+    ),
+    Mutant(
+        "optimizer_name_not_checked_at_launch", "the launcher's pre-flight check does not look "
+        "optimizer.name up (an unknown one fails only in every worker)",
+        "torchllm/run/launch.py",
+        "    optim.get(cfg.optimizer.name)  # a registered optimizer",
+        "    optim  # a registered optimizer",
+        ("tests/test_optimizer_plugin.py::test_unknown_optimizer_is_refused_by_the_launchers_check",),
+    ),
+    Mutant(
+        "worker_error_not_recorded", "a worker's exception never reaches torchrun's error file "
+        "(TORCHELASTIC_ERROR_FILE): @record dropped from the worker's build-and-train",
+        "torchllm/run/process.py",
+        "@record\ndef _build_and_train(",
+        "def _build_and_train(",
+        ("tests/test_launcher.py::test_an_error_on_rank_1_is_printed_once_on_rank_0s_console",),
+    ),
+    Mutant(
+        "save_error_exit_code_not_4", "a checkpoint that cannot be saved (on_save_error = "
+        "'stop') ends the process with exit code 1, as any crash, not 4",
+        "torchllm/run/failures.py",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 4\n",
+        "    if isinstance(exc, CheckpointSaveError):\n        return 1\n",
+        ("tests/test_store_errors.py::test_a_refusing_store_is_a_save_error_not_a_traceback",
+         "tests/test_store_errors.py::test_a_stalled_store_with_stop_exits_4_naming_the_url"),
+    ),
+]
