@@ -177,19 +177,17 @@ def greedy_answer(run_dir: Path, question: str, device: str) -> str:
 
 def machine() -> str:
     """'N CPUs, <model name>' (Linux's /proc/cpuinfo), else the platform's processor."""
-    try:
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                 if ln.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{os.cpu_count()} CPUs, {names[0] if names else platform.processor()}"
+    from torchllm.precision import cpuinfo
+
+    return f"{os.cpu_count()} CPUs, {cpuinfo('model name') or platform.processor()}"
 
 
 def latest_step(run_dir: Path) -> str | None:
     """The stage-1 checkpoint the SFT run loads (its newest complete step-N)."""
-    steps = sorted((p for p in (run_dir / "checkpoint").glob("step-*")
-                    if (p / "COMPLETE").is_file()), key=lambda p: int(p.name.split("-")[1]))
-    return steps[-1].name if steps else None
+    from torchllm.checkpoint.layout import complete_steps
+
+    steps = complete_steps(run_dir / "checkpoint")
+    return f"step-{steps[-1]}" if steps else None
 
 
 def measure(args) -> dict:
