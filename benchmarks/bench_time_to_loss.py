@@ -236,25 +236,23 @@ def baseline_time(run: dict, target: float) -> float:
 
 
 def summarize(results: dict[str, list[dict]], target: float, baseline: str) -> list[dict]:
-    base_runs = results.get(baseline, [])
-    base_median = statistics.median([baseline_time(r, target) for r in base_runs]) \
-        if base_runs else None
+    base_times = [baseline_time(r, target) for r in results.get(baseline, [])]
+    base_median = statistics.median(base_times) if base_times else None
     rows = []
     for name, runs in results.items():
         times = [time_to(r["curve"], target) for r in runs]
         reached = [t for t in times if t is not None]
         median = statistics.median(reached) if runs and len(reached) == len(runs) else None
+        ours = times
         if name == baseline:
-            median = base_median
+            median, ours = base_median, base_times
         rows.append({
             "contender": name, "runs": len(runs), "time_to_target_s": times,
             "median_time_to_target_s": median,
             "vs_baseline": (median / base_median) if median and base_median else None,
             # each round's time over the baseline's in the same round (rounds alternate)
-            "vs_baseline_by_round": [
-                (t / baseline_time(b, target)) if t is not None else None
-                for t, b in zip([baseline_time(r, target) for r in runs]
-                                if name == baseline else times, base_runs)],
+            "vs_baseline_by_round": [None if t is None else t / b
+                                     for t, b in zip(ours, base_times)],
             "final_val": [r["curve"][-1][2] if r["curve"] else None for r in runs],
             "wall_s": [r["wall"] for r in runs],
             "val_at_baseline_time": [val_at(r["curve"], base_median) for r in runs],
