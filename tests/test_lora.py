@@ -191,9 +191,10 @@ def assert_same_final_state(straight, resumed, steps: int) -> None:
             assert value.item() == steps, key
 
 
-def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
+def assert_exports_match(run, adapter, merged, tol: float = 1e-5):
     """torchllm's LoRA model (as generate and the evals load it) vs peft on the exported base
-    + adapter, and vs plain transformers on the merged export (float32)."""
+    + adapter, and vs plain transformers on the merged export (float32); returns torchllm's
+    (logits, ids)."""
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
@@ -202,8 +203,7 @@ def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
     assert config["base_model_name_or_path"] == str((adapter / "base").absolute())
     ours, ids = torchllm_logits(run)
     with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(adapter / "base", dtype=torch.float32)
-        with_adapter = peft.PeftModel.from_pretrained(base, adapter).eval()
+        with_adapter = peft_model(adapter / "base", adapter)
         assert isinstance(with_adapter.base_model, peft.LoraModel)
         theirs = with_adapter(ids).logits
         plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
@@ -213,6 +213,7 @@ def assert_exports_match(run, adapter, merged, tol: float = 1e-5) -> None:
     assert (ours - theirs).abs().max() < tol
     assert (ours - merged_logits).abs().max() < tol
     assert (ours - without).abs().max() > 100 * tol  # the adapters matter at this tolerance
+    return ours, ids
 
 
 def torchllm_logits(run) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,14 +226,13 @@ def torchllm_logits(run) -> tuple[torch.Tensor, torch.Tensor]:
         return model(ids)[..., : tok.vocab_size], ids
 
 
-def peft_logits(base_dir, adapter, ids) -> torch.Tensor:
-    """peft's PeftModel of `adapter` on the transformers model in `base_dir`, float32."""
+def peft_model(base_dir, adapter):
+    """peft's PeftModel of `adapter` on the transformers model in `base_dir`, float32, eval."""
     import peft
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    with torch.no_grad():
-        return peft.PeftModel.from_pretrained(base, adapter).eval()(ids).logits
+    return peft.PeftModel.from_pretrained(base, adapter).eval()
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +272,7 @@ def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, fam
     for out, extra in ((adapter, ["--adapter"]), (merged, [])):
         assert hf_main(["export", "--checkpoint", str(run), "--out", str(out), "--overwrite",
                         *extra]) == 0
-    assert_exports_match(run, adapter, merged)
+    ours, ids = assert_exports_match(run, adapter, merged)
     if family == "llama3_embeddings":
         from safetensors.torch import load_file
 
@@ -286,8 +286,9 @@ def test_adapter_and_merged_exports_give_torchllm_logits(base_run, lora_run, fam
         if not original.exists():
             assert hf_main(["export", "--checkpoint", str(base_run / "debug_model"), "--out",
                             str(original)]) == 0
-        ours, ids = torchllm_logits(run)
-        assert (ours - peft_logits(original, adapter, ids)).abs().max() < 1e-5
+        with torch.no_grad():
+            theirs = peft_model(original, adapter)(ids).logits
+        assert (ours - theirs).abs().max() < 1e-5
 
 
 @pytest.mark.slow
