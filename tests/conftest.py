@@ -26,7 +26,8 @@ def pytest_configure(config):
     and torch's OpenMP threads spin-waiting for a core made the suite slower than one worker."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the subprocesses tests launch
         torch.set_num_threads(threads)
 
