@@ -11,6 +11,9 @@
 #                 (default: a temporary folder, removed at exit)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
 #   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
+#   TORCHLLM_FORK_WORKERS  CPU launches fork their workers from the launcher (which has imported
+#                 torch and torchllm already: ~4 CPU-s less start-up per worker); 0 starts each
+#                 as `python -u -m torchllm.train`, as CUDA launches always do
 #   RDZV_ID       the c10d rendezvous id: random when unset on one node; several nodes need the
 #                 same secret value (e.g. $(python -c 'import secrets; print(secrets.token_hex(16))'))
 #

@@ -48,6 +48,22 @@ MUTANTS = [
          "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant(
+        "cpu_workers_not_forked", "a CPU launch starts each worker as a fresh interpreter "
+        "(~4 CPU-s of imports per worker again)", "torchllm/run/launch.py",
+        "            if fork_workers(cfg, bar is not None):",
+        "            if False:",
+        ("tests/test_forked_workers.py::test_a_cpu_launch_forks_its_worker_which_trains_as_a_"
+         "fresh_process_would",),
+    ),
+    Mutant(
+        "forked_worker_one_thread", "a forked worker keeps the launcher's single thread",
+        "torchllm/run/launch.py",
+        "    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)\n",
+        "",
+        ("tests/test_forked_workers.py::test_a_cpu_launch_forks_its_worker_which_trains_as_a_"
+         "fresh_process_would",),
+    ),
+    Mutant(
         "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
         "torchllm/run/launch.py", "    check_data(cfg)  # every dataset spec, by the code the trainer "
         "parses them with\n", "",

@@ -20,6 +20,15 @@ from torchllm.log import logger
 from torchllm.parallel import any_rank
 
 
+_received: list[int] = []  # the stop signals this process received (see signal_received)
+
+
+def signal_received() -> bool:
+    """Whether a SIGTERM/SIGINT stopped training in this process (a forked worker then exits at
+    once: torchrun, closing the workers, no longer reads their return values)."""
+    return bool(_received)
+
+
 class StopConditions:
     def __init__(self, tcfg, device: torch.device, start_time: float):
         self.tcfg, self.device, self.start_time = tcfg, device, start_time
@@ -42,6 +51,7 @@ class StopConditions:
                 raise KeyboardInterrupt
             return
         self.stop_signal, self.stop_signal_time = signum, time.monotonic()
+        _received.append(signum)
         logger.warning("received %s: stopping after this step", signal.Signals(signum).name)
 
     def install_signal_handlers(self):

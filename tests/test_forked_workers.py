@@ -1,0 +1,49 @@
+"""A CPU launch forks its workers from the launcher (torch and torchllm imported once, not once
+more per worker); the forked worker trains exactly as a `python -m torchllm.train` worker does.
+
+tests/worker_probe is an optimizer (AdamW) that records, in the worker that builds it, how that
+worker started. TORCHLLM_FORK_WORKERS=0 is torchrun's own worker start, the oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
+        "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1", "--metrics.report=false",
+        "--lr_scheduler.warmup_steps=1", "--job.custom_import=worker_probe",
+        "--optimizer.name=probe_adamw"]
+
+
+def launch(tmp_path, name: str, **env) -> tuple[dict, list[str]]:
+    """run_train.sh on one CPU process; (the worker's probe, its step lines)."""
+    probe = tmp_path / name
+    full = {**os.environ, "NGPU": "1", "PYTHONPATH": os.pathsep.join([str(REPO),
+            str(REPO / "tests")]), "TORCHLLM_TEST_WORKER_PROBE": str(probe), **env}
+    full.pop("OMP_NUM_THREADS", None)  # a user's shell: the worker picks its thread count
+    proc = subprocess.run(["./run_train.sh", f"--job.dump_folder={tmp_path}",
+                           f"--job.run_name={name}", *TINY], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    steps = [line[line.index("step "):line.index("| tok/s")] for line in proc.stdout.splitlines()
+             if "| loss " in line]  # step, loss, lr, grad norm
+    return json.loads((tmp_path / f"{name}.0.json").read_text()), steps
+
+
+@pytest.mark.slow
+def test_a_cpu_launch_forks_its_worker_which_trains_as_a_fresh_process_would(tmp_path):
+    forked, forked_steps = launch(tmp_path, "forked")
+    spawned, spawned_steps = launch(tmp_path, "spawned", TORCHLLM_FORK_WORKERS="0")
+    # The forked worker is a copy of the launcher (its command line); the other is torchrun's
+    # `python -u -m torchllm.train`.
+    assert "torchllm.run" in forked["argv"] and "torchllm.train" not in forked["argv"], forked
+    assert spawned["argv"][-len(TINY):] == TINY and "torchllm.train" in spawned["argv"]
+    # The launcher ran single-threaded until the fork; the worker has a fresh process's threads.
+    assert forked["threads"] == spawned["threads"] == len(os.sched_getaffinity(0)), (
+        forked, spawned)
+    assert forked_steps == spawned_steps and len(forked_steps) == 3, (forked_steps, spawned_steps)
