@@ -6,7 +6,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -143,20 +142,21 @@ def test_harness_on_cpu_bf16_autocast_within_tolerance_and_wrong_lr_is_caught():
 
 
 @pytest.mark.slow
-def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path):
+def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path, monkeypatch):
     """benchmarks/bench_gpu.py end to end on CPU with the debug model and the transformers peer
     (fp32, 2 rounds): its losses are a direct Trainer run's, its MFU is tokens/s x FLOPs/token /
     peak, its peak memory near the estimate; the peer's row is read back, and the variant's
     ratio is the geometric mean of the rounds' paired ratios, printed in the table."""
     from torchllm.train import Trainer
 
-    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu",
-           "--config", str(REPO / "train_configs/debug_model.toml"), "--seq_len", "32",
-           "--local_batch_size", "2", "--steps", "1", "--warmup", "2", "--variants", "fp32",
-           "--peer", "transformers", "--peer_precision", "fp32", "--rounds", "2",
-           "--out_dir", str(tmp_path), "--data.tokenizer_vocab_size=512"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run(cmd, check=True, env=env, timeout=900, cwd=tmp_path)
+    # main() here, not `python bench_gpu.py` (~5 CPU-s of imports): its runs are processes of
+    # their own either way, the peer's `bench_gpu.py --peer_worker` the script run as a user does.
+    argv = ["--device", "cpu", "--config", str(REPO / "train_configs/debug_model.toml"),
+            "--seq_len", "32", "--local_batch_size", "2", "--steps", "1", "--warmup", "2",
+            "--variants", "fp32", "--peer", "transformers", "--peer_precision", "fp32",
+            "--rounds", "2", "--out_dir", str(tmp_path), "--data.tokenizer_vocab_size=512"]
+    monkeypatch.chdir(tmp_path)
+    assert bench_gpu_module().main(argv) == 0
     stem = f"gpu_cpu_{datetime.date.today().isoformat()}"
     result = json.loads((tmp_path / f"{stem}.json").read_text())
     table = (tmp_path / f"{stem}.md").read_text()
@@ -169,7 +169,11 @@ def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path):
         "--training.steps=3", "--data.tokenizer_vocab_size=512", "--data.num_workers=0",
         "--lr_scheduler.warmup_steps=2", f"--job.dump_folder={tmp_path / 'direct'}",
         "--job.print_config=false", "--metrics.enable_tensorboard=false",
-        "--metrics.progress_bar=false", "--training.mixed_precision=none"]))
+        "--metrics.progress_bar=false", "--training.mixed_precision=none",
+        # what the bench's runs leave out too (after the last step: no loss changes)
+        "--checkpoint.enable=false", "--validation.enable=false", "--metrics.report=false",
+        # the tokenizer the bench's runs trained (the same file a direct run would train)
+        f"--data.tokenizer={tmp_path / 'bench_gpu_work/runs/data/tokenizer_embedded_sp512.model'}"]))
     assert direct.train() == pytest.approx(row["losses"], rel=1e-5)
     assert row["mfu_pct"] == pytest.approx(
         100 * row["tokens_per_s_gpu"] * row["flops_per_token"] / row["peak_flops"], rel=1e-6)

@@ -207,7 +207,8 @@ def test_whole_model_compile_with_grad_accumulation_matches_eager(tmp_path):
         trainer = Trainer(tiny_config(tmp_path / str(len(extra)), "--training.steps=2",
                                       "--training.local_batch_size=2",
                                       "--training.global_batch_size=4",
-                                      "--training.seq_len=16", *extra))
+                                      "--training.seq_len=16", "--model.n_layers=2",
+                                      "--model.dim=64", *extra))
         return trainer, trainer.train()
 
     compiled, losses = run("--compile.enable", "--compile.backend=aot_eager",
@@ -229,7 +230,8 @@ def test_cast_weights_once_through_the_trainer(tmp_path):
         trainer = Trainer(load_config(tiny_args(
             tmp_path / str(len(extra)), "--training.mixed_precision=bf16",
             "--training.steps=3", "--training.local_batch_size=2",
-            "--training.global_batch_size=4", "--training.seq_len=16", *extra)))
+            "--training.global_batch_size=4", "--training.seq_len=16", "--model.n_layers=2",
+            "--model.dim=64", *extra)))
         return trainer.train(), dict(trainer.model.named_parameters())
 
     losses, params = run("--training.cast_weights_once")
@@ -279,15 +281,13 @@ def test_cudagraphs_with_grad_accumulation_match_eager_on_cuda(tmp_path, granula
 
 
 @pytest.mark.slow
-def test_bench_gpu_runs_the_cpu_levers_on_a_tiny_shape(tmp_path):
+def test_bench_gpu_runs_the_cpu_levers_on_a_tiny_shape(tmp_path, monkeypatch):
     """benchmarks/bench_gpu.py on CPU (debug model, seq 32, aot_eager): every lever variant that
     exists there is a config the trainer accepts; the accumulating pair runs, each row ok, and
     cast_weights_once's losses are the plain accumulating row's (the same numbers); the CUDA-only
     ones are listed apart. (Each lever's numbers have their own test above; running all seven
     rows here cost ~100 s of the suite.)"""
     import json
-    import os
-    import subprocess
     import sys
 
     from conftest import REPO
@@ -306,13 +306,15 @@ def test_bench_gpu_runs_the_cpu_levers_on_a_tiny_shape(tmp_path):
         load_config(["--job.config_file", str(REPO / "train_configs/debug_model.toml"),
                      *bench_gpu.VARIANTS[name]])
     ran = ["bf16_compile_accum4", "bf16_compile_accum4_cast_once"]
-    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu",
-           "--config", str(REPO / "train_configs/debug_model.toml"), "--seq_len", "32",
-           "--local_batch_size", "2", "--steps", "1", "--warmup", "2", "--variants",
-           ",".join(ran), "--ac", "none", "--out_dir", str(tmp_path),
-           "--data.tokenizer_vocab_size=512", "--compile.backend=aot_eager"]
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1500,
-                   cwd=tmp_path)
+    # main() here (its rows run in processes of their own); one narrow block, one sequence a
+    # micro-step: what is compared is the two rows' losses, whatever the model's size.
+    monkeypatch.chdir(tmp_path)
+    assert bench_gpu.main([
+        "--device", "cpu", "--config", str(REPO / "train_configs/debug_model.toml"),
+        "--seq_len", "32", "--local_batch_size", "1", "--steps", "1", "--warmup", "2",
+        "--variants", ",".join(ran), "--ac", "none", "--out_dir", str(tmp_path),
+        "--data.tokenizer_vocab_size=512", "--compile.backend=aot_eager", "--model.n_layers=1",
+        "--model.dim=64"]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_cpu_*.json")]
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == set(ran) and all(r["status"] == "ok" for r in rows.values()), rows
