@@ -4,7 +4,9 @@ process group, so that the cost of starting N Python processes is paid once.
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
 SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...],
-"record_dtypes": [name, ...], "record_qk_norm": [name, ...], "validate": [name, ...]}. OUT
+"record_dtypes": [name, ...], "record_qk_norm": [name, ...], "validate": [name, ...],
+"train": [name, ...]} (train runs: Trainer.train(), as `python -m torchllm.train` would, its
+checkpoints and events written; OUT holds nothing of them). OUT
 (rank 0): {name: {"loss": [...], "grad_norm": [...], "all_reduce_dtypes": {dtype: calls}
 (record_dtypes runs), "qk_norm": [{param: values} per rank] (record_qk_norm runs), "val": every
 rank's in-training validation after the last step (validate runs: {"val/loss", "val/tokens",
@@ -73,6 +75,10 @@ def main(spec_path: str, out_path: str) -> None:
     results: dict = {"sync_counts": {}}
     for name, args in spec["runs"].items():
         trainer = Trainer(load_config(args))
+        if name in spec.get("train", []):
+            trainer.train()
+            trainer.close()
+            continue
         dtypes: Counter = Counter()
         with (recording_all_reduce_dtypes(dtypes) if name in spec.get("record_dtypes", [])
               else contextlib.nullcontext()):

@@ -69,14 +69,50 @@ def saved_state(step_dir) -> dict:
                for k, v in open_checkpoint(step_dir).tensors("optimizer.").items()}}
 
 
-def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
-    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=6", "--data.num_workers=2")
-    # The straight run and the split run's first half share one launch; the resume is a new one.
-    torchrun_jobs(tmp_path / "jobs.json", [
-        {"train": [*args, "--job.run_name=straight"]},
-        {"train": [*args, "--job.run_name=split", "--training.stop_after_steps=3"]}])
+STEPS3 = ("--training.steps=3",)
+LOAD = ("--checkpoint.exclude_from_loading=dataloader", "--checkpoint.allow_global_batch_change")
+
+
+def bit_exact_args(tmp) -> list[str]:
+    return tiny_args(tmp, *COMMON, *FSDP2, "--training.steps=6", "--data.num_workers=2")
+
+
+def fault_args(tmp) -> list[str]:
+    return tiny_args(tmp, *COMMON, *FSDP2, "--training.steps=4", "--checkpoint.interval=2",
+                     "--job.run_name=fault")
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Path:
+    """The runs the tests below start from, in ONE torchrun launch (each launch costs seconds
+    of start-up per rank): a 1-rank run first (in this process), then on 2 ranks the straight
+    run and the split run's first half (bit-exact resume), FSDP2 and DDP runs and the loads of
+    the 1-rank and the DDP run into FSDP2 (resharding), a 2-step FSDP2 run (another dp degree)
+    and a 4-step one saving every 2 steps (rank-local load failure). Each test its own runs."""
+    tmp = tmp_path_factory.mktemp("ckpt_dist")
+    Trainer(tiny_config(tmp, *COMMON, *STEPS3, "--job.run_name=single")).train()
+    torchrun_jobs(tmp / "jobs.json", [
+        {"train": [*bit_exact_args(tmp), "--job.run_name=straight"]},
+        {"train": [*bit_exact_args(tmp), "--job.run_name=split", "--training.stop_after_steps=3"]},
+        {"train": tiny_args(tmp, *COMMON, *FSDP2, *STEPS3, "--job.run_name=fsdp2")},
+        {"train": tiny_args(tmp, *COMMON, *DDP, *STEPS3, "--job.run_name=ddp")},
+        {"train": tiny_args(tmp, *COMMON, *FSDP2, "--training.steps=2", "--job.run_name=dp")},
+        {"train": fault_args(tmp)},
+        # 1 rank -> FSDP2 on 2 ranks; DDP -> FSDP2 (the same dp degree: the data position is
+        # restored).
+        {"load": tiny_args(tmp, *COMMON, *FSDP2, *STEPS3, "--job.run_name=single", *LOAD),
+         "out": str(tmp / "loaded_2ranks.pt")},
+        {"load": tiny_args(tmp, *COMMON, *FSDP2, *STEPS3, "--job.run_name=ddp"),
+         "out": str(tmp / "ddp_to_fsdp2.pt")},
+    ])
+    return tmp
+
+
+def test_fsdp2_resume_is_bit_exact_with_two_workers(launched):
+    tmp_path = launched
+    # The straight run and the split run's first half: the shared launch; the resume: a new one.
     assert complete_steps(tmp_path / "split" / "checkpoint") == [3]
-    torchrun(*args, "--job.run_name=split", "--training.stop_after_steps=3")
+    torchrun(*bit_exact_args(tmp_path), "--job.run_name=split", "--training.stop_after_steps=3")
     straight, split = tb_losses(tmp_path, "straight"), tb_losses(tmp_path, "split")
     assert [s for s, _ in straight] == list(range(1, 7))
     assert split == straight  # every step's loss, bit for bit (float32 events)
@@ -84,24 +120,10 @@ def test_fsdp2_resume_is_bit_exact_with_two_workers(tmp_path):
                         saved_state(tmp_path / "straight" / "checkpoint" / "step-6"))
 
 
-def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
-    steps = ("--training.steps=3",)
-    load = ("--checkpoint.exclude_from_loading=dataloader",
-            "--checkpoint.allow_global_batch_change")
-    Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=single")).train()
-    # One launch: train FSDP2 and DDP runs on 2 ranks, then load the 1-rank run and the DDP run
-    # into FSDP2 on 2 ranks (DDP -> FSDP2: the same dp degree, so the data position is restored).
-    torchrun_jobs(tmp_path / "jobs.json", [
-        {"train": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=fsdp2")},
-        {"train": tiny_args(tmp_path, *COMMON, *DDP, *steps, "--job.run_name=ddp")},
-        {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=single", *load),
-         "out": str(tmp_path / "loaded_2ranks.pt")},
-        {"load": tiny_args(tmp_path, *COMMON, *FSDP2, *steps, "--job.run_name=ddp"),
-         "out": str(tmp_path / "ddp_to_fsdp2.pt")},
-    ])
-
+def test_resharding_keeps_weights_and_optimizer_state(launched):
+    tmp_path = launched
     # FSDP2 on 2 ranks -> 1 rank (the data order belongs to 2 dp ranks: not restored).
-    one = Trainer(tiny_config(tmp_path, *COMMON, *steps, "--job.run_name=fsdp2", *load))
+    one = Trainer(tiny_config(tmp_path, *COMMON, *STEPS3, "--job.run_name=fsdp2", *LOAD))
     assert one.step == 3
     flat = {f"model.{k}": v for k, v in one.model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -110,29 +132,28 @@ def test_resharding_keeps_weights_and_optimizer_state(tmp_path):
         flat.update({f"optimizer.state.{fqn}.{k}": v for k, v in state.items()})
     assert_same_tensors(flat, saved_state(tmp_path / "fsdp2" / "checkpoint" / "step-3"))
     one.close()  # gives back the process-wide switches job.deterministic set
-    # 1 rank -> FSDP2 on 2 ranks; DDP -> FSDP2.
+    # 1 rank -> FSDP2 on 2 ranks; DDP -> FSDP2 (the loads in the shared launch).
     for out, run in (("loaded_2ranks.pt", "single"), ("ddp_to_fsdp2.pt", "ddp")):
         assert_same_tensors(torch.load(tmp_path / out),
                             saved_state(tmp_path / run / "checkpoint" / "step-3"))
 
 
-def test_resuming_with_another_dp_degree_names_the_fix(tmp_path):
-    torchrun(*tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=2", "--job.run_name=r"))
+def test_resuming_with_another_dp_degree_names_the_fix(launched):
     from torchllm.config import ConfigError
 
+    # "dp": 2 steps of FSDP2 on 2 ranks (the shared launch); here one rank.
     with pytest.raises(ConfigError, match="exclude_from_loading"):  # (its determinism given back)
-        Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=2", "--job.run_name=r",
+        Trainer(tiny_config(launched, *COMMON, "--training.steps=2", "--job.run_name=dp",
                             "--training.global_batch_size=4"))  # the same global batch
 
 
-def test_rank_local_load_failure_makes_every_rank_fall_back_together(tmp_path):
+def test_rank_local_load_failure_makes_every_rank_fall_back_together(launched):
     """Rank 1 alone cannot apply step 4: both ranks resume from step 2, and the warning says
     which rank failed and why (before: rank 0 at step 4, rank 1 at step 2, then a hang)."""
-    args = tiny_args(tmp_path, *COMMON, *FSDP2, "--training.steps=4", "--checkpoint.interval=2",
-                     "--job.run_name=r")
-    torchrun(*args)
-    out = tmp_path / "steps.json"
-    log = torchrun(str(out), *args, script="checkpoint_fault_worker.py", timeout=300)
+    assert complete_steps(launched / "fault" / "checkpoint") == [2, 4]
+    out = launched / "steps.json"
+    log = torchrun(str(out), *fault_args(launched), script="checkpoint_fault_worker.py",
+                   timeout=300)
     assert json.loads(out.read_text()) == [2, 2]
     assert "step-4 could not be loaded (rank 1: OSError: simulated rank-local failure)" in log
 

@@ -102,13 +102,16 @@ def run_reference(tmp_path, *extra):
 
 
 def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
-           record_qk_norm=()) -> dict:
+           record_qk_norm=(), train=()) -> dict:
+    """One torchrun launch of tests/parallel_worker.py running every run in `runs`; `train`:
+    runs trained whole (Trainer.train()) instead of STEPS recorded steps."""
     spec = {
         "runs": {name: tiny_args(tmp_path, *COMMON, *args) for name, args in runs.items()},
         "steps": STEPS,
         "count_sync": list(count_sync),
         "record_dtypes": list(record_dtypes),
         "record_qk_norm": list(record_qk_norm),
+        "train": list(train),
     }
     spec_path, out_path = tmp_path / f"spec{nproc}.json", tmp_path / f"out{nproc}.json"
     spec_path.write_text(json.dumps(spec))

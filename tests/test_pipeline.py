@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, tiny_args, tiny_config
+from conftest import tiny_config
 from test_context_parallel import DOCS, fill, write_short_docs
 from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
 from torchllm import models
+from torchllm.checkpoint.layout import complete_steps
 from torchllm.config import ConfigError
 from torchllm.models import model_args
 from torchllm.parallel import build_parallel_dims
@@ -225,10 +223,25 @@ def runs(layouts: dict, tmp) -> dict:
     return {name: [UNTIED, *fill(args, tmp)] for name, args in layouts.items()}
 
 
+# Trained whole (Trainer.train(), as `python -m torchllm.train` runs it) in the same 2-rank
+# launch, after TWO: the checkpoint test's run (saves step 5) and the validation test's runs
+# (val/loss in TensorBoard). One launch instead of four: each costs seconds of start-up per rank.
+CKPT = ("--checkpoint.enable", "--checkpoint.interval=100", "--job.run_name=pp_ckpt", UNTIED,
+        f"--training.local_batch_size={GLOBAL_BATCH}")
+VALIDATION = (UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}", "--validation.enable",
+              "--validation.freq=3", "--validation.steps=2")
+VAL_SCHEDULES = ("1F1B", "Interleaved1F1B")
+TRAINED = {
+    "pp_ckpt": [*CKPT, PP, schedule("Interleaved1F1B"), "--training.stop_after_steps=5"],
+    **{f"val_{name}": [*VALIDATION, PP, schedule(name), f"--job.run_name=val_{name}"]
+       for name in VAL_SCHEDULES},
+}
+
+
 @pytest.fixture(scope="module")
 def two_process(reference):
     tmp, _ = reference
-    return launch(tmp, 2, runs(TWO, tmp))
+    return launch(tmp, 2, {**runs(TWO, tmp), **TRAINED}, train=list(TRAINED))
 
 
 @pytest.mark.slow
@@ -252,22 +265,12 @@ def test_four_rank_pipeline_layouts_match_single_process(name, reference, four_p
                    loose=False)
 
 
-def torchrun(*argv: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "torchllm.train", *argv], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc.stdout + proc.stderr
-
-
 @pytest.mark.slow
-def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
-    """Interleaved1F1B on 2 ranks (two stages each) saves step 5. The tools that load a
-    checkpoint whole (HF export, generation, HellaSwag) read it in one process, whatever its
-    config's pipeline degree; one process without PP resumes it and continues exactly as the
-    uninterrupted single-process run."""
+def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, capsys):
+    """Interleaved1F1B on 2 ranks (two stages each; TRAINED["pp_ckpt"] in the 2-rank launch)
+    saves step 5. The tools that load a checkpoint whole (HF export, generation, HellaSwag)
+    read it in one process, whatever its config's pipeline degree; one process without PP
+    resumes it and continues exactly as the uninterrupted single-process run."""
     from test_eval_hellaswag import write_tiny_jsonl
 
     from torchllm import generate
@@ -277,11 +280,8 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
     from torchllm.eval import hellaswag
 
     tmp, refs = reference
-    ckpt = ("--checkpoint.enable", "--checkpoint.interval=100", "--job.run_name=pp_ckpt",
-            UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}")
-    torchrun(*tiny_args(tmp, *COMMON, *ckpt, PP, schedule("Interleaved1F1B"),
-                        "--training.stop_after_steps=5"))
     run_dir = tmp / "pp_ckpt"
+    assert complete_steps(run_dir / "checkpoint") == [5]
     assert hf_cli(["export", "--checkpoint", str(run_dir), "--out", str(tmp / "pp_hf")]) == 0
     capsys.readouterr()
     assert generate.main(["--checkpoint", str(run_dir), "--prompt", "the", "--temperature", "0",
@@ -292,7 +292,7 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, capsys):
                            "--batch-size", "4", "--json", str(tmp / "hs.json")]) == 0
     scored = json.loads((tmp / "hs.json").read_text())
 
-    trainer = Trainer(tiny_config(tmp, *COMMON, *ckpt))
+    trainer = Trainer(tiny_config(tmp, *COMMON, *CKPT))
     assert trainer.step == 5
     # Oracles: the resumed trainer's weights (its own DCP load), a plain greedy loop and the
     # HellaSwag scorer run on that model.
@@ -329,16 +329,14 @@ def tb_scalars(tmp, run: str, tag: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["1F1B", "Interleaved1F1B"])
-def test_pp_validation_loss_matches_single_process(reference, name):
-    """Validation between steps through the stages' forward-only schedule: the same val/loss
-    as one process, and the training curve around it is undisturbed."""
+@pytest.mark.parametrize("name", VAL_SCHEDULES)
+def test_pp_validation_loss_matches_single_process(reference, two_process, name):
+    """Validation between steps through the stages' forward-only schedule (TRAINED["val_<name>"]
+    in the 2-rank launch): the same val/loss as one process, and the training curve around it
+    is undisturbed."""
     tmp, _ = reference
-    common = (*COMMON, UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}",
-              "--validation.enable", "--validation.freq=3", "--validation.steps=2")
     if not (tmp / "tb" / "val_single").exists():
-        Trainer(tiny_config(tmp, *common, "--job.run_name=val_single")).train()
-    torchrun(*tiny_args(tmp, *common, PP, schedule(name), f"--job.run_name=val_{name}"))
+        Trainer(tiny_config(tmp, *COMMON, *VALIDATION, "--job.run_name=val_single")).train()
     for tag in ("val/loss", "loss/avg"):
         single, pp = tb_scalars(tmp, "val_single", tag), tb_scalars(tmp, f"val_{name}", tag)
         assert [s for s, _ in pp] == [s for s, _ in single] and len(single) >= 3, (tag, pp)

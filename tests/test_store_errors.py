@@ -98,6 +98,12 @@ def proxied(s3_endpoint, monkeypatch):  # noqa: F811 - the fixture
     _forget_clients()
 
 
+# The object-store tests' model: small (~1 MB saved, not ~41 MB), so that the store answers a
+# save's requests well within store_timeout_s = 2 s (s3fs's 5 tries of a stalled request then
+# take ~12 s, not ~17 s at 3 s) even on a loaded machine.
+SMALL = ("--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=2")
+
+
 def switch_at(monkeypatch, changes: dict):
     """Before the save of step N, call changes[N]()."""
     save = Checkpointer.save
@@ -113,7 +119,7 @@ def switch_at(monkeypatch, changes: dict):
 @pytest.mark.slow
 def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
         proxied, tmp_path, monkeypatch, caplog):
-    """Step 2's save meets a store that accepts and never answers: with store_timeout_s = 3 it
+    """Step 2's save meets a store that accepts and never answers: with store_timeout_s = 2 it
     fails in seconds (not minutes) with one line naming the step's URL and the key; training
     continues and step 3 (store answering again) is saved."""
     proxy, bucket = proxied
@@ -129,8 +135,8 @@ def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
 
     switch_at(monkeypatch, {2: stall, 3: answer})
     cfg = tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
-                      "--training.steps=3", f"--checkpoint.folder={remote}",
-                      "--checkpoint.on_save_error=continue", "--checkpoint.store_timeout_s=3")
+                      "--training.steps=3", f"--checkpoint.folder={remote}", *SMALL,
+                      "--checkpoint.on_save_error=continue", "--checkpoint.store_timeout_s=2")
     with caplog.at_level(logging.ERROR, logger="torchllm"):
         losses = Trainer(cfg).train()
     assert len(losses) == 3
@@ -138,7 +144,7 @@ def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
     (line,) = [r.getMessage() for r in caplog.records if "could not be saved" in r.getMessage()]
     assert "\n" not in line
     assert line.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: ")
-    assert "(no answer within checkpoint.store_timeout_s = 3 s)" in line
+    assert "(no answer within checkpoint.store_timeout_s = 2 s)" in line
     assert "training continues" in line
     assert complete_steps(remote) == [1, 3]
 
@@ -152,7 +158,7 @@ def stopped_by_the_store(tmp_path, remote: str, *extra: str, capfd) -> tuple[str
     t0 = time.monotonic()
     code = main(tiny_args(tmp_path, "--checkpoint.enable", "--checkpoint.interval=1",
                           "--training.steps=2", f"--checkpoint.folder={remote}",
-                          "--checkpoint.on_save_error=stop", *extra))
+                          "--checkpoint.on_save_error=stop", *SMALL, *extra))
     took = time.monotonic() - t0
     out = capfd.readouterr()
     text = out.out + out.err
@@ -182,17 +188,17 @@ def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, mon
 @pytest.mark.slow
 def test_a_stalled_store_with_stop_exits_4_naming_the_url(proxied, tmp_path, monkeypatch,
                                                           capfd):
-    """The store accepts and never answers from step 2's save on: with store_timeout_s = 3 and
+    """The store accepts and never answers from step 2's save on: with store_timeout_s = 2 and
     on_save_error = 'stop' the process ends with exit code 4 in seconds, one line naming the
     step's URL and the timeout key."""
     proxy, bucket = proxied
     remote = f"{bucket}/ckpt"
     switch_at(monkeypatch, {2: lambda: setattr(proxy, "mode", "stall")})
-    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=3",
+    line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=2",
                                       capfd=capfd)
     assert took < 60, f"the stalled save took {took:.0f}s"
     assert f"checkpoint step 2 could not be saved to {remote}/step-2: " in line, line
-    assert "(no answer within checkpoint.store_timeout_s = 3 s)" in line, line
+    assert "(no answer within checkpoint.store_timeout_s = 2 s)" in line, line
     proxy.mode = "pass"  # the store answers again: step 1 is there, step 2 never completed
     assert complete_steps(remote) == [1]
 
