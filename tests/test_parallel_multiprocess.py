@@ -115,8 +115,10 @@ def run_reference(tmp_path, *extra, steps: int = STEPS, common: tuple = COMMON):
 
 
 def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
-           record_qk_norm=(), steps: int = STEPS, common: tuple = COMMON) -> dict:
+           record_qk_norm=(), steps: int = STEPS, common: tuple = COMMON,
+           **extra_spec) -> dict:
     spec = {
+        **extra_spec,  # (parallel_worker's other keys: "ep_layer")
         "runs": {name: tiny_args(tmp_path, *common, *args) for name, args in runs.items()},
         "steps": steps,
         "count_sync": list(count_sync),
