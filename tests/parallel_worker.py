@@ -5,8 +5,9 @@ process group, so that the cost of starting N Python processes is paid once.
 
 SPEC: {"runs": {name: [cli args]}, "steps": int, "count_sync": [name, ...],
 "record_dtypes": [name, ...], "record_qk_norm": [name, ...], "validate": [name, ...],
-"train": [name, ...]} (train runs: Trainer.train(), as `python -m torchllm.train` would, its
-checkpoints and events written; OUT holds nothing of them). OUT
+"train": [name, ...], "ep_layer": PATH} (train runs: Trainer.train(), as `python -m
+torchllm.train` would, its checkpoints and events written; OUT holds nothing of them; ep_layer,
+optional: also expert_parallel_worker's layer cases, saved there). OUT
 (rank 0): {name: {"loss": [...], "grad_norm": [...], "all_reduce_dtypes": {dtype: calls}
 (record_dtypes runs), "qk_norm": [{param: values} per rank] (record_qk_norm runs), "val": every
 rank's in-training validation after the last step (validate runs: {"val/loss", "val/tokens",
@@ -106,6 +107,16 @@ def main(spec_path: str, out_path: str) -> None:
             results["host_syncs"][name] = step_events(trainer)
         trainer.close()
         del trainer
+    if spec.get("ep_layer"):  # in this launch's process group: no launch of its own
+        from torch.distributed.device_mesh import init_device_mesh
+
+        import torch
+        from expert_parallel_worker import CASES, run
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("ep",))
+        layers = {case: run(case, mesh) for case in CASES}
+        if dist.get_rank() == 0:
+            torch.save(layers, spec["ep_layer"])
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)

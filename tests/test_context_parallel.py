@@ -1,4 +1,4 @@
-"""Context parallelism: real gloo ranks (2 and 4) match one process over STEPS (7) steps; the
+"""Context parallelism: real gloo ranks (2 and 4) match one process over PARITY_STEPS (5) steps; the
 layout and the checks that run before any process group."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
+from test_parallel_multiprocess import (GLOBAL_BATCH, PARITY, PARITY_STEPS, SMALL, assert_matches,
+                                        launch)
 from torchllm.config import ConfigError
 from torchllm.data import build_data
 from torchllm.models import model_args
@@ -104,14 +105,14 @@ def reference(tmp_path_factory):
     write_short_docs(tmp / "short_docs.jsonl")
     by_args = {}
     for extra in set(REFERENCE.values()):
-        cfg = tiny_config(tmp, *COMMON, f"--training.local_batch_size={GLOBAL_BATCH}",
+        cfg = tiny_config(tmp, *PARITY, f"--training.local_batch_size={GLOBAL_BATCH}",
                           *fill(extra, tmp))
         trainer = Trainer(cfg)
         if SHORT_DOCS in extra:  # the block_causal runs really see several documents a window
             loader, _ = build_data(cfg, trainer.tokenizer, 0, 1)  # (not the trainer's own)
             positions = next(iter(loader))["positions"]
             assert (positions[:, 1:] == 0).sum() >= positions.shape[0]
-        metrics = [trainer.train_step() for _ in range(STEPS)]
+        metrics = [trainer.train_step() for _ in range(PARITY_STEPS)]
         trainer.close()  # frees the run folder for the ranks' runs
         by_args[extra] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
     return tmp, {name: by_args[extra] for name, extra in REFERENCE.items()}
@@ -124,6 +125,6 @@ def test_cp_layouts_match_single_process(reference):
     tmp, refs = reference
     two = {name: fill(args, tmp) for name, args in TWO.items()}
     four = {name: fill(args, tmp) for name, args in FOUR.items()}
-    results = {**launch(tmp, 2, two), **launch(tmp, 4, four)}
+    results = {**launch(tmp, 2, two, **SMALL), **launch(tmp, 4, four, **SMALL)}
     for name in REFERENCE:
         assert_matches(results[name], refs[name], loose=False)

@@ -5,10 +5,6 @@ checkpoints reshard between EP degrees."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,7 +13,7 @@ from torchllm.config import ConfigError
 from torchllm.parallel import build_parallel_dims
 from torchllm.parallel.expert_parallel import source_to_expert_order
 
-from conftest import REPO, tiny_config
+from conftest import tiny_config
 
 EP2 = "--parallelism.expert_parallel_degree=2"
 MOE = "--model.name=qwen3_moe"
@@ -80,26 +76,15 @@ def test_source_to_expert_order_matches_brute_force():
         assert got.tolist() == expected
 
 
-def torchrun(nproc: int, script: str, *argv: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={nproc}", str(REPO / "tests" / script), *argv],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
 @pytest.mark.slow
-def test_ep_layer_equals_single_process_layer(tmp_path):
+def test_ep_layer_equals_single_process_layer(two_ranks):
     """2 ranks, 2 experts each: outputs, input grads, router and expert grads equal the layer's
     in one process on the concatenated input; also when every token goes to rank 0's experts
-    (rank 1 computes nothing and sends everything)."""
+    (rank 1 computes nothing and sends everything). (The layer runs in two_ranks' launch, after
+    its trainings: expert_parallel_worker.run.)"""
     from expert_parallel_worker import CASES, layer_case
 
-    torchrun(2, "expert_parallel_worker.py", str(tmp_path / "out.pt"))
-    results = torch.load(tmp_path / "out.pt")
+    results = torch.load(two_ranks[1])
     for case in CASES:
         got = results[case]
         moe, x, weights = layer_case(case, world=2)
@@ -140,24 +125,35 @@ FOUR = {
 def moe_reference(tmp_path_factory):
     from test_parallel_multiprocess import QWEN3_MOE, run_reference
 
+    from test_parallel_multiprocess import SMALL
+
     tmp = tmp_path_factory.mktemp("ep")
-    return tmp, run_reference(tmp, *QWEN3_MOE)
+    return tmp, run_reference(tmp, *QWEN3_MOE, **SMALL)
 
 
-def launch_layouts(tmp, nproc: int, runs: dict) -> dict:
-    from test_parallel_multiprocess import QWEN3_MOE, launch
+def launch_layouts(tmp, nproc: int, runs: dict, **extra_spec) -> dict:
+    from test_parallel_multiprocess import QWEN3_MOE, SMALL, launch
 
-    return launch(tmp, nproc, {name: [*QWEN3_MOE, *args] for name, args in runs.items()})
+    return launch(tmp, nproc, {name: [*QWEN3_MOE, *args] for name, args in runs.items()},
+                  **SMALL, **extra_spec)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(moe_reference):
+    """One 2-rank launch: the TWO trainings, then the EP layer's cases: (results, layer file)."""
+    tmp, _ = moe_reference
+    layer = tmp / "ep_layer.pt"
+    return launch_layouts(tmp, 2, TWO, ep_layer=str(layer)), layer
 
 
 @pytest.mark.slow
-def test_ep_training_on_two_ranks_matches_one_process(moe_reference):
-    """Losses (rel 1e-4) and gradient norms (rel 1e-3) over STEPS steps: an expert gradient scaled
-    by the ep degree (a wrong FSDP2 divisor) moves the norms, Adam hides it in the losses."""
+def test_ep_training_on_two_ranks_matches_one_process(moe_reference, two_ranks):
+    """Losses (rel 1e-4) and gradient norms (rel 1e-3) over PARITY_STEPS steps: an expert gradient
+    scaled by the ep degree (a wrong FSDP2 divisor) moves the norms, Adam hides it in the losses."""
     from test_parallel_multiprocess import assert_matches
 
     tmp, ref = moe_reference
-    got = launch_layouts(tmp, 2, TWO)
+    got = two_ranks[0]
     for name in set(TWO) - {"ep2_bf16"}:
         assert_matches(got[name], ref, loose=False)
     bf16 = got["ep2_bf16"]  # within 2% of fp32, as FSDP2's bf16 params (test_parallel_...)
