@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -112,11 +111,25 @@ def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def python_m(module: str, *args: str, cwd=REPO):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
+@pytest.fixture
+def tool(capfd, monkeypatch):
+    """tool(module, *args) -> (exit code, output): `python -m torchllm.generate` / `torchllm.hf`
+    run as its main() in this process (what they print and return is the same; a subprocess
+    would cost seconds of start-up each), from the checkout, offline."""
+    from torchllm import generate
+    from torchllm.hf.cli import main as hf_main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    mains = {"torchllm.generate": generate.main, "torchllm.hf": hf_main}
+
+    def run(module: str, *args: str) -> tuple[int, str]:
+        capfd.readouterr()
+        code = mains[module](list(args))
+        out = capfd.readouterr()
+        return code, out.out + out.err
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +153,17 @@ def base(tmp_path_factory):
             "loss": losses(out)[20]}
 
 
+@pytest.fixture(scope="module")
+def hf_export(base) -> Path:
+    """The base run exported to a Hugging Face folder (`python -m torchllm.hf export`'s main,
+    once for the tests below)."""
+    from torchllm.hf.cli import main as hf_main
+
+    hf = base["root"] / "hf"
+    assert hf_main(["export", "--checkpoint", str(base["root"] / "base"), "--out", str(hf)]) == 0
+    return hf
+
+
 def stage(base, tmp_path, *extra):
     """run_train.sh: a new run (a stage) on the novel from the base run's weights, 1 step."""
     return run_train(tmp_path, *SMALL, f"--data.dataset=local:{base['novel']}",
@@ -147,26 +171,26 @@ def stage(base, tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_generate_never_trains_a_missing_tokenizer_nor_takes_another(base, tmp_path):
+def test_generate_never_trains_a_missing_tokenizer_nor_takes_another(base, tmp_path, tool):
     run = tmp_path / "run"
     shutil.copytree(base["root"] / "base", run)
     (run / "data" / base["tok"].name).unlink()
     prompt = ("--prompt", "ROMEO:", "--max-new-tokens", "4")
-    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt)
+    code, out = tool("torchllm.generate", "--checkpoint", str(run), *prompt)
     assert code == 2, out[-3000:]
     (line,) = error_lines(out)
     assert f"the run's tokenizer {run / 'data' / base['tok'].name} is missing" in line, out
     assert "--data.tokenizer=FILE" in line
     assert not list(tmp_path.rglob("*.model")) and not list(REPO.glob("*.model"))
     # Another tokenizer of the same size: both named, by file and SHA-256.
-    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt,
+    code, out = tool("torchllm.generate", "--checkpoint", str(run), *prompt,
                          f"--data.tokenizer={base['other']}")
     assert code == 2, out[-3000:]
     (line,) = error_lines(out)
     assert f"{base['tok']} (sha256 {sha(base['tok'])[:12]})" in line, line
     assert f"{base['other']} (sha256 {sha(base['other'])[:12]})" in line, line
     # The file put back (here: named): it generates.
-    code, out = python_m("torchllm.generate", "--checkpoint", str(run), *prompt,
+    code, out = tool("torchllm.generate", "--checkpoint", str(run), *prompt,
                          f"--data.tokenizer={base['tok']}")
     assert code == 0 and "### completion 1" in out, out[-3000:]
 
@@ -228,11 +252,8 @@ def test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer(base, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, tmp_path):
-    hf = tmp_path / "hf"
-    code, out = python_m("torchllm.hf", "export", "--checkpoint",
-                         str(base["root"] / "base"), "--out", str(hf))
-    assert code == 0, out[-3000:]
+def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, hf_export, tmp_path):
+    hf = hf_export
     assert sha(hf / "tokenizer.model") == sha(base["tok"])
     start = (f"--checkpoint.initial_load_path={hf}", "--checkpoint.initial_load_in_hf=true")
     code, out = stage(base, tmp_path, *start, "--job.run_name=from_hf")
@@ -250,21 +271,21 @@ def test_a_stage_from_a_hugging_face_export_keeps_its_tokenizer(base, tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base, tmp_path):
+def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base, hf_export,
+                                                                            tmp_path, tool):
     hf, seed = tmp_path / "hf", tmp_path / "seeds" / "debug" / "step-0"
     run = base["root"] / "base"
-    assert python_m("torchllm.hf", "export", "--checkpoint", str(run), "--out",
-                    str(hf))[0] == 0
-    code, out = python_m("torchllm.hf", "import", "--hf", str(hf), "--out", str(seed),
+    shutil.copytree(hf_export, hf)  # the module's export, a copy this test may remove
+    code, out = tool("torchllm.hf", "import", "--hf", str(hf), "--out", str(seed),
                          f"--job.config_file={run / 'config.toml'}")
     assert code == 0, out[-3000:]
     assert sha(seed / "tokenizer.model") == sha(base["tok"])  # the seed carries its own copy
     shutil.rmtree(hf)  # and needs nothing from the folder it came from
     # The seed generates what its run generates (the same weights and tokenizer).
     prompt = ("--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "0")
-    code, from_seed = python_m("torchllm.generate", "--checkpoint", str(seed), *prompt)
+    code, from_seed = tool("torchllm.generate", "--checkpoint", str(seed), *prompt)
     assert code == 0, from_seed[-3000:]
-    code, from_run = python_m("torchllm.generate", "--checkpoint", str(run), *prompt)
+    code, from_run = tool("torchllm.generate", "--checkpoint", str(run), *prompt)
     assert code == 0 and from_seed.split("### completion 1")[1] == \
         from_run.split("### completion 1")[1], (from_seed, from_run)
     # A stage from the seed takes its tokenizer: the copy, as the seed's marker records it.
