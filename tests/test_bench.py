@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
@@ -100,21 +98,24 @@ def test_markdown_has_a_row_per_variant_and_failures_say_why():
 
 
 @pytest.mark.slow
-def test_two_rank_matrix_end_to_end(tmp_path):
+def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     """ddp, fsdp2 and pp (2 stages) really train on 2 gloo ranks; hsdp (needs 4) and float8
     (needs a GPU) are rows with their reasons; the same data and seed give ddp and fsdp2 the
-    same loss; the memory estimate is within 20% of the measured peak for each."""
+    same loss; the memory estimate is within 20% of the measured peak for each. (The harness's
+    main in this process: it launches a torchrun per variant, as from the command line.)"""
+    from bench_parallel import main
+
     out = tmp_path / "res.json"
-    cmd = [sys.executable, "benchmarks/bench_parallel.py", "--config",
-           "train_configs/debug_model.toml",
-           "--matrix", "ddp,fsdp2,hsdp,pp", "--float8", "off,tensorwise", "--steps", "2",
-           "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
-           "--training.seq_len=32", "--training.local_batch_size=2",
-           "--data.tokenizer_vocab_size=512", "--training.device=cpu",
-           "--training.mixed_precision=none"]  # layouts compared in fp32 (auto: bf16 here)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # some rows failed
+    argv = ["--config", "train_configs/debug_model.toml",
+            "--matrix", "ddp,fsdp2,hsdp,pp", "--float8", "off,tensorwise", "--steps", "2",
+            "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
+            "--training.seq_len=32", "--training.local_batch_size=2",
+            "--data.tokenizer_vocab_size=512", "--training.device=cpu",
+            "--training.mixed_precision=none"]  # layouts compared in fp32 (auto: bf16 here)
+    monkeypatch.chdir(REPO)  # (the relative config path, as the documented command's)
+    code = main(argv)
+    printed = capsys.readouterr().out
+    assert code == 1, printed[-6000:]  # some rows failed
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"ddp", "fsdp2", "hsdp", "pp", "ddp+float8_tensorwise",
                          "fsdp2+float8_tensorwise", "hsdp+float8_tensorwise",
@@ -138,7 +139,7 @@ def test_two_rank_matrix_end_to_end(tmp_path):
     assert md == render_markdown(json.loads(out.read_text())["rows"])
     assert "| hsdp | unsupported: hsdp needs" in md
     assert "| fsdp2 | " in md.split("p+g+opt bytes per rank / ddp")[1]  # the ratio table
-    assert "ddp+float8_tensorwise" in proc.stdout  # the printed table
+    assert "ddp+float8_tensorwise" in printed  # the printed table
 
 
 def test_performance_doc_tables_come_from_the_committed_json():

@@ -81,7 +81,13 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
     try:
         wait_for(lambda: "step     1/" in (tmp_path / "out.txt").read_text(), what="step 1")
         worker = json.loads(lock.read_text())["pid"]
-        second = launch(tmp_path, "--job.run_name=r", "--training.steps=1")
+        # Paused, it still holds the lock (a live pid) without training on while the second
+        # launch starts; it runs again before torchrun dies.
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            second = launch(tmp_path, "--job.run_name=r", "--training.steps=1")
+        finally:
+            os.kill(worker, signal.SIGCONT)
         assert second.returncode == 2, second.stdout + second.stderr
         assert (f"run_train: rank 0 failed: config error: run folder {tmp_path / 'r'} is in use "
                 f"by another run (host ") in second.stderr

@@ -31,6 +31,11 @@ from test_checkpoint_dist import (
 )
 
 
+# A 64-wide, 2-block model: checkpoints of ~1 MB, not the debug flavor's ~40 MB, to write, check
+# and move through the S3 server; what is saved, not how much, is the subject here.
+MODEL = ("--model.dim=64", "--model.n_layers=2")
+
+
 def s3fs_client():
     import s3fs
 
@@ -93,7 +98,7 @@ def split_runs(s3_module, tmp_path_factory):
     on the bucket (the three first halves, then the three second halves, in one launch each):
     (tmp folder, bucket)."""
     tmp = tmp_path_factory.mktemp("split")
-    args = tiny_args(tmp, *COMMON, *FSDP2, "--training.steps=6", "--checkpoint.interval=2",
+    args = tiny_args(tmp, *COMMON, *FSDP2, *MODEL, "--training.steps=6", "--checkpoint.interval=2",
                      "--checkpoint.keep_latest_k=2")
     split = {mode: [*args, f"--job.run_name=split_{mode}",
                     f"--checkpoint.folder={s3_module}/ckpt/{mode}", *extra]
@@ -137,7 +142,8 @@ def test_fsdp2_split_run_on_s3_equals_straight_run_on_disk_and_reshards(split_ru
         return
 
     # 2 -> 1 rank: the data order belongs to 2 dp ranks and is not restored.
-    one = Trainer(tiny_config(tmp_path, *COMMON, "--training.steps=6", f"--job.run_name={run}",
+    one = Trainer(tiny_config(tmp_path, *COMMON, *MODEL, "--training.steps=6",
+                              f"--job.run_name={run}",
                               f"--checkpoint.folder={remote}",
                               "--checkpoint.exclude_from_loading=dataloader",
                               "--checkpoint.allow_global_batch_change"))
@@ -160,7 +166,7 @@ def test_flipped_byte_in_a_shard_object_falls_back_and_partial_steps_are_deleted
     step prefix without a marker (an upload cut short) is ignored and deleted at resume."""
     remote = f"{s3}/ckpt"
     ckpt = ("--checkpoint.enable", "--checkpoint.interval=2", "--job.run_name=run",
-            f"--checkpoint.folder={remote}")
+            f"--checkpoint.folder={remote}", *MODEL)
     Trainer(tiny_config(tmp_path, *ckpt)).train()
     assert complete_steps(remote) == [2, 4]
     fs = s3fs_client()
@@ -169,7 +175,7 @@ def test_flipped_byte_in_a_shard_object_falls_back_and_partial_steps_are_deleted
     data[len(data) // 2] ^= 0x01
     fs.pipe(shard, bytes(data))
     fs.pipe(f"{remote}/step-6/__0_0.distcp", b"half an upload")
-    reference = tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=ref",
+    reference = tiny_config(tmp_path, *MODEL, "--checkpoint.enable", "--job.run_name=ref",
                             f"--checkpoint.initial_load_path={remote}/step-2",
                             "--checkpoint.initial_load_model_only=false")
     with caplog.at_level(logging.WARNING, logger="torchllm"):
@@ -198,7 +204,7 @@ def test_kill_during_a_mirror_upload_leaves_a_step_that_resume_ignores_and_delet
     from step 2 exactly as a straight run on local disk does."""
     remote = f"{s3}/ckpt"
     ckpt = ("--checkpoint.enable", "--checkpoint.interval=2", "--job.run_name=run",
-            f"--checkpoint.folder={remote}", "--checkpoint.local_mirror=mirror")
+            f"--checkpoint.folder={remote}", "--checkpoint.local_mirror=mirror", *MODEL)
     sentinel = tmp_path / "uploading"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
@@ -219,8 +225,8 @@ def test_kill_during_a_mirror_upload_leaves_a_step_that_resume_ignores_and_delet
     uploaded = sentinel.read_text()
     assert complete_steps(remote) == [2]
     assert [n for n in objects(remote) if n.startswith("step-4/")] == [f"step-4/{uploaded}"]
-    straight = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--checkpoint.interval=2",
-                                   "--job.run_name=straight")).train()
+    straight = Trainer(tiny_config(tmp_path, *MODEL, "--checkpoint.enable",
+                                   "--checkpoint.interval=2", "--job.run_name=straight")).train()
     with caplog.at_level(logging.WARNING, logger="torchllm"):
         resumed = Trainer(tiny_config(tmp_path, *ckpt))
     assert resumed.step == 2
@@ -239,7 +245,7 @@ def test_inference_and_hf_export_from_and_to_a_bucket(s3, tmp_path):
     from torchllm.eval.loading import load_for_inference
 
     remote = f"{s3}/ckpt"
-    trainer = Trainer(tiny_config(tmp_path, "--checkpoint.enable", "--job.run_name=run",
+    trainer = Trainer(tiny_config(tmp_path, *MODEL, "--checkpoint.enable", "--job.run_name=run",
                                   "--training.steps=1", f"--checkpoint.folder={remote}"))
     trainer.train()  # (it closes the trainer: the save is complete)
     model, _, tokenizer = load_for_inference(remote, "cpu")
@@ -320,7 +326,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
         assert sum(windows) == steps * batch * (seq + 1) * 2  # uint16 tokens
         assert sum(windows) < sum((disk / n).stat().st_size for n in local_files) / 4
 
-    args = ("--training.steps=3", "--data.tokenizer=auto", "--metrics.log_freq=1")
+    args = ("--training.steps=3", "--data.tokenizer=auto", "--metrics.log_freq=1", *MODEL)
     proc = run_train(tmp_path, f"--data.dataset=shards:{url}", "--job.run_name=on_s3", *args)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     Trainer(tiny_config(tmp_path, f"--job.config_file={REPO}/train_configs/debug_model.toml",

@@ -7,7 +7,9 @@ to connect, so any hidden download or module-level import of an optional package
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,15 +43,28 @@ if sys.argv[1] == "import-all":
         importlib.import_module(m.name)
     sys.exit(0)
 from torchllm.train import main
+if sys.argv[1] == "runs":  # several runs, one after the other: argv = "runs", JSON [argv, ...]
+    import json
+    for i, argv in enumerate(json.loads(sys.argv[2])):
+        print(f"=== run {{i}} ===", flush=True)
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        print(f"=== run {{i}} exit {{code}} ===", flush=True)
+    sys.exit(0)
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def run_offline(*args: str) -> subprocess.CompletedProcess:
+def run_offline(*args: str, merged: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": "/nonexistent"}
+           "HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": "/nonexistent",
+           **({"PYTHONUNBUFFERED": "1"} if merged else {})}  # (one stream, in order)
     return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                          text=True, timeout=600)
 
 
 def test_every_module_imports_without_the_optional_packages():
@@ -70,19 +85,15 @@ def shards(tmp_path_factory):
     # Its first 300 kB (~80k tokens): enough for the held-out split and a few windows.
     text = tmp_path_factory.mktemp("text") / "tinyshakespeare_300k.txt"
     text.write_bytes(shared_path("data", "tinyshakespeare.txt").read_bytes()[:300_000])
+    from torchllm.data.prepare import main as prepare  # its CLI's main, in this process
+
     out = {}
     for name, tok in (("gpt2", ("gpt2", "gpt2.tiktoken")),
                       ("llama3", ("llama3", "tokenizer.model"))):
         folder = tmp_path_factory.mktemp(f"shards_{name}")
         tokenizer = shared_path("tokenizers", *tok)
-        proc = subprocess.run(
-            [sys.executable, "-m", "torchllm.data.prepare", f"--dataset=local:{text}",
-             f"--tokenizer={tokenizer}", f"--out={folder}", "--shard-tokens=200000",
-             "--val-tokens=20000", "--workers=1"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-            text=True, timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert prepare([f"--dataset=local:{text}", f"--tokenizer={tokenizer}", f"--out={folder}",
+                        "--shard-tokens=200000", "--val-tokens=20000", "--workers=1"]) == 0
         out[name] = (folder, tokenizer)
     return out
 
@@ -96,9 +107,14 @@ SMALL = ("--training.device=cpu", "--model.flavor=debug", "--training.steps=2",
          "--metrics.log_freq=1")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("config", ["debug_model", "gpt2_124m_fineweb", "llama3_1b"])
-def test_reference_config_runs_offline(config, shards, tmp_path):
+CONFIGS = ["debug_model", "gpt2_124m_fineweb", "llama3_1b"]
+
+
+@pytest.fixture(scope="module")
+def offline_runs(shards, tmp_path_factory):
+    """Each reference config's run, one after the other in ONE offline process (its start-up
+    paid once; a run that imports a blocked package or opens a socket still fails): the
+    console output and exit code of each, by config."""
     hellaswag = shared_path("data", "hellaswag_val.jsonl")
     offline = {  # = docs/data.md, "Offline"
         "debug_model": ["--data.tokenizer_vocab_size=512"],
@@ -110,11 +126,25 @@ def test_reference_config_runs_offline(config, shards, tmp_path):
                               "--validation.freq=1", "--validation.steps=1"],
         "llama3_1b": [f"--data.dataset=shards:{shards['llama3'][0]}",
                       f"--data.tokenizer={shards['llama3'][1]}", "--data.num_workers=0"],
-    }[config]
-    proc = run_offline(f"--job.config_file=train_configs/{config}.toml", *SMALL, *offline,
-                       f"--job.dump_folder={tmp_path}")
-    out = proc.stdout + proc.stderr
+    }
+    runs = [[f"--job.config_file=train_configs/{config}.toml", *SMALL, *offline[config],
+             f"--job.dump_folder={tmp_path_factory.mktemp(config)}"] for config in CONFIGS]
+    proc = run_offline("runs", json.dumps(runs), merged=True)
+    out = proc.stdout
     assert proc.returncode == 0, out[-6000:]
+    results = {}
+    for i, config in enumerate(CONFIGS):
+        start, end = f"=== run {i} ===\n", re.search(rf"=== run {i} exit (\S+) ===", out)
+        assert start in out and end, out[-6000:]
+        results[config] = (out[out.index(start) + len(start):end.start()], end[1])
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_reference_config_runs_offline(config, offline_runs):
+    out, code = offline_runs[config]
+    assert code == "0", out[-6000:]
     assert "done: step 2/2" in out, out[-3000:]
 
 
