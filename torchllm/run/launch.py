@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import contextlib
+import importlib
 import ipaddress
 import os
 import secrets
@@ -45,6 +46,7 @@ from torchllm.run.failures import (
 from torchllm.metrics.progress import PROGRESS_FILE_ENV, ConsoleBar
 
 PREFIX = "run_train:"
+WORKER_MODULE = "torchllm.train"  # what each worker runs (`python -m`, or forked: its main)
 LOOPBACK = "127.0.0.1"
 
 
@@ -94,10 +96,8 @@ def _forked_worker(train_args: list[str], threads: int) -> None:
     leaves through os._exit with the worker's exit code, as `python -m torchllm.train` does."""
     import torch
 
-    from torchllm.run import process
     from torchllm.run.process_exit import exit_process
     from torchllm.run.stopping import signal_received
-    from torchllm.train import Trainer
 
     for stream in (sys.stdout, sys.stderr):  # python -u: every line reaches torchrun's tee
         stream.reconfigure(line_buffering=True, write_through=True)
@@ -105,7 +105,8 @@ def _forked_worker(train_args: list[str], threads: int) -> None:
     # what a fresh process would: OMP_NUM_THREADS (torchrun's, for several workers) or the cores.
     omp = os.environ.get("OMP_NUM_THREADS", "")
     torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)
-    code = process.main(Trainer, train_args)
+    # The module torchrun would run (`-m`), by name as there; imported before the fork.
+    code = importlib.import_module(WORKER_MODULE).main(train_args)
     if code != 0 or signal_received():  # (a signal: torchrun is closing the workers, not polling)
         exit_process(code)
     for stream in (sys.stdout, sys.stderr):
@@ -123,6 +124,7 @@ def run_forked(args, train_args: list[str], threads: int) -> None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
+    importlib.import_module(WORKER_MODULE)  # once, here: every forked worker has it
     elastic_launch(config=config, entrypoint=_forked_worker)(train_args, threads)
 
 
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     torchrun_args = resolve_nproc(torchrun_args)
-    args = parse_args([*torchrun_args, "-m", "torchllm.train", *train_args])
+    args = parse_args([*torchrun_args, "-m", WORKER_MODULE, *train_args])
     import torch
 
     threads = torch.get_num_threads()
