@@ -38,7 +38,9 @@ def test_padded_capacity_covers_the_load_with_few_shapes():
     ("llama3", []),
 ])
 def test_rss_stays_flat_over_many_steps(tmp_path, name, extra):
-    steps, warmup = 80, 20
+    # The few padded shapes are all seen by step ~30 here (RSS flat after); an exact capacity
+    # keeps adding kernels: ~135 MiB over steps 10-40 at the rate below.
+    steps, warmup = 40, 10
     trainer = Trainer(tiny_config(tmp_path, f"--model.name={name}", *SMALL, *extra,
                                   f"--training.steps={steps}"))
     samples = {}
@@ -53,5 +55,7 @@ def test_rss_stays_flat_over_many_steps(tmp_path, name, extra):
     trainer.train_step = step
     trainer.train()
     growth = samples[steps] - samples[warmup]
-    # With the exact capacity the MoE model grew 275 MiB here (~4.5 MiB a step, on and on).
+    # With the exact capacity the MoE model grew 275 MiB over steps 20-80 (~4.5 MiB a step, on
+    # and on, where oneDNN caches a bf16 kernel per shape; an AMD EPYC without avx512_bf16 stays
+    # flat either way, and the mutant survives there, at 80 steps as at 40).
     assert growth < 40, f"{name}: RSS grew {growth:.0f} MiB from step {warmup} to {steps}"
