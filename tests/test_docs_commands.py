@@ -29,9 +29,10 @@ SHELL = {"", "sh", "bash", "shell"}
 
 RUN_TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
             "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1",
-            "--lr_scheduler.warmup_steps=1", "--checkpoint.interval=1",
-            "--training.global_batch_size=-1",
+            "--lr_scheduler.warmup_steps=1", "--training.global_batch_size=-1",
             "--validation.steps=2"]  # where a config validates (the speedrun: every window)
+# The end-of-run report (matplotlib: ~2.5 CPU-s a launch) only where a later command reads it.
+REPORT_READ = {("README.md", "./run_train.sh")}  # (document, command): `cat .../report.md`
 # Appended to every command of this program (argparse and the config loader: last value wins).
 TINY = {
     "./run_train.sh": RUN_TINY,
@@ -45,15 +46,17 @@ TINY = {
                                                 "--data.tokenizer_vocab_size=512"],
     "python -m torchllm.tools.model_info": [],
     "python -m torchllm.report": [],
-    "python -m torchllm.eval.loss": ["--steps", "2"],
+    "python -m torchllm.eval.loss": ["--steps", "2", "--max-tokens", "2000"],
     "python -m torchllm.tools.estimate_memory": [],
-    "python -m torchllm.tools.dry_run": [],
+    # the plan of the same model two blocks deep (a 70B's 80 fake blocks: ~3 CPU-s more)
+    "python -m torchllm.tools.dry_run": ["--model.n_layers=2"],
     "python -m torchllm.tools.env_check": [],
     "python scripts/mutation_check.py": [],
-    "python benchmarks/bench_throughput.py": ["--vocab", "2048"],
+    # (bf16 is emulated on a CPU without AVX512_BF16/AMX: ~12x slower than fp32)
+    "python benchmarks/bench_throughput.py": ["--vocab", "2048", "--precisions", "fp32"],
     # (tests/test_time_to_loss.py runs all three contenders, shortened, and reads the JSON)
     "python benchmarks/bench_time_to_loss.py": ["--contenders", "reference", "--steps", "2",
-                                                "--rounds", "1"],
+                                                "--rounds", "1", "--text", "shakespeare.txt"],
     "python -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
                                            str(REPO.parent / "shared" / "data" / "evals")],
     "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
@@ -89,6 +92,14 @@ SKIP = {  # substring of the command -> why it does not run here
 # config under other layouts, and resuming a run under another data-parallel degree is refused
 # by design (the data order depends on it), so each launch gets a run name of its own.
 OWN_RUN = {"parallelism.md", "data.md"}  # data.md: runs on several prepared datasets
+# CPU seconds of one process of a program with TINY (else ~5: mostly Python and torch start-up).
+CPU_ESTIMATE = {"./run_train.sh": 10, "python benchmarks/bench_parallel.py": 22,
+                "python benchmarks/bench_throughput.py": 20,
+                "python benchmarks/bench_time_to_loss.py": 15,
+                "python -m torchllm.eval.harness": 13, "torchrun -m torchllm.eval.harness": 13,
+                "ls": 0, "cat": 0}
+# TORCHLLM_DOCS_TIMES=FILE: each command's CPU and wall seconds are appended to FILE.
+TIMES = os.environ.get("TORCHLLM_DOCS_TIMES")
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
 NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
     ("checkpointing.md", "<dump_folder>/"): "a folder layout",
@@ -205,6 +216,10 @@ def fixtures(clone: Path) -> None:
         (clone / "corpus" / f"{i:03d}.txt").write_text(text)
     (clone / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[30:40]))
     write_tiny_jsonl(clone / "hellaswag_val.jsonl")
+    # bench_time_to_loss's --text: the head of tiny Shakespeare (validating on the whole 10%
+    # held out of the full 1.1 MB costs a smoke run ~6 CPU-s)
+    shakespeare = (REPO / "torchllm/data/assets/tinyshakespeare.txt").read_text()
+    (clone / "shakespeare.txt").write_text(shakespeare[:20_000])
     # The docs name ../shared (the tokenizers and eval sets beside the checkout), as a checkout has.
     shared, beside = REPO.parent / "shared", clone.parent / "shared"
     if shared.exists() and not beside.exists():
@@ -216,25 +231,46 @@ def fixtures(clone: Path) -> None:
             (clone / name).symlink_to(shared / source)
 
 
+def to_run(path: Path) -> list[tuple[int, str]]:
+    """(line number, command) of the commands of a document that run here."""
+    readme = set() if path.name == "README.md" else {c for _, c in commands(REPO / "README.md")}
+    return [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)
+            # README's newcomer run trains it already, in the same clone
+            and not (cmd in readme and program(cmd) == "./run_train.sh")]
+
+
+def estimated_cpu(path: Path, part: slice = slice(None)) -> int:
+    """Rough CPU seconds of a document's commands (longest documents start first)."""
+    return sum(CPU_ESTIMATE.get(program(cmd), 5) * processes(cmd)
+               for _, cmd in to_run(path)[part])
+
+
 def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tuple[str, str]]:
     """Run a document's commands (`part` of those that run here) in order in `clone`; returns
     (command, output) of each run."""
     env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     ran = []
-    readme = set() if path.name == "README.md" else {c for _, c in commands(REPO / "README.md")}
-    for n, cmd in [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)][part]:
-        if cmd in readme and program(cmd) == "./run_train.sh":
-            continue  # README's newcomer run trains it already, in the same clone
+    for n, cmd in to_run(path)[part]:
         extra = list(TINY[program(cmd)])
         if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
             extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]
             if path.name in OWN_RUN:
                 extra.append(f"--job.run_name={path.stem}_{n}")
+            if (path.name, cmd) not in REPORT_READ:
+                extra.append("--metrics.report=false")
         full = cmd + " " + shlex.join(extra)
-        proc = subprocess.run(["bash", "-c", full], cwd=clone, env=env, capture_output=True,
-                              text=True, timeout=600, input="The meaning of life is\nPython\n")
+        cpu = clone / f".cpu_{path.stem}"
+        timed = ["/usr/bin/time", "-f", "%U %S %e", "-o", str(cpu)] if TIMES else []
+        proc = subprocess.run([*timed, "bash", "-c", full], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=600,
+                              input="The meaning of life is\nPython\n")
         out = proc.stdout + proc.stderr
+        if TIMES:  # CPU seconds (user + system, with the command's children) and wall seconds
+            user, system, wall = cpu.read_text().split()[-3:]
+            with open(TIMES, "a") as f:
+                f.write(f"{float(user) + float(system):7.1f} {float(wall):6.1f}  "
+                        f"{path.name}:{n}: {full}\n")
         assert proc.returncode == 0, f"{path.name}:{n}: {full}\n{out[-4000:]}"
         ran.append((cmd, out))
     return ran
@@ -245,9 +281,10 @@ def newcomer(tmp_path_factory, request):
     """README's commands, in order, in a fresh clone; and the selected docs/*.md there.
 
     README's first command trains outputs/debug_model, which the rest and the docs read. Then
-    README's other commands and the documents run two at a time: each document's commands in
-    order, most of them one single-threaded process, so a second document uses the second
-    core. No two documents write the same run (own run names, or OWN_RUN) or file.
+    README's other commands and the documents run two at a time, the longest first: each
+    document's commands in order, most of them one single-threaded process, so a second
+    document uses the second core. No two documents write the same run (own run names, or
+    OWN_RUN) or file.
     Returns (clone, README's (command, output) list, {doc: its exception or None})."""
     clone = fresh_clone(tmp_path_factory.mktemp("clone"))
     fixtures(clone)
@@ -263,9 +300,13 @@ def newcomer(tmp_path_factory, request):
             return e
         return None
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        rest = pool.submit(run_document, readme, clone, slice(1, None))
-        docs = {doc: pool.submit(run, doc) for doc in selected}
+    jobs = sorted([(estimated_cpu(readme, slice(1, None)), "README.md"),
+                   *((estimated_cpu(REPO / "docs" / doc), doc) for doc in selected)],
+                  reverse=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # a pool starts its jobs in this order
+        docs = {doc: pool.submit(run_document, readme, clone, slice(1, None))
+                if doc == "README.md" else pool.submit(run, doc) for _, doc in jobs}
+        rest = docs.pop("README.md")
         ran += rest.result()
         return clone, ran, {doc: done.result() for doc, done in docs.items()}
 
