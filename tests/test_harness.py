@@ -40,7 +40,8 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("harness")
     trainer = Trainer(tiny_config(
         tmp, "--checkpoint.enable", "--job.run_name=run", "--training.steps=20",
-        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3"))
+        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3",
+        "--model.dim=128", "--model.n_layers=2"))  # (GQA kept) a quarter of the debug's compute
     try:
         trainer.train()
     finally:
@@ -285,11 +286,19 @@ def test_cli_prints_the_table_writes_json_and_logs_to_tensorboard(trained, one_r
         assert [(e.step, e.value) for e in logged] == [(20, pytest.approx(expected))], task
 
 
-def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys):
+def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from lm_eval.tasks import manager
     from test_eval_loading import write_run
 
     from torchllm.eval.harness.cli import main
 
+    # A name in neither index: the CLI still builds lm-eval's full TaskManager to be sure, over
+    # an empty default folder here (its thousands of YAMLs cost ~15 CPU-s and hold no such name).
+    defaults, build = Path(manager.__file__).parent, manager.TaskIndex.build
+    monkeypatch.setattr(manager.TaskIndex, "build", staticmethod(lambda paths, **kw: build(
+        [p for p in paths if Path(p) != defaults], **kw)))
     run = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())[0]
     assert main(["--checkpoint", str(run), "--tasks", "no_such_task", "--device", "cpu"]) == 2
     assert "error: --tasks: unknown task(s) no_such_task;" in capsys.readouterr().err
