@@ -5,6 +5,9 @@ a missing lm-eval gives."""
 
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -51,21 +54,32 @@ def trained(tmp_path_factory):
     return tmp / "run", tmp / "hf", model, tokenizer
 
 
-def task_requests(name: str, limit: int) -> tuple[object, list[Instance]]:
-    """(task, its requests for the first `limit` documents) of a shipped offline task."""
+@functools.lru_cache(maxsize=None)
+def _loaded_task(name: str):
+    """A shipped offline task, loaded once per module (HellaSwag's: ~5 CPU-s)."""
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
                           metadata=resolve_sources(None))
-    task = manager.load([name])["tasks"][name]
+    return manager.load([name])["tasks"][name]
+
+
+@functools.lru_cache(maxsize=None)
+def _requests(name: str, limit: int) -> tuple[Instance, ...]:
+    task = _loaded_task(name)
     task.build_all_requests(limit=limit, rank=0, world_size=1)
-    return task, list(task.instances)
+    return tuple(task.instances)
+
+
+def task_requests(name: str, limit: int) -> tuple[object, list[Instance]]:
+    """(task, its requests for the first `limit` documents) of a shipped offline task (the
+    requests built once per module; each caller gets its own copies)."""
+    return _loaded_task(name), copy.deepcopy(list(_requests(name, limit)))
 
 
 def rolling_requests(limit: int) -> list[Instance]:
     """loglikelihood_rolling requests over HellaSwag documents (context and all endings)."""
-    task, _ = task_requests("hellaswag_local", limit)
-    docs = list(task.validation_docs())[:limit]
+    docs = itertools.islice(_loaded_task("hellaswag_local").validation_docs(), limit)
     return [Instance("loglikelihood_rolling", doc, (doc["ctx"] + " " + " ".join(doc["endings"]),),
                      i) for i, doc in enumerate(docs)]
 
