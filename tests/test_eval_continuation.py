@@ -114,7 +114,10 @@ HF_BATCH = 32  # rows per transformers forward
 
 @pytest.fixture(scope="module")
 def trained_export(tmp_path_factory):
-    """A short debug-model run (auto SentencePiece tokenizer), exported; both sides in eval."""
+    """A short debug-model run (auto SentencePiece tokenizer), exported; both sides in eval.
+    Two blocks of 128 (GQA kept: 8 heads, 4 kv): scoring the ~1,300 rows below on each side is
+    a quarter of the debug model's 80 CPU-s, and it learns as much in 20 steps (mean option
+    loss 4.98 vs 4.91; the closest two options of a row 1.6e-4 apart, vs 5.7e-6)."""
     transformers = pytest.importorskip("transformers")
     from torchllm.hf.cli import main as hf_cli
     from torchllm.train import Trainer
@@ -124,7 +127,8 @@ def trained_export(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf_scorer")
     trainer = Trainer(tiny_config(
         tmp, "--checkpoint.enable", "--job.run_name=run", "--training.steps=20",
-        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3"))
+        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3",
+        "--model.dim=128", "--model.n_layers=2"))
     trainer.train()
     assert hf_cli(["export", "--checkpoint", str(tmp / "run"), "--out", str(tmp / "hf")]) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp / "hf", dtype=torch.float32)

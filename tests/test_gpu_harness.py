@@ -163,6 +163,7 @@ def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path, monkeyp
     row, peer = result["rows"]
     assert row["variant"] == "fp32" and peer["variant"] == "peer_transformers"
     assert row["status"] == "ok" and len(row["losses"]) == 3
+    tokenizer = tmp_path / "bench_gpu_work/runs/data/tokenizer_embedded_sp512.model"
     direct = Trainer(load_config([
         "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
         "--training.device=cpu", "--training.seq_len=32", "--training.local_batch_size=2",
@@ -173,7 +174,7 @@ def test_bench_gpu_cpu_path_reports_what_a_direct_run_measures(tmp_path, monkeyp
         # what the bench's runs leave out too (after the last step: no loss changes)
         "--checkpoint.enable=false", "--validation.enable=false", "--metrics.report=false",
         # the tokenizer the bench's runs trained (the same file a direct run would train)
-        f"--data.tokenizer={tmp_path / 'bench_gpu_work/runs/data/tokenizer_embedded_sp512.model'}"]))
+        f"--data.tokenizer={tokenizer}"]))
     assert direct.train() == pytest.approx(row["losses"], rel=1e-5)
     assert row["mfu_pct"] == pytest.approx(
         100 * row["tokens_per_s_gpu"] * row["flops_per_token"] / row["peak_flops"], rel=1e-6)

@@ -5,6 +5,9 @@ a missing lm-eval gives."""
 
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -40,7 +43,8 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("harness")
     trainer = Trainer(tiny_config(
         tmp, "--checkpoint.enable", "--job.run_name=run", "--training.steps=20",
-        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3"))
+        "--training.seq_len=64", "--model.max_seq_len=1024", "--optimizer.lr=3e-3",
+        "--model.dim=128", "--model.n_layers=2"))  # (GQA kept) a quarter of the debug's compute
     try:
         trainer.train()
     finally:
@@ -50,21 +54,32 @@ def trained(tmp_path_factory):
     return tmp / "run", tmp / "hf", model, tokenizer
 
 
-def task_requests(name: str, limit: int) -> tuple[object, list[Instance]]:
-    """(task, its requests for the first `limit` documents) of a shipped offline task."""
+@functools.lru_cache(maxsize=None)
+def _loaded_task(name: str):
+    """A shipped offline task, loaded once per module (HellaSwag's: ~5 CPU-s)."""
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
                           metadata=resolve_sources(None))
-    task = manager.load([name])["tasks"][name]
+    return manager.load([name])["tasks"][name]
+
+
+@functools.lru_cache(maxsize=None)
+def _requests(name: str, limit: int) -> tuple[Instance, ...]:
+    task = _loaded_task(name)
     task.build_all_requests(limit=limit, rank=0, world_size=1)
-    return task, list(task.instances)
+    return tuple(task.instances)
+
+
+def task_requests(name: str, limit: int) -> tuple[object, list[Instance]]:
+    """(task, its requests for the first `limit` documents) of a shipped offline task (the
+    requests built once per module; each caller gets its own copies)."""
+    return _loaded_task(name), copy.deepcopy(list(_requests(name, limit)))
 
 
 def rolling_requests(limit: int) -> list[Instance]:
     """loglikelihood_rolling requests over HellaSwag documents (context and all endings)."""
-    task, _ = task_requests("hellaswag_local", limit)
-    docs = list(task.validation_docs())[:limit]
+    docs = itertools.islice(_loaded_task("hellaswag_local").validation_docs(), limit)
     return [Instance("loglikelihood_rolling", doc, (doc["ctx"] + " " + " ".join(doc["endings"]),),
                      i) for i, doc in enumerate(docs)]
 
@@ -285,11 +300,19 @@ def test_cli_prints_the_table_writes_json_and_logs_to_tensorboard(trained, one_r
         assert [(e.step, e.value) for e in logged] == [(20, pytest.approx(expected))], task
 
 
-def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys):
+def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from lm_eval.tasks import manager
     from test_eval_loading import write_run
 
     from torchllm.eval.harness.cli import main
 
+    # A name in neither index: the CLI still builds lm-eval's full TaskManager to be sure, over
+    # an empty default folder here (its thousands of YAMLs cost ~15 CPU-s and hold no such name).
+    defaults, build = Path(manager.__file__).parent, manager.TaskIndex.build
+    monkeypatch.setattr(manager.TaskIndex, "build", staticmethod(lambda paths, **kw: build(
+        [p for p in paths if Path(p) != defaults], **kw)))
     run = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())[0]
     assert main(["--checkpoint", str(run), "--tasks", "no_such_task", "--device", "cpu"]) == 2
     assert "error: --tasks: unknown task(s) no_such_task;" in capsys.readouterr().err

@@ -21,14 +21,21 @@ def shakespeare():
     return path
 
 
+def shakespeare_head(tmp_path):
+    """Its first 50 kB: a shorter held-out 10% (5 kB, ~76 windows), and each torchllm process
+    encodes a twentieth of the text (all of it: ~5 CPU-s)."""
+    text = tmp_path / "shakespeare_head.txt"
+    text.write_text(shakespeare().read_text()[:50_000])
+    return text
+
+
 def test_same_recipe_is_the_reference_model_schedule_and_split(tmp_path):
     from torchllm.config import load_config
     from torchllm.optim.lr_schedule import lr_factor
     from torchllm.train import Trainer
 
     bench = benchmark_script("bench_time_to_loss")
-    text = tmp_path / "shakespeare_head.txt"  # its first 200 kB (encoding all of it: ~5 CPU-s)
-    text.write_text(shakespeare().read_text()[:200_000])
+    text = shakespeare_head(tmp_path)
     r = bench.RECIPE
     cfg = load_config([*bench.same_recipe_args(text), f"--job.dump_folder={tmp_path}",
                        "--job.run_name=same", "--metrics.enable_tensorboard=false"])
@@ -58,8 +65,7 @@ def test_same_recipe_is_the_reference_model_schedule_and_split(tmp_path):
 @pytest.mark.slow
 def test_the_benchmark_runs_its_three_contenders_and_writes_the_table(tmp_path, monkeypatch,
                                                                     capsys):
-    text = tmp_path / "shakespeare_head.txt"  # its first 200 kB: a shorter held-out 10%
-    text.write_text(shakespeare().read_text()[:200_000])
+    text = shakespeare_head(tmp_path)
     out_json, out_md = tmp_path / "t.json", tmp_path / "t.md"
     # main() here (not `python bench_time_to_loss.py`: ~4 CPU-s of imports); each contender is
     # still the process the benchmark launches (a failed one: SystemExit with its output's tail).
