@@ -300,14 +300,13 @@ def newcomer(tmp_path_factory, request):
             return e
         return None
 
-    jobs = sorted([(estimated_cpu(readme, slice(1, None)), "README.md"),
+    jobs = sorted([(estimated_cpu(readme, slice(1, None)), readme.name),
                    *((estimated_cpu(REPO / "docs" / doc), doc) for doc in selected)],
                   reverse=True)
     with ThreadPoolExecutor(max_workers=2) as pool:  # a pool starts its jobs in this order
-        docs = {doc: pool.submit(run_document, readme, clone, slice(1, None))
-                if doc == "README.md" else pool.submit(run, doc) for _, doc in jobs}
-        rest = docs.pop("README.md")
-        ran += rest.result()
+        docs = {doc: pool.submit(run_document, readme, clone, slice(1, None)) if doc == readme.name
+                else pool.submit(run, doc) for _, doc in jobs}
+        ran += docs.pop(readme.name).result()
         return clone, ran, {doc: done.result() for doc, done in docs.items()}
 
 
