@@ -79,15 +79,10 @@ FORK_ENV = "TORCHLLM_FORK_WORKERS"
 def fork_workers(cfg, drawing_bar: bool) -> bool:
     """Whether this launch forks its workers: CPU training on Linux, no progress bar thread in
     this process (a thread holding a lock at fork would hold it forever in the worker)."""
+    from torchllm.device import resolve_device  # ('auto' as the workers will resolve it)
+
     return (os.environ.get(FORK_ENV, "1") != "0" and sys.platform.startswith("linux")
-            and cfg.training.device in ("cpu", "auto") and not drawing_bar
-            and (cfg.training.device == "cpu" or not _cuda_visible()))
-
-
-def _cuda_visible() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+            and not drawing_bar and resolve_device(cfg.training.device).type == "cpu")
 
 
 def _forked_worker(train_args: list[str], threads: int) -> None:
