@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint import open_checkpoint
 from torchllm.train import Trainer
 
-from conftest import REPO, tiny_args, tiny_config
+from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          *target, *argv], env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -159,13 +158,19 @@ def test_rank_local_load_failure_makes_every_rank_fall_back_together(launched):
 
 
 def worker_pid(launcher_pid: int, rank: int) -> int:
-    """The pid of torchrun's worker with this RANK (a child of the launcher process)."""
-    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
-    for pid in map(int, children):
+    """The pid of torchrun's worker with this RANK (a child of the launcher process): by its
+    environment (a spawned worker), else by start order (a forked worker gets RANK after the fork,
+    so /proc shows the launcher's environment; torch starts the local ranks in order)."""
+    children = [int(pid) for pid in
+                Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()]
+    for pid in children:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"RANK={rank}".encode() in environ:
             return pid
-    raise AssertionError(f"no worker with RANK={rank} among {children}")
+    started = sorted(children, key=lambda pid: int(
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]))  # starttime
+    assert rank < len(started), f"no worker with RANK={rank} among {children}"
+    return started[rank]
 
 
 def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
@@ -175,7 +180,7 @@ def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          "-m", "torchllm.train", *args], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )

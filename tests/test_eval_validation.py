@@ -7,7 +7,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 from torchllm.train import Trainer
 
-from conftest import REPO, build_model, tiny_args, tiny_config
+from conftest import REPO, TORCHRUN, build_model, tiny_args, tiny_config
 from test_eval_hellaswag import write_tiny_jsonl
 
 
@@ -205,7 +204,7 @@ def layouts(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(REPO / "tests" / "parallel_worker.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, launch_failure(proc)

@@ -159,6 +159,7 @@ def train(args: list[str]) -> dict:
 
 def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
     """Every named 2-rank run in one torchrun launch of this file (see worker())."""
+    from conftest import TORCHRUN
     from test_parallel_multiprocess import launch_failure
 
     tmp.mkdir(parents=True, exist_ok=True)
@@ -167,7 +168,7 @@ def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          __file__, "--worker", str(spec), str(out)],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, launch_failure(proc)

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, shared_path, tiny_config
+from conftest import REPO, TORCHRUN, shared_path, tiny_config
 from test_eval_hellaswag import tiny_model, tokenizer  # noqa: F401 (fixture)
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e .[test])")
@@ -225,7 +225,7 @@ def test_generate_until_stops_at_stop_sequences_and_equals_greedy_decoding(token
 # --- (c) 2 ranks == 1 rank, and (e) the CLI ----------------------------------------------------
 
 def run_cli(run, out, *extra: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+    launch = ([*TORCHRUN, "--standalone",
                f"--nproc_per_node={ranks}", "-m"] if ranks > 1 else [sys.executable, "-m"])
     return subprocess.run(
         [*launch, "torchllm.eval.harness", "--checkpoint", str(run), "--output_path", str(out),

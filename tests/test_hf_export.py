@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from torchllm.models.gpt2 import GPT2Args
 from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.train import Trainer
 
-from conftest import REPO, tiny_config
+from conftest import REPO, TORCHRUN, tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -258,7 +257,7 @@ def test_initial_hf_load_into_an_fsdp_sharded_model_on_two_ranks(tmp_path):
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(worker), str(tmp_path / "hf")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
         start_new_session=True,  # so a hang can be ended with both workers

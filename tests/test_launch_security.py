@@ -142,6 +142,13 @@ def test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes(
     assert a.rdzv_backend == "c10d" and a.rdzv_endpoint == "127.0.0.1:0"
     assert a.local_addr == "127.0.0.1"
     assert a.rdzv_id != b.rdzv_id and len(a.rdzv_id) == 32  # 128 random bits each
+    # No rendezvous option on one node: torchrun makes it a c10d rendezvous on a free port, as
+    # --standalone (torch.distributed.run.run); here too, whether the workers are forked or not.
+    plain, local_plain = rewritten("--nproc_per_node=2")
+    assert local_plain and plain.rdzv_backend == "c10d"
+    assert plain.rdzv_endpoint == "127.0.0.1:0" and len(plain.rdzv_id) == 32
+    static, local_static = rewritten("--master_addr=10.1.2.3", "--master_port=29511")
+    assert not local_static and static.rdzv_backend == "static"  # the user's MASTER_ADDR/PORT
     one_node = ("--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29555")
     (c, local_c), (d, _) = rewritten(*one_node), rewritten(*one_node)
     assert local_c and c.rdzv_id != d.rdzv_id and len(c.rdzv_id) == 32

@@ -13,13 +13,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from torchllm.train import Trainer
 
-from conftest import REPO, tiny_args, tiny_config
+from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 from parallel_worker import qk_norm_weights
 
 STEPS = 7  # warm-up 2 + 5 steps at the peak rate: a wrong scale or reduction shows from step 1
@@ -133,7 +132,7 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        [*TORCHRUN, "--standalone",
          f"--nproc_per_node={nproc}", str(REPO / "tests" / "parallel_worker.py"),
          str(spec_path), str(out_path)],
         env=env, capture_output=True, text=True, timeout=600,

@@ -75,7 +75,7 @@ def worker(spec_path: str, out_path: str) -> None:
 def results(tmp_path_factory):
     from torchllm.train import Trainer
 
-    from conftest import REPO, tiny_args, tiny_config
+    from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
     tmp = tmp_path_factory.mktemp("recipes")
     reference = {name: run_steps(Trainer(tiny_config(tmp, *COMMON, "--training.local_batch_size=4",
@@ -87,7 +87,7 @@ def results(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          __file__, str(spec_path), str(out_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )

@@ -19,7 +19,7 @@ from torchllm.checkpoint import open_checkpoint
 from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
-from conftest import REPO, tiny_args, tiny_config
+from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow  # every test trains a run or two
 
@@ -118,7 +118,7 @@ def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(REPO / "tests" / "checkpoint_worker.py"), "--jobs", str(jobs)],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -56,6 +56,24 @@ MUTANTS = [
          "fresh_process_would",),
     ),
     Mutant(
+        "signalled_forked_worker_vanishes", "a forked worker stopped by a signal exits without "
+        "its return value: when the signal reached that worker alone, torchrun waits forever",
+        "torchllm/run/launch.py",
+        "        threading.Timer(SIGNALLED_WORKER_EXIT_S, exit_process, (0,)).start()\n",
+        "        exit_process(0)\n",
+        ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
+    ),
+    Mutant(
+        "plain_launch_static_rendezvous", "a one-node launch without rendezvous options keeps "
+        "torchrun's static rendezvous on port 29500 (torchrun itself makes it --standalone)",
+        "torchllm/run/launch.py",
+        "    if args.standalone or (args.rdzv_backend == \"static\" and not args.rdzv_endpoint\n"
+        "                           and args.master_port is None and _max_nodes(args.nnodes) == 1):\n",
+        "    if args.standalone:\n",
+        ("tests/test_launch_security.py::test_the_rendezvous_id_is_random_unless_given_and_"
+         "required_on_several_nodes",),
+    ),
+    Mutant(
         "forked_worker_one_thread", "a forked worker keeps the launcher's single thread",
         "torchllm/run/launch.py",
         "    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)\n",

@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 
 from torchllm.config import ConfigError, help_text, load_config
 from torchllm.run.failures import (
@@ -74,6 +75,7 @@ def check_config(train_args: list[str], world_size: int | None):
 # importing them again (torchrun's usual `python -m` per worker; CUDA launches keep it: CUDA
 # does not survive a fork). TORCHLLM_FORK_WORKERS=0 turns it off.
 FORK_ENV = "TORCHLLM_FORK_WORKERS"
+SIGNALLED_WORKER_EXIT_S = 2.0  # a forked worker stopped by a signal ends this long after returning
 
 
 def fork_workers(cfg, drawing_bar: bool) -> bool:
@@ -85,10 +87,12 @@ def fork_workers(cfg, drawing_bar: bool) -> bool:
             and not drawing_bar and resolve_device(cfg.training.device).type == "cpu")
 
 
-def _forked_worker(train_args: list[str], threads: int) -> None:
-    """A forked worker: what `python -u -m torchllm.train` does, in a copy of this process.
-    Returns on success (torchrun waits for every worker's return value); any other ending
-    leaves through os._exit with the worker's exit code, as `python -m torchllm.train` does."""
+def _forked_worker(main, argv: list[str], threads: int) -> None:
+    """A forked worker: what `python -u -m MODULE ARGV` does, in a copy of this process, where
+    `main(argv)` is that module's main (an exit code). Returns on success (torchrun waits for
+    every worker's return value), also when stopped by a signal (then the process ends shortly
+    after); a failure leaves through os._exit with the worker's exit code, as the module run by
+    `python -m` would."""
     import torch
 
     from torchllm.run.process_exit import exit_process
@@ -100,27 +104,35 @@ def _forked_worker(train_args: list[str], threads: int) -> None:
     # what a fresh process would: OMP_NUM_THREADS (torchrun's, for several workers) or the cores.
     omp = os.environ.get("OMP_NUM_THREADS", "")
     torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)
-    # The module torchrun would run (`-m`), by name as there; imported before the fork.
-    code = importlib.import_module(WORKER_MODULE).main(train_args)
-    if code != 0 or signal_received():  # (a signal: torchrun is closing the workers, not polling)
+    code = main(argv)
+    if code != 0:
         exit_process(code)
+    if signal_received():
+        # Stopped by SIGTERM/SIGINT, after saving. Either the launcher got it and torchrun is
+        # closing the workers (it reads no return value then, and would SIGKILL a worker
+        # waiting for it to), or it reached this worker alone and torchrun still polls (a worker
+        # gone without its return value would leave it waiting forever): return the result
+        # (torch's wrapper hands it to torchrun) and end a moment later either way.
+        threading.Timer(SIGNALLED_WORKER_EXIT_S, exit_process, (0,)).start()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
 
 
-def run_forked(args, train_args: list[str], threads: int) -> None:
-    """torchrun (torch.distributed.run.run) with workers forked from this process."""
+def run_forked(args, main, argv: list[str], threads: int) -> None:
+    """torchrun (torch.distributed.run.run, after secure_rendezvous has set the rendezvous up)
+    with workers forked from this process, each running `main(argv)`: the code `main` needs is
+    imported here, once, before the fork. This process must still be on one thread (`threads`:
+    what it had before, which the workers get back)."""
     import torch
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
 
-    torch.multiprocessing._set_thread_name("pt_elastic")
+    torch.multiprocessing._set_thread_name("pt_elastic")  # (as torch.distributed.run.run)
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
-    importlib.import_module(WORKER_MODULE)  # once, here: every forked worker has it
-    elastic_launch(config=config, entrypoint=_forked_worker)(train_args, threads)
+    elastic_launch(config=config, entrypoint=_forked_worker)(main, argv, threads)
 
 
 def _world_size(args) -> int | None:
@@ -166,11 +178,15 @@ def _max_nodes(nnodes: str) -> int | None:
 
 
 def secure_rendezvous(args) -> bool:
-    """Rewrite torchrun's parsed `args` in place: `--standalone` becomes a c10d rendezvous on
-    127.0.0.1; a c10d rendezvous without an id gets a random one (single node) or is refused
-    (ConfigError: several nodes must share one secret id). True when the launch is on one
+    """Rewrite torchrun's parsed `args` in place: `--standalone` (or one node without a master
+    port or endpoint, which torchrun treats the same) becomes a c10d rendezvous on 127.0.0.1;
+    a c10d rendezvous without an id gets a random one (single node) or is refused (ConfigError:
+    several nodes must share one secret id). True when the launch is on one
     machine (a loopback endpoint): its listeners must then bind loopback only."""
-    if args.standalone:
+    if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint
+                           and args.master_port is None and _max_nodes(args.nnodes) == 1):
+        # (torchrun's own rule, torch.distributed.run.run: one node and no master port given
+        # is a c10d rendezvous on a free port, as --standalone)
         args.standalone = False
         args.rdzv_backend, args.rdzv_endpoint = "c10d", f"{LOOPBACK}:0"
     if args.rdzv_backend == "static":  # MASTER_ADDR/MASTER_PORT: no id, a trusted network
@@ -284,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with loopback_stores() if local else contextlib.nullcontext():
             if fork_workers(cfg, bar is not None):
-                run_forked(args, train_args, threads)
+                # the module torchrun would run (`-m`), by name as there
+                worker = importlib.import_module(WORKER_MODULE)
+                run_forked(args, worker.main, train_args, threads)
             else:
                 torch.set_num_threads(threads)
                 run(args)

@@ -1,0 +1,87 @@
+"""torchrun with forked workers, for the tests' multi-rank launches:
+
+    python tests/forkrun.py [torchrun options] SCRIPT [args ...]
+    python tests/forkrun.py [torchrun options] -m MODULE [args ...]
+
+is `python -m torch.distributed.run` with the same options and torch's own agent (rendezvous,
+worker environment, `[rankN]:` prefixes, error files, exit codes), set up the way run_train.sh's
+launcher sets it up (torchllm.run.launch: a single-node rendezvous on 127.0.0.1 with a random
+id), whose workers are forked from this process as a CPU `./run_train.sh` forks them
+(torchllm.run.launch.run_forked) instead of each being a fresh `python -u SCRIPT`: torch and
+torchllm are imported here once, not once per rank (~4 CPU-s a rank on a 2-core machine). Each
+worker runs SCRIPT (or MODULE) as `__main__` with its arguments, as Python would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import runpy
+import sys
+import traceback
+
+
+class _Exit(BaseException):
+    """A worker script's exit_process(code), in a forked worker."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _return_from_worker(code: int):
+    # torchllm.run.process_exit.exit_process ends a fresh process with os._exit; a forked worker
+    # must instead return to torch's wrapper, which hands its result to the agent and then ends
+    # the process with os._exit itself (no interpreter finalization either way).
+    raise _Exit(code)
+
+
+def run_as_main(target: str, module: bool, argv: list[str]) -> int:
+    """`python -u TARGET ARGV` (or `-m TARGET`) in this forked worker: its exit code."""
+    from torchllm.run import process_exit
+
+    process_exit.exit_process = _return_from_worker  # (before the script imports it)
+    sys.argv = [target, *argv]
+    if not module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except _Exit as e:
+        return e.code
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:  # printed as Python prints an uncaught exception
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import parse_args
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread until the fork (torchllm.run.launch._forked_worker)
+    importlib.import_module("torchllm.train")  # what the workers run: once, before the fork
+    from torchllm.run.launch import loopback_stores, run_forked, secure_rendezvous
+
+    args = parse_args(sys.argv[1:])
+    target = args.training_script
+    run = functools.partial(run_as_main, target, args.module)
+    local = secure_rendezvous(args)
+    with loopback_stores() if local else contextlib.nullcontext():
+        record(run_forked)(args, run, list(args.training_script_args), threads)
+
+
+if __name__ == "__main__":
+    main()
