@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import REPO
+from conftest import REPO, preloaded_forkserver
 from torchllm import models
 from torchllm.config import ConfigError, load_config
 
@@ -37,7 +37,7 @@ def _first_collective_rank(rank: int, store_path: str, late_s: float, timeout_s:
 
 
 def run_two_ranks(tmp_path, late_s: float, timeout_s: float) -> dict:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(preloaded_forkserver())
     q = ctx.Queue()
     procs = [ctx.Process(target=_first_collective_rank,
                          args=(r, str(tmp_path / "store"), late_s, timeout_s, q))

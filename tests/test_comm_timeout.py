@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 
 from torchllm.parallel import ParallelDims, set_comm_timeout
 
+from conftest import preloaded_forkserver
+
 
 def timeouts(dims: ParallelDims) -> list[float]:
     """The collective timeout (seconds) of the default group and of each mesh group."""
@@ -54,7 +56,8 @@ def test_init_then_train_timeout_on_every_group(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(tmp_path, port), nprocs=2, join=True)
+    mp.start_processes(worker, args=(tmp_path, port), nprocs=2, join=True,
+                       start_method=preloaded_forkserver())
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         n = 3 + 5  # world, dp, dp_shard x cp, and the mesh's 5 dims (pp dp_replicate dp_shard cp tp)

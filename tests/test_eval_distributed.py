@@ -16,7 +16,7 @@ from torchllm.eval import hellaswag
 from torchllm.eval.in_training import HeldOutBatches
 from torchllm.eval.validation import validate
 
-from conftest import SHARED
+from conftest import SHARED, preloaded_forkserver
 from test_eval_hellaswag import tiny_model, tokenizer, write_tiny_jsonl  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
@@ -51,7 +51,8 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
         examples += hellaswag.load_examples(str(real), limit=4)
     # An odd count, 2 per batch: rank 1 runs one discarded batch so that both ranks run the
     # same number of forward passes (5 examples: 2 batches on rank 0, 1 + 1 on rank 1).
-    mp.spawn(_worker, args=(2, str(tmp_path), str(tokenizer.path), examples), nprocs=2)
+    mp.start_processes(_worker, args=(2, str(tmp_path), str(tokenizer.path), examples), nprocs=2,
+                       start_method=preloaded_forkserver())
 
     model = tiny_model(max_seq_len=384)
     single = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)

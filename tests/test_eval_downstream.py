@@ -15,7 +15,7 @@ from torchllm.eval import downstream
 from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 
-from conftest import shared_path, tiny_args
+from conftest import preloaded_forkserver, shared_path, tiny_args
 from test_eval_hellaswag import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
@@ -176,7 +176,8 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
     tasks = {name: (short_rows(name, 12, tokenizer, 200), shots)
              for name, shots in (("arc_easy", 1), ("winogrande", 2), ("sciq_lm", 0))}
     # 5 rows, 2 per batch: rank 1 gets 2 rows and runs one discarded dummy batch.
-    mp.spawn(_worker, args=(2, str(tmp_path), str(tokenizer.path), tasks), nprocs=2)
+    mp.start_processes(_worker, args=(2, str(tmp_path), str(tokenizer.path), tasks), nprocs=2,
+                       start_method=preloaded_forkserver())
     single = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN), tokenizer, tasks, CPU,
                                  limit=5, seed=3, batch_size=2).to_json()
     for rank in range(2):

@@ -132,6 +132,7 @@ def run_forked(args, main, argv: list[str], threads: int) -> None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
+    importlib.import_module("torch._dynamo")  # (torch.optim.Optimizer's constructor imports it)
     elastic_launch(config=config, entrypoint=_forked_worker)(main, argv, threads)
 
 

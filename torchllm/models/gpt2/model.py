@@ -25,6 +25,7 @@ from torchllm.models.attention import (
     layer_windows,
     more_keys_than_queries,
 )
+from torchllm.models.embedding import Embedding
 from torchllm.models.head import lm_head
 from torchllm.models.gpt2.args import GPT2Args
 
@@ -125,8 +126,8 @@ class GPT2(nn.Module):
     def __init__(self, args: GPT2Args):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
+        self.tok_embeddings = Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings = Embedding(args.max_seq_len, args.dim)
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
         )

@@ -22,6 +22,7 @@ from torchllm.models.attention import (
     layer_windows,
     more_keys_than_queries,
 )
+from torchllm.models.embedding import Embedding
 from torchllm.models.head import lm_head
 from torchllm.models.kv_cache import KVCache
 from torchllm.models.llama.args import LlamaArgs
@@ -47,7 +48,11 @@ def rope_frequencies(args: LlamaArgs, device=None) -> torch.Tensor:
 
 
 def rope_table(args: LlamaArgs, device=None) -> torch.Tensor:
-    """[max_seq_len, head_dim/2, 2] table of (cos, sin) for every position."""
+    """[max_seq_len, head_dim/2, 2] table of (cos, sin) for every position (on the meta device:
+    its shape only, as every meta tensor; arithmetic there runs Python decompositions, the first
+    of which imports torch._dynamo: see models/embedding.py)."""
+    if torch.empty(0, device=device).is_meta:
+        return torch.empty(args.max_seq_len, args.head_dim // 2, 2, device=device)
     inv_freq = rope_frequencies(args, device)
     positions = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)
@@ -229,7 +234,7 @@ class Transformer(nn.Module):
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings = Embedding(args.vocab_size, args.dim)
         # A dict (not a list) keeps parameter names stable when layers are wrapped or removed.
         self.layers = nn.ModuleDict(
             {str(i): self.block_cls(i, args) for i in range(args.n_layers)}
