@@ -111,3 +111,21 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
     assert third.returncode == 0, out
     assert f"taking over the stale lock {lock}" in out and f"process {worker} on this host" in out
     assert not lock.exists()  # released at the end
+
+
+def test_every_ranks_error_file_is_found_when_torchrun_names_only_the_first_failure(tmp_path):
+    """torchrun's failures (forked workers) can name only the rank it saw end first, often one
+    that only lost its peers: the root cause's traceback file is found beside it."""
+    from types import SimpleNamespace
+
+    from torchllm.run.launch import kept_error_files
+
+    attempt = tmp_path / "logs" / "run_abc" / "attempt_0"
+    for local in (0, 1, 2):
+        (attempt / str(local)).mkdir(parents=True)
+    for local in (0, 1):  # local rank 2 ended without an error file (killed)
+        (attempt / str(local) / "error.json").write_text("{}")
+    # Node 1 of a 2 x 3 launch: global ranks 3, 4, 5; torchrun reports only rank 3.
+    seen = {3: SimpleNamespace(local_rank=0, error_file=str(attempt / "0" / "error.json"))}
+    assert kept_error_files(seen) == {3: str(attempt / "0" / "error.json"),
+                                      4: str(attempt / "1" / "error.json")}

@@ -74,6 +74,16 @@ MUTANTS = [
          "required_on_several_nodes",),
     ),
     Mutant(
+        "error_files_of_first_failure_only", "the launcher names only the error files of the "
+        "ranks torchrun reports (forked workers: the first to end, often a rank that lost its "
+        "peers), so the root cause's traceback file goes unnamed",
+        "torchllm/run/launch.py",
+        "        for local in attempt.glob(\"*/error.json\"):\n",
+        "        for local in [Path(failure.error_file)]:\n",
+        ("tests/test_launcher.py::test_every_ranks_error_file_is_found_when_torchrun_names_only_"
+         "the_first_failure",),
+    ),
+    Mutant(
         "forked_worker_one_thread", "a forked worker keeps the launcher's single thread",
         "torchllm/run/launch.py",
         "    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)\n",

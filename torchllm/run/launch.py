@@ -36,6 +36,7 @@ import socket
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 from torchllm.config import ConfigError, help_text, load_config
 from torchllm.run.failures import (
@@ -245,6 +246,20 @@ def loopback_stores():
         dist.TCPStore = c10d_backend.TCPStore = base
 
 
+def kept_error_files(failures: dict) -> dict[int, str]:
+    """rank -> torchrun's error file (@record's traceback) of each rank of this node that wrote
+    one. torchrun's failures name only the ranks it saw end first (workers forked: the first
+    one, often a rank that only lost its peers), so every rank's file is looked for beside
+    theirs: <log dir>/<run>/attempt_<n>/<local rank>/error.json."""
+    found = {}
+    for rank, failure in failures.items():
+        attempt, first_rank = Path(failure.error_file).parent.parent, rank - failure.local_rank
+        for local in attempt.glob("*/error.json"):
+            if local.parent.name.isdigit():
+                found[first_rank + int(local.parent.name)] = str(local)
+    return found
+
+
 def _how(failure) -> str:
     if failure.exitcode < 0:
         try:
@@ -310,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ChildFailedError as e:
         failed = {rank: _how(f) for rank, f in e.failures.items()}
-        error_files = {rank: f.error_file for rank, f in e.failures.items()
-                       if kept_logs and os.path.isfile(f.error_file)}
+        error_files = kept_error_files(e.failures) if kept_logs else {}
         lines, code = failure_report(read_statuses(status_dir), failed, error_files)
         print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr, flush=True)
         return code
