@@ -183,8 +183,8 @@ def secure_rendezvous(args) -> bool:
     """Rewrite torchrun's parsed `args` in place: `--standalone` (or one node without a master
     port or endpoint, which torchrun treats the same) becomes a c10d rendezvous on 127.0.0.1;
     a c10d rendezvous without an id gets a random one (single node) or is refused (ConfigError:
-    several nodes must share one secret id). True when the launch is on one
-    machine (a loopback endpoint): its listeners must then bind loopback only."""
+    several nodes must share one secret id). True when the launch is on one machine (a
+    loopback endpoint): its listeners must then bind loopback only."""
     if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint
                            and args.master_port is None and _max_nodes(args.nnodes) == 1):
         # (torchrun's own rule, torch.distributed.run.run: one node and no master port given
