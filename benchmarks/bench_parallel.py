@@ -9,7 +9,8 @@ and estimated), MFU and the final loss; prints a table, writes JSON and a markdo
         [--section.key=value ...]          (config overrides applied to every variant)
 
 Each variant (the product of the lists) is checked like run_train.sh checks a config, then is
-one `torchrun` launch of `benchlib.worker` (benchmarks/benchlib/worker.py) with warmup + steps
+one `torchrun` launch of `benchlib.worker` (benchmarks/benchlib/worker.py; on CPU with the workers
+forked, torchllm.run.forked, as a CPU ./run_train.sh forks them) with warmup + steps
 training steps; the warm-up steps (compilation, optimizer-state creation, and on CPU the two
 memory-profiled steps) are not timed. A variant that cannot run (a layout the world size does
 not allow, a config error, OOM, a crash, a timeout) becomes a row with the reason; the others
@@ -39,7 +40,7 @@ from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # n
                                build_matrix, parse_list)
 from benchlib.worker import PROFILED_STEPS  # noqa: E402
 from torchllm.config import ConfigError  # noqa: E402
-from torchllm.run.launch import check_config  # noqa: E402
+from torchllm.run.launch import FORK_ENV, check_config  # noqa: E402
 
 COMMAND = "python benchmarks/bench_parallel.py"
 
@@ -80,6 +81,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
+def launcher() -> str:
+    """torchrun, whose CPU workers are forked as a CPU ./run_train.sh forks them (they start in
+    ~0.1 s instead of importing torch and torchllm again: not timed either way, but seconds of
+    each variant's wall time); CUDA workers are fresh processes."""
+    forked = (not torch.cuda.is_available() and sys.platform.startswith("linux")
+              and os.environ.get(FORK_ENV, "1") != "0")
+    return "torchllm.run.forked" if forked else "torch.distributed.run"
+
+
 def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> dict:
     row = {"variant": variant.name, "layout": variant.layout, "ac": variant.ac,
            "compile": variant.compile, "float8": variant.float8}
@@ -104,7 +114,7 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         check_config(config_args, args.nproc)
     except ConfigError as e:
         return {**row, "status": "failed", "reason": str(e)[:300]}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    cmd = [sys.executable, "-m", launcher(), "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
     print(f"[bench] {variant.name}: {' '.join(cmd[3:])}", flush=True)
     log_path = run_dir / "log.txt"

@@ -9,12 +9,13 @@ launcher sets it up (torchllm.run.launch: a single-node rendezvous on 127.0.0.1 
 id), whose workers are forked from this process as a CPU `./run_train.sh` forks them
 (torchllm.run.launch.run_forked) instead of each being a fresh `python -u SCRIPT`: torch and
 torchllm are imported here once, not once per rank (~4 CPU-s a rank on a 2-core machine). Each
-worker runs SCRIPT (or MODULE) as `__main__` with its arguments, as Python would.
+worker runs SCRIPT (or MODULE) as `__main__` with its arguments, as Python would (the product's
+`python -m torchllm.run.forked` runs a module's main(args) instead; the tests' workers are
+scripts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
@@ -65,22 +66,19 @@ def run_as_main(target: str, module: bool, argv: list[str]) -> int:
 
 
 def main() -> None:
+    import torch
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import parse_args
 
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread until the fork (torchllm.run.launch._forked_worker)
-    importlib.import_module("torchllm.train")  # what the workers run: once, before the fork
-    from torchllm.run.launch import loopback_stores, run_forked, secure_rendezvous
+    from torchllm.run.launch import torchrun_forked
 
     args = parse_args(sys.argv[1:])
-    target = args.training_script
-    run = functools.partial(run_as_main, target, args.module)
-    local = secure_rendezvous(args)
-    with loopback_stores() if local else contextlib.nullcontext():
-        record(run_forked)(args, run, list(args.training_script_args), threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (one thread until the fork: torchllm.run.launch._forked_worker)
+    importlib.import_module("torchllm.train")  # what the workers run: once, before the fork
+    torch.set_num_threads(threads)
+    run = functools.partial(run_as_main, args.training_script, args.module)
+    record(torchrun_forked)(sys.argv[1:], run)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     code = main(argv)
     printed = capsys.readouterr().out
     assert code == 1, printed[-6000:]  # some rows failed
+    # CPU ranks forked from the launch (torchllm.run.forked), as a CPU ./run_train.sh forks them
+    assert "[bench] ddp: -m torchllm.run.forked --standalone --nproc_per_node=2 -m " in printed
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"ddp", "fsdp2", "hsdp", "pp", "ddp+float8_tensorwise",
                          "fsdp2+float8_tensorwise", "hsdp+float8_tensorwise",

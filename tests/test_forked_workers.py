@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -47,3 +48,45 @@ def test_a_cpu_launch_forks_its_worker_which_trains_as_a_fresh_process_would(tmp
     assert forked["threads"] == spawned["threads"] == len(os.sched_getaffinity(0)), (
         forked, spawned)
     assert forked_steps == spawned_steps and len(forked_steps) == 3, (forked_steps, spawned_steps)
+
+
+PROBE_MODULE = '''
+import json, os, sys
+import torch
+
+def main(argv):
+    out, fail_rank = argv
+    rank = int(os.environ["RANK"])
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump({"argv": open("/proc/self/cmdline").read().split("\\0"),
+                   "ppid": os.getppid(), "threads": torch.get_num_threads()}, f)
+    return 3 if rank == int(fail_rank) else 0
+'''
+
+
+@pytest.mark.slow
+def test_the_forked_launcher_runs_a_modules_main_in_forked_workers(tmp_path):
+    """`python -m torchllm.run.forked` (bench_parallel.py's CPU launches): torchrun whose
+    workers are copies of the launcher running MODULE's main(args), its exit code theirs."""
+    (tmp_path / "probe_main.py").write_text(PROBE_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]),
+           "OMP_NUM_THREADS": "1"}
+
+    def launch(*argv):
+        return subprocess.run([sys.executable, "-m", "torchllm.run.forked", "--standalone",
+                               "--nproc_per_node=2", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    ok = launch("-m", "probe_main", str(tmp_path / "ok"), "-1")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"ok.{r}.json").read_text()) for r in (0, 1)]
+    for probe in ranks:  # a copy of the launcher, not torchrun's `python -u -m probe_main`
+        assert "torchllm.run.forked" in probe["argv"] and "-u" not in probe["argv"], probe
+        assert probe["threads"] == 1  # OMP_NUM_THREADS, as a fresh worker would have
+    assert ranks[0]["ppid"] == ranks[1]["ppid"]
+    failed = launch("-m", "probe_main", str(tmp_path / "failed"), "1")
+    assert failed.returncode == 1 and "exitcode  : 3" in failed.stderr, failed.stderr[-3000:]
+    script = launch(str(tmp_path / "probe_main.py"))
+    assert script.returncode == 1 and script.stderr.strip().splitlines() == [
+        "python -m torchllm.run.forked: name the workers' module with -m MODULE (its main(args) "
+        "runs in each forked worker); for a script use torchrun"], script.stderr

@@ -13,6 +13,7 @@ from torchllm.generate import main, stream_completion
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 
+import preforked
 from conftest import build_model, shared_path
 
 TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
@@ -101,14 +102,13 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
 def test_interactive_subprocess_streams_from_a_pipe(tmp_path):
     """The documented command itself, prompts piped into stdin."""
     import os
-    import subprocess
     import sys
 
     from conftest import REPO
     from test_eval_loading import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    proc = subprocess.run(
+    proc = preforked.run(
         [sys.executable, "-m", "torchllm.generate", "--checkpoint", str(run_dir),
          "--interactive", "--max-new-tokens", "4"],
         input="Hello\n", capture_output=True, text=True, timeout=300,

@@ -17,6 +17,15 @@ LOCK_ASIDE = """            aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.
 
 MUTANTS = [
     Mutant(
+        "forked_launcher_takes_a_script", "python -m torchllm.run.forked given a script path "
+        "instead of -m MODULE fails with an import traceback, not the one line saying so",
+        "torchllm/run/forked.py",
+        "    if not parse_args(argv).module:\n",
+        "    if False:\n",
+        ("tests/test_forked_workers.py::test_the_forked_launcher_runs_a_modules_main_in_forked_"
+         "workers",),
+    ),
+    Mutant(
         "time_limit_ignored", "training.time_limit_minutes never stops the run",
         "torchllm/run/stopping.py",
         "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",

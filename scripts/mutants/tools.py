@@ -6,6 +6,14 @@ from mutants.base import Mutant
 
 MUTANTS = [
     Mutant(
+        "bench_cpu_ranks_not_forked", "the parallel benchmark starts each CPU rank as a fresh "
+        "interpreter (~4 CPU-s of imports per rank per variant again)",
+        "benchmarks/bench_parallel.py",
+        '    return "torchllm.run.forked" if forked else "torch.distributed.run"\n',
+        '    return "torch.distributed.run"\n',
+        ("tests/test_bench.py::test_two_rank_matrix_end_to_end",),
+    ),
+    Mutant(
         "estimator_drops_attention_activations",
         "the memory estimator forgets the attention activations of every block",
         "torchllm/tools/activation_bytes.py",

@@ -137,6 +137,24 @@ def run_forked(args, main, argv: list[str], threads: int) -> None:
     elastic_launch(config=config, entrypoint=_forked_worker)(main, argv, threads)
 
 
+def torchrun_forked(torchrun_argv: list[str], main=None) -> None:
+    """`torchrun TORCHRUN_ARGV` (its options, then `-m MODULE args` or `SCRIPT args`) with the
+    rendezvous run_train.sh's launcher sets up (secure_rendezvous, loopback_stores) and workers
+    forked from this process (run_forked), each running `main(args)`: MODULE's own `main` unless
+    given. Raises what torchrun raises (ChildFailedError: a worker failed)."""
+    import torch
+    from torch.distributed.run import parse_args
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # until the workers are forked: see _forked_worker
+    args = parse_args(torchrun_argv)
+    if main is None:
+        main = importlib.import_module(args.training_script).main  # before the fork
+    local = secure_rendezvous(args)
+    with loopback_stores() if local else contextlib.nullcontext():
+        run_forked(args, main, list(args.training_script_args), threads)
+
+
 def _world_size(args) -> int | None:
     """nproc_per_node x nnodes when both are fixed numbers (elastic ranges: unknown)."""
     try:
