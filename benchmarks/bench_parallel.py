@@ -116,7 +116,7 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         return {**row, "status": "failed", "reason": str(e)[:300]}
     cmd = [sys.executable, "-m", launcher(), "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
-    print(f"[bench] {variant.name}: {' '.join(cmd[3:])}", flush=True)
+    print(f"[bench] {variant.name}: {' '.join(cmd[1:])}", flush=True)
     log_path = run_dir / "log.txt"
     # Its own session, so that a timeout stops torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

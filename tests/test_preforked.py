@@ -33,7 +33,7 @@ sys.exit(int(how))
 def test_a_forked_command_gives_what_a_fresh_one_gives(tmp_path, how):
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PREFORKED_PROBE": "x"}
+    env = {**os.environ, "PREFORKED_PROBE": "x", "PYTHONPATH": str(REPO)}
     env.pop("PYTHONUNBUFFERED", None)
     if how in ("3", "message"):  # `python -u`'s streams (their order with a C-level write)
         env["PYTHONUNBUFFERED"] = "1"
@@ -51,13 +51,15 @@ def test_merged_output_timeout_and_what_runs_fresh(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
     argv = [sys.executable, str(script), "0"]
-    merged = preforked.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # (not a PYTHONPATH of the caller's)
+    assert preforked.forkable(argv, env)
+    merged = preforked.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env)
     assert "to stderr" in merged.stdout and merged.stderr is None
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):
         preforked.run([sys.executable, str(tmp_path / "sleeper.py")], capture_output=True,
-                      timeout=1)
-    env = dict(os.environ)
+                      timeout=1, env=env)
     assert preforked.forkable([sys.executable, "-m", "torchllm.train"], env)
     assert not preforked.forkable(["./run_train.sh"], env)
     assert not preforked.forkable([sys.executable, "-c", "pass"], env)

@@ -47,7 +47,13 @@ def texts(n, seed=0):
             for i in range(n)]
 
 
-def test_default_split_is_proportional_whole_documents(tmp_path, sp_path):
+def test_default_split_is_proportional_whole_documents(tmp_path, sp_path, monkeypatch):
+    import torchllm.data.prepare as prepare_module
+
+    def no_processes(method):  # --workers 1 tokenizes in the process itself
+        raise AssertionError(f"--workers 1 started a {method} pool")
+
+    monkeypatch.setattr(prepare_module.mp, "get_context", no_processes)
     corpus = texts(400)
     src = write_jsonl(tmp_path / "c.jsonl", corpus + ["", "   \n"])  # empty ones are skipped
     tok = load_tokenizer(sp_path)

@@ -6,6 +6,14 @@ from mutants.base import Mutant
 
 MUTANTS = [
     Mutant(
+        "prepare_pool_of_one", "prepare --workers 1 (the default on 2 cores) starts a spawned "
+        "tokenizer process that only takes turns with the main one (~2 CPU-s of imports)",
+        "torchllm/data/prepare.py",
+        "        if workers > 1:\n",
+        "        if workers >= 1:\n",
+        ("tests/test_prepare_split.py::test_default_split_is_proportional_whole_documents",),
+    ),
+    Mutant(
         "loader_draws_global_rng",
         "iter(train loader) draws its worker seed from the global torch RNG after a restore",
         "torchllm/data/loader.py",

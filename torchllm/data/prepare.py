@@ -4,9 +4,10 @@
         [--shard-tokens 100_000_000] [--val-fraction 0.005] [--val-max-tokens 10_000_000]
         [--val-tokens N] [--workers 2]
 
-Documents are read in order, tokenized with BOS/EOS in worker processes (order preserved) and
-each appended to one of two splits, cut into shards of exactly --shard-tokens tokens (the last
-may be shorter). See torchllm/data/sources/shards.py for the format.
+Documents are read in order, tokenized with BOS/EOS in --workers processes (order preserved;
+with 1, in this one) and each appended to one of two splits, cut into shards of exactly
+--shard-tokens tokens (the last may be shorter). See torchllm/data/sources/shards.py for the
+format.
 
 The validation split is proportional by default: a document goes to it whenever the split holds
 less than --val-fraction of the tokens read so far (so the first document always does, and then
@@ -22,6 +23,7 @@ Documents with no text (empty or whitespace only) are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import itertools
 import multiprocessing as mp
@@ -220,8 +222,14 @@ def _prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
         if ids[head:]:
             train.add(ids[head:])
 
-    with mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer_spec,)) as pool:
-        for encoded in pool.imap(_encode, tasks):
+    with contextlib.ExitStack() as stack:
+        if workers > 1:
+            pool = stack.enter_context(
+                mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer_spec,)))
+            batches = pool.imap(_encode, tasks)
+        else:  # one worker would only take turns with this process: encode here
+            batches = ([tokenizer.encode(t, bos=True, eos=True) for t in task] for task in tasks)
+        for encoded in batches:
             for ids in encoded:
                 bar.update(len(ids))
                 n_docs += 1
@@ -298,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                    default=10_000_000, help="cap on the proportional validation split")
     p.add_argument("--val-tokens", type=lambda s: int(s.replace("_", "")), default=None,
                    help="hold out exactly the first N tokens instead")
-    p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1))
+    p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1),
+                   help="tokenizer processes (1: tokenize in this process; default: cores - 1)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--hf-subset", default="")
     p.add_argument("--hf-split", default="")
