@@ -40,7 +40,7 @@ def forkable(argv: list, env: dict | None) -> bool:
     """Whether `argv` is `python -m MODULE ...` or `python SCRIPT.py ...` whose imports are the
     fork server's (see the module docstring)."""
     env = os.environ if env is None else env
-    if env.get(FRESH_ENV, os.environ.get(FRESH_ENV, "0")) != "0" or len(argv) < 2:
+    if "1" in (env.get(FRESH_ENV), os.environ.get(FRESH_ENV)) or len(argv) < 2:
         return False
     if str(argv[0]) != sys.executable:
         return False

@@ -12,6 +12,9 @@ import pytest
 import preforked
 from conftest import REPO
 
+pytestmark = pytest.mark.skipif(os.environ.get(preforked.FRESH_ENV) == "1",
+                                reason=f"{preforked.FRESH_ENV}=1: every command runs fresh")
+
 SCRIPT = """
 import os, sys
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[0])
