@@ -36,7 +36,7 @@ FRESH_ENV = "TORCHLLM_TEST_FRESH_PROCESSES"
 PRELOADED_PATHS = {str(REPO), str(REPO / "tests")}  # what the fork server imports from
 
 
-def forkable(argv: list, env: dict | None) -> bool:
+def forkable(argv: list, env: dict | None, cwd=None) -> bool:
     """Whether `argv` is `python -m MODULE ...` or `python SCRIPT.py ...` whose imports are the
     fork server's (see the module docstring)."""
     env = os.environ if env is None else env
@@ -45,7 +45,7 @@ def forkable(argv: list, env: dict | None) -> bool:
     if str(argv[0]) != sys.executable:
         return False
     module = str(argv[1]) == "-m" and len(argv) > 2
-    script = str(argv[1]).endswith(".py") and Path(argv[1]).is_file()
+    script = str(argv[1]).endswith(".py") and Path(cwd or ".", argv[1]).is_file()
     paths = {os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
     return (module or script) and paths <= PRELOADED_PATHS
 
@@ -58,7 +58,7 @@ def run(argv: list, *, cwd=None, env: dict | None = None, input=None, timeout=No
                   text=text, check=check, stdout=stdout, stderr=stderr)
     piped = capture_output or (stdout == subprocess.PIPE and stderr in (subprocess.PIPE,
                                                                         subprocess.STDOUT))
-    if not (piped and forkable(argv, env)):
+    if not (piped and forkable(argv, env, cwd)):
         return subprocess.run(argv, **{k: v for k, v in kwargs.items() if v is not None})
     import multiprocessing as mp
 
