@@ -40,7 +40,7 @@ from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # n
                                build_matrix, parse_list)
 from benchlib.worker import PROFILED_STEPS  # noqa: E402
 from torchllm.config import ConfigError  # noqa: E402
-from torchllm.run.launch import FORK_ENV, check_config  # noqa: E402
+from torchllm.run.launch import check_config, fork_workers  # noqa: E402
 
 COMMAND = "python benchmarks/bench_parallel.py"
 
@@ -81,15 +81,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def launcher() -> str:
-    """torchrun, whose CPU workers are forked as a CPU ./run_train.sh forks them (they start in
-    ~0.1 s instead of importing torch and torchllm again: not timed either way, but seconds of
-    each variant's wall time); CUDA workers are fresh processes."""
-    forked = (not torch.cuda.is_available() and sys.platform.startswith("linux")
-              and os.environ.get(FORK_ENV, "1") != "0")
-    return "torchllm.run.forked" if forked else "torch.distributed.run"
-
-
 def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> dict:
     row = {"variant": variant.name, "layout": variant.layout, "ac": variant.ac,
            "compile": variant.compile, "float8": variant.float8}
@@ -111,10 +102,14 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         "--eval.sample_freq=0", "--eval.hellaswag_freq=0",
     ]
     try:  # what run_train.sh checks before it starts processes: a bad variant costs no launch
-        check_config(config_args, args.nproc)
+        cfg = check_config(config_args, args.nproc)
     except ConfigError as e:
         return {**row, "status": "failed", "reason": str(e)[:300]}
-    cmd = [sys.executable, "-m", launcher(), "--standalone",
+    # CPU ranks forked as a CPU ./run_train.sh forks them (~0.1 s to start instead of importing
+    # torch and torchllm again: not timed either way); CUDA ranks are torchrun's fresh processes.
+    launcher = ("torchllm.run.forked" if fork_workers(cfg, drawing_bar=False)
+                else "torch.distributed.run")
+    cmd = [sys.executable, "-m", launcher, "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
     print(f"[bench] {variant.name}: {' '.join(cmd[1:])}", flush=True)
     log_path = run_dir / "log.txt"

@@ -9,8 +9,8 @@ MUTANTS = [
         "bench_cpu_ranks_not_forked", "the parallel benchmark starts each CPU rank as a fresh "
         "interpreter (~4 CPU-s of imports per rank per variant again)",
         "benchmarks/bench_parallel.py",
-        '    return "torchllm.run.forked" if forked else "torch.distributed.run"\n',
-        '    return "torch.distributed.run"\n',
+        '    launcher = ("torchllm.run.forked" if fork_workers(cfg, drawing_bar=False)\n',
+        '    launcher = ("torch.distributed.run" if fork_workers(cfg, drawing_bar=False)\n',
         ("tests/test_bench.py::test_two_rank_matrix_end_to_end",),
     ),
     Mutant(
