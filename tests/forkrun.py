@@ -19,50 +19,25 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import runpy
 import sys
-import traceback
-
-
-class _Exit(BaseException):
-    """A worker script's exit_process(code), in a forked worker."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
 
 
 def _return_from_worker(code: int):
     # torchllm.run.process_exit.exit_process ends a fresh process with os._exit; a forked worker
     # must instead return to torch's wrapper, which hands its result to the agent and then ends
     # the process with os._exit itself (no interpreter finalization either way).
-    raise _Exit(code)
+    raise SystemExit(code)
 
 
-def run_as_main(target: str, module: bool, argv: list[str]) -> int:
+def run_worker(target: str, module: bool, argv: list[str]) -> int:
     """`python -u TARGET ARGV` (or `-m TARGET`) in this forked worker: its exit code."""
+    from preforked import run_as_main  # (this file's folder: sys.path[0])
     from torchllm.run import process_exit
 
     process_exit.exit_process = _return_from_worker  # (before the script imports it)
-    sys.argv = [target, *argv]
     if not module:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-    try:
-        if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
-    except _Exit as e:
-        return e.code
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return e.code or 0
-        print(e.code, file=sys.stderr)
-        return 1
-    except BaseException:  # printed as Python prints an uncaught exception
-        traceback.print_exc()
-        return 1
-    return 0
+    return run_as_main(target, module, argv)
 
 
 def main() -> None:
@@ -77,7 +52,7 @@ def main() -> None:
     torch.set_num_threads(1)  # (one thread until the fork: torchllm.run.launch._forked_worker)
     importlib.import_module("torchllm.train")  # what the workers run: once, before the fork
     torch.set_num_threads(threads)
-    run = functools.partial(run_as_main, args.training_script, args.module)
+    run = functools.partial(run_worker, args.training_script, args.module)
     record(torchrun_forked)(sys.argv[1:], run)
 
 

@@ -107,9 +107,6 @@ def _child(argv: list[str], cwd: str, env: dict, in_path: str, out_path: str,
     returns (os._exit with the command's exit code)."""
     import atexit
     import io
-    import runpy
-    import traceback
-    import warnings
 
     import torch
 
@@ -140,29 +137,8 @@ def _child(argv: list[str], cwd: str, env: dict, in_path: str, out_path: str,
     base = [p for p in sys.path if p.startswith((sys.base_prefix, sys.prefix))]
     sys.path[:] = [first, *[os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p], *base]
-    # `python -m M` finds M unimported; here the fork server may have imported it (runpy warns).
-    warnings.filterwarnings("ignore", message=r".* found in sys\.modules after import of package",
-                            category=RuntimeWarning)
-    code = 0
-    try:
-        if module:
-            sys.argv = [argv[2], *argv[3:]]
-            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = argv[1:]
-            runpy.run_path(argv[1], run_name="__main__")
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            code = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException as e:  # as Python reports it: from the command's own frames on
-        tb = e.__traceback__
-        while tb is not None and tb.tb_frame.f_globals.get("__name__") != "__main__":
-            tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb or e.__traceback__)
-        code = 1
+    code = run_as_main(argv[2], True, argv[3:]) if module else run_as_main(argv[1], False,
+                                                                          argv[2:])
     try:
         atexit._run_exitfuncs()
     finally:
@@ -172,3 +148,34 @@ def _child(argv: list[str], cwd: str, env: dict, in_path: str, out_path: str,
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def run_as_main(target: str, module: bool, argv: list[str]) -> int:
+    """`python -m TARGET ARGV` (`module`) or `python TARGET ARGV` in this process, whose sys.path
+    is set already: its exit code (SystemExit's; 1 for an uncaught exception, printed as Python
+    prints it). Also what tests/forkrun.py's forked ranks run."""
+    import runpy
+    import traceback
+    import warnings
+
+    # `python -m M` finds M unimported; here a fork server may have imported it (runpy warns).
+    warnings.filterwarnings("ignore", message=r".* found in sys\.modules after import of package",
+                            category=RuntimeWarning)
+    sys.argv = [target, *argv]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException as e:  # as Python reports it: from the command's own frames on
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_globals.get("__name__") != "__main__":
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb or e.__traceback__)
+        return 1
+    return 0
