@@ -64,9 +64,9 @@ MUTANTS = [
     ),
     Mutant(
         "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
-        "torchllm/hf/peft_names.py",
-        "            b = rope_meta_to_hf(b, heads)",
-        "            pass",
+        "torchllm/models/llama/hf.py",
+        "        if module in (\"attention.wq\", \"attention.wk\"):\n",
+        "        if False:\n",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
     Mutant(
@@ -87,9 +87,9 @@ MUTANTS = [
     Mutant(
         "lora_peft_modules_to_save_swapped",
         "the PEFT adapter saves the trained output head as embed_tokens and the table as lm_head",
-        "torchllm/hf/peft_names.py",
-        "    roots = {\"tok_embeddings\": \"model.embed_tokens\", \"output\": \"lm_head\"}",
-        "    roots = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
+        "torchllm/models/hf_common.py",
+        "LLAMA_LIKE_ROOTS = {\"tok_embeddings\": \"model.embed_tokens\", \"output\": \"lm_head\"}",
+        "LLAMA_LIKE_ROOTS = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
     ),
 ]

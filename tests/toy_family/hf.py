@@ -10,6 +10,9 @@ from toy_family.model import ToyTransformer
 
 class ToyAdapter(LlamaAdapter):
     model_cls = ToyTransformer
+    # PEFT names one HF module per adapter; w13's adapter would span gate_proj and up_proj.
+    peft_block = None
+    peft_refusal = "its fused w13 is two Hugging Face modules"
 
     @classmethod
     def to_hf(cls, sd, args, vocab_size):

@@ -28,7 +28,6 @@ from typing import Callable, ContextManager
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError
@@ -41,6 +40,7 @@ from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, s
 from torchllm.eval.tasks import DEFAULT_TASKS, TASKS, Item, chance, load_items, parse_task
 from torchllm.log import init_logger, logger
 from torchllm.run.process_exit import exit_process
+from torchllm.models.contract import LanguageModel
 
 SHOT_SEPARATOR = "\n\n"
 
@@ -125,7 +125,7 @@ class DownstreamResult:
 
 
 def evaluate_task(
-    model: nn.Module,
+    model: LanguageModel,
     tokenizer: Tokenizer,
     name: str,
     items: list[Item],

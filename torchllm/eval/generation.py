@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import torch
-from torch import nn
 
 from torchllm.data.tokenizer import Tokenizer, readable
 from torchllm.models import spec_of
+from torchllm.models.contract import LanguageModel
 
 
 def completion_text(tokenizer: Tokenizer, prompt: list[int], ids: list[int]) -> str:
@@ -63,7 +63,7 @@ def sample_next(
 
 @torch.no_grad()
 def generate(
-    model: nn.Module,
+    model: LanguageModel,
     prompts: list[list[int]],
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -151,7 +151,7 @@ def generate(
 
 @torch.no_grad()
 def generate_stream(
-    model: nn.Module,
+    model: LanguageModel,
     prompt: list[int],
     max_new_tokens: int,
     temperature: float = 0.0,

@@ -23,7 +23,7 @@ from torchllm.models import adapter_for_model
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import replace_dir, save_safetensors, temp_sibling
 from torchllm.hf.folder import EXPORT_FILE, write_hf_weights
-from torchllm.hf.peft_names import adapter_config, module_map, peft_weights
+from torchllm.hf.peft_names import adapter_config, peft_adapter, peft_weights
 from torchllm.hf.tokenizer import write_tokenizer
 from torchllm.log import logger
 from torchllm.models.lora import is_adapter_key, plain_weights
@@ -198,7 +198,7 @@ def export_adapter(checkpoint, out: str | Path, overrides=(), dtype: str | None 
     if not cfg.lora.enable:
         raise ConfigError(f"--adapter: checkpoint {step_path} is not a LoRA run (lora.enable = "
                           "false); export it without --adapter", "--adapter")
-    module_map(cfg.model.name)  # refuse an unsupported family before writing anything
+    peft_adapter(cfg.model.name)  # refuse a family without PEFT export before writing anything
     final, tmp = out.absolute(), temp_sibling(out, "adapter-tmp")
     try:
         tmp.mkdir()

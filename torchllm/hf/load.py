@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from torchllm import models
 from torchllm.checkpoint import EXPORT_DTYPES, step_of
@@ -24,6 +23,7 @@ from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
 from torchllm.log import logger
+from torchllm.models.contract import LanguageModel
 
 
 def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor]:
@@ -103,7 +103,7 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     return info
 
 
-def load_hf_weights(model: nn.Module, hf_dir: str | Path) -> None:
+def load_hf_weights(model: LanguageModel, hf_dir: str | Path) -> None:
     """Initialize a (possibly sharded) model in place from a HF folder.
 
     Every rank reads the full tensors (safetensors maps them lazily) and keeps its own shards.
@@ -119,7 +119,7 @@ def load_hf_weights(model: nn.Module, hf_dir: str | Path) -> None:
     set_model_state_dict(model, weights, options=options)
 
 
-def load_initial_weights(model: nn.Module, hf_dir: str | Path, tokenizer: dict | None) -> None:
+def load_initial_weights(model: LanguageModel, hf_dir: str | Path, tokenizer: dict | None) -> None:
     """A run's initial weights from a Hugging Face folder (checkpoint.initial_load_in_hf), once
     the folder's tokenizer is the run's (`tokenizer`: the run's tokenizer record; the
     checkpoint reader's one identity check)."""

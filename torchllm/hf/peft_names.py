@@ -6,10 +6,10 @@
     adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
                                target_modules (Hugging Face names), base_model_name_or_path
 
-Names come from the family's Hugging Face mapping (models/<family>/hf.py). A LoRA update
-B @ A changes W's rows through B and its columns through A, so the row permutation Llama's
-export applies to wq and wk (RoPE's interleaved pairs -> Hugging Face's halves) applies to
-lora_B's rows; A is unchanged.
+Names come from the family's Hugging Face adapter (models/<family>/hf.py: `peft_block`,
+`peft_roots`, `peft_lora_b`; models/hf_common.py says what each is); nothing here knows a
+family. A LoRA update B @ A changes W's rows through B and its columns through A, so a family
+whose export permutes W's rows permutes lora_B's the same way (`peft_lora_b`); A is unchanged.
 """
 
 from __future__ import annotations
@@ -19,28 +19,22 @@ from pathlib import Path
 import torch
 
 from torchllm.config import ConfigError
+from torchllm.models import adapter_for_model, hf_adapters
 from torchllm.models.lora import adapter_modules
 
 PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
 
 
-def module_map(model_name: str) -> tuple[dict[str, str], dict[str, str]]:
-    """(torchllm name inside a block -> HF name inside `model.layers.<i>.`, torchllm root
-    module -> HF root module (the embeddings and head)) for a family with adapter export."""
-    from torchllm.models.llama.hf import LlamaAdapter
-    from torchllm.models.qwen3.hf import ATTENTION, DENSE
-
-    roots = {"tok_embeddings": "model.embed_tokens", "output": "lm_head"}
-    blocks = {"llama3": LlamaAdapter.BLOCK, "qwen3": {**ATTENTION, **DENSE},
-              "qwen3_moe": ATTENTION}
-    if model_name not in blocks:
+def peft_adapter(model_name: str):
+    """The family's HF adapter, or a ConfigError when it has no PEFT adapter export."""
+    adapter = adapter_for_model(model_name)
+    if adapter.peft_block is None:
+        supported = [n for n, a in hf_adapters().items() if a.peft_block is not None]
         raise ConfigError(
             f"--adapter: model.name = {model_name!r} has no PEFT adapter export (supported: "
-            f"{', '.join(blocks)}; GPT-2 fuses q/k/v into one Conv1D); export the merged model "
+            f"{', '.join(supported)}; {adapter.peft_refusal}); export the merged model "
             "(without --adapter)", "--adapter")
-    strip = {k.removesuffix(".weight"): v.removesuffix(".weight")
-             for k, v in blocks[model_name].items() if k.endswith(".weight")}
-    return strip, roots
+    return adapter
 
 
 def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
@@ -48,17 +42,15 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
     """(PEFT state dict, HF target module names, modules_to_save) of a LoRA checkpoint's
     weights (torchllm names)."""
     from torchllm.models.hf_common import trim_vocab
-    from torchllm.models.llama.hf import rope_meta_to_hf
 
-    block_map, roots = module_map(cfg.model.name)
+    adapter = peft_adapter(cfg.model.name)
+    block_map, roots = adapter.peft_block, adapter.peft_roots
     out, targets = {}, set()
     for name in adapter_modules(weights):
         _, layer, sub = name.split(".", 2)  # layers.<i>.<sub>
         hf = f"model.layers.{layer}.{block_map[sub]}"
         a, b = weights[f"{name}.lora_A.weight"], weights[f"{name}.lora_B.weight"]
-        if cfg.model.name == "llama3" and sub in ("attention.wq", "attention.wk"):
-            heads = args.n_heads if sub == "attention.wq" else args.n_kv_heads
-            b = rope_meta_to_hf(b, heads)  # W's rows are permuted on export: so are B's
+        b = adapter.peft_lora_b(sub, b, args)  # W's rows permuted on export: so are B's
         out[f"{PREFIX}{hf}.lora_A.weight"] = a
         out[f"{PREFIX}{hf}.lora_B.weight"] = b
         targets.add(hf.rsplit(".", 1)[-1])

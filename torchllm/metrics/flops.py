@@ -15,6 +15,7 @@ from torch import nn
 from torchllm.log import logger
 from torchllm.models.moe import moe_parameter_counts
 from torchllm.precision import cpuinfo, matmul_flops
+from torchllm.models.contract import LanguageModel
 
 # Dense bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
@@ -50,7 +51,7 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     return counts
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> int:
+def flops_per_token(model: LanguageModel, seq_len: int) -> int:
     """Training FLOPs per token: 6·N + 12·L·H·Dh·T (forward + backward, attention included).
 
     N = non-embedding parameters (for MoE models those a token uses: top-k experts), plus the output head when it is tied to the embedding (its

@@ -14,6 +14,27 @@ from torchllm.config.job_config import ConfigError
 
 Weights = dict[str, torch.Tensor]
 
+# PEFT adapter export (torchllm/hf/peft_names.py) reads three members of an adapter:
+#   peft_block   torchllm linear inside a block -> its HF module inside `model.layers.<i>.`;
+#                None: the family has no adapter export (peft_refusal says why)
+#   peft_roots   torchllm root module -> HF module (the embeddings and head PEFT saves whole)
+#   peft_lora_b  (module inside a block, lora_B, args) -> lora_B in HF's layout
+# A decoder laid out as transformers' Llama (`model.embed_tokens`, `lm_head`) shares these roots.
+LLAMA_LIKE_ROOTS = {"tok_embeddings": "model.embed_tokens", "output": "lm_head"}
+
+
+def module_names(block: dict[str, str]) -> dict[str, str]:
+    """A block's weight-name map (`attention.wq.weight` -> `self_attn.q_proj.weight`) as module
+    names (`attention.wq` -> `self_attn.q_proj`): what PEFT's adapters are named after."""
+    return {k.removesuffix(".weight"): v.removesuffix(".weight")
+            for k, v in block.items() if k.endswith(".weight")}
+
+
+def same_lora_b(module: str, b: torch.Tensor, args) -> torch.Tensor:
+    """lora_B unchanged: the family's export does not permute W's rows."""
+    del module, args
+    return b
+
 
 def trim_vocab(weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return weight[:vocab_size]

@@ -23,6 +23,7 @@ from torch import nn
 
 from torchllm.config.job_config import ConfigError
 from torchllm.config.loader import flat_toml
+from torchllm.models.contract import LanguageModel
 
 ADAPTER_PARTS = ("lora_A", "lora_B")
 
@@ -111,7 +112,7 @@ def check_lora(cfg, dims=None) -> None:
                               "them off (LoRA runs with FSDP2, DDP, bf16, compile and AC)", key)
 
 
-def apply_lora(model: nn.Module, cfg) -> list[str]:
+def apply_lora(model: LanguageModel, cfg) -> list[str]:
     """Wrap the targeted linears (in place), freeze every other parameter (but the embeddings
     and head with lora.train_embeddings); returns the wrapped modules' names. No-op when
     lora.enable is false."""
@@ -141,14 +142,13 @@ def apply_lora(model: nn.Module, cfg) -> list[str]:
     return wrapped
 
 
-def embedding_modules(model: nn.Module) -> list[nn.Module]:
+def embedding_modules(model: LanguageModel) -> list[nn.Module]:
     """The embedding tables and the output head (lora.train_embeddings trains these)."""
     found = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    output = getattr(model, "output", None)
-    return found + ([output] if output is not None else [])
+    return found + ([model.output] if model.output is not None else [])
 
 
-def build_with_lora(spec, model_args, cfg) -> nn.Module:
+def build_with_lora(spec, model_args, cfg) -> LanguageModel:
     """spec.build(model_args), with LoRA applied when cfg.lora.enable (call under a device)."""
     model = spec.build(model_args)
     apply_lora(model, cfg)
@@ -162,7 +162,7 @@ def reset_adapters(model: nn.Module) -> None:
             module.reset_lora_parameters()
 
 
-def init_weights(model: nn.Module, buffer_device: torch.device | None = None) -> None:
+def init_weights(model: LanguageModel, buffer_device: torch.device | None = None) -> None:
     """model.init_weights, then the adapters' init (the base draws the same numbers as
     without LoRA, so a fresh LoRA model starts from the same base as a plain one)."""
     model.init_weights(buffer_device=buffer_device)

@@ -54,9 +54,14 @@ def spec_of(model: nn.Module) -> ModelSpec:
                      f"({', '.join(_REGISTRY)}); register its ModelSpec")
 
 
+def hf_adapters() -> dict:
+    """model name -> its family's Hugging Face adapter, for the families that have one."""
+    return {name: s.hf_adapter for name, s in _REGISTRY.items() if s.hf_adapter is not None}
+
+
 def adapter_for_model(model_name: str):
     """The family's Hugging Face adapter (models/<family>/hf.py)."""
-    adapters = {name: s.hf_adapter for name, s in _REGISTRY.items() if s.hf_adapter is not None}
+    adapters = hf_adapters()
     if model_name not in adapters:
         raise ConfigError(f"model.name = {model_name!r} has no Hugging Face conversion; "
                           f"supported: {', '.join(adapters)}")

@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
+from torchllm.models.contract import LanguageModel, check_model
+
 # The tensor-parallel styles a TPPlan may name; torchllm.parallel.tp says what each does.
 TP_STYLES = (
     "vocab_embedding",      # token table sharded by vocab rows; output sharded on the sequence
@@ -96,8 +98,10 @@ class ModelSpec:
     # The linear layers (their names inside a block) lora.target_modules may name (models/lora.py).
     lora_targets: tuple[str, ...] = ()
 
-    def build(self, args) -> nn.Module:
-        return self.model_cls(args)
+    def build(self, args) -> LanguageModel:
+        """The family's model for `args`; refused (ValueError) if it lacks a member of the
+        model contract (models/contract.py)."""
+        return check_model(self.model_cls(args), self.name)
 
     def n_experts(self, args) -> int:
         return args.n_experts if self.moe else 0

@@ -20,6 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from torchllm.config.job_config import ConfigError
+from torchllm.models.contract import LanguageModel
 
 SUBMODULES = {"ffn": "feed_forward", "attention": "attention"}
 
@@ -75,7 +76,7 @@ def _wrap(module: nn.Module, op_level: bool = False) -> nn.Module:
     )
 
 
-def apply_ac(model: nn.Module, ac_cfg) -> dict[str, int]:
+def apply_ac(model: LanguageModel, ac_cfg) -> dict[str, int]:
     """Wrap the model's blocks (or their submodules) in place; returns counts per kind."""
     counts: dict[str, int] = defaultdict(int)
     if ac_cfg.mode == "none":

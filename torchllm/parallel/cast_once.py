@@ -24,6 +24,8 @@ import contextlib
 import torch
 from torch import nn
 
+from torchllm.models.contract import LanguageModel
+
 
 def _accumulate(master: nn.Parameter, cast: torch.Tensor) -> None:
     """Post-accumulate hook of a bf16 copy: its gradient, added into the master's (float32)."""
@@ -35,14 +37,14 @@ def _accumulate(master: nn.Parameter, cast: torch.Tensor) -> None:
 
 
 class CastWeightsOnce:
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, model: LanguageModel, dtype: torch.dtype = torch.bfloat16):
         self.dtype = dtype
         self.slots: list[tuple[nn.Module, str, nn.Parameter, torch.Tensor]] = []
         for module in model.modules():
             if type(module) is nn.Linear:  # (Float8Linear is refused by check_levers)
                 self._add(module, "weight", module.weight)
-        emb = getattr(model, "tok_embeddings", None)
-        if emb is not None and getattr(model, "output", False) is None:  # a tied head
+        emb = model.tok_embeddings  # (None: a later pipeline stage)
+        if emb is not None and model.output is None:  # a tied head
             self._add(emb, "cast_weight", emb.weight)
 
     def _add(self, module: nn.Module, attr: str, master: nn.Parameter) -> None:

@@ -14,6 +14,7 @@ from torch import nn
 
 from torchllm.config.job_config import ConfigError
 from torchllm.loss import cross_entropy_sum, fused_cross_entropy_sum
+from torchllm.models.contract import LanguageModel
 
 COMPONENTS = ("model", "loss")
 
@@ -27,7 +28,7 @@ def check_components(ccfg) -> None:
         )
 
 
-def apply_compile(model: nn.Module, ccfg, inductor_options: dict | None = None) -> int:
+def apply_compile(model: LanguageModel, ccfg, inductor_options: dict | None = None) -> int:
     """Replace every block by its compiled version (in place); returns how many.
 
     `inductor_options` are inductor config keys for these graphs only (torch.compile's

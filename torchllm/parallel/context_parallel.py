@@ -23,9 +23,9 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from torchllm.models.attention import TokenLayout
+from torchllm.models.contract import LanguageModel
 
 
 def head_tail_index(seqlen: int, cp: int, rank: int, device=None) -> torch.Tensor:
@@ -69,17 +69,14 @@ def gather_sequence(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     return _GatherSequence.apply(t, dim, group)
 
 
-def apply_cp(model: nn.Module, cp_group) -> None:
+def apply_cp(model: LanguageModel, cp_group) -> None:
     """Make every attention of `model` gather keys/values over `cp_group` (in place).
 
-    Sets `kv_gather` on the model (for the mask's key indices) and on each block's attention;
-    attention gathers only when its mask has more keys than it has queries, so unsplit
-    forwards (validation, evals) still run as on one rank.
+    The model's `set_kv_gather` (the model contract) hands the gather to the mask's key indices
+    and to each attention; attention gathers only when its mask has more keys than it has
+    queries, so unsplit forwards (validation, evals) still run as on one rank.
     """
-    gather = functools.partial(gather_sequence, group=cp_group)
-    model.kv_gather = gather
-    for block in model.layers.values():
-        block.attention.kv_gather = gather
+    model.set_kv_gather(functools.partial(gather_sequence, group=cp_group))
 
 
 class ContextParallel:

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from torchllm.models.contract import LanguageModel
+
 RESHARD_POLICIES = ("default", "always", "never")
 
 
@@ -19,7 +21,7 @@ def reshard_after_forward(policy: str, block_index: int, n_blocks: int) -> bool:
 
 
 def apply_fsdp(
-    model: nn.Module,
+    model: LanguageModel,
     dp_mesh,
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,

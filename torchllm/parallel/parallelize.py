@@ -21,6 +21,7 @@ from torchllm.parallel.float8 import inductor_options as float8_inductor_options
 from torchllm.parallel.pipeline import check_pipeline
 from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
+from torchllm.models.contract import LanguageModel
 
 
 def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
@@ -109,7 +110,7 @@ def check_cp_lengths(tcfg, cp: int, tp: int) -> None:
             )
 
 
-def parallelize_model(model: nn.Module, spec, parallel_dims: ParallelDims, job_config) -> None:
+def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims, job_config) -> None:
     """Apply, in place, on the meta-device model of family `spec` (its declared plans):
     CP -> EP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
 

@@ -27,6 +27,7 @@ from torch import nn
 from torchllm import models
 from torchllm.config.job_config import ConfigError
 from torchllm.parallel.init import seeded_full_state
+from torchllm.models.contract import LanguageModel
 
 # Schedules that put several (here: two) stages on every rank.
 MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
@@ -160,7 +161,8 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
                         pcfg.pipeline_parallel_split_points)
 
 
-def build_stage(build: callable, plan, blocks: list[int], first: bool, last: bool) -> nn.Module:
+def build_stage(build: callable, plan, blocks: list[int], first: bool, last: bool
+                ) -> LanguageModel:
     """The model on the meta device with only `blocks` (and the embedding if `first`, the final
     norm and head if `last`: `plan`, the family's PipelinePlan, names them); parameter names
     stay those of the whole model."""
@@ -176,7 +178,7 @@ def build_stage(build: callable, plan, blocks: list[int], first: bool, last: boo
     return model
 
 
-def rank_model(stages: list[nn.Module], build: callable, plan) -> nn.Module:
+def rank_model(stages: list[LanguageModel], build: callable, plan) -> LanguageModel:
     """One module holding every parameter of this rank's stages under its unsplit name (for
     the optimizer, clipping and checkpoints): the stage itself, or for two stages per rank a
     meta shell whose parts are the stages' own modules (never run forward)."""
@@ -193,7 +195,7 @@ def rank_model(stages: list[nn.Module], build: callable, plan) -> nn.Module:
 
 
 @torch.no_grad()
-def init_stage_weights(stage: nn.Module, build: callable, device: torch.device,
+def init_stage_weights(stage: LanguageModel, build: callable, device: torch.device,
                        seed: int) -> None:
     """Materialize `stage` with the weights a single process initializes with `seed`: every
     rank builds and seeds the whole model on CPU (as torchllm.parallel.init does on rank 0) and
@@ -205,7 +207,7 @@ def init_stage_weights(stage: nn.Module, build: callable, device: torch.device,
     )
 
     stage.to_empty(device=device)
-    stage.rope_cache = stage.rope_table(stage.args, device=torch.device("cpu")).to(device)
+    stage.init_buffers(device)
     full_state = seeded_full_state(build, seed)
     keys = get_model_state_dict(stage).keys()
     set_model_state_dict(stage, {k: full_state[k] for k in keys},

@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchllm.models.spec import TPPlan
+from torchllm.models.contract import LanguageModel
 
 
 def _style(style: str, plan: TPPlan):
@@ -70,7 +71,7 @@ def _style(style: str, plan: TPPlan):
     raise ValueError(f"unknown tensor-parallel style {style!r}")
 
 
-def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan) -> None:
+def apply_tp(model: LanguageModel, tp_mesh, plan: TPPlan) -> None:
     """Shard `model` (untied output layer) over `tp_mesh` as its family's `plan` says, in place."""
     parallelize_module(model, tp_mesh, {name: _style(s, plan) for name, s in plan.top.items()})
     for layer_id, block in model.layers.items():

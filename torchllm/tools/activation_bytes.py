@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torchllm.loss import plain_kernels
 from torchllm.models.lora import LoRALinear
+from torchllm.models.contract import LanguageModel
 
 FP32 = 4
 
@@ -97,7 +98,7 @@ def compiled_block_bytes(args, tokens: int, act: int, float8: bool = False) -> i
 
 
 
-def lora_activation_bytes(model, cfg, tokens: int, act: int) -> int:
+def lora_activation_bytes(model: LanguageModel, cfg, tokens: int, act: int) -> int:
     """What one block's adapters keep for backward (lora.enable, no AC): each A's output (rank
     per token) for B, and with lora.dropout each dropped input and its mask (1 byte)."""
     if not cfg.lora.enable or cfg.activation_checkpoint.mode != "none":

@@ -63,9 +63,10 @@ from torchllm.precision import use_bf16
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block, lora_activation_bytes,
                                              loss_bytes)
 from torchllm.tools.model_info import pop_flag, tokenizer_vocab_hint
+from torchllm.models.contract import LanguageModel
 
 
-def moe_params(model) -> dict[str, int]:
+def moe_params(model: LanguageModel) -> dict[str, int]:
     """Parameters of each block's MoE layer (router + experts), by block name; 0 when dense."""
     return {name: sum(p.numel() for m in block.modules() if isinstance(m, MoE)
                       for p in m.parameters())
@@ -146,7 +147,7 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
     }
 
 
-def rank_memory(cfg, model_args, model, dims: ParallelDims, act: int, rank: dict) -> dict:
+def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: int, rank: dict) -> dict:
     """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model."""
     tcfg = cfg.training
     shard = dims.dp_shard * dims.cp * dims.tp  # FSDP2 shards over dp_shard x cp

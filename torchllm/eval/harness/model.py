@@ -32,17 +32,17 @@ import torch
 import torch.distributed as dist
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from torch import nn
 
 from torchllm.data.tokenizer import Tokenizer
 from torchllm.eval.generation import completion_text, generate
 from torchllm.eval.reduce import gather_objects, rank_and_world
+from torchllm.models.contract import LanguageModel
 
 DEFAULT_MAX_GEN_TOKS = 256  # HFLM's
 
 
 class TorchllmLM(TemplateLM):
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str,
+    def __init__(self, model: LanguageModel, tokenizer: Tokenizer, device: torch.device | str,
                  batch_size: int = 8, max_length: int | None = None,
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext,

@@ -31,6 +31,9 @@ class GPT2Adapter:
         "feed_forward.w2.bias": ("mlp.c_proj.bias", False),
     }
     QKV = ("attention.wq", "attention.wk", "attention.wv")
+    # PEFT adapter export (hf_common): none
+    peft_block = None
+    peft_refusal = "GPT-2 fuses q/k/v into one Conv1D"
 
     @staticmethod
     def config(args: GPT2Args, vocab_size: int) -> dict:

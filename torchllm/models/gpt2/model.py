@@ -173,6 +173,16 @@ class GPT2(nn.Module):
         return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens,
                        loss_impl)
 
+    def set_kv_gather(self, gather) -> None:
+        """Context parallelism: the mask's key indices and every attention gather with it."""
+        self.kv_gather = gather
+        for block in self.layers.values():
+            block.attention.kv_gather = gather
+
+    def init_buffers(self, device: torch.device) -> None:
+        """GPT-2 has no non-persistent buffers (its positions are a learned table)."""
+        del device
+
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialize every parameter in place (after `to_empty`); GPT-2 has no buffers."""

@@ -10,7 +10,8 @@ import torch
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.models.hf_common import (
-    Weights, check_tied, check_vocab, expect, pad_vocab, trim_vocab,
+    LLAMA_LIKE_ROOTS, Weights, check_tied, check_vocab, expect, module_names, pad_vocab,
+    trim_vocab,
 )
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
@@ -46,6 +47,18 @@ class LlamaAdapter:
         "feed_forward.w3.weight": "mlp.up_proj.weight",
         "feed_forward.w2.weight": "mlp.down_proj.weight",
     }
+    # PEFT adapter export (hf_common: peft_block, peft_roots, peft_lora_b)
+    peft_block = module_names(BLOCK)
+    peft_roots = LLAMA_LIKE_ROOTS
+
+    @staticmethod
+    def peft_lora_b(module: str, b: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
+        """A LoRA update B @ A changes W's rows through B: the row permutation to_hf applies to
+        wq and wk (RoPE's interleaved pairs -> HF's halves) applies to lora_B's rows."""
+        if module in ("attention.wq", "attention.wk"):
+            return rope_meta_to_hf(b, args.n_heads if module == "attention.wq"
+                                   else args.n_kv_heads)
+        return b
 
     @staticmethod
     def config(args: LlamaArgs, vocab_size: int) -> dict:

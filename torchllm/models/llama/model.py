@@ -301,6 +301,16 @@ class Transformer(nn.Module):
         return lm_head(h, self.tok_embeddings, self.output, targets, loss_chunk_tokens,
                        loss_impl)
 
+    def set_kv_gather(self, gather) -> None:
+        """Context parallelism: the mask's key indices and every attention gather with it."""
+        self.kv_gather = gather
+        for block in self.layers.values():
+            block.attention.kv_gather = gather
+
+    def init_buffers(self, device: torch.device) -> None:
+        """The RoPE table, computed on the CPU (as a single process's build) and moved."""
+        self.rope_cache = self.rope_table(self.args, device=torch.device("cpu")).to(device)
+
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialize every parameter and buffer in place (after `to_empty`)."""

@@ -15,7 +15,8 @@ import torch
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.models.hf_common import (
-    Weights, check_tied, check_vocab, expect, pad_vocab, trim_vocab,
+    LLAMA_LIKE_ROOTS, Weights, check_tied, check_vocab, expect, module_names, pad_vocab,
+    same_lora_b, trim_vocab,
 )
 from torchllm.models.qwen3.args import Qwen3Args
 from torchllm.models.qwen3.model import Qwen3
@@ -42,6 +43,10 @@ class Qwen3Adapter:
     model_type = "qwen3"
     model_cls = Qwen3
     moe = False
+    # PEFT adapter export (hf_common): Qwen's RoPE layout is HF's, so lora_B is unchanged
+    peft_block = module_names({**ATTENTION, **DENSE})
+    peft_roots = LLAMA_LIKE_ROOTS
+    peft_lora_b = staticmethod(same_lora_b)
 
     @classmethod
     def config(cls, args: Qwen3Args, vocab_size: int) -> dict:
@@ -165,3 +170,5 @@ class Qwen3Adapter:
 class Qwen3MoeAdapter(Qwen3Adapter):
     model_type = "qwen3_moe"
     moe = True
+    peft_block = module_names(ATTENTION)  # LoRA targets the attention only (the experts are
+    #                                       batched weights, not nn.Linear layers)
