@@ -6,8 +6,9 @@ them go red.
     python scripts/mutation_check.py --only NAME     # one mutant (repeat --only for several)
     python scripts/mutation_check.py --check-patches # only check that every patch still applies
 
-Each mutant is a text patch (an exact snippet of the source and its replacement) applied to a
-copy of the working tree (tracked and untracked, not ignored files) in a temporary folder; its
+Each mutant is a text patch (an exact snippet of the source and its replacement, confined to
+one named function, method, class or assignment when the mutant names one: mutants/base.py)
+applied to a copy of the working tree (tracked and untracked, not ignored files) in a temporary folder; its
 tests then run there with PYTHONPATH pointing at the copy. A mutant "survives" when those tests
 pass: the bug would ship green. A patch whose snippet is no longer in the source is reported as
 stale (exit 2): update the snippet when the code it mutates changes. Run it before resolving an
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 sys.path.insert(0, str(REPO / "scripts"))  # the mutants package beside this script
 from mutants import MUTANTS, Mutant  # noqa: E402  (one module per area: scripts/mutants/)
+from mutants.base import Stale  # noqa: E402
 
 
 def by_name() -> dict[str, Mutant]:
@@ -42,9 +44,10 @@ def stale(mutant: Mutant, root: Path = REPO) -> str | None:
     path = root / mutant.path
     if not path.is_file():
         return f"{mutant.path} does not exist"
-    count = path.read_text().count(mutant.old)
-    if count != 1:
-        return f"its snippet occurs {count} times in {mutant.path} (must be exactly once)"
+    try:
+        mutant.patched(path.read_text())
+    except (Stale, SyntaxError) as e:
+        return str(e)
     for test in mutant.tests:
         file, _, name = test.partition("::")
         source = (root / file).read_text() if (root / file).is_file() else ""
@@ -79,7 +82,7 @@ def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, str]:
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
         root = copy_tree(Path(tmp))
         path = root / mutant.path
-        path.write_text(path.read_text().replace(mutant.old, mutant.new))
+        path.write_text(mutant.patched(path.read_text()))
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                "-o", "addopts=", *mutant.tests]
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [by_name()[n] for n in args.only]
     if args.list:
         for m in mutants:
-            print(f"{m.name:34s} {m.path}: {m.what}")
+            print(f"{m.name:34s} {m.where}: {m.what}")
             for test in m.tests:
                 print(f"{'':34s}   guarded by {test}")
         return 0

@@ -70,3 +70,49 @@ def test_a_planted_bug_is_killed_in_a_copy_and_the_tree_is_untouched():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "killed   rope_interpolation_wrong" in proc.stdout
     assert (REPO / "torchllm" / "models" / "llama" / "model.py").read_text() == before
+
+
+def test_a_function_targeted_mutant_edits_only_its_definition_wherever_it_moved(tmp_path):
+    """Mutant.at confines the snippet to one definition found by the AST: the same snippet
+    elsewhere in the file is left alone, moving the function keeps the mutant applying, and a
+    renamed function (or a snippet gone from it) is stale, naming the definition."""
+    mc = load_script()
+    (tmp_path / "pkg").mkdir()
+    source = ("def helper():\n    return 1 + 1\n\n\n"
+              "class Model:\n    @staticmethod\n    def scale(x):\n        return 1 + 1\n")
+    (tmp_path / "pkg" / "mod.py").write_text(source)
+    m = mc.Mutant("x", "x", "pkg/mod.py", "1 + 1", "1 - 1", ("t.py::t",), "Model.scale")
+    patched = m.patched(source)
+    assert patched.count("1 + 1") == 1 and patched.endswith("        return 1 - 1\n")
+    assert patched.startswith("def helper():\n    return 1 + 1\n")
+    moved = source.split("\n\n\n")[1] + "\n\nCONSTANT = 3\n\n\n" + source.split("\n\n\n")[0] + "\n"
+    assert m.patched(moved).count("1 - 1") == 1
+    renamed = source.replace("def scale", "def scaled")
+    with pytest.raises(Exception) as e:
+        m.patched(renamed)
+    assert "Model.scale" in str(e.value) and "'scale'" in str(e.value)
+    gone = source.replace("        return 1 + 1", "        return 2")
+    with pytest.raises(Exception) as e:
+        m.patched(gone)
+    assert "occurs 0 times" in str(e.value) and "pkg/mod.py:Model.scale" in str(e.value)
+    # a module-level assignment is a definition too; the whole-file form still demands one match
+    spec = mc.Mutant("y", "y", "pkg/mod.py", "3", "4", ("t.py::t",), "CONSTANT")
+    assert "CONSTANT = 4" in spec.patched(moved)
+    whole = mc.Mutant("z", "z", "pkg/mod.py", "1 + 1", "1 - 1", ("t.py::t",))
+    assert "occurs 2 times" in mc.stale(whole, tmp_path)
+
+
+def test_mutant_at_resolves_the_module_path_and_every_models_mutant_names_a_definition():
+    mc = load_script()
+    from mutants.base import Mutant
+
+    assert Mutant.at("a", "a", "torchllm.models.lora:apply_lora", "x", "y", ("t",)).path == \
+        "torchllm/models/lora.py"
+    assert Mutant.at("a", "a", "torchllm.models.qwen3:SPEC", "x", "y", ("t",)).path == \
+        "torchllm/models/qwen3/__init__.py"
+    with pytest.raises(ValueError):
+        Mutant.at("a", "a", "torchllm/models/lora.py", "x", "y", ("t",))
+    from mutants import models as area
+
+    assert area.MUTANTS and all(m.function for m in area.MUTANTS)
+    assert {m.name for m in area.MUTANTS} <= {m.name for m in mc.MUTANTS}

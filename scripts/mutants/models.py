@@ -5,159 +5,159 @@ from __future__ import annotations
 from mutants.base import Mutant
 
 MUTANTS = [
-    Mutant(
+    Mutant.at(
         "rope_interpolation_wrong", "Llama 3.1 RoPE scaling: the smooth factor runs backwards",
-        "torchllm/models/llama/model.py",
+        "torchllm.models.llama.model:rope_frequencies",
         "interpolated = (1 - smooth) * inv_freq / args.rope_scaling_factor + smooth * inv_freq",
         "interpolated = smooth * inv_freq / args.rope_scaling_factor + (1 - smooth) * inv_freq",
         ("tests/test_model.py::test_rope_scaling_matches_the_llama31_reference_formula",),
     ),
-    Mutant(
+    Mutant.at(
         "dropout_in_eval", "dropout stays on in eval mode (validation, generation)",
-        "torchllm/models/llama/model.py",
+        "torchllm.models.llama.model:Attention.forward",
         "        p = self.dropout if self.training and cache is None else 0.0",
         "        p = self.dropout if cache is None else 0.0",
         ("tests/test_model.py::test_dropout_is_training_only_and_follows_the_seed",),
     ),
-    Mutant(
+    Mutant.at(
         "shape_keys_ignored", "the [model] shape keys are checked but never applied",
-        "torchllm/models/registry.py", "        return dataclasses.replace(args, **changes, **shape)\n",
+        "torchllm.models.registry:model_args", "        return dataclasses.replace(args, **changes, **shape)\n",
         "        return dataclasses.replace(args, **changes)\n",
         ("tests/test_model_shapes.py::"
          "test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count",),
     ),
-    Mutant(
+    Mutant.at(
         "moe_capacity_exact", "MoE's padded path uses the exact capacity: a new matmul shape "
         "almost every step (oneDNN caches one kernel per shape: RSS grows)",
-        "torchllm/models/moe.py",
+        "torchllm.models.moe:GroupedExperts._padded",
         "        capacity = max(load, 1) if torch.compiler.is_compiling() else padded_capacity(load)\n",
         "        capacity = max(load, 1)\n",
         ("tests/test_moe_memory.py::"
          "test_rss_stays_flat_over_many_steps[qwen3_moe-extra0]",),
     ),
-    Mutant(
+    Mutant.at(
         "compiled_rope_backward_sign",
         "the compiled bf16 RoPE's own backward rotates by +angle (the forward's direction)",
-        "torchllm/models/llama/model.py",
+        "torchllm.models.llama.model:_RotatePairs.backward",
         "        return _rotate_pairs(grad, cos, -sin), None, None",
         "        return _rotate_pairs(grad, cos, sin), None, None",
         ("tests/test_speed_paths.py::test_rope_equals_the_written_out_rotation",),
     ),
-    Mutant(
+    Mutant.at(
         "golden_init_std", "Llama's linear layers initialized with std 1/sqrt(fan_out), not fan_in",
-        "torchllm/models/llama/model.py",
+        "torchllm.models.llama.model:_init_linear",
         "std = scale / math.sqrt(linear.in_features)",
         "std = scale / math.sqrt(linear.out_features)",
         ("tests/test_golden_curves.py::test_single_process_curve[llama]",),
     ),
-    Mutant(
+    Mutant.at(
         "golden_rope_theta_default", "Llama's default RoPE base frequency is 10000 (Llama 2's)",
-        "torchllm/models/llama/args.py",
+        "torchllm.models.llama.args:LlamaArgs",
         "    rope_theta: float = 500000.0\n",
         "    rope_theta: float = 10000.0\n",
         ("tests/test_golden_curves.py::test_single_process_curve[llama]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_b_random_init", "LoRA's B starts random (step 0 is no longer the base model)",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:LoRALinear.reset_lora_parameters",
         "        nn.init.zeros_(self.lora_B.weight)",
         "        nn.init.normal_(self.lora_B.weight, std=0.02)",
         ("tests/test_lora.py::test_adapters_start_as_the_base_model_with_peft_init",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_base_not_frozen", "LoRA freezes only the wrapped linears (norms, embeddings train)",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:apply_lora",
         "    for p in model.parameters():\n        p.requires_grad_(False)\n",
         "",
         ("tests/test_lora.py::test_adapters_start_as_the_base_model_with_peft_init",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_scaling_alpha_only", "LoRA's update is scaled by alpha, not alpha / rank",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:LoRALinear.__init__",
         "        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank",
         "        self.rank, self.alpha, self.scaling = rank, alpha, alpha",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_merge_without_scaling", "the merged export adds B @ A without alpha / rank",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:merge_weights",
         "        out[f\"{name}.weight\"] = (w.float() + scaling * (b @ a)).to(w.dtype)",
         "        out[f\"{name}.weight\"] = (w.float() + b @ a).to(w.dtype)",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_initial_load_needs_adapters",
         "a LoRA run's initial load requires the adapters in the base checkpoint",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:fresh_adapters",
         "    if resume or \"model\" not in sds:\n        return {}",
         "    if True:\n        return {}",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
     ),
-    Mutant(
+    Mutant.at(
         "compiled_rope_rotates_backwards",
         "RoPE's compiled branch (what inductor runs on a GPU) rotates by -angle; eager is right",
-        "torchllm/models/llama/model.py",
+        "torchllm.models.llama.model:_rotate_pairs",
         "    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
         "    return torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)",
         ("tests/test_gpu_harness.py::test_teacher_forced_oracle_passes_rounding_and_fails_a_compiled_rope_bug",),
     ),
-    Mutant(
+    Mutant.at(
         "qwen3_tp_plan_drops_qk_norm", "Qwen3's declared TP plan forgets the QK-norm style",
-        "torchllm/models/qwen3/plan.py",
+        "torchllm.models.qwen3.plan:TP_PLAN",
         "    block={**ATTENTION, **SWIGLU, **QK_NORM},",
         "    block={**ATTENTION, **SWIGLU},",
         ("tests/test_parallel_multiprocess.py::test_qk_norm_weights_replicated_over_tp",),
     ),
-    Mutant(
+    Mutant.at(
         "qwen3_spec_forgets_qk_norm", "Qwen3's ModelSpec does not declare QK-norm: the memory "
         "estimate counts a Llama attention's activations for it",
-        "torchllm/models/qwen3/__init__.py",
+        "torchllm.models.qwen3:SPEC",
         "pipeline=PIPELINE, qk_norm=True,\n",
         "pipeline=PIPELINE,\n",
         ("tests/test_estimate_memory.py::"
          "test_estimate_within_5_percent_of_measured_on_debug[qwen3_qk_norm]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_header_total_counts_frozen_only",
         "the run header's 'of N params' counts the frozen base only (not base + adapters)",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:parameter_summary",
         "    total = sum(p.numel() for p in model.parameters())",
         "    total = sum(p.numel() for p in model.parameters() if not p.requires_grad)",
         ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_resume_mismatch_ignores_train_embeddings",
         "a resume with another lora.train_embeddings is not named (a generic shape error)",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:_lora_keys",
         "           for k in (\"enable\", \"rank\", \"target_modules\", \"train_embeddings\")}",
         "           for k in (\"enable\", \"rank\", \"target_modules\")}",
         ("tests/test_lora.py::test_resume_with_other_lora_settings_is_one_line_naming_the_key",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_resume_mismatch_off",
         "a resume under other [lora] settings never names the key (resume_mismatch finds nothing)",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:resume_mismatch",
         "    if not old[\"lora.enable\"] and not new[\"lora.enable\"]:\n        return None",
         "    if True:\n        return None",
         ("tests/test_lora.py::test_resume_with_other_lora_settings_is_one_line_naming_the_key",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_tp_not_refused", "LoRA with tensor parallelism is not refused at the launcher",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:check_lora",
         "            (\"parallelism.tensor_parallel_degree\", dims.tp_enabled,",
         "            (\"parallelism.tensor_parallel_degree\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[tp]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_pp_not_refused", "LoRA with pipeline parallelism is not refused at the launcher",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:check_lora",
         "            (\"parallelism.pipeline_parallel_degree\", dims.pp_enabled,",
         "            (\"parallelism.pipeline_parallel_degree\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[pp]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_float8_not_refused", "LoRA with float8 is not refused at the launcher",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:check_lora",
         "    refused = [(\"float8.enable\", cfg.float8.enable,",
         "    refused = [(\"float8.enable\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[float8]",),
