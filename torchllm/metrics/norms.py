@@ -18,8 +18,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from torchllm.models.contract import LanguageModel
 
-def watched_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+
+def watched_groups(model: LanguageModel) -> dict[str, list[nn.Parameter]]:
     """Parameters of the watched groups, found from the model's structure (not names).
 
     Structure survives wrappers (compile, activation checkpointing, FSDP) that rename
@@ -30,12 +32,10 @@ def watched_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     embeddings = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
     if embeddings:
         groups["embeddings"] = embeddings
-    head = getattr(model, "output", None)
-    if isinstance(head, nn.Module):
-        groups["output"] = list(head.parameters())
-    layers = getattr(model, "layers", None)
-    if layers is not None and len(layers):
-        blocks = list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+    if model.output is not None:  # (None: tied, or a pipeline stage before the last)
+        groups["output"] = list(model.output.parameters())
+    if len(model.layers):
+        blocks = list(model.layers.values())
         groups["first_block"] = list(blocks[0].parameters())
         groups["last_block"] = list(blocks[-1].parameters())
     return groups
