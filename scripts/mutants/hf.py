@@ -62,9 +62,9 @@ MUTANTS = [
         ("tests/test_stage_tokenizer.py::"
          "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_b_not_permuted", "the PEFT export leaves lora_B of wq/wk in torchllm's RoPE layout",
-        "torchllm/models/llama/hf.py",
+        "torchllm.models.llama.hf:LlamaAdapter.peft_lora_b",
         "        if module in (\"attention.wq\", \"attention.wk\"):\n",
         "        if False:\n",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3]",),
@@ -84,12 +84,21 @@ MUTANTS = [
         "        \"modules_to_save\": None,",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_peft_modules_to_save_swapped",
         "the PEFT adapter saves the trained output head as embed_tokens and the table as lm_head",
-        "torchllm/models/hf_common.py",
+        "torchllm.models.hf_common:LLAMA_LIKE_ROOTS",
         "LLAMA_LIKE_ROOTS = {\"tok_embeddings\": \"model.embed_tokens\", \"output\": \"lm_head\"}",
         "LLAMA_LIKE_ROOTS = {\"tok_embeddings\": \"lm_head\", \"output\": \"model.embed_tokens\"}",
         ("tests/test_lora.py::test_adapter_and_merged_exports_give_torchllm_logits[llama3_embeddings]",),
+    ),
+    Mutant.at(
+        "peft_export_of_a_family_without_names",
+        "--adapter on a family without PEFT names is not refused up front (a KeyError mid-export)",
+        "torchllm.hf.peft_names:peft_adapter",
+        "    if adapter.peft_block is None:\n",
+        "    if False:\n",
+        ("tests/test_model_contract.py::"
+         "test_peft_names_come_from_each_family_adapter_and_hf_names_no_family",),
     ),
 ]

@@ -162,4 +162,22 @@ MUTANTS = [
         "    refused = [(\"float8.enable\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[float8]",),
     ),
+    Mutant.at(
+        "contract_not_checked_at_build",
+        "a family's model that lacks a member of the model contract builds (it fails later, deep "
+        "in a parallel plan or the exporter, with an AttributeError)",
+        "torchllm.models.spec:ModelSpec.build",
+        "return check_model(self.model_cls(args), self.name)",
+        "return self.model_cls(args)",
+        ("tests/test_model_contract.py::test_a_family_that_drops_a_member_is_refused_naming_it",),
+    ),
+    Mutant.at(
+        "kv_gather_only_on_the_model",
+        "context parallelism's gather reaches the mask's key indices but not the attentions",
+        "torchllm.models.llama.model:Transformer.set_kv_gather",
+        "            block.attention.kv_gather = gather\n",
+        "            pass\n",
+        ("tests/test_model_contract.py::"
+         "test_every_registered_family_satisfies_the_contract_with_its_shapes",),
+    ),
 ]
