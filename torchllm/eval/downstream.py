@@ -39,8 +39,8 @@ from torchllm.eval.loading import CHECKPOINT_HELP, OVERRIDES_HELP, inference_dev
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.eval.tasks import DEFAULT_TASKS, TASKS, Item, chance, load_items, parse_task
 from torchllm.log import init_logger, logger
-from torchllm.run.process_exit import exit_process
 from torchllm.models.contract import LanguageModel
+from torchllm.run.process_exit import exit_process
 
 SHOT_SEPARATOR = "\n\n"
 

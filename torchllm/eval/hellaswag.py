@@ -35,8 +35,8 @@ from torchllm.eval.loading import (
 )
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.log import init_logger, logger
-from torchllm.run.process_exit import exit_process
 from torchllm.models.contract import LanguageModel
+from torchllm.run.process_exit import exit_process
 
 RANDOM_BASELINE = 0.25  # 4 endings
 REQUIRED_KEYS = ("ctx", "endings", "label")

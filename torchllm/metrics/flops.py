@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from torchllm.log import logger
+from torchllm.models.contract import LanguageModel
 from torchllm.models.moe import moe_parameter_counts
 from torchllm.precision import cpuinfo, matmul_flops
-from torchllm.models.contract import LanguageModel
 
 # Dense bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {

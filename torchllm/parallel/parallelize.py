@@ -8,6 +8,7 @@ from torch import nn
 from torchllm.config.job_config import ConfigError, document_masking
 from torchllm import models
 from torchllm.log import logger
+from torchllm.models.contract import LanguageModel
 from torchllm.models.lora import check_lora
 from torchllm.parallel.ac import apply_ac, parse_selective_option
 from torchllm.parallel.compile import apply_compile, check_components
@@ -21,7 +22,6 @@ from torchllm.parallel.float8 import inductor_options as float8_inductor_options
 from torchllm.parallel.pipeline import check_pipeline
 from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
-from torchllm.models.contract import LanguageModel
 
 
 def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:

@@ -26,8 +26,8 @@ from torch import nn
 
 from torchllm import models
 from torchllm.config.job_config import ConfigError
-from torchllm.parallel.init import seeded_full_state
 from torchllm.models.contract import LanguageModel
+from torchllm.parallel.init import seeded_full_state
 
 # Schedules that put several (here: two) stages on every rank.
 MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")

@@ -35,8 +35,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchllm.models.spec import TPPlan
 from torchllm.models.contract import LanguageModel
+from torchllm.models.spec import TPPlan
 
 
 def _style(style: str, plan: TPPlan):

@@ -7,8 +7,8 @@ tests/test_estimate_memory*.py)."""
 from __future__ import annotations
 
 from torchllm.loss import plain_kernels
-from torchllm.models.lora import LoRALinear
 from torchllm.models.contract import LanguageModel
+from torchllm.models.lora import LoRALinear
 
 FP32 = 4
 

@@ -55,6 +55,7 @@ from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.device import resolve_device
 from torchllm.metrics.flops import flops_per_token, parameter_counts
+from torchllm.models.contract import LanguageModel
 from torchllm.models.lora import build_with_lora
 from torchllm.models.moe import MoE
 from torchllm.parallel.dims import ParallelDims
@@ -63,7 +64,6 @@ from torchllm.precision import use_bf16
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block, lora_activation_bytes,
                                              loss_bytes)
 from torchllm.tools.model_info import pop_flag, tokenizer_vocab_hint
-from torchllm.models.contract import LanguageModel
 
 
 def moe_params(model: LanguageModel) -> dict[str, int]:
