@@ -134,3 +134,18 @@ def test_peft_names_come_from_each_family_adapter_and_hf_names_no_family():
         strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, ast.Constant) and isinstance(node.value, str)}
         assert not strings & set(FAMILIES), (path.name, strings & set(FAMILIES))
+
+
+def test_no_code_outside_models_reaches_a_models_internals():
+    """What differs by family goes through a contract method (set_kv_gather, init_buffers), not
+    by reading the family's own attributes: none of these names is read outside models/."""
+    internals = {"rope_cache", "rope_table", "kv_gather", "pos_embeddings", "block_cls",
+                 "attention_cls"}
+    found = []
+    for path in (REPO / "torchllm").rglob("*.py"):
+        if path.relative_to(REPO / "torchllm").parts[0] == "models":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in internals:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
+    assert not found, found
