@@ -1,4 +1,7 @@
-"""Mutants of model families, attention, MoE, LoRA (scripts/mutation_check.py runs them)."""
+"""Mutants of model families, attention, MoE, LoRA (scripts/mutation_check.py runs them).
+
+Each names the definition its bug lives in (`Mutant.at("module:Qual.name", ...)`, base.py): the
+snippet is looked for in that function, method, class or assignment only, wherever it sits."""
 
 from __future__ import annotations
 
