@@ -83,4 +83,22 @@ MUTANTS = [
         "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
         ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
     ),
+    Mutant(
+        "cpu_peak_busy_counts_as_quiet",
+        "a CPU peak measured while other processes held the cores is cached as final",
+        "torchllm/metrics/flops.py",
+        "                 \"quiet\": share >= QUIET_SHARE and steal < 5}",
+        "                 \"quiet\": True}",
+        ("tests/test_cpu_peak.py::"
+         "test_a_busy_measurement_is_repeated_flagged_and_measured_again_later",),
+    ),
+    Mutant(
+        "cpu_peak_thread_sanity_off",
+        "a 2-thread CPU peak below the 1-thread one is used as is (MFU too high)",
+        "torchllm/metrics/flops.py",
+        "    if entry[\"flops\"] < single[\"flops\"]:\n        again",
+        "    if False:\n        again",
+        ("tests/test_cpu_peak.py::"
+         "test_a_two_thread_peak_below_the_one_thread_peak_is_measured_again_and_floored",),
+    ),
 ]

@@ -4,7 +4,9 @@
     python -m torchllm.tools.cpu_peak --remeasure   # measure again (on a quiet machine)
 
 The cache is ~/.cache/torchllm/cpu_peak_flops.json ($TORCHLLM_CACHE_DIR overrides the folder),
-one entry per CPU model, thread count and dtype (docs/metrics.md).
+one entry per CPU model, thread count and dtype (docs/metrics.md), with how quiet the machine
+was (the CPU share this process got, stolen time, load; an N-thread peak is checked against the
+1-thread one). A busy measurement is flagged `busy` and measured again by the next run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+import json
 
 from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_key
 
@@ -27,7 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.dtype or ("float32", "bfloat16"):
         dtype = getattr(torch, name)
         flops, measured = cpu_peak(dtype, remeasure=args.remeasure)
-        print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured})")
+        entry = json.loads(cpu_peak_cache().read_text()).get(cpu_peak_key(dtype), {}) \
+            if cpu_peak_cache().is_file() else {}
+        state = "quiet" if entry.get("quiet") else "busy"
+        print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured}, {state}: "
+              f"share {entry.get('share', '?')}, steal {entry.get('steal_pct', '?')}%, load "
+              f"{entry.get('load', '?')}{'; ' + entry['suspect'] if entry.get('suspect') else ''})")
     print(f"cache: {cpu_peak_cache()}")
 
 
