@@ -82,3 +82,18 @@ def test_a_sane_two_thread_peak_is_measured_once(machine):
     machine.update(speed={1: 100e9, 2: 190e9})
     assert flops.Peak(torch.device("cpu"), bf16=False).flops == 190e9
     assert machine["calls"] == {2: 1, 1: 1} and "suspect" not in entry(machine, 2)
+
+
+def test_a_one_thread_peak_below_its_share_of_the_two_thread_peak_is_measured_again(machine):
+    """The issue's 1-thread bf16 197 GFLOP/s (488 measured again) next to 866 on 2 threads:
+    a DDP rank of one thread read 41% MFU where a 2-thread process read 10.5%."""
+    torch.set_num_threads(1)
+    machine.update(speed={1: 197e9})
+    assert flops.Peak(torch.device("cpu"), bf16=False).flops == 197e9  # quiet, cached
+    torch.set_num_threads(2)
+    machine.update(speed={1: 488e9, 2: 866e9})
+    assert flops.Peak(torch.device("cpu"), bf16=False).flops == 866e9
+    assert machine["calls"] == {1: 2, 2: 1}
+    torch.set_num_threads(1)
+    machine["calls"].clear()
+    assert flops.Peak(torch.device("cpu"), bf16=False).flops == 488e9 and not machine["calls"]

@@ -101,4 +101,14 @@ MUTANTS = [
         ("tests/test_cpu_peak.py::"
          "test_a_two_thread_peak_below_the_one_thread_peak_is_measured_again_and_floored",),
     ),
+    Mutant(
+        "cpu_peak_low_single_thread_kept",
+        "a 1-thread CPU peak measured under load is kept beside a quiet N-thread one (DDP ranks "
+        "of one thread read MFU far above an N-thread process's)",
+        "torchllm/metrics/flops.py",
+        "        single = _one_thread_peak(dtype, cache, remeasure=True)",
+        "        pass",
+        ("tests/test_cpu_peak.py::"
+         "test_a_one_thread_peak_below_its_share_of_the_two_thread_peak_is_measured_again",),
+    ),
 ]

@@ -123,14 +123,14 @@ def measure_cpu_peak(dtype: torch.dtype, rounds: int = 3) -> dict:
     return best
 
 
-def _one_thread_peak(dtype: torch.dtype, cache: dict) -> dict:
+def _one_thread_peak(dtype: torch.dtype, cache: dict, remeasure: bool = False) -> dict:
     """The 1-thread entry (cached, else measured with one thread for the while)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         key = cpu_peak_key(dtype)
         entry = cache.get(key)
-        if not _usable(entry):
+        if remeasure or not _usable(entry):
             entry = cache[key] = measure_cpu_peak(dtype)
         return entry
     finally:
@@ -151,7 +151,9 @@ def _usable(entry) -> bool:
 def _checked(dtype: torch.dtype, cache: dict) -> dict:
     """A measurement at this thread count, sane against the 1-thread peak: N threads cannot
     be slower than one (the N-thread run was disturbed: measured again; still below, the entry
-    says so in `suspect` and takes the 1-thread peak as its floor)."""
+    says so in `suspect` and takes the 1-thread peak as its floor), nor more than ~N times
+    faster (the cached 1-thread peak was disturbed: measured again, else flagged), so that a
+    DDP rank of one thread and a process of N are measured against consistent peaks."""
     entry = measure_cpu_peak(dtype)
     threads = torch.get_num_threads()
     if threads == 1:
@@ -160,6 +162,11 @@ def _checked(dtype: torch.dtype, cache: dict) -> dict:
     if entry["flops"] < single["flops"]:
         again = measure_cpu_peak(dtype)
         entry = max(entry, again, key=lambda e: e["flops"])
+    if entry["flops"] > 1.15 * threads * single["flops"]:  # the 1-thread one was disturbed:
+        single = _one_thread_peak(dtype, cache, remeasure=True)  # (DDP ranks of 1 thread use it)
+    if entry["flops"] > 1.15 * threads * single["flops"]:
+        single.update(quiet=False, suspect=f"below 1/{threads} of the {threads}-thread peak "
+                      f"({entry['flops'] / 1e9:,.0f} GFLOP/s)")
     if entry["flops"] < single["flops"]:
         entry.update(suspect=f"{threads} threads measured {entry['flops'] / 1e9:,.0f} GFLOP/s, "
                      f"below 1 thread's {single['flops'] / 1e9:,.0f}: the 1-thread peak is used",
