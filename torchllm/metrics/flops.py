@@ -130,7 +130,7 @@ def _one_thread_peak(dtype: torch.dtype, cache: dict, remeasure: bool = False) -
     try:
         key = cpu_peak_key(dtype)
         entry = cache.get(key)
-        if remeasure or not _usable(entry):
+        if remeasure or not _usable(entry):  # (this thread count's entry, re-measured)
             entry = cache[key] = measure_cpu_peak(dtype)
         return entry
     finally:
