@@ -43,8 +43,8 @@ MUTANTS = [
     Mutant(
         "cpu_peak_not_cached", "the CPU peak is measured again at every start",
         "torchllm/metrics/flops.py",
-        "    if remeasure or not _usable(entry):",
-        "    if True:",
+        "    if remeasure or not _usable(entry):\n        new = _checked",
+        "    if True:\n        new = _checked",
         ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
          "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
     ),
