@@ -111,4 +111,13 @@ MUTANTS = [
         ("tests/test_cpu_peak.py::"
          "test_a_one_thread_peak_below_its_share_of_the_two_thread_peak_is_measured_again",),
     ),
+    Mutant(
+        "bench_mfu_from_a_busy_peak",
+        "the benchmark tables print MFU against a CPU peak measured on a busy machine",
+        "benchmarks/benchlib/report.py",
+        "r0[\"peak_flops\"] if r0.get(\"peak_quiet\", True) else None",
+        "r0[\"peak_flops\"]",
+        ("tests/test_bench.py::"
+         "test_a_peak_measured_on_a_busy_machine_gives_no_mfu_in_the_table",),
+    ),
 ]

@@ -180,7 +180,7 @@ MUTANTS = [
         "        return F.linear(h, rows_added(output.weight, output), output.bias)\n",
         "",
         ("tests/test_lora_tokens.py::"
-         "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
+         "test_only_the_added_rows_change_and_every_other_weight_is_bit_identical",),
     ),
     Mutant(
         "lora_token_rows_not_merged",

@@ -174,6 +174,14 @@ def _checked(dtype: torch.dtype, cache: dict) -> dict:
     return entry
 
 
+def cpu_peak_entry(dtype: torch.dtype) -> dict:
+    """The cached entry of `dtype` at this thread count ({} when none)."""
+    try:
+        return json.loads(cpu_peak_cache().read_text()).get(cpu_peak_key(dtype)) or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def cpu_peak(dtype: torch.dtype, remeasure: bool = False) -> tuple[float, str]:
     """(FLOP/s, when measured): this machine's matmul peak in `dtype` at this thread count,
     measured (`measure_cpu_peak`, checked against the 1-thread peak) and cached; an entry
@@ -220,6 +228,7 @@ class CPUPeak:
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
         self.flops, self.measured = cpu_peak(dtype)
+        self.quiet = bool(cpu_peak_entry(dtype).get("quiet"))  # False: MFU is approximate
         self.warned = False
 
     def check(self, achieved: float) -> float:

@@ -15,9 +15,7 @@ import argparse
 
 import torch
 
-import json
-
-from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_key
+from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_entry, cpu_peak_key
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,8 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.dtype or ("float32", "bfloat16"):
         dtype = getattr(torch, name)
         flops, measured = cpu_peak(dtype, remeasure=args.remeasure)
-        entry = json.loads(cpu_peak_cache().read_text()).get(cpu_peak_key(dtype), {}) \
-            if cpu_peak_cache().is_file() else {}
+        entry = cpu_peak_entry(dtype)
         state = "quiet" if entry.get("quiet") else "busy"
         print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured}, {state}: "
               f"share {entry.get('share', '?')}, steal {entry.get('steal_pct', '?')}%, load "
