@@ -6,6 +6,7 @@ that peft loads the adapter, on its own base folder and on the base run's export
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -18,7 +19,7 @@ from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args
 from test_data_chat import write_chat
-from test_lora import peft_model, torchllm_logits
+from test_lora import peft_model
 
 CONFIG = "train_configs/llama3_debug_sft_lora.toml"
 STEPS = 12
@@ -102,7 +103,7 @@ def test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized(ru
     """`hf export --adapter`: trainable_token_indices in adapter_config.json; peft on OUT/base
     and on the base run's own export (fewer rows: resized as docs/lora.md says) gives
     torchllm's logits; the merged export too; the folder moves (relative base path)."""
-    pytest.importorskip("peft")
+    peft = pytest.importorskip("peft")
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
@@ -119,7 +120,7 @@ def test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized(ru
     ids = list(range(vocab - 6, vocab))
     assert config["trainable_token_indices"] == {"embed_tokens": ids, "lm_head": ids}
     assert config["base_model_name_or_path"] == "base"
-    _, tokens = torchllm_logits(run)
+    tokens = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(0))
     tokens[:, -6:] = torch.tensor(ids)  # the added tokens are read too
     with torch.no_grad():
         ours = torchllm_logits_of(run, tokens)
@@ -127,8 +128,6 @@ def test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized(ru
         small = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32)
         assert small.get_input_embeddings().weight.shape[0] < vocab
         small.resize_token_embeddings(vocab)
-        import peft
-
         on_resized = peft.PeftModel.from_pretrained(small, adapter).eval()(tokens).logits
         as_merged = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(
             tokens).logits
@@ -137,8 +136,6 @@ def test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized(ru
     moved = tmp / "elsewhere" / "adapter"
     shutil.copytree(adapter, moved)
     shutil.rmtree(adapter)
-    import os
-
     cwd = os.getcwd()
     os.chdir(moved)
     try:
