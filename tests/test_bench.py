@@ -87,6 +87,17 @@ def test_summary_drops_warmup_and_derives_throughput():
     assert [m["state_total_bytes"] for m in row["per_rank"]] == [400, 400]
 
 
+def test_a_peak_measured_on_a_busy_machine_gives_no_mfu_in_the_table():
+    """docs/performance.md's committed CPU MFU (78.9-96.8%) divided by a peak measured under
+    load: such a peak (flops.CPUPeak.quiet False) now leaves the MFU column empty."""
+    state = {"params": 1, "grads": 1, "optimizer": 2}
+    busy = [{**fake_rank(0, [1, 1, 1], state), "peak_quiet": False}]
+    row = summarize(busy, warmup=1)
+    assert "mfu_pct" not in row and row["peak_quiet"] is False and row["tflops"] > 0
+    assert "| - |" in markdown_table([{"variant": "ddp", **row}])
+    assert "mfu_pct" in summarize([fake_rank(0, [1, 1, 1], state)], warmup=1)
+
+
 def test_markdown_has_a_row_per_variant_and_failures_say_why():
     state = {"params": 1, "grads": 1, "optimizer": 2}
     ok = {"variant": "ddp", **summarize([fake_rank(0, [1, 1, 1], state)], warmup=1)}

@@ -36,6 +36,7 @@ from torchllm.metrics.header import trainer_header
 from torchllm.metrics.mixture_log import MixtureLog
 from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
+from torchllm.models.lora import added_tokens
 from torchllm.models.moe import auxiliary_loss, moe_layers
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.optim.batch_ramp import BatchSizeRamp, global_batch_size
@@ -116,7 +117,8 @@ class Trainer:
         # Model: built on meta, parallelized, materialized with a single process's initial
         # weights; under pipeline parallelism, this rank's stages (and their schedule).
         self.model, self.pipeline = build_model(spec, self.model_args, self.parallel_dims,
-                                                cfg, self.device, self.loss_fn)
+                                                cfg, self.device, self.loss_fn,
+                                                added_tokens(self.tokenizer))
         self.model.train()
         # Speed levers acting at run time: bf16 weights cast once per step, the SDPA kernels,
         # CUDA-graph step boundaries (torchllm.parallel.levers).

@@ -93,6 +93,8 @@ def result(trainer: Trainer, rec: StepRecorder, world_size: int) -> dict:
         "tokens_per_step": trainer.global_batch * tcfg.seq_len,
         "flops_per_token": trainer.flops_per_token,
         "peak_flops": trainer.peak_flops,
+        # A CPU peak measured on a busy machine gives no MFU in the tables (flops.CPUPeak).
+        "peak_quiet": getattr(trainer.peak.cpu, "quiet", True),
         "state_bytes": rec.state_bytes,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "estimate": estimate_memory(trainer.cfg, trainer.model_args, world_size),

@@ -101,4 +101,23 @@ MUTANTS = [
         ("tests/test_model_contract.py::"
          "test_peft_names_come_from_each_family_adapter_and_hf_names_no_family",),
     ),
+    Mutant(
+        "lora_peft_token_rows_as_delta",
+        "the adapter stores the trained rows' change, where PEFT's trainable_tokens_delta "
+        "replaces the rows",
+        "torchllm/hf/peft_names.py",
+        "values = table[ids[0]: ids[-1] + 1] + weights[key].to(table.dtype)",
+        "values = weights[key].to(table.dtype)",
+        ("tests/test_lora_tokens.py::"
+         "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
+    ),
+    Mutant(
+        "lora_adapter_base_path_absolute",
+        "adapter_config.json names the base by an absolute path (moving the folder breaks it)",
+        "torchllm/hf/peft_names.py",
+        "        \"base_model_name_or_path\": BASE,",
+        "        \"base_model_name_or_path\": str(__import__(\"pathlib\").Path(BASE).absolute()),",
+        ("tests/test_lora_tokens.py::"
+         "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
+    ),
 ]

@@ -43,8 +43,8 @@ MUTANTS = [
     Mutant(
         "cpu_peak_not_cached", "the CPU peak is measured again at every start",
         "torchllm/metrics/flops.py",
-        "    if remeasure or not isinstance(entry, dict) or not entry.get(\"flops\"):",
-        "    if True:",
+        "    if remeasure or not _usable(entry):\n        new = _checked",
+        "    if True:\n        new = _checked",
         ("tests/test_precision.py::test_cpu_peak_is_measured_once_per_machine_and_never_raised",
          "tests/test_precision.py::test_mfu_is_against_the_cached_peak"),
     ),
@@ -82,5 +82,42 @@ MUTANTS = [
         "                      f\"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}\")",
         "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
         ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
+    ),
+    Mutant(
+        "cpu_peak_busy_counts_as_quiet",
+        "a CPU peak measured while other processes held the cores is cached as final",
+        "torchllm/metrics/flops.py",
+        "                 \"quiet\": share >= QUIET_SHARE and steal < 5}",
+        "                 \"quiet\": True}",
+        ("tests/test_cpu_peak.py::"
+         "test_a_busy_measurement_is_repeated_flagged_and_measured_again_later",),
+    ),
+    Mutant(
+        "cpu_peak_thread_sanity_off",
+        "a 2-thread CPU peak below the 1-thread one is used as is (MFU too high)",
+        "torchllm/metrics/flops.py",
+        "    if entry[\"flops\"] < single[\"flops\"]:\n        again",
+        "    if False:\n        again",
+        ("tests/test_cpu_peak.py::"
+         "test_a_two_thread_peak_below_the_one_thread_peak_is_measured_again_and_floored",),
+    ),
+    Mutant(
+        "cpu_peak_low_single_thread_kept",
+        "a 1-thread CPU peak measured under load is kept beside a quiet N-thread one (DDP ranks "
+        "of one thread read MFU far above an N-thread process's)",
+        "torchllm/metrics/flops.py",
+        "        single = _one_thread_peak(dtype, cache, remeasure=True)",
+        "        pass",
+        ("tests/test_cpu_peak.py::"
+         "test_a_one_thread_peak_below_its_share_of_the_two_thread_peak_is_measured_again",),
+    ),
+    Mutant(
+        "bench_mfu_from_a_busy_peak",
+        "the benchmark tables print MFU against a CPU peak measured on a busy machine",
+        "benchmarks/benchlib/report.py",
+        "r0[\"peak_flops\"] if r0.get(\"peak_quiet\", True) else None",
+        "r0[\"peak_flops\"]",
+        ("tests/test_bench.py::"
+         "test_a_peak_measured_on_a_busy_machine_gives_no_mfu_in_the_table",),
     ),
 ]

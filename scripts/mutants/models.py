@@ -132,8 +132,8 @@ MUTANTS = [
         "lora_resume_mismatch_ignores_train_embeddings",
         "a resume with another lora.train_embeddings is not named (a generic shape error)",
         "torchllm.models.lora:_lora_keys",
-        "           for k in (\"enable\", \"rank\", \"target_modules\", \"train_embeddings\")}",
-        "           for k in (\"enable\", \"rank\", \"target_modules\")}",
+        "           for k in (\"enable\", \"rank\", \"target_modules\", \"train_embeddings\", \"train_new_tokens\")}",
+        "           for k in (\"enable\", \"rank\", \"target_modules\", \"train_new_tokens\")}",
         ("tests/test_lora.py::test_resume_with_other_lora_settings_is_one_line_naming_the_key",),
     ),
     Mutant.at(
@@ -182,5 +182,34 @@ MUTANTS = [
         "            pass\n",
         ("tests/test_model_contract.py::"
          "test_every_registered_family_satisfies_the_contract_with_its_shapes",),
+    ),
+    Mutant(
+        "lora_new_token_rows_frozen_by_default",
+        "LoRA keeps the rows of the chat tokens it grows frozen unless asked (it cannot learn "
+        "to end a reply)",
+        "torchllm/config/sections.py",
+        "        True, \"When the run's tokenizer adds chat tokens to its base",
+        "        False, \"When the run's tokenizer adds chat tokens to its base",
+        ("tests/test_lora_tokens.py::"
+         "test_new_token_rows_train_and_the_run_learns_to_end_its_replies",),
+    ),
+    Mutant(
+        "lora_token_rows_not_in_head",
+        "the output head ignores its trainable token rows (logits without them)",
+        "torchllm/models/head.py",
+        "    if getattr(output, \"token_delta\", None) is not None:\n"
+        "        return F.linear(h, rows_added(output.weight, output), output.bias)\n",
+        "",
+        ("tests/test_lora_tokens.py::"
+         "test_only_the_added_rows_change_and_every_other_weight_is_bit_identical",),
+    ),
+    Mutant(
+        "lora_token_rows_not_merged",
+        "the merged export drops the trained token rows",
+        "torchllm/models/lora.py",
+        "        w[ids[0]: ids[-1] + 1] += sd[key].to(w.dtype)\n",
+        "",
+        ("tests/test_lora_tokens.py::"
+         "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
     ),
 ]

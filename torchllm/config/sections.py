@@ -370,6 +370,11 @@ class Lora:
     train_embeddings: bool = opt(
         False, "Also train the embedding table(s) and the output head (whole, not low-rank)"
     )
+    train_new_tokens: bool = opt(
+        True, "When the run's tokenizer adds chat tokens to its base (data.chat_tokens, chat "
+        "data), train those tokens' rows of the embedding and output head (PEFT's "
+        "trainable_token_indices); every other row stays frozen"
+    )
 
 
 # Data, metrics, profiling, checkpoint, validation and evaluation: sections_io.py.

@@ -28,7 +28,7 @@ from torchllm.config import ConfigError, JobConfig, load_config
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
-from torchllm.models.lora import build_with_lora, init_weights
+from torchllm.models.lora import TOKEN_DELTA, added_tokens, build_with_lora, init_weights
 from torchllm.ranks import env_world_size
 from torchllm.storage import join
 
@@ -74,7 +74,8 @@ def load_for_inference(
     tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
-        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg)
+        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg,
+                                _saved_token_rows(reader, tokenizer))
     model.to_empty(device=device)
     init_weights(model, buffer_device=torch.device(device))  # buffers (RoPE) are not saved
     state = model.state_dict()
@@ -84,6 +85,14 @@ def load_for_inference(
     model.load_state_dict(state)
     model.eval()
     return model, cfg, tokenizer
+
+
+def _saved_token_rows(reader: CheckpointReader, tokenizer) -> tuple[int, int] | None:
+    """A LoRA run's trainable token rows (lora.train_new_tokens) when its checkpoint has them
+    (one saved before they existed has none)."""
+    new = added_tokens(tokenizer)
+    return new if new and any(
+        k.endswith(f".{TOKEN_DELTA}") for k in reader.metadata.state_dict_metadata) else None
 
 
 def inference_device(name: str) -> torch.device:

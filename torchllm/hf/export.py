@@ -99,7 +99,7 @@ def export_hf(checkpoint: str | Path | CheckpointReader, out: str | Path,
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
                           "found); pass --vocab-size")
     args = models.model_args(cfg, vocab)
-    weights = plain_weights(reader.weights(), cfg, merge=lora == "merge")
+    weights = plain_weights(reader.weights(), cfg, merge=lora == "merge", vocab=vocab)
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
     if saved_vocab != args.vocab_size:
         raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "
@@ -178,8 +178,9 @@ def export_adapter(checkpoint, out: str | Path, overrides=(), dtype: str | None 
     """Write OUT (a PEFT adapter folder) and OUT/base (the base model) from a LoRA checkpoint:
 
         OUT/adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha,
-                                       lora_dropout, target_modules (Hugging Face names), and
-                                       base_model_name_or_path = OUT/base
+                                       lora_dropout, target_modules (Hugging Face names),
+                                       trainable_token_indices (lora.train_new_tokens), and
+                                       base_model_name_or_path = "base" (relative to OUT)
         OUT/adapter_model.safetensors  the adapters under PEFT's names (peft_names.py)
         OUT/base/                      the base model (export_hf with the adapters left out)
 
@@ -208,12 +209,12 @@ def export_adapter(checkpoint, out: str | Path, overrides=(), dtype: str | None 
         weights = {k: v for k, v in reader.weights().items()
                    if is_adapter_key(k) or not k.startswith("layers.")}
         args = models.model_args(cfg, vocab)
-        tensors, targets, saved = peft_weights(weights, cfg, args, vocab)
+        tensors, targets, saved, rows = peft_weights(weights, cfg, args, vocab)
         if dtype is not None:
             tensors = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in tensors.items()}
         save_safetensors({k: v.contiguous() for k, v in tensors.items()},
                          tmp / "adapter_model.safetensors", {"format": "pt"})
-        config = adapter_config(cfg, targets, saved, final / "base")
+        config = adapter_config(cfg, targets, saved, rows)
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
         replace_dir(tmp, final)
     finally:

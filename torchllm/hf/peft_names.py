@@ -2,9 +2,13 @@
 
     adapter_model.safetensors  base_model.model.<HF module>.lora_A.weight / lora_B.weight
                                (+ the embeddings and head with lora.train_embeddings, as
-                               PEFT's modules_to_save)
+                               PEFT's modules_to_save; the added tokens' trained rows with
+                               lora.train_new_tokens, as PEFT's trainable_token_indices:
+                               base_model.model.<HF table>.token_adapter.trainable_tokens_delta)
     adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
-                               target_modules (Hugging Face names), base_model_name_or_path
+                               target_modules (Hugging Face names), trainable_token_indices,
+                               base_model_name_or_path = "base" (relative to the adapter
+                               folder, where export writes the base: docs/lora.md)
 
 Names come from the family's Hugging Face adapter (models/<family>/hf.py: `peft_block`,
 `peft_roots`, `peft_lora_b`; models/hf_common.py says what each is); nothing here knows a
@@ -14,13 +18,11 @@ whose export permutes W's rows permutes lora_B's the same way (`peft_lora_b`); A
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from torchllm.config import ConfigError
 from torchllm.models import adapter_for_model, hf_adapters
-from torchllm.models.lora import adapter_modules
+from torchllm.models.lora import TOKEN_DELTA, adapter_modules, token_ids
 
 PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
 
@@ -38,9 +40,9 @@ def peft_adapter(model_name: str):
 
 
 def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
-                 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-    """(PEFT state dict, HF target module names, modules_to_save) of a LoRA checkpoint's
-    weights (torchllm names)."""
+                 ) -> tuple[dict[str, torch.Tensor], list[str], list[str], dict[str, list[int]]]:
+    """(PEFT state dict, HF target module names, modules_to_save, trainable_token_indices) of
+    a LoRA checkpoint's weights (torchllm names)."""
     from torchllm.models.hf_common import trim_vocab
 
     adapter = peft_adapter(cfg.model.name)
@@ -60,21 +62,37 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
             if f"{ours}.weight" in weights:
                 out[f"{PREFIX}{hf}.weight"] = trim_vocab(weights[f"{ours}.weight"], vocab)
                 saved.append(hf.rsplit(".", 1)[-1])
-    return out, sorted(targets), saved
+    rows = {}
+    for ours, hf in roots.items():  # trained rows: PEFT replaces them by these values
+        key = f"{ours}.{TOKEN_DELTA}"
+        if key in weights:
+            ids = token_ids(weights, key, vocab)
+            table = weights[f"{ours}.weight"]
+            values = table[ids[0]: ids[-1] + 1] + weights[key].to(table.dtype)
+            out[f"{PREFIX}{hf}.token_adapter.trainable_tokens_delta"] = values
+            rows[hf.rsplit(".", 1)[-1]] = ids
+    return out, sorted(targets), saved, rows
 
 
-def adapter_config(cfg, targets: list[str], saved: list[str], base: Path) -> dict:
+BASE = "base"  # the base model's folder inside the adapter folder (export_adapter)
+
+
+def adapter_config(cfg, targets: list[str], saved: list[str], rows: dict[str, list[int]]
+                   ) -> dict:
+    """adapter_config.json. base_model_name_or_path is relative to the adapter folder, so the
+    folder moves whole (transformers resolves it from the working directory: docs/lora.md)."""
     lcfg = cfg.lora
     alpha = int(lcfg.alpha) if float(lcfg.alpha).is_integer() else lcfg.alpha
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
+        "base_model_name_or_path": BASE,
         "r": lcfg.rank,
         "lora_alpha": alpha,
         "lora_dropout": lcfg.dropout,
         "target_modules": targets,
         "modules_to_save": saved or None,
+        "trainable_token_indices": rows or None,
         "bias": "none",
         "fan_in_fan_out": False,
         "init_lora_weights": True,

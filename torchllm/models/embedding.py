@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,3 +18,13 @@ class Embedding(nn.Embedding):
     def reset_parameters(self) -> None:
         if not self.weight.is_meta:
             super().reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        delta = getattr(self, "token_delta", None)  # LoRA's trainable token rows (lora.py)
+        if delta is None:
+            return out
+        slot = x - self.token_start
+        inside = (slot >= 0) & (slot < delta.shape[0])
+        rows = F.embedding(slot.clamp(0, delta.shape[0] - 1), delta)
+        return out + rows * inside.unsqueeze(-1).to(rows.dtype)

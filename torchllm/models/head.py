@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchllm.loss import chunked_cross_entropy_sum
+from torchllm.models.lora import rows_added
 
 
 def lm_head(h: torch.Tensor, tok_embeddings: nn.Embedding, output: nn.Linear | None,
@@ -20,11 +21,14 @@ def lm_head(h: torch.Tensor, tok_embeddings: nn.Embedding, output: nn.Linear | N
     """
     # A tied head inside training.cast_weights_once reads the step's bf16 copy of the table.
     # (A last pipeline stage without the embedding has its own `output`.)
-    tied = None if output is not None else tok_embeddings.__dict__.get("cast_weight",
-                                                                        tok_embeddings.weight)
+    # LoRA's trainable token rows (lora.train_new_tokens) are added to the table read.
+    tied = None if output is not None else rows_added(
+        tok_embeddings.__dict__.get("cast_weight", tok_embeddings.weight), tok_embeddings)
     if targets is not None:
-        weight = tied if output is None else output.weight
+        weight = tied if output is None else rows_added(output.weight, output)
         return chunked_cross_entropy_sum(h, weight, targets, loss_chunk_tokens, loss_impl)
     if output is None:
         return F.linear(h, tied)
+    if getattr(output, "token_delta", None) is not None:
+        return F.linear(h, rows_added(output.weight, output), output.bias)
     return output(h)

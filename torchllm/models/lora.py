@@ -26,6 +26,7 @@ from torchllm.config.loader import flat_toml
 from torchllm.models.contract import LanguageModel
 
 ADAPTER_PARTS = ("lora_A", "lora_B")
+TOKEN_DELTA = "token_delta"  # the trainable rows of added tokens (add_token_rows)
 
 
 class LoRALinear(nn.Linear):
@@ -112,10 +113,47 @@ def check_lora(cfg, dims=None) -> None:
                               "them off (LoRA runs with FSDP2, DDP, bf16, compile and AC)", key)
 
 
-def apply_lora(model: LanguageModel, cfg) -> list[str]:
+def added_tokens(tokenizer) -> tuple[int, int] | None:
+    """(first id, count) of the tokens the run's tokenizer adds after its base vocabulary (a
+    ChatTokenizer's chat tokens), or None when it adds none."""
+    added, base = getattr(tokenizer, "added", None), getattr(tokenizer, "base", None)
+    if not added or base is None:
+        return None
+    return int(base.vocab_size), len(added)
+
+
+def add_token_rows(module: nn.Module, start: int, count: int) -> None:
+    """PEFT's trainable_token_indices on one table (nn.Embedding or the output nn.Linear): rows
+    start..start+count train through `token_delta` (count x dim, zero at the start, added to
+    those rows: the same function and gradients as PEFT's replaced rows), the table itself
+    stays frozen. The model's Embedding and lm_head read it (`rows_added`)."""
+    weight = module.weight
+    module.register_parameter(TOKEN_DELTA, nn.Parameter(
+        torch.zeros(count, weight.shape[1], device=weight.device, dtype=weight.dtype)))
+    module.token_start = start
+
+
+def rows_added(weight: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """`weight` (module's table, or its per-step cast) with module's trainable token rows
+    added (unchanged without them)."""
+    delta = getattr(module, TOKEN_DELTA, None)
+    if delta is None:
+        return weight
+    start, end = module.token_start, module.token_start + delta.shape[0]
+    return torch.cat([weight[:start], weight[start:end] + delta.to(weight.dtype), weight[end:]])
+
+
+def token_ids(sd: dict, key: str, vocab: int) -> list[int]:
+    """The ids a checkpoint's `key` (`tok_embeddings.token_delta`, ...) trains: the last of the
+    tokenizer's `vocab` ids (the added tokens come after the base vocabulary)."""
+    return list(range(vocab - sd[key].shape[0], vocab))
+
+
+def apply_lora(model: LanguageModel, cfg, new_tokens: tuple[int, int] | None = None) -> list[str]:
     """Wrap the targeted linears (in place), freeze every other parameter (but the embeddings
-    and head with lora.train_embeddings); returns the wrapped modules' names. No-op when
-    lora.enable is false."""
+    and head with lora.train_embeddings, and the rows of `new_tokens`, (first id, count), with
+    lora.train_new_tokens); returns the wrapped modules' names. No-op when lora.enable is
+    false."""
     lcfg = cfg.lora
     if not lcfg.enable:
         return []
@@ -139,6 +177,9 @@ def apply_lora(model: LanguageModel, cfg) -> list[str]:
     if lcfg.train_embeddings:
         for module in embedding_modules(model):
             module.weight.requires_grad_(True)
+    elif lcfg.train_new_tokens and new_tokens:
+        for module in token_tables(model):
+            add_token_rows(module, *new_tokens)
     return wrapped
 
 
@@ -148,10 +189,18 @@ def embedding_modules(model: LanguageModel) -> list[nn.Module]:
     return found + ([model.output] if model.output is not None else [])
 
 
-def build_with_lora(spec, model_args, cfg) -> LanguageModel:
-    """spec.build(model_args), with LoRA applied when cfg.lora.enable (call under a device)."""
+def token_tables(model: LanguageModel) -> list[nn.Module]:
+    """The token embedding and the output head (None when tied) a token's rows live in."""
+    return [m for m in (model.tok_embeddings, model.output)
+            if m is not None]
+
+
+def build_with_lora(spec, model_args, cfg, new_tokens: tuple[int, int] | None = None
+                    ) -> LanguageModel:
+    """spec.build(model_args), with LoRA applied when cfg.lora.enable (call under a device);
+    `new_tokens`: added_tokens(the run's tokenizer)."""
     model = spec.build(model_args)
-    apply_lora(model, cfg)
+    apply_lora(model, cfg, new_tokens)
     return model
 
 
@@ -160,6 +209,10 @@ def reset_adapters(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, LoRALinear):
             module.reset_lora_parameters()
+        delta = getattr(module, TOKEN_DELTA, None)
+        if delta is not None:  # the rows start as the (loaded) table's
+            with torch.no_grad():
+                delta.zero_()
 
 
 def init_weights(model: LanguageModel, buffer_device: torch.device | None = None) -> None:
@@ -171,7 +224,7 @@ def init_weights(model: LanguageModel, buffer_device: torch.device | None = None
 
 def is_adapter_key(key: str) -> bool:
     """Whether a state-dict key (model or optimizer) names an adapter tensor."""
-    return any(f".{part}." in f".{key}" for part in ADAPTER_PARTS)
+    return any(f".{part}." in f".{key}." for part in (*ADAPTER_PARTS, TOKEN_DELTA))
 
 
 def adapter_modules(sd_keys) -> list[str]:
@@ -179,10 +232,20 @@ def adapter_modules(sd_keys) -> list[str]:
     return sorted({k[: -len(".lora_A.weight")] for k in sd_keys if k.endswith(".lora_A.weight")})
 
 
-def merge_weights(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+def merge_weights(sd: dict[str, torch.Tensor], scaling: float, vocab: int | None = None
+                  ) -> dict[str, torch.Tensor]:
     """A LoRA model's state dict as the plain model's: W + scaling * B @ A, adapters dropped
-    (computed in float32, returned in W's dtype)."""
+    (computed in float32, returned in W's dtype); trainable token rows added to their table's
+    rows (the last of the tokenizer's `vocab` ids)."""
     out = {k: v for k, v in sd.items() if not is_adapter_key(k)}
+    for key in [k for k in sd if k.endswith(f".{TOKEN_DELTA}")]:
+        if vocab is None:
+            raise ValueError(f"{key}: merging trainable token rows needs the tokenizer's vocab")
+        table = key.removesuffix(TOKEN_DELTA) + "weight"
+        ids = token_ids(sd, key, vocab)
+        w = out[table].clone()
+        w[ids[0]: ids[-1] + 1] += sd[key].to(w.dtype)
+        out[table] = w
     for name in adapter_modules(sd):
         w = out[f"{name}.weight"]
         a, b = sd[f"{name}.lora_A.weight"].float(), sd[f"{name}.lora_B.weight"].float()
@@ -198,6 +261,10 @@ def parameter_summary(model: nn.Module, cfg) -> str:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     lcfg = cfg.lora
     embeddings = " + embeddings" if lcfg.train_embeddings else ""
+    rows = [getattr(m, TOKEN_DELTA).shape[0] for m in token_tables(model)
+            if getattr(m, TOKEN_DELTA, None) is not None]
+    if rows:
+        embeddings = f" + the {rows[0]} added tokens' rows of {len(rows)} table(s)"
     return (f"; LoRA r={lcfg.rank} alpha={lcfg.alpha:g} on {', '.join(resolve_targets(cfg))}"
             f"{embeddings}: {trainable:,} of {total:,} params train "
             f"({100 * trainable / max(total, 1):.2f}%)")
@@ -224,7 +291,7 @@ def _lora_keys(flat: dict) -> dict:
 
     default = Lora()
     out = {f"lora.{k}": flat.get(f"lora.{k}", getattr(default, k))
-           for k in ("enable", "rank", "target_modules", "train_embeddings")}
+           for k in ("enable", "rank", "target_modules", "train_embeddings", "train_new_tokens")}
     if out["lora.enable"] and not out["lora.target_modules"]:
         name = flat.get("model.name", "llama3")
         out["lora.target_modules"] = list(models.get(name).lora_targets)
@@ -260,11 +327,12 @@ def checkpoint_misfit(path, current_toml: str | None) -> tuple[str, str] | None:
     return f"checkpoint {path}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]
 
 
-def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True) -> dict:
-    """A checkpoint's weights as the plain model's: with LoRA, merged (W + alpha/rank * B @ A)
-    or the base alone (merge=False); unchanged without LoRA."""
+def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True,
+                  vocab: int | None = None) -> dict:
+    """A checkpoint's weights as the plain model's: with LoRA, merged (W + alpha/rank * B @ A,
+    trainable token rows added) or the base alone (merge=False); unchanged without LoRA."""
     if not cfg.lora.enable:
         return weights
     if merge:
-        return merge_weights(weights, cfg.lora.alpha / cfg.lora.rank)
+        return merge_weights(weights, cfg.lora.alpha / cfg.lora.rank, vocab)
     return {k: v for k, v in weights.items() if not is_adapter_key(k)}

@@ -10,18 +10,19 @@ from torchllm.parallel.parallelize import parallelize_model
 from torchllm.parallel.pipeline_schedule import Pipeline
 
 
-def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn):
+def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn, new_tokens=None):
     """(model, pipeline). Without pipeline parallelism: the model built on the meta device (no
     memory), parallelized as its family declares (parallelize_model), then materialized with the initial
-    weights of a single CPU process with this seed, sharded or not; pipeline is None. With it:
+    weights of a single CPU process with this seed, sharded or not; pipeline is None
+    (`new_tokens`: lora.added_tokens of the run's tokenizer, rows LoRA trains). With it:
     the union of this rank's stages (parameters under the unsplit model's names) and the
     Pipeline that runs their schedule."""
     if parallel_dims.pp_enabled:
         pipeline = Pipeline.build(spec, model_args, parallel_dims, cfg, device, loss_fn)
         return pipeline.model, pipeline
     with torch.device("meta"):  # (lora.enable: with adapters, base frozen; models/lora.py)
-        model = build_with_lora(spec, model_args, cfg)
+        model = build_with_lora(spec, model_args, cfg, new_tokens)
     parallelize_model(model, spec, parallel_dims, cfg)
-    init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg), device,
+    init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg, new_tokens), device,
                        cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
     return model, None

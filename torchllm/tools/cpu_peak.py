@@ -4,7 +4,9 @@
     python -m torchllm.tools.cpu_peak --remeasure   # measure again (on a quiet machine)
 
 The cache is ~/.cache/torchllm/cpu_peak_flops.json ($TORCHLLM_CACHE_DIR overrides the folder),
-one entry per CPU model, thread count and dtype (docs/metrics.md).
+one entry per CPU model, thread count and dtype (docs/metrics.md), with how quiet the machine
+was (the CPU share this process got, stolen time, load; an N-thread peak is checked against the
+1-thread one). A busy measurement is flagged `busy` and measured again by the next run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 
 import torch
 
-from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_key
+from torchllm.metrics.flops import cpu_peak, cpu_peak_cache, cpu_peak_entry, cpu_peak_key
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.dtype or ("float32", "bfloat16"):
         dtype = getattr(torch, name)
         flops, measured = cpu_peak(dtype, remeasure=args.remeasure)
-        print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured})")
+        entry = cpu_peak_entry(dtype)
+        state = "quiet" if entry.get("quiet") else "busy"
+        print(f"{cpu_peak_key(dtype)}: {flops / 1e9:,.0f} GFLOP/s (measured {measured}, {state}: "
+              f"share {entry.get('share', '?')}, steal {entry.get('steal_pct', '?')}%, load "
+              f"{entry.get('load', '?')}{'; ' + entry['suspect'] if entry.get('suspect') else ''})")
     print(f"cache: {cpu_peak_cache()}")
 
 
