@@ -59,7 +59,7 @@ def victim(tmp_path_factory) -> dict:
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in embedded_documents()[:40]))
     data = f"--data.dataset=local:{corpus}"
-    proc = run_train(root, "--job.run_name=victim", data)
+    proc = run_train(root, "--job.run_name=victim", data, "--checkpoint.keep_latest_k=2")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     folder = root / "victim" / "checkpoint"
     assert complete_steps(folder) == [2, 4]
@@ -175,8 +175,8 @@ def test_shards_of_one_tokenizer_refuse_another_of_the_same_size(tmp_path):
     from torchllm.data.tokenizer_training import train_sentencepiece
 
     docs = embedded_documents()
-    a = train_sentencepiece(docs[:200], 512, tmp_path / "a.model")
-    b = train_sentencepiece(docs[200:], 512, tmp_path / "b.model")
+    a = train_sentencepiece(docs[::2], 512, tmp_path / "a.model")
+    b = train_sentencepiece(docs[1::2], 512, tmp_path / "b.model")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(docs[:30]))
     shards = tmp_path / "shards"
