@@ -61,9 +61,10 @@ class Checkpointer:
         set_store_timeout(ccfg.store_timeout_s)
         # Agreement between ranks on CPU tensors: no device sync, never mixed with training's.
         self.agree = RankAgreement.of_this_job()
-        # This run's id (identity.py), recorded in every step it saves (rank 0 writes markers).
+        # This run's id (identity.py), recorded in every step it saves (rank 0 writes markers);
+        # a folder whose steps another run wrote is never resumed, written into or pruned.
         run_info = dict(run_info or {})
-        if self.enabled:
+        if self.enabled or ccfg.initial_load_path:  # (the load resumes the folder's steps first)
             run_info["run_id"] = self.agree.first_answer(
                 run_id(Path(run_dir), self.folder) if self.agree.rank == 0 else None)
         self.retention = Retention(self.folder, ccfg.keep_latest_k, self.agree,
