@@ -154,8 +154,7 @@ class Trainer:
             run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
                       "precision": self.precision, "tokenizer": tokenizer,
                       # What the data position means: a resume compares it (on_data_change).
-                      "data": data_fingerprint(cfg, self.train_loader.dataset,
-                                               tokenizer["base_sha256"])},
+                      "data": data_fingerprint(cfg, tokenizer["base_sha256"])},
             load_hf=load_initial_weights,
         )
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:

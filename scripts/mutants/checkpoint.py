@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from mutants.base import Mutant
 
+IDENTITY = "tests/test_identity_trust.py::"
+
 MUTANTS = [
     Mutant(
         "scheduler_not_restored", "a resumed run starts the LR schedule from step 0",
@@ -339,5 +341,22 @@ MUTANTS = [
         "            s[\"step\"] = s[\"step\"] - 1\n"
         "        set_optimizer_state_dict(self.model, self.optimizer, sd)",
         ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
+    ),
+    Mutant(
+        "checkpoint_folder_file_url_allowed",
+        "checkpoint.folder = 'file:///.../other_run/checkpoint' passes the path rule (a URL)",
+        "torchllm/config/paths.py",
+        "            if problem := local_url(value) or missing_package(value):",
+        "            if problem := missing_package(value):",
+        (IDENTITY + "test_a_file_url_to_another_runs_folder_is_refused_before_anything_runs",),
+    ),
+    Mutant(
+        "another_runs_steps_claimed",
+        "a checkpoint folder holding another run's steps is resumed, written into and pruned",
+        "torchllm/checkpoint/identity.py",
+        "        if other is not None and other != mine:",
+        "        if False:",
+        (IDENTITY + "test_a_shared_bucket_prefix_is_never_resumed_written_or_pruned_by_another_run",
+         IDENTITY + "test_steps_of_another_run_copied_into_a_runs_own_folder_are_refused_in_process"),
     ),
 ]

@@ -188,8 +188,8 @@ MUTANTS = [
         "the data fingerprint records the sources' names only: re-prepared shards resume at the "
         "old position",
         "torchllm/data/fingerprint.py",
-        '    content = [stream_digest(s) if s is not None else "stream" for s in _streams(dataset)]\n',
-        '    content = ["stream" for s in _streams(dataset)]\n',
+        '    content = parse_data(dcfg).content_identity()\n',
+        '    content = ["stream" for _ in sources]\n',
         ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[corpus]",),
     ),
     Mutant(
@@ -214,5 +214,22 @@ MUTANTS = [
         "            tokenizer.encode(text, bos=True, eos=True) for text in self.texts()\n",
         "            tokenizer.encode(text, bos=True, eos=False) for text in self.texts()\n",
         ("tests/test_data_howto.py::test_a_toy_source_packs_its_documents_into_the_windows",),
+    ),
+    Mutant(
+        "local_content_by_name_only",
+        "local: and chat: files are identified by their path, not their content",
+        "torchllm/data/sources/local.py",
+        "        return files_identity(local_files(self.location))",
+        "        return \"files:\" + self.location",
+        ("tests/test_identity_trust.py::test_a_same_length_edit_of_the_corpus_is_refused_at_resume",
+         "tests/test_identity_trust.py::test_a_changed_chat_file_is_refused_at_resume"),
+    ),
+    Mutant(
+        "shards_tokenizer_by_size_only",
+        "shards accept any tokenizer of their vocabulary size",
+        "torchllm/data/sources/shards.py",
+        "        if saved and saved != now:",
+        "        if False:",
+        ("tests/test_identity_trust.py::test_shards_of_one_tokenizer_refuse_another_of_the_same_size",),
     ),
 ]

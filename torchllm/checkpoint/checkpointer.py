@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.identity import run_id
 from torchllm.checkpoint.integrity import free_bytes, human, state_estimate
 from torchllm.checkpoint.loading import Loader
 from torchllm.checkpoint.mirror import Mirror
@@ -60,7 +61,14 @@ class Checkpointer:
         set_store_timeout(ccfg.store_timeout_s)
         # Agreement between ranks on CPU tensors: no device sync, never mixed with training's.
         self.agree = RankAgreement.of_this_job()
-        self.retention = Retention(self.folder, ccfg.keep_latest_k, self.agree)
+        # This run's id (identity.py), recorded in every step it saves (rank 0 writes markers);
+        # a folder whose steps another run wrote is never resumed, written into or pruned.
+        run_info = dict(run_info or {})
+        if self.enabled or ccfg.initial_load_path:  # (the load resumes the folder's steps first)
+            run_info["run_id"] = self.agree.first_answer(
+                run_id(Path(run_dir), self.folder) if self.agree.rank == 0 else None)
+        self.retention = Retention(self.folder, ccfg.keep_latest_k, self.agree,
+                                   run_info.get("run_id"))
         others = others or {}
         self.loadable = [*LOADABLE, *others]
         bad = set(ccfg.exclude_from_loading) - set(self.loadable)
@@ -84,7 +92,6 @@ class Checkpointer:
             self.states[key] = PickledState(obj)
         self.states[rng_key] = RNGState()
 
-        run_info = run_info or {}
         # The configured hyperparameters, before a load replaces them with the checkpoint's.
         hparams = hparams_snapshot(optimizer) if optimizer is not None else None
         restore = StepLoader(ccfg, self.states, dataloader_key, rng_key, self.agree, optimizer,

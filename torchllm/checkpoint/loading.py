@@ -48,7 +48,7 @@ class Loader:
         rank0 = self.agree.rank == 0
         scanned = self.agree.first_answer(scan_steps(self.folder) if rank0 else None)
         steps = sorted(s for s, state in scanned.items() if state == "complete")
-        self.retention.steps = steps
+        self.retention.steps = self.retention.claim(steps)  # this run's, or refused
         if rank0:
             self._clean_partial(scanned)
         # What each marker says (rank 0 reads them; every rank gets the same answer).

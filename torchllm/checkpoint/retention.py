@@ -8,8 +8,10 @@ would take (weights only; saved while the loss guard skipped updates)."""
 from __future__ import annotations
 
 from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.identity import foreign
 from torchllm.checkpoint.integrity import describe_failure
 from torchllm.checkpoint.layout import complete_steps, delete_step, not_resumable, step_dir
+from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import Location
 
@@ -18,8 +20,10 @@ class Retention:
     """The known complete steps of `folder` (`steps`, oldest first; None until listed) and
     why some are no resume candidates (`not_resumable`); rank 0 deletes, every rank agrees."""
 
-    def __init__(self, folder: Location, keep_latest_k: int, agree: RankAgreement):
+    def __init__(self, folder: Location, keep_latest_k: int, agree: RankAgreement,
+                 run_id: str | None = None):
         self.folder, self.keep_latest_k, self.agree = folder, keep_latest_k, agree
+        self.run_id = run_id  # this run's (identity.py): another run's steps are never touched
         self.steps: list[int] | None = None  # complete steps: listed once, then kept here
         self.not_resumable: dict[int, str] = {}  # complete steps no resume takes: why
 
@@ -30,8 +34,21 @@ class Retention:
         if self.steps is None:
             rank0 = self.agree.rank == 0
             steps = complete_steps(self.folder) if rank0 or not agree else None
-            self.steps = sorted(self.agree.first_answer(steps) if agree else steps)
+            steps = self.claim(steps, agree)
+            self.steps = sorted(steps)
         return self.steps
+
+    def claim(self, steps: list[int] | None, agree: bool = True) -> list[int]:
+        """`steps` (rank 0's listing; every rank gets it when `agree`), after checking that
+        they are this run's: a ConfigError on every rank naming the folder and the other run
+        when they are not (identity.foreign), before anything is loaded, written or deleted."""
+        asks = steps is not None and (self.agree.rank == 0 or not agree)
+        problem = foreign(self.folder, steps, self.run_id) if asks else None
+        if agree:
+            steps, problem = self.agree.first_answer((steps, problem))
+        if problem:
+            raise ConfigError(problem, "checkpoint.folder")
+        return steps
 
     def add(self, step: int, kind: dict | None, agree: bool = True) -> None:
         """A step just committed: known, flagged when it is no resume candidate, retention."""

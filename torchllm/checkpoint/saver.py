@@ -96,6 +96,7 @@ class Saver:
         """Save `step` (blocking only for staging when async); see Checkpointer.save."""
         self.wait()
         path = step_dir(self.folder, step)
+        self.retention.known()  # listed once: never another run's folder (identity.py)
         steps, skip = self.retention.steps, self.retention.not_resumable
         if steps is not None and step in steps:
             logger.warning("checkpoint %s exists and is replaced by this save (%s)", path,

@@ -70,12 +70,10 @@ def tokenizer_record(tokenizer, new: bool = False) -> dict:
     vocabulary (the tokenizer before the added chat tokens) with the base file's SHA-256; `new`
     (recorded only when true): a stage that trained its own (data.tokenizer = 'train') instead
     of taking checkpoint.initial_load_path's."""
+    from torchllm.data.tokenizer import tokenizer_name, tokenizer_sha256
+
     base = getattr(tokenizer, "base", tokenizer)
-    path = getattr(base, "path", None)
-    digest = None
-    if path is not None and Path(path).is_file():
-        digest = sha256_of(path)
-    name = getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)
+    digest, name = tokenizer_sha256(tokenizer), tokenizer_name(tokenizer)
     return {"name": name,  # what load_tokenizer (and data.tokenizer = from_initial_load) reads
             "vocab_size": int(tokenizer.vocab_size), "base_vocab_size": int(base.vocab_size),
             "base_sha256": digest, "chat_tokens": base is not tokenizer,

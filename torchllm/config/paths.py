@@ -40,6 +40,29 @@ def bad_subfolder(path: str) -> bool:
     return not posix.parts or posix.is_absolute() or ".." in posix.parts or "\0" in path
 
 
+def local_url(url: str) -> str | None:
+    """Why a checkpoint URL is refused as local files in disguise (file://, local://, or a
+    '::' chain of fsspec file systems): the relative-path rule above would not apply to it, and
+    it could name another run's folder. None for one object-store URL (s3://bucket/prefix)."""
+    if "::" in url:
+        return (f"{url!r}: a chained fsspec URL ('::') is not a checkpoint folder; give one "
+                "object-store URL (s3://bucket/prefix) or a relative path below the run folder")
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    protocol = url.split("://", 1)[0]
+    try:
+        local = issubclass(fsspec.get_filesystem_class(protocol), LocalFileSystem)
+    except (ImportError, ValueError):
+        return None  # missing_package says what is missing
+    if local:
+        return (f"{url!r} names local files: give a relative path below the run folder "
+                "(checkpoint.folder = 'checkpoint'); a URL is for object storage "
+                "(s3://bucket/prefix), and another run's steps are read with "
+                "checkpoint.initial_load_path")
+    return None
+
+
 def path_errors(cfg) -> list[tuple[str, str]]:
     """(key, message) for every folder key that would leave its parent folder."""
     errors = []
@@ -59,7 +82,7 @@ def path_errors(cfg) -> list[tuple[str, str]]:
     for key, where in subfolders:
         value = cfg.value(key)
         if key == "checkpoint.folder" and "://" in value:
-            if problem := missing_package(value):
+            if problem := local_url(value) or missing_package(value):
                 errors.append((key, f"{key} = {problem}"))
             continue
         if bad_subfolder(value):

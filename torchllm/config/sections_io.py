@@ -116,8 +116,10 @@ class Checkpoint:
     enable: bool = opt(False, "Save checkpoints, and resume from the run's latest one at start")
     folder: str = opt(
         "checkpoint", "Subfolder of the run folder that holds step-<N> checkpoints (a relative "
-        "path without '..'), or an fsspec URL used as is (s3://bucket/prefix, gs://...; "
-        "credentials from the store's environment; docs/checkpointing.md)"
+        "path without '..'), or an object-store URL used as is (s3://bucket/prefix, gs://...; "
+        "credentials from the store's environment; not file:// or another URL naming local "
+        "files; docs/checkpointing.md). Only this run's steps: a folder holding another run's "
+        "is refused"
     )
     local_mirror: str = opt(
         "", "With a URL checkpoint.folder: write each step to this subfolder of the run folder "

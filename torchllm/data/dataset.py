@@ -47,6 +47,10 @@ class Dataset:
     def tokenizer_source(self) -> "Dataset":
         return self
 
+    def content_identity(self) -> list[str]:
+        """What its rows are: its source's own identity (sources/base.py), one entry."""
+        return [self.source.content_identity()]
+
     def carried_tokenizer(self) -> str | None:
         return self.source.carried_tokenizer()
 

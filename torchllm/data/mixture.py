@@ -251,6 +251,10 @@ class Mixture:
             except ConfigError as e:
                 raise _in_source(e, self.dcfg, i) from None
 
+    def content_identity(self) -> list[str]:
+        """Each entry's identity, in data.sources order."""
+        return [c for part in self.parts for c in part.content_identity()]
+
     def tokenizer_source(self):
         return self.parts[0]  # 'auto' trains on (or, for shards, loads the tokenizer of) the first
 

@@ -40,7 +40,7 @@ from torchllm.config.sections import Data
 from torchllm.data.sources.shards import INDEX, SHARD_FILE, storage_of, token_dtype, write_doc_starts, \
     write_index, write_shard
 from torchllm.data.dataset import documents
-from torchllm.data.tokenizer import load_tokenizer
+from torchllm.data.tokenizer import load_tokenizer, tokenizer_sha256
 from torchllm.storage import Location, as_location, is_url, join
 
 _worker_tokenizer = None
@@ -261,6 +261,9 @@ def _prepare(dcfg: Data, tokenizer_spec: str, out: Path, shard_tokens: int,
         "version": 1,
         "dataset": dcfg.dataset,
         "tokenizer": tokenizer_spec,
+        # The tokenizer file's SHA-256 (None: no file, "bytes" or a Hub name): a run training
+        # on these shards must use this very tokenizer, not one of the same size.
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
         "vocab_size": tokenizer.vocab_size,
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,

@@ -11,6 +11,7 @@ torchllm/data/tokenizer_training.py (and its command, `python -m torchllm.tools.
 from __future__ import annotations
 
 import base64
+import hashlib
 from pathlib import Path
 from typing import Protocol
 
@@ -169,3 +170,25 @@ HOW_TO_GET_A_TOKENIZER = (
     "meta-llama/Llama-3.2-1B original/tokenizer.model --local-dir assets/llama3`), or set "
     "'auto' to train a SentencePiece model on data.dataset"
 )
+
+
+def tokenizer_sha256(tokenizer) -> str | None:
+    """The SHA-256 of the file a tokenizer was read from (its base tokenizer's, before any added
+    chat tokens), or None for one without a file ("bytes", a Hub name): what a checkpoint marker
+    (tokenizer_record) and a shard index (prepare) record, and what shards are checked against."""
+    base = getattr(tokenizer, "base", tokenizer)
+    path = getattr(base, "path", None)
+    if path is None or not Path(path).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tokenizer_name(tokenizer) -> str:
+    """How a tokenizer is named in records and messages: its spec, its file, or its kind."""
+    base = getattr(tokenizer, "base", tokenizer)
+    path = getattr(base, "path", None)
+    return getattr(base, "spec", None) or (str(path) if path is not None else type(base).__name__)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torchllm.checkpoint.identity import foreign, run_id
 from torchllm.checkpoint.layout import (
     complete_steps,
     delete_step,
@@ -61,6 +62,8 @@ def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None
     ckpt = checkpoint_folder(run_dir, cfg.checkpoint.folder)
     if is_url(ckpt):  # on an object store: this run's step prefixes, each its own only
         steps = sorted(scan_steps(ckpt))
+        if problem := foreign(ckpt, complete_steps(ckpt), run_id(run_dir, ckpt)):
+            raise ConfigError(f"job.overwrite: {problem}", "checkpoint.folder")
         for step in steps:
             delete_step(step_dir(ckpt, step))
         if steps:

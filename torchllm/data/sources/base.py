@@ -14,7 +14,10 @@ pre-flight check and the trainer both parse). Then it
         - streamed (`streams = True`): `stream_windows(ctx, column, pack)`, a reader of one
           rank's part of the rows as they arrive, packed by `pack`, and the held-out windows;
           `first_values(column, n)`, the first rows' values;
-    * reads its first max_tokens tokens whole, for a dedicated validation set (`whole_stream`).
+    * reads its first max_tokens tokens whole, for a dedicated validation set (`whole_stream`);
+    * says what its content is: `content_identity()`, one string a checkpoint records, so that
+      a resume knows its data position still points into the same data (torchllm.data.content:
+      a full content hash of files; a streamed dataset's name, subset and split).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.content import texts_identity
 from torchllm.data.token_stream import TokenStream, pack_documents
 from torchllm.log import logger
 
@@ -73,6 +77,11 @@ class Source:
 
     def preflight(self) -> None:
         """The launcher's cheap check that the data is there (local files exist); no reading."""
+
+    def content_identity(self) -> str:
+        """What this source's rows are, as one string ('files:blake2b:...', 'hf:...'): equal
+        exactly when the rows are (torchllm.data.content). Every kind says its own."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what its content is")
 
     # -- tokenizer -------------------------------------------------------------------------
     def carried_tokenizer(self) -> str | None:
@@ -126,6 +135,10 @@ class Source:
 class CorpusSource(Source):
     """Text read whole and tokenized in memory by every rank (embedded, local:); the last
     data.val_fraction of the tokens is the validation split."""
+
+    def content_identity(self) -> str:
+        """Its documents' full text (held in memory anyway); file sources hash their files."""
+        return texts_identity(self.texts())
 
     def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
         tokens, starts = pack_documents(

@@ -26,10 +26,12 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from torchllm.data.content import files_identity
 from torchllm.data.sources.base import Context, Source
 from torchllm.data.sources.registry import register
 from torchllm.data.sources.rows import load_streaming, stream_texts
@@ -159,6 +161,13 @@ class HFStream(Source):
         self.path = entry.path if entry else location
         self.subset = dcfg.hf_subset or (entry.subset if entry else None)
         self.split = dcfg.hf_split or (entry.split if entry else "train")
+
+    def content_identity(self) -> str:
+        """A Hub dataset by its name, subset and split (its rows arrive as a stream, never
+        read whole); a local dataset folder by its files' content."""
+        if Path(self.path).is_dir():
+            return files_identity(sorted(p for p in Path(self.path).rglob("*") if p.is_file()))
+        return f"hf:{self.path}|{self.subset}|{self.split}"
 
     def open_rows(self, column: str):
         return load_streaming(self.path, {"name": self.subset, "split": self.split}, self.path,

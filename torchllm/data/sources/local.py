@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.content import files_identity
 from torchllm.data.sources.base import CorpusSource
 from torchllm.data.sources.registry import register
 from torchllm.data.sources.rows import load_streaming, stream_texts
@@ -105,6 +106,10 @@ class LocalFiles(CorpusSource):
 
     def preflight(self) -> None:
         local_files(self.location)  # a missing file: one line naming it, before any rank starts
+
+    def content_identity(self) -> str:
+        """The full content of every file it reads (chat:PATH reads through this source too)."""
+        return files_identity(local_files(self.location))
 
     def open_rows(self, column: str, spec: str | None = None):
         """(streaming dataset of the files' rows, the column holding `column`'s values); `spec`:

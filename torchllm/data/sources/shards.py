@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.content import files_identity
 from torchllm.data.sources.base import Source
 from torchllm.data.sources.registry import register
 from torchllm.data.token_stream import ShardPart, TokenStream
+from torchllm.data.tokenizer import tokenizer_name, tokenizer_sha256
 from torchllm.storage import Location, as_location, is_url, join, storage_for
 
 MAGIC = b"TLLMSHRD"
@@ -150,15 +152,38 @@ class Shards(Source):
         raise ConfigError("data.dataset: shards: datasets are already tokenized; they have no "
                           "text to read (use their tokenizer, recorded in index.json)")
 
+    def content_identity(self) -> str:
+        """The full content of index.json and of every file it lists (both splits' shards and
+        document offsets), streamed (from an object store too)."""
+        folder = as_location(self.location)
+        index = read_index(folder)
+        names = [INDEX]
+        for split in sorted(index["splits"]):
+            info = index["splits"][split]
+            names += [s["file"] for s in info.get("shards", [])]
+            names += [info["doc_starts"]] if info.get("doc_starts") else []
+        return files_identity([join(folder, n) for n in names])
+
     def check_vocab(self, tokenizer) -> None:
+        """The run's tokenizer is the one the shards were made with: by its file's SHA-256
+        (index.json's `tokenizer_sha256`, written by prepare), else by vocabulary size."""
         index = read_index(self.location)
+        where = join(as_location(self.location), INDEX)
         if index["vocab_size"] != tokenizer.vocab_size:
             raise ConfigError(
-                f"{join(as_location(self.location), INDEX)}: shards were tokenized with a "
+                f"{where}: shards were tokenized with a "
                 f"{index['vocab_size']}-token vocab ({index['tokenizer']}), but data.tokenizer "
                 f"has {tokenizer.vocab_size}; use the shards' tokenizer (data.tokenizer = "
                 "'auto' does)", "data.tokenizer"
             )
+        saved, now = index.get("tokenizer_sha256"), tokenizer_sha256(tokenizer)
+        if saved and saved != now:
+            said = f"sha256 {now[:12]}" if now else "no tokenizer file to hash"
+            raise ConfigError(
+                f"{where}: shards were tokenized with {index['tokenizer']} (sha256 {saved[:12]}), "
+                f"but this run's tokenizer is {tokenizer_name(tokenizer)} ({said}): the same "
+                "ids would mean other tokens; use the shards' tokenizer (data.tokenizer = 'auto' "
+                "loads it), or prepare the shards again with this one", "data.tokenizer")
 
     def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
         self.check_vocab(tokenizer)
