@@ -26,7 +26,7 @@ from torchllm.device import (
     configure_device, determinism_settings, restore_determinism, seed_everything,
 )
 from torchllm.eval.downstream import DownstreamEval
-from torchllm.eval.in_training import Evaluator
+from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
@@ -134,6 +134,10 @@ class Trainer:
         self.flops_per_token = flops_per_token(
             self.pipeline.whole if self.pipeline else self.model, tcfg.seq_len)
         self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
+        # The validation set(s) as a validation will score them: the header names them.
+        self.val_batches = validation_loader(
+            cfg, self.tokenizer, self.val_loader, self.dp_rank, self.dp_degree,
+            global_batch)[0] if cfg.validation.enable else None
         self.header = trainer_header(self, counts)  # config changes, model, layout, data
         logger.info(self.header)
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,

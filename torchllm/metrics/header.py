@@ -165,7 +165,9 @@ def trainer_header(trainer, counts: dict[str, int]) -> str:
         batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
                     f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
-        data_line=data_summary(trainer.train_loader.dataset, trainer.val_loader.dataset,
+        # validation: the set(s) as a validation scores them (eval.in_training.HeldOutBatches)
+        data_line=data_summary(trainer.train_loader.dataset,
+                               getattr(trainer, "val_batches", None) or trainer.val_loader.dataset,
                                trainer.global_batch, tcfg.steps,
                                validation=cfg.validation.enable),
         tokenizer_line=tokenizer_summary(trainer.tokenizer),
