@@ -265,9 +265,10 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "",
         ) from None
 
 
-def load_items(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[Item]:
+def load_items(name: str, data_dir: str = "", hellaswag_data: str = "",
+               hub: bool = True) -> list[Item]:
     spec = TASKS[name]
-    rows = load_rows(name, data_dir, hellaswag_data)
+    rows = load_rows(name, data_dir, hellaswag_data, hub)
     items = []
     for i, row in enumerate(rows):
         try:
