@@ -32,7 +32,7 @@ from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
-from torchllm.metrics.header import trainer_header
+from torchllm.metrics.header import data_warnings, trainer_header
 from torchllm.metrics.mixture_log import MixtureLog
 from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
@@ -140,6 +140,10 @@ class Trainer:
             global_batch)[0] if cfg.validation.enable else None
         self.header = trainer_header(self, counts)  # config changes, model, layout, data
         logger.info(self.header)
+        if self.dp_rank == 0:  # a source read hundreds of times, a validation split of nothing
+            for warning in data_warnings(cfg, self.train_loader.dataset, self.val_loader.dataset,
+                                         global_batch, tcfg.steps):
+                logger.warning("data: %s", warning)
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()
