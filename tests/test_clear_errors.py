@@ -185,3 +185,12 @@ def test_shared_is_not_needed_by_the_docs_offline_eval_commands():
     assert commands and not any("../shared" in ln for ln in commands)
     assert "python -m torchllm.eval.fetch --out data/evals" in text
     assert SHARED.name == "shared"
+
+
+def test_exported_folders_are_ignored_by_git_but_the_hf_package_is_not():
+    # `python -m torchllm.hf export --out hf/NAME` (the end-of-run block's command) writes hf/.
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+
+    assert ignored("hf/debug_model/model.safetensors") and ignored("data/evals/copa")
+    assert not ignored("torchllm/hf/new_module.py")
