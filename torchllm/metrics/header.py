@@ -94,14 +94,14 @@ def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
     if names is not None:  # a mixture, or one source as a mixture of one (e.g. chat:)
         parts = zip(names, train_dataset.weights, train_dataset.sources)
         sizes = [(name, float(w), getattr(src, "windows_per_epoch", None))
-                 for name, w, src in parts]
+                 for name, w, src in parts if not getattr(src, "sequential", False)]
     elif hasattr(train_dataset, "stream"):
         sizes = [(train_dataset.name, 1.0,
                   train_dataset.stream.num_windows(train_dataset.window))]
     else:
         sizes = []
     for name, weight, windows in sizes:
-        if not windows or getattr(train_dataset, "streamed", False):
+        if not windows:  # a Hub stream: its size unknown until read
             continue
         epochs = steps * global_batch * weight / windows
         if epochs > MANY_EPOCHS:
