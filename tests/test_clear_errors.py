@@ -58,13 +58,20 @@ def checkpoint(tmp_path_factory):
     return tmp / "r"
 
 
-def test_a_missing_validation_dataset_is_named_as_validation_dataset(tmp_path):
-    proc = command("torchllm.train", *tiny_args(tmp_path, "--validation.enable",
-                                                f"--validation.dataset=local:{tmp_path}/no.txt"))
+@pytest.mark.parametrize("how", ["run_train.sh", "torchllm.train"])
+def test_a_missing_validation_dataset_is_named_as_validation_dataset(tmp_path, how):
+    args = tiny_args(tmp_path, "--validation.enable",
+                     f"--validation.dataset=local:{tmp_path}/no.txt")
+    if how == "run_train.sh":  # the launcher's pre-flight check, before any rank starts
+        proc = subprocess.run(["./run_train.sh", *args], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=600)
+    else:  # a rank building its validation set
+        proc = command("torchllm.train", *args)
     said = out(proc)
     assert proc.returncode == 2, said[-3000:]
-    line = next(ln for ln in said.splitlines() if "no.txt" in ln)
-    assert "validation.dataset = 'local:" in line and "data.dataset" not in line
+    lines = [ln for ln in said.splitlines() if "no.txt" in ln]
+    assert lines and all("validation.dataset = 'local:" in ln and "data.dataset" not in ln
+                         for ln in lines), said[-3000:]
 
 
 def test_a_folder_of_mixed_files_says_how_to_read_it(tmp_path):

@@ -66,7 +66,7 @@ MUTANTS = [
         "torchllm/data/dataset.py",
         "            raise as_key(e, \"validation.dataset\") from None\n",
         "            raise\n",
-        (CE + "test_a_missing_validation_dataset_is_named_as_validation_dataset",),
+        (CE + "test_a_missing_validation_dataset_is_named_as_validation_dataset[run_train.sh]",),
     ),
     Mutant(
         "mixed_local_suffixes_unexplained",
