@@ -88,7 +88,8 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
     validation.steps x global batch windows of the training data's held-out split (all of it
     when smaller; `val_loader`: build_data's held-out loader, whose dataset holds the whole
     split on every rank), or of the Hugging Face split validation.split names, or a dedicated
-    validation.dataset read whole. See HeldOutBatches for how the ranks share it.
+    validation.dataset read whole up to its token budget (`token_budget`). See HeldOutBatches
+    for how the ranks share it; its `describe()` is the run header's validation part.
 
     `global_batch`: sequences per optimizer step (default: training.global_batch_size resolved
     for `dp_degree`), so the held-out set is the same for every layout with that global batch.
