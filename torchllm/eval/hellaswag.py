@@ -86,7 +86,9 @@ def load_examples(source: str, limit: int = -1, hint: str = SOURCE_HINT) -> list
     else:
         from torchllm.hub import offline_note, prepare_hub
 
-        offline = prepare_hub()  # offline: fail at once rather than retry the Hub for ~25 s
+        # A Hub name offline: fail at once rather than retry the Hub for ~25 s (a local
+        # dataset folder needs no probe).
+        offline = False if path.exists() else prepare_hub()
         try:
             import datasets
 
