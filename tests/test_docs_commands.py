@@ -57,10 +57,10 @@ TINY = {
     # (tests/test_time_to_loss.py runs all three contenders, shortened, and reads the JSON)
     "python benchmarks/bench_time_to_loss.py": ["--contenders", "reference", "--steps", "2",
                                                 "--rounds", "1", "--text", "shakespeare.txt"],
-    "python -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
-                                           str(REPO.parent / "shared" / "data" / "evals")],
-    "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
-                                             str(REPO.parent / "shared" / "data" / "evals")],
+    # (their --data-dir data/evals: what the fetch command leaves, see fixtures)
+    "python -m torchllm.eval.downstream": ["--limit", "4"],
+    "torchrun -m torchllm.eval.downstream": ["--limit", "4"],
+    "python -m torchllm.eval.fetch": [],
     "python -m torchllm.eval.harness": ["--limit", "4"],
     "torchrun -m torchllm.eval.harness": ["--limit", "4"],
     "ls": [],
@@ -224,6 +224,16 @@ def fixtures(clone: Path) -> None:
     shared, beside = REPO.parent / "shared", clone.parent / "shared"
     if shared.exists() and not beside.exists():
         beside.symlink_to(shared)
+    # data/evals as `python -m torchllm.eval.fetch --out data/evals` leaves it (evaluation.md):
+    # the task copies of ../shared, HellaSwag's official-format file; the fetch commands then
+    # find every task there (no network) but the one they prepare from a file.
+    evals = clone / "data" / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    if (shared / "data" / "evals").is_dir():
+        for task in (shared / "data" / "evals").iterdir():
+            if not (evals / task.name).exists():
+                (evals / task.name).symlink_to(task)
+    write_tiny_jsonl(evals / "hellaswag.jsonl")
     # data.md's placeholders for the tokenizer files a user fetched once (its "Offline").
     for name, source in (("gpt2.tiktoken", "tokenizers/gpt2/gpt2.tiktoken"),
                          ("llama3_tokenizer.model", "tokenizers/llama3/tokenizer.model")):
