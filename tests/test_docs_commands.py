@@ -216,6 +216,10 @@ def fixtures(clone: Path) -> None:
         (clone / "corpus" / f"{i:03d}.txt").write_text(text)
     (clone / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[30:40]))
     write_tiny_jsonl(clone / "hellaswag_val.jsonl")
+    official = REPO.parent / "shared" / "data" / "hellaswag_val.jsonl"
+    if official.is_file():  # the head of the official file: every column (lm-eval's too)
+        head = official.read_text().splitlines(keepends=True)[:20]
+        (clone / "hellaswag_val.jsonl").write_text("".join(head))
     # bench_time_to_loss's --text: the head of tiny Shakespeare (validating on the whole 10%
     # held out of the full 1.1 MB costs a smoke run ~6 CPU-s)
     shakespeare = (REPO / "torchllm/data/assets/tinyshakespeare.txt").read_text()
@@ -233,7 +237,7 @@ def fixtures(clone: Path) -> None:
         for task in (shared / "data" / "evals").iterdir():
             if not (evals / task.name).exists():
                 (evals / task.name).symlink_to(task)
-    write_tiny_jsonl(evals / "hellaswag.jsonl")
+    shutil.copyfile(clone / "hellaswag_val.jsonl", evals / "hellaswag.jsonl")
     # data.md's placeholders for the tokenizer files a user fetched once (its "Offline").
     for name, source in (("gpt2.tiktoken", "tokenizers/gpt2/gpt2.tiktoken"),
                          ("llama3_tokenizer.model", "tokenizers/llama3/tokenizer.model")):

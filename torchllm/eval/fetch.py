@@ -46,6 +46,14 @@ def from_file(out: Path, task: str, path: Path) -> str:
     try:
         shutil.copyfile(path, staging / f"{local_name(task)}.jsonl")
         items = load_items(task, str(staging), hub=False)  # checked as an eval reads it
+        if task == "hellaswag":  # lm-eval's prompt (hellaswag_local) reads these too
+            with open(staging / "hellaswag.jsonl", encoding="utf-8") as f:
+                first = json.loads(next(line for line in f if line.strip()))
+            missing = [k for k in ("activity_label", "ctx_a", "ctx_b") if k not in first]
+            if missing:
+                raise ValueError(f"--from hellaswag={path}: its rows lack {', '.join(missing)} "
+                                 "(the official hellaswag_val.jsonl has them; the harness's "
+                                 "hellaswag_local reads them)")
         (staging / f"{local_name(task)}.jsonl").replace(out / f"{local_name(task)}.jsonl")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
