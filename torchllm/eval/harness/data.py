@@ -8,9 +8,10 @@ HellaSwag `<data_dir>/hellaswag[.jsonl]`, else `hellaswag_data` (its official js
 The folder is, in order: the CLI's --data-dir, the run's `eval.tasks_data_dir`, else
 `data/evals` in the working directory (what `python -m torchllm.eval.fetch` writes), else
 `../shared/data/evals` beside the project's checkout, when it exists. The shipped tasks read
-these copies only: a missing one is an error naming the paths, never a Hub download. HellaSwag's official file
-is `eval.hellaswag_data` when that is a file, else `hellaswag_val.jsonl` in the folder above
-the task copies (../shared/data/hellaswag_val.jsonl beside ../shared/data/evals).
+these copies only: a missing one is an error naming the paths, never a Hub download.
+HellaSwag's official file is `eval.hellaswag_data` when that is a file, else
+`hellaswag_val.jsonl` in the folder above the task copies (../shared/data/hellaswag_val.jsonl
+beside ../shared/data/evals).
 This module imports neither lm-eval nor torch: a task's `custom_dataset` function calls it.
 """
 
