@@ -57,10 +57,10 @@ TINY = {
     # (tests/test_time_to_loss.py runs all three contenders, shortened, and reads the JSON)
     "python benchmarks/bench_time_to_loss.py": ["--contenders", "reference", "--steps", "2",
                                                 "--rounds", "1", "--text", "shakespeare.txt"],
-    "python -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
-                                           str(REPO.parent / "shared" / "data" / "evals")],
-    "torchrun -m torchllm.eval.downstream": ["--limit", "4", "--data-dir",
-                                             str(REPO.parent / "shared" / "data" / "evals")],
+    # (their --data-dir data/evals: what the fetch command leaves, see fixtures)
+    "python -m torchllm.eval.downstream": ["--limit", "4"],
+    "torchrun -m torchllm.eval.downstream": ["--limit", "4"],
+    "python -m torchllm.eval.fetch": [],
     "python -m torchllm.eval.harness": ["--limit", "4"],
     "torchrun -m torchllm.eval.harness": ["--limit", "4"],
     "ls": [],
@@ -216,6 +216,10 @@ def fixtures(clone: Path) -> None:
         (clone / "corpus" / f"{i:03d}.txt").write_text(text)
     (clone / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[30:40]))
     write_tiny_jsonl(clone / "hellaswag_val.jsonl")
+    official = REPO.parent / "shared" / "data" / "hellaswag_val.jsonl"
+    if official.is_file():  # the head of the official file: every column (lm-eval's too)
+        head = official.read_text().splitlines(keepends=True)[:20]
+        (clone / "hellaswag_val.jsonl").write_text("".join(head))
     # bench_time_to_loss's --text: the head of tiny Shakespeare (validating on the whole 10%
     # held out of the full 1.1 MB costs a smoke run ~6 CPU-s)
     shakespeare = (REPO / "torchllm/data/assets/tinyshakespeare.txt").read_text()
@@ -224,6 +228,16 @@ def fixtures(clone: Path) -> None:
     shared, beside = REPO.parent / "shared", clone.parent / "shared"
     if shared.exists() and not beside.exists():
         beside.symlink_to(shared)
+    # data/evals as `python -m torchllm.eval.fetch --out data/evals` leaves it (evaluation.md):
+    # the task copies of ../shared, HellaSwag's official-format file; the fetch commands then
+    # find every task there (no network) but the one they prepare from a file.
+    evals = clone / "data" / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    if (shared / "data" / "evals").is_dir():
+        for task in (shared / "data" / "evals").iterdir():
+            if not (evals / task.name).exists():
+                (evals / task.name).symlink_to(task)
+    shutil.copyfile(clone / "hellaswag_val.jsonl", evals / "hellaswag.jsonl")
     # data.md's placeholders for the tokenizer files a user fetched once (its "Offline").
     for name, source in (("gpt2.tiktoken", "tokenizers/gpt2/gpt2.tiktoken"),
                          ("llama3_tokenizer.model", "tokenizers/llama3/tokenizer.model")):

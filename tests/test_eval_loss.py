@@ -1,6 +1,7 @@
 """python -m torchllm.eval.loss: a checkpoint's loss on the windows in-training validation reads
 (the run's held-out split, or any data source read whole), with perplexity and bits per byte."""
 
+import copy
 import json
 import math
 
@@ -35,10 +36,16 @@ def test_checkpoint_loss_equals_in_training_validation_on_the_same_windows(tmp_p
     assert got["bits_per_byte"] == pytest.approx(
         got["loss"] * got["tokens"] / math.log(2) / got["bytes"], rel=1e-9)
     assert 0 < got["bytes"] <= len(text.read_bytes()) and got["tokens"] > 0
-    # The run's held-out split (validation.steps batches): against a plain loop over the same
-    # batches, not validate().
-    held = evaluate_loss(model, cfg, tok, torch.device("cpu"), steps=3)
-    val = build_data(cfg, tok, 0, 1)[1]
+    # Without data: what the run validated on (its validation.dataset, the same budget).
+    assert evaluate_loss(model, cfg, tok, torch.device("cpu"))["loss"] == pytest.approx(
+        in_training, rel=1e-6)
+    # The run's own data.dataset: its held-out split (validation.steps batches), against a
+    # plain loop over the same batches, not validate(). (Training held nothing out of it: the
+    # run validated on its validation.dataset.)
+    held = evaluate_loss(model, cfg, tok, torch.device("cpu"), data=cfg.data.dataset, steps=3)
+    own = copy.deepcopy(cfg)
+    own.validation.dataset = ""
+    val = build_data(own, tok, 0, 1)[1]
     total, count = 0.0, 0
     with torch.no_grad():
         for _, batch in zip(range(3), val):

@@ -38,7 +38,10 @@ def all_windows(loader) -> torch.Tensor:
 def trainer(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("valds")
     texts = write_texts(tmp / "val.jsonl", 40, seed=1)
+    # A budget above the file's size (the default, 0 = auto, is a share of the run's compute:
+    # test_validation_set.py)
     t = Trainer(load_config(tiny_args(tmp, "--validation.enable",
+                                      "--validation.max_tokens=10000000",
                                       f"--validation.dataset=local:{tmp / 'val.jsonl'}")))
     return t, texts, tmp
 
@@ -72,7 +75,7 @@ def test_a_shards_folder_is_read_whole(trainer, tmp_path):
     tok_path = str(next((tmp / "default" / "data").glob("*.model")))
     prepare(load_config([f"--data.dataset=local:{tmp / 'val.jsonl'}"]).data, tok_path,
             tmp_path / "s", 300, None, 1, progress=False, val_fraction=0.1)
-    cfg = load_config(tiny_args(tmp, "--validation.enable",
+    cfg = load_config(tiny_args(tmp, "--validation.enable", "--validation.max_tokens=10000000",
                                 f"--validation.dataset=shards:{tmp_path / 's'}"))
     packed = [i for text in texts for i in t.tokenizer.encode(text, bos=True, eos=True)]
     batches, _ = validation_loader(cfg, t.tokenizer, t.val_loader, 0, 1)
@@ -89,8 +92,8 @@ def test_a_shards_folder_is_read_whole(trainer, tmp_path):
 
 
 def test_bad_validation_settings_are_named(tmp_path):
-    with pytest.raises(ConfigError, match="validation.max_tokens = 0"):
-        load_config(tiny_args(tmp_path, "--validation.max_tokens=0"))
+    with pytest.raises(ConfigError, match="validation.max_tokens = -1"):
+        load_config(tiny_args(tmp_path, "--validation.max_tokens=-1"))
     (tmp_path / "empty.jsonl").write_text("")
     cfg = load_config(tiny_args(tmp_path, "--validation.enable",
                                 f"--validation.dataset=local:{tmp_path / 'empty.jsonl'}"))

@@ -127,6 +127,14 @@ def _run_log() -> RunLogHandler | None:
     return next((h for h in logger.handlers if isinstance(h, RunLogHandler)), None)
 
 
+def file_only(message: str, level: int = logging.ERROR) -> None:
+    """`message` written to RUN/train.log only, not the console (a line the launcher prints on
+    the console itself)."""
+    handler = _run_log()
+    if handler is not None:
+        handler.handle(logger.makeRecord(logger.name, level, __file__, 0, message, None, None))
+
+
 def open_run_log(run_dir: Path, rank: int) -> None:
     """Start writing RUN/train.log (a no-op unless init_logger(split_streams=True) ran)."""
     handler = _run_log()

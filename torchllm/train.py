@@ -26,13 +26,13 @@ from torchllm.device import (
     configure_device, determinism_settings, restore_determinism, seed_everything,
 )
 from torchllm.eval.downstream import DownstreamEval
-from torchllm.eval.in_training import Evaluator
+from torchllm.eval.in_training import Evaluator, validation_loader
 from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.metrics import LossGuard, MetricsLogger, Profiler
 from torchllm.metrics.flops import Peak, flops_per_token, parameter_counts
-from torchllm.metrics.header import trainer_header
+from torchllm.metrics.header import data_warnings, trainer_header
 from torchllm.metrics.mixture_log import MixtureLog
 from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
@@ -136,8 +136,16 @@ class Trainer:
         self.flops_per_token = flops_per_token(
             self.pipeline.whole if self.pipeline else self.model, tcfg.seq_len)
         self.peak = Peak(self.device, self.bf16, tcfg.tf32)  # MFU's denominator
+        # The validation set(s) as a validation will score them: the header names them.
+        self.val_batches = validation_loader(
+            cfg, self.tokenizer, self.val_loader, self.dp_rank, self.dp_degree,
+            global_batch)[0] if cfg.validation.enable else None
         self.header = trainer_header(self, counts)  # config changes, model, layout, data
         logger.info(self.header)
+        if self.dp_rank == 0:  # a source read hundreds of times, a validation split of nothing
+            for warning in data_warnings(cfg, self.train_loader.dataset, self.val_loader.dataset,
+                                         global_batch, tcfg.steps):
+                logger.warning("data: %s", warning)
         # Everything a resumed run needs lives in the checkpoint: weights, optimizer, schedule,
         # data position, counters and RNG states.
         self.train_state = TrainState()

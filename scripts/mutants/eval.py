@@ -155,8 +155,8 @@ MUTANTS = [
         "the held-out set is validation.steps x local batch windows (with 1 rank accumulating, "
         "half of what 2 ranks score: val/loss depends on the layout)",
         "torchllm/eval/in_training.py",
-        "        n = min(len(windows), vcfg.steps * global_batch)\n        batches = HeldOut",
-        "        n = min(len(windows), vcfg.steps * local)\n        batches = HeldOut",
+        "        n = min(len(windows), vcfg.steps * global_batch)\n        what = (",
+        "        n = min(len(windows), vcfg.steps * local)\n        what = (",
         ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[fsdp2]",),
     ),
     Mutant(

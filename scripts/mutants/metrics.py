@@ -51,7 +51,7 @@ MUTANTS = [
     Mutant(
         "console_loss_is_the_steps_own", "the console's loss is the logging step's own, not the interval's mean",
         "torchllm/metrics/metrics_logger.py",
-        "                                      loss=self.interval_loss()))",
+        "                                      loss=scalars[\"loss/interval\"]))",
         "                                      loss=None))",
         ("tests/test_metrics.py::test_console_loss_is_the_mean_over_the_logging_interval",),
     ),

@@ -123,7 +123,7 @@ class JobConfig:
         positive = [
             "training.steps", "training.seq_len", "training.local_batch_size", "training.gc_freq",
             "training.loss_chunk_tokens", "model.vocab_pad_multiple", "metrics.log_freq",
-            "checkpoint.interval", "validation.freq", "validation.steps", "validation.max_tokens",
+            "checkpoint.interval", "validation.freq", "validation.steps",
             "eval.max_new_tokens", "eval.hellaswag_batch_size", "eval.tasks_batch_size",
             "comm.init_timeout_seconds", "comm.train_timeout_seconds", "lora.rank",
         ]
@@ -134,6 +134,7 @@ class JobConfig:
         at_least_zero = ["lr_scheduler.warmup_steps", "eval.sample_freq", "eval.hellaswag_freq",
                          "eval.top_k", "eval.tasks_freq",
                          "eval.tasks_fewshot", "data.val_documents", "data.num_workers",
+                         "validation.max_tokens",
                          "metrics.max_consecutive_skips", "profiling.profiler_warmup"]
         return [
             *[(k, self.value(k) >= 1, "must be a positive integer") for k in positive],

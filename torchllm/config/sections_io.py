@@ -188,10 +188,12 @@ class Validation:
     )
     dataset: str = opt(
         "", "A dedicated validation dataset (same forms as data.dataset), read whole up to "
-        "validation.max_tokens; empty = the held-out split of data.dataset"
+        "validation.max_tokens (nothing is then held out of data.dataset); empty = the "
+        "held-out split of data.dataset"
     )
     max_tokens: int = opt(
-        1_000_000, "validation.dataset: validate on its first N tokens (all of it when smaller)"
+        0, "validation.dataset: validate on its first N tokens (all of it when smaller); 0 = "
+        "auto: as many as cost ~5% of the run's compute (the run header says when it cuts)"
     )
     split: str = opt(
         "", "Hugging Face split to validate on (e.g. validation); empty = held out from training"

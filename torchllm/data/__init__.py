@@ -12,6 +12,7 @@ mixture of them (torchllm/data/dataset.py, mixture.py). See docs/data.md.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from pathlib import Path
@@ -92,6 +93,24 @@ def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
     return parse_dataset(dcfg).whole_stream(tokenizer, max_tokens)
 
 
+def dedicated_validation(job_config) -> bool:
+    """Whether validation reads a set of its own (validation.dataset, other than data.dataset)
+    instead of a split held out of the training data."""
+    vcfg = job_config.validation
+    return bool(vcfg.dataset) and vcfg.dataset != job_config.data.dataset and not vcfg.split
+
+
+def training_data_config(job_config):
+    """`job_config`, or, when validation reads a dedicated validation.dataset, a copy whose
+    training data holds nothing out (data.val_fraction and data.val_documents 0): a split
+    validation never reads would only be text withheld from training for nothing."""
+    if not dedicated_validation(job_config):
+        return job_config
+    out = copy.deepcopy(job_config)
+    out.data.val_fraction, out.data.val_documents = 0.0, 0
+    return out
+
+
 def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     """(train_loader, val_loader) for this data-parallel rank.
 
@@ -99,6 +118,7 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     and starts over, in the same order, each time it is iterated: all the held-out windows, the
     same on every rank (evaluation shares them out: torchllm.eval.in_training.HeldOutBatches).
     """
+    job_config = training_data_config(job_config)
     data = parse_data(job_config.data)
     ctx = Context(job_config, tokenizer, dp_rank, dp_degree, job_config.job.seed)
     train, val = data.batches(ctx)
@@ -112,4 +132,5 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
 
 
 __all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
+           "dedicated_validation",
            "load_tokenizer", "parse_data", "whole_stream"]

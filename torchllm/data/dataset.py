@@ -102,4 +102,14 @@ def check_data(job_config) -> None:
     if job_config.validation.dataset:
         other = copy.copy(job_config.data)
         other.dataset, other.sources = job_config.validation.dataset, []
-        parse_dataset(other, "validation.dataset").preflight()
+        try:
+            parse_dataset(other, "validation.dataset").preflight()
+        except ConfigError as e:
+            raise as_key(e, "validation.dataset") from None
+
+
+def as_key(error: ConfigError, key: str) -> ConfigError:
+    """`error` of a data spec read for `key` (e.g. validation.dataset) instead of data.dataset,
+    which the sources' messages name: the key the user wrote."""
+    return ConfigError(str(error).replace("data.dataset", key),
+                       key if error.key in (None, "data.dataset") else error.key)

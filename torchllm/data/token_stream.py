@@ -52,6 +52,8 @@ class RangeReads:
 
 
 class TokenStream:
+    truncated = False  # a validation set cut at its token budget (whole_stream)
+
     def __init__(self, parts: list, doc_starts: np.ndarray, start: int = 0, end: int | None = None):
         """parts: np.ndarray or ShardPart; doc_starts: sorted offsets of document starts.
 

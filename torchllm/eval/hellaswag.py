@@ -85,6 +85,11 @@ def load_examples(source: str, limit: int = -1, hint: str = SOURCE_HINT) -> list
                     raise ValueError(f"{where}: not valid JSON ({e})") from None
                 examples.append(_check_example(row, where))
     else:
+        from torchllm.hub import offline_note, prepare_hub
+
+        # A Hub name offline: fail at once rather than retry the Hub for ~25 s (a local
+        # dataset folder needs no probe).
+        offline = False if path.exists() else prepare_hub()
         try:
             import datasets
 
@@ -92,7 +97,8 @@ def load_examples(source: str, limit: int = -1, hint: str = SOURCE_HINT) -> list
         except Exception as e:  # offline, unknown name, no validation split: one clear line
             first = str(e).splitlines()[0] if str(e) else ""
             raise ValueError(f"could not load HellaSwag from {source!r} ({type(e).__name__}: "
-                             f"{first})" + (f"; {hint}" if hint else "")) from None
+                             f"{first}){offline_note(offline)}"
+                             + (f"; {hint}" if hint else "")) from None
         if limit != -1:
             rows = rows.select(range(min(limit, len(rows))))
         examples = [_check_example(row, f"{source} row {i}") for i, row in enumerate(rows)]

@@ -14,14 +14,16 @@ from torch import nn
 from torchllm.callbacks import Callback, StepReport
 from torchllm.config import ConfigError, JobConfig
 from torchllm.data import Tokenizer, build_data, whole_stream
-from torchllm.data.dataset import parse_dataset
+from torchllm.data.dataset import as_key, parse_dataset
+from torchllm.data.token_stream import count
 from torchllm.data.windows import ValWindows
 from torchllm.eval import hellaswag
 from torchllm.eval.generation import completion_text, generate
-from torchllm.eval.validation import validate
+from torchllm.eval.validation import ValidationStopped, validate
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.optim.batch_ramp import global_batch_size
+from torchllm.parallel import any_rank
 
 
 class HeldOutBatches:
@@ -38,14 +40,34 @@ class HeldOutBatches:
 
     per_source: list = []  # a mixture's [(label, HeldOutBatches)]: one validation loss each
 
-    def __init__(self, windows, n: int, batch_size: int, dp_rank: int, dp_degree: int):
+    def __init__(self, windows, n: int, batch_size: int, dp_rank: int, dp_degree: int,
+                 label: str = "", note: str = ""):
         self.windows, self.n, self.batch_size = windows, n, batch_size
         share = -(-n // dp_degree)
         self.ids = range(min(n, dp_rank * share), min(n, (dp_rank + 1) * share))
         self.batches = -(-share // batch_size)
+        self.label, self.note = label, note  # what the run header calls the set; a remark
 
     def __len__(self) -> int:
         return self.batches
+
+    def scored_tokens(self) -> int:
+        """The target tokens one validation scores, over all ranks: those of the first n
+        windows (what val/tokens and eval.loss report)."""
+        return sum(int((self.windows[i]["targets"] != IGNORE_INDEX).sum())
+                   for i in range(self.n))
+
+    def describe(self) -> str:
+        """The run header's validation part: the set as a validation scores it (its scored
+        tokens and windows, each mixture source's too)."""
+        text = self.size()
+        if self.per_source:
+            text += " (" + "; ".join(f"{b.label} {b.size()}" for _, b in self.per_source) + ")"
+        return f"validation {self.label}: {text}"
+
+    def size(self) -> str:
+        text = f"{self.scored_tokens():,} tokens scored in {count(self.n, 'window')}"
+        return f"{text}, {self.note}" if self.note else text
 
     def padding(self) -> dict[str, torch.Tensor]:
         row = {k: v.clone() for k, v in self.windows[0].items()}
@@ -66,7 +88,8 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
     validation.steps x global batch windows of the training data's held-out split (all of it
     when smaller; `val_loader`: build_data's held-out loader, whose dataset holds the whole
     split on every rank), or of the Hugging Face split validation.split names, or a dedicated
-    validation.dataset read whole. See HeldOutBatches for how the ranks share it.
+    validation.dataset read whole up to its token budget (`token_budget`). See HeldOutBatches
+    for how the ranks share it; its `describe()` is the run header's validation part.
 
     `global_batch`: sequences per optimizer step (default: training.global_batch_size resolved
     for `dp_degree`), so the held-out set is the same for every layout with that global batch.
@@ -80,13 +103,16 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
     if not vcfg.enable or (name == cfg.data.dataset and not vcfg.split):
         windows = val_loader.dataset
         n = min(len(windows), vcfg.steps * global_batch)
-        batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
+        what = (f"held-out split of {cfg.data.dataset}" if not cfg.data.sources else
+                f"held-out splits of the {len(cfg.data.sources)} sources")
+        batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree, what,
+                                 held_out_note(len(windows), n))
         parts = getattr(windows, "datasets", None)  # a mixture: each source's held-out split
         if vcfg.enable and cfg.data.sources and parts and len(parts) == len(cfg.data.sources):
             batches.per_source = [
                 (source_label(i, src.dataset),
                  HeldOutBatches(part, min(len(part), vcfg.steps * global_batch), local,
-                                dp_rank, dp_degree))
+                                dp_rank, dp_degree, source_label(i, src.dataset)))
                 for i, (src, part) in enumerate(zip(cfg.data.sources, parts)) if len(part)]
         return batches, len(batches)
     other = copy.deepcopy(cfg)
@@ -105,13 +131,53 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
             windows = build_data(other, tokenizer, dp_rank, dp_degree)[1].dataset
             n = min(len(windows), vcfg.steps * global_batch)
         else:
-            stream = whole_stream(other.data, tokenizer, vcfg.max_tokens)
+            budget, why = token_budget(cfg, global_batch)
+            stream = whole_stream(other.data, tokenizer, budget)
             windows = ValWindows(stream, cfg.training.seq_len)
             n = len(windows)
     except ConfigError as e:
-        raise ConfigError(f"{key} = {vcfg.split or name!r}: {e}", key) from None
-    batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree)
+        said = str(as_key(e, key))
+        raise ConfigError(said if said.startswith(f"{key} = ") else
+                          f"{key} = {vcfg.split or name!r}: {said}", key) from None
+    note = ""
+    if vcfg.split:
+        label = f"{name} split {vcfg.split!r}"
+        note = held_out_note(len(windows), n)
+    else:
+        label = name
+        if getattr(stream, "truncated", False):
+            note = f"its first {budget:,} tokens only: {why}"
+    batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree, label, note)
     return batches, len(batches)
+
+
+# In-training validation's share of the run's compute when validation.max_tokens = 0 (auto):
+# a forward pass costs about a third of a training step per token.
+AUTO_VALIDATION_SHARE = 0.05
+
+
+def token_budget(cfg: JobConfig, global_batch: int) -> tuple[int, str]:
+    """(tokens read from a dedicated validation.dataset, why that many): validation.max_tokens,
+    or with 0 (auto) the tokens whose validations (every validation.freq steps and after the
+    last) cost about AUTO_VALIDATION_SHARE of the training steps' compute, at least one global
+    batch of windows."""
+    vcfg, tcfg = cfg.validation, cfg.training
+    if vcfg.max_tokens:
+        return vcfg.max_tokens, f"validation.max_tokens = {vcfg.max_tokens:,}"
+    validations = tcfg.steps // vcfg.freq + (tcfg.steps % vcfg.freq != 0)
+    train_tokens = tcfg.steps * global_batch * tcfg.seq_len
+    budget = int(3 * AUTO_VALIDATION_SHARE * train_tokens / max(validations, 1))
+    budget = max(budget, global_batch * (tcfg.seq_len + 1))
+    return budget, (f"validation.max_tokens = 0 (auto): {validations} validation"
+                    f"{'s' if validations != 1 else ''} ~{AUTO_VALIDATION_SHARE:.0%} of the "
+                    "run's compute; set it to read more")
+
+
+def held_out_note(available: int, n: int) -> str:
+    """The header's remark on a held-out split scored in part (validation.steps)."""
+    if n >= available:
+        return ""
+    return f"the first {n:,} of its {available:,} windows: validation.steps x global batch"
 
 
 def source_label(i: int, spec: str) -> str:
@@ -131,12 +197,21 @@ class Evaluator(Callback):
     @classmethod
     def from_trainer(cls, trainer) -> "Evaluator":
         cfg = trainer.cfg
-        val_batches, val_steps = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
-                                                   trainer.dp_rank, trainer.dp_degree,
-                                                   trainer.global_batch)
-        return cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
-                   trainer.autocast, group=trainer.parallel_dims.dp_group, val_steps=val_steps,
-                   pipeline=trainer.pipeline)
+        val_batches = getattr(trainer, "val_batches", None)  # built for the run header
+        if val_batches is None:
+            val_batches, _ = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
+                                               trainer.dp_rank, trainer.dp_degree,
+                                               trainer.global_batch)
+        evaluator = cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
+                        trainer.autocast, group=trainer.parallel_dims.dp_group,
+                        val_steps=len(val_batches), pipeline=trainer.pipeline)
+        evaluator.stop_requested = lambda: trainer.stops.stop_signal is not None
+        return evaluator
+
+    # Whether a stop signal arrived (the trainer's StopConditions); a validation then ends at
+    # its next batch, agreed over the ranks, and the run saves and exits after this step.
+    stop_requested: Callable[[], bool] = staticmethod(lambda: False)
+    PROGRESS_MIN_BATCHES = 20  # validations of this many batches or more log each tenth
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
@@ -198,8 +273,25 @@ class Evaluator(Callback):
 
     def validation(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        m = validate(self.model, self.val_batches, self.val_steps, self.device,
-                     self.group, self.autocast, self.pipeline)
+
+        def stop() -> bool:
+            return any_rank(bool(self.stop_requested()), self.device)
+
+        def progress(done: int, steps: int) -> None:
+            tenth = max(steps // 10, 1)
+            if steps >= self.PROGRESS_MIN_BATCHES and done % tenth == 0:
+                spent = time.perf_counter() - t0
+                logger.info("validation step %d: %d/%d batches (%d%%), %.1fs, ~%.0fs left",
+                            step, done, steps, 100 * done // steps, spent,
+                            spent * (steps - done) / done)
+
+        try:
+            m = validate(self.model, self.val_batches, self.val_steps, self.device,
+                         self.group, self.autocast, self.pipeline, stop=stop, progress=progress)
+        except ValidationStopped as e:
+            logger.warning("validation step %d stopped by the stop signal after %d of %d "
+                           "batches (not recorded); saving and stopping", step, e.done, e.steps)
+            return {}
         logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
                     m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
                     time.perf_counter() - t0)

@@ -1,14 +1,17 @@
 """Validation loss, perplexity and bits per byte of a checkpoint on any data source, without
 training (nanoGPT's eval_only, nanochat's base_loss).
 
-    python -m torchllm.eval.loss --checkpoint outputs/debug_model                 # held-out split
+    python -m torchllm.eval.loss --checkpoint outputs/debug_model                 # run's val set
     python -m torchllm.eval.loss --checkpoint outputs/debug_model --data local:notes.txt
 
-The windows are the ones in-training validation reads (`validation_loader`): without --data, or
-with the run's own data.dataset, the held-out part of its training data (the first
-validation.steps x global batch windows, --steps; the global batch the checkpoint recorded), so
-the number equals the run's val/loss whatever its number of ranks; any other spec (local:,
-shards:, embedded, hf:...) is read whole, up to --max-tokens (validation.max_tokens). Batches
+The windows are the ones in-training validation reads (`validation_loader`): without --data,
+the set the run validated on (its validation.dataset up to its validation.max_tokens budget,
+or its validation.split, else the held-out part of its training data), so the number and the
+tokens equal the run's val/loss and the run header's validation tokens, whatever its number of
+ranks; with the run's own data.dataset, its held-out part (the first validation.steps x global
+batch windows, --steps; the global batch the checkpoint recorded); any other spec (local:,
+shards:, embedded, hf:...) is read whole, up to --max-tokens (validation.max_tokens, 0 = the
+auto budget). Batches
 of training.local_batch_size windows of training.seq_len tokens, in the run's precision.
 
 Bits per byte: the summed loss in bits over the UTF-8 bytes the scored target tokens decode to
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 
 from torchllm.checkpoint import CheckpointReader, open_checkpoint
-from torchllm.data import build_data
+from torchllm.data import build_data, dedicated_validation
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.eval.validation import validate
@@ -60,17 +63,19 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
     """(batches, how many, description): in-training validation's windows for `data`;
     `global_batch`: the run's (default: training.global_batch_size for one rank)."""
     cfg = copy.deepcopy(cfg)
-    cfg.validation.enable, cfg.validation.split = True, ""
-    own = data is None or data == cfg.data.dataset
-    cfg.validation.dataset = "" if own else data
+    cfg.validation.enable = True
+    if data is not None:  # --data: that set, not the one the run validated on
+        cfg.validation.split = ""
+        cfg.validation.dataset = "" if data == cfg.data.dataset else data
+    # else: the run's own validation set (validation.dataset / split, or the held-out split)
+    own = not dedicated_validation(cfg) and not cfg.validation.split
     if steps is not None:
         cfg.validation.steps = steps
     if max_tokens is not None:
         cfg.validation.max_tokens = max_tokens
     held_out = build_data(cfg, tokenizer, 0, 1)[1] if own else None
     batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1, global_batch)
-    what = (f"{cfg.data.dataset or 'mixture'} (held-out split, up to {n} batches)" if own
-            else f"{data} ({n} batches)")
+    what = batches.describe().removeprefix("validation ") + f" ({n} batches)"
     return batches, n, what
 
 
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--checkpoint", required=True, help=CHECKPOINT_HELP)
     add("--data", help="data spec as in data.dataset: local:PATH, shards:DIR, embedded, hf:NAME "
-                       "(default: the run's own held-out split)")
+                       "(default: the set the run validated on: validation.dataset, else its "
+                       "held-out split)")
     add("--steps", type=int, help="batches of the held-out split (default validation.steps)")
     add("--max-tokens", type=int, help="tokens read from --data (default validation.max_tokens)")
     add("--json", help="write the numbers to this file")

@@ -192,7 +192,7 @@ def _read_local(name: str, path: Path, read: Callable[[Path], list[dict]]) -> li
             "load the Hub dataset") from None
 
 
-def _hellaswag_rows(local: Path | None, source: str) -> list[dict] | None:
+def _hellaswag_rows(local: Path | None, source: str, hub: bool = True) -> list[dict] | None:
     """HellaSwag's rows from `<data_dir>/hellaswag.jsonl`, else from `eval.hellaswag_data` ('' =
     the Hub dataset); None for a `<data_dir>/hellaswag/` folder (read as any task's). A source
     that cannot be found or loaded is one line naming the paths looked at and the key to set."""
@@ -209,6 +209,9 @@ def _hellaswag_rows(local: Path | None, source: str) -> list[dict] | None:
               else "no folder of local copies (eval.tasks_data_dir / --data-dir is empty)")
     put = f"put the official hellaswag_val.jsonl at {jsonl}" if jsonl is not None \
         else "set --data-dir (eval.tasks_data_dir) to a folder with hellaswag.jsonl"
+    if not hub and not source:
+        raise ValueError(f"task hellaswag: {looked}, and this task reads local copies only; "
+                         f"{put}, or {FETCH_HINT}")
     source = source or TASKS["hellaswag"].hub[0]  # '' = the Hub dataset
     try:
         return load_examples(source, hint="")
@@ -220,14 +223,21 @@ def _hellaswag_rows(local: Path | None, source: str) -> list[dict] | None:
                      "--eval.hellaswag_data=PATH/hellaswag_val.jsonl (the official file)")
 
 
-def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[dict]:
-    """Every row of a task's evaluation split (see the module doc for where they come from)."""
+FETCH_HINT = "python -m torchllm.eval.fetch --out data/evals fetches them (docs/evaluation.md)"
+
+
+def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "",
+              hub: bool = True) -> list[dict]:
+    """Every row of a task's evaluation split (see the module doc for where they come from);
+    hub=False: the local copies only (a missing one is an error naming the paths, at once)."""
     import datasets
+
+    from torchllm.hub import offline_note, prepare_hub
 
     spec = TASKS[name]
     local = Path(data_dir) / LOCAL_NAME.get(name, name) if data_dir else None
     if name == "hellaswag":
-        rows = _hellaswag_rows(local, hellaswag_data)
+        rows = _hellaswag_rows(local, hellaswag_data, hub)
         if rows is not None:
             return rows
     if local is not None and local.is_dir():
@@ -235,21 +245,30 @@ def load_rows(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[d
                            lambda p: [dict(r) for r in datasets.load_from_disk(str(p))])
     if local is not None and local.with_suffix(".jsonl").is_file():
         return _read_local(name, local.with_suffix(".jsonl"), _read_jsonl)
+    if not hub:
+        where = (f"neither {local}/ nor {local.with_suffix('.jsonl')} exists" if local is not None
+                 else "no folder of local copies is set (--data-dir / eval.tasks_data_dir)")
+        raise ValueError(f"task {name}: {where}, and this task reads local copies only; "
+                         f"{FETCH_HINT}")
     path, subset, split = spec.hub
+    offline = prepare_hub()  # offline: fail at once rather than retry the Hub for ~25 s
     try:
         return [dict(r) for r in datasets.load_dataset(path, subset, split=split)]
     except Exception as e:  # offline, unknown name: many exception types, one clear line
         where = f"{local} is missing and " if local is not None else ""
+        first = str(e).splitlines()[0] if str(e) else ""
         raise ValueError(
             f"task {name}: {where}the Hub dataset {path} ({subset}, {split}) cannot be loaded "
-            f"({type(e).__name__}: {e}); set eval.tasks_data_dir to a folder of local copies "
-            "(<task>/ in datasets.save_to_disk format, or <task>.jsonl)"
+            f"({type(e).__name__}: {first}){offline_note(offline)}; set eval.tasks_data_dir "
+            "(--data-dir) to a folder of local copies (<task>/ in datasets.save_to_disk "
+            f"format, or <task>.jsonl): {FETCH_HINT}"
         ) from None
 
 
-def load_items(name: str, data_dir: str = "", hellaswag_data: str = "") -> list[Item]:
+def load_items(name: str, data_dir: str = "", hellaswag_data: str = "",
+               hub: bool = True) -> list[Item]:
     spec = TASKS[name]
-    rows = load_rows(name, data_dir, hellaswag_data)
+    rows = load_rows(name, data_dir, hellaswag_data, hub)
     items = []
     for i, row in enumerate(rows):
         try:

@@ -15,6 +15,15 @@ from torchllm.models.attention import TokenLayout
 from torchllm.loss import IGNORE_INDEX, fused_cross_entropy_sum
 
 
+class ValidationStopped(Exception):
+    """A stop signal ended a validation before its last batch (`done` of `steps` scored): its
+    partial loss is no measurement, and the run stops after this step (saves, exits 0)."""
+
+    def __init__(self, done: int, steps: int):
+        super().__init__(f"validation stopped after {done} of {steps} batches")
+        self.done, self.steps = done, steps
+
+
 @torch.no_grad()
 def validate(
     model: nn.Module,
@@ -24,6 +33,8 @@ def validate(
     group=None,
     autocast: Callable[[], ContextManager] = contextlib.nullcontext,
     pipeline=None,
+    stop: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Mean token loss over the first `steps` batches of `batches`, over all ranks of `group`.
 
@@ -36,12 +47,19 @@ def validate(
     With pipeline parallelism, `pipeline` (torchllm.parallel.Pipeline) runs the batches through
     the stages and returns their summed loss on every pp rank.
     Returns TensorBoard-ready scalars: val/loss (token-weighted mean), val/perplexity, val/tokens.
+    `stop()` is asked before each batch (every rank must give the same answer: agreed over the
+    ranks); when true, ValidationStopped is raised. `progress(done, steps)` is called after each
+    batch.
     """
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, token count)
     try:
-        for _, batch in zip(range(steps), batches):
+        for done, batch in zip(range(steps), batches):
+            if stop is not None and stop():
+                raise ValidationStopped(done, steps)
+            if progress is not None and done:
+                progress(done, steps)
             inputs = batch["inputs"].to(device, non_blocking=True)
             targets = batch["targets"].to(device, non_blocking=True)
             if pipeline is not None:

@@ -81,6 +81,46 @@ def data_summary(train_dataset, val_dataset, global_batch: int, steps: int,
     return f"{text} | {held_out}" if held_out else text
 
 
+MANY_EPOCHS = 100  # more passes over the same windows than this: the run memorizes them
+
+
+def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
+                  steps: int) -> list[str]:
+    """What the header's data line implies and a user should hear of: a source the run reads
+    more than MANY_EPOCHS times (a small file packed into a few windows), and a held-out
+    validation split of 0 windows (data.val_fraction of too few windows)."""
+    out = []
+    names = getattr(train_dataset, "names", None)
+    if names is not None:  # a mixture, or one source as a mixture of one (e.g. chat:)
+        parts = zip(names, train_dataset.weights, train_dataset.sources)
+        sizes = [(name, float(w), getattr(src, "windows_per_epoch", None))
+                 for name, w, src in parts if not getattr(src, "sequential", False)]
+    elif hasattr(train_dataset, "stream"):
+        sizes = [(train_dataset.name, 1.0,
+                  train_dataset.stream.num_windows(train_dataset.window))]
+    else:
+        sizes = []
+    for name, weight, windows in sizes:
+        if not windows:  # a Hub stream: its size unknown until read
+            continue
+        epochs = steps * global_batch * weight / windows
+        if epochs > MANY_EPOCHS:
+            out.append(
+                f"{name}: {windows:,} training window{'s' if windows != 1 else ''} read "
+                f"{epochs:,.0f} times ({steps:,} steps x {global_batch} windows): the model will "
+                "memorize them; give more data, fewer training.steps, or for conversations "
+                "data.chat_packing = 'pad' (one conversation per window)")
+    held = getattr(val_dataset, "__len__", None)
+    if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0
+            and not cfg.validation.dataset and not cfg.validation.split):
+        out.append(
+            f"the held-out validation split is 0 windows (data.val_fraction = "
+            f"{cfg.data.val_fraction:g} of too few windows): there is nothing to validate on"
+            f"{' (validation.enable will fail)' if not cfg.validation.enable else ''}; give "
+            "more data or a larger data.val_fraction (at least one window)")
+    return out
+
+
 def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
     """Processes, the parallel layout (PP, data, CP, TP, EP), precision, compile and AC in one
     line."""
@@ -165,7 +205,9 @@ def trainer_header(trainer, counts: dict[str, int]) -> str:
         batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
                     f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
-        data_line=data_summary(trainer.train_loader.dataset, trainer.val_loader.dataset,
+        # validation: the set(s) as a validation scores them (eval.in_training.HeldOutBatches)
+        data_line=data_summary(trainer.train_loader.dataset,
+                               getattr(trainer, "val_batches", None) or trainer.val_loader.dataset,
                                trainer.global_batch, tcfg.steps,
                                validation=cfg.validation.enable),
         tokenizer_line=tokenizer_summary(trainer.tokenizer),

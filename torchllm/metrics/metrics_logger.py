@@ -141,11 +141,13 @@ class MetricsLogger:
         if not self.is_log_step(step):
             return None
         scalars = self.scalars(m)
-        self.progress.clear()
         # The console's loss is the interval's mean (steps since the last log), so a noisy
-        # step does not stand for log_freq steps; TensorBoard's loss/avg is this step's own.
+        # step does not stand for log_freq steps; TensorBoard's loss/avg is this step's own,
+        # loss/interval the console's (the report's loss plot draws it).
+        scalars["loss/interval"] = self.interval_loss()
+        self.progress.clear()
         logger.info(self.console_line(step, scalars, m.get("skipped", False),
-                                      loss=self.interval_loss()))
+                                      loss=scalars["loss/interval"]))
         for writer in self.writers:
             writer.write(step, scalars)
         self.interval = self._empty_interval()

@@ -2,7 +2,9 @@
 
 Several runs (the stages of one lifecycle, or runs to compare) share each figure's axes: one
 colour per run, the training curve solid, validation dashed with dots. Loss is drawn against
-tokens seen (steps for runs that logged no token counts); the rest against steps.
+tokens seen (steps for runs that logged no token counts); the rest against steps. The training
+loss is the console's: each log interval's token-weighted mean (loss/interval), not the single
+logged step.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ class Plot:
 
 
 PLOTS = (
-    Plot("loss.png", "Loss", (Panel("loss", ("loss/avg", "val/loss"), by_tokens=True),)),
+    # Training: the console's numbers, each log interval's mean (loss/interval; a run logged
+    # before that tag existed: its single logged steps, loss/avg).
+    Plot("loss.png", "Loss", (Panel("loss (train: each log interval's mean, as the console)",
+                                    ("loss/interval|loss/avg", "val/loss"), by_tokens=True),)),
     Plot("lr.png", "Learning rate", (Panel("learning rate", ("optim/lr",)),)),
     Plot("grad_norm.png", "Gradient norm (before clipping)",
          (Panel("grad norm", ("grad_norm/total",), logy=True),)),
@@ -49,7 +54,9 @@ PLOTS = (
 def _tags(run: RunData, patterns: tuple[str, ...]) -> list[str]:
     out = []
     for p in patterns:
-        if p.endswith("*") or "*" in p:
+        if "|" in p:  # alternatives: the first the run has
+            out += next(([t] for t in p.split("|") if t in run.scalars), [])
+        elif p.endswith("*") or "*" in p:
             head, tail = p.split("*", 1)
             out += sorted(t for t in run.scalars if t.startswith(head) and t.endswith(tail))
         elif p in run.scalars:
@@ -58,7 +65,7 @@ def _tags(run: RunData, patterns: tuple[str, ...]) -> list[str]:
 
 
 def _label(run: RunData, tag: str, several: bool) -> str:
-    name = {"loss/avg": "train", "val/loss": "validation"}.get(tag, tag)
+    name = {"loss/interval": "train", "loss/avg": "train", "val/loss": "validation"}.get(tag, tag)
     return f"{run.name}: {name}" if several else name
 
 

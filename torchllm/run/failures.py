@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torchllm.checkpoint import CheckpointSaveError
 from torchllm.config import ConfigError
-from torchllm.log import logger
+from torchllm.log import file_only, logger
 from torchllm.metrics import TrainingStopped
 from torchllm.ranks import env_rank
 
@@ -83,7 +83,10 @@ def exit_code(exc: BaseException | None) -> int:
 def log_failure(exc: BaseException, step: int) -> None:
     """This rank's console: one line for expected stops, the traceback for real errors."""
     if isinstance(exc, ConfigError):
-        logger.error("config error: %s", exc)
+        if os.environ.get(STATUS_DIR_ENV):  # torchllm.run.launch prints it, once
+            file_only(f"config error: {exc}")
+        else:
+            logger.error("config error: %s", exc)
     elif isinstance(exc, TrainingStopped):
         logger.error("training stopped by the guard: %s", exc)
     elif isinstance(exc, CheckpointSaveError):  # already one line: folder, cause, bytes

@@ -63,7 +63,7 @@ from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_r
 from torchllm.precision import use_bf16
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block, lora_activation_bytes,
                                              loss_bytes)
-from torchllm.tools.model_info import pop_flag, tokenizer_vocab_hint
+from torchllm.tools.model_info import asks_help, pop_flag, tokenizer_vocab_hint
 
 
 def moe_params(model: LanguageModel) -> dict[str, int]:
@@ -289,6 +289,8 @@ def estimate_table(cfg, e: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if asks_help(argv, __doc__):
+        return 0
     as_json = pop_flag(argv, "--json")
     world_size = 1
     for i, a in enumerate(argv):

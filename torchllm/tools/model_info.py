@@ -83,8 +83,21 @@ def info_table(info: dict) -> str:
     return "\n".join(lines)
 
 
+def asks_help(argv: list[str], doc: str | None) -> bool:
+    """`--help` / `-h`: print a tool's usage (its module doc) and where the config keys are
+    listed; whether it was asked (the tool then exits 0)."""
+    if "--help" not in argv and "-h" not in argv:
+        return False
+    print((doc or "").strip())
+    print("\nEvery --section.key=value of the training config is accepted (the same keys as "
+          "./run_train.sh; `python -m torchllm.train --help` lists them with their defaults).")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if asks_help(argv, __doc__):
+        return 0
     as_json = pop_flag(argv, "--json")
     try:
         cfg = load_config(argv)

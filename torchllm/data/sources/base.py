@@ -117,10 +117,13 @@ class Source:
     def whole_stream(self, tokenizer, max_tokens: int) -> TokenStream:
         """The first max_tokens tokens of the data read whole (a dedicated validation set):
         documents tokenized one by one until the budget is reached."""
+        more = []  # text left unread past the budget
+
         def encoded():
             total = 0
             for text in self.texts():
                 if total >= max_tokens:
+                    more.append(True)
                     return
                 ids = tokenizer.encode(text, bos=True, eos=True)
                 total += len(ids)
@@ -129,7 +132,9 @@ class Source:
         tokens, starts = pack_documents(encoded())
         if len(tokens) == 0:
             raise ConfigError(f"{self.spec!r} has no text", "data.dataset")
-        return TokenStream([tokens], starts, 0, min(len(tokens), max_tokens))
+        stream = TokenStream([tokens], starts, 0, min(len(tokens), max_tokens))
+        stream.truncated = bool(more) or len(tokens) > max_tokens  # the run header says so
+        return stream
 
 
 class CorpusSource(Source):

@@ -30,11 +30,19 @@ def local_files(location: str) -> list[str]:
         raise ConfigError(f"data.dataset = 'local:{location}': no such file or no "
                           f"{'/'.join(LOCAL_BUILDERS)} files there", "data.dataset")
     suffixes = {Path(f).suffix for f in files}
-    if len(suffixes) != 1 or not suffixes <= set(LOCAL_BUILDERS):
+    if not suffixes <= set(LOCAL_BUILDERS):
         raise ConfigError(
-            f"data.dataset = 'local:{location}': files must all have one of the suffixes "
+            f"data.dataset = 'local:{location}': files must have one of the suffixes "
             f"{', '.join(LOCAL_BUILDERS)}; found {', '.join(sorted(suffixes))}", "data.dataset"
         )
+    if len(suffixes) != 1:  # one reader per source: .txt is one document a file, .jsonl rows
+        kinds = ", ".join(f"{sum(Path(f).suffix == x for f in files)} {x}"
+                          for x in sorted(suffixes))
+        first = sorted(suffixes)[0]
+        raise ConfigError(
+            f"data.dataset = 'local:{location}' mixes kinds of files ({kinds}); one local: "
+            f"source reads one kind: name one with a glob (e.g. 'local:{location.rstrip('/')}"
+            f"/*{first}'), or list each kind in [[data.sources]] (docs/data.md)", "data.dataset")
     return files
 
 

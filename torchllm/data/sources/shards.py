@@ -199,4 +199,6 @@ class Shards(Source):
             raise ConfigError(f"{self.spec!r} holds no tokens", "data.dataset")
         starts = np.concatenate([val.doc_starts, train.doc_starts + len(val)])
         stream = TokenStream(parts, starts)
-        return TokenStream(stream.parts, stream.doc_starts, 0, min(len(stream), max_tokens))
+        out = TokenStream(stream.parts, stream.doc_starts, 0, min(len(stream), max_tokens))
+        out.truncated = len(stream) > max_tokens  # the run header says so
+        return out

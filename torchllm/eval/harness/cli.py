@@ -119,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.utils import make_table
 
     from torchllm.checkpoint import open_checkpoint
-    from torchllm.eval.harness.data import TASKS_DIR, check_local_tasks, resolve_sources
+    from torchllm.eval.harness.data import (LOCAL_TAG, LOCAL_TASKS, TASKS_DIR,
+                                            check_local_tasks, resolve_sources)
     from torchllm.eval.harness.model import TorchllmLM
     from torchllm.eval.loading import inference_device, init_distributed, load_for_inference
     from torchllm.eval.reduce import rank_and_world
+    from torchllm.hub import offline_note, prepare_hub
     from torchllm.precision import resolve_bf16
 
     datasets.disable_progress_bars()  # the copies are read from disk in a second
@@ -164,9 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("error: %s", err)
         return 2
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    results = simple_evaluate(
-        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit,
-        task_manager=task_manager, log_samples=args.log_samples, **seeds)
+    # lm-eval's own tasks read the Hub: offline, fail at once rather than retry for ~25 s.
+    offline = prepare_hub() if set(names) - set(LOCAL_TASKS) - {LOCAL_TAG} else False
+    try:
+        results = simple_evaluate(
+            model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit,
+            task_manager=task_manager, log_samples=args.log_samples, **seeds)
+    except (ConnectionError, OSError) as err:
+        if not offline:
+            raise
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        logger.error("error: a task's data could not be loaded (%s)%s; the shipped tasks %s "
+                     "run offline over local copies (python -m torchllm.eval.fetch)", first,
+                     offline_note(offline), ", ".join(LOCAL_TASKS))
+        return 2
     precision = "bf16" if bf16 else "fp32"
     if rank_and_world()[0] == 0:
         results["config"].update(model="torchllm", model_args={

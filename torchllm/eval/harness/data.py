@@ -6,9 +6,12 @@ harness reads exactly the copies `python -m torchllm.eval.downstream` reads: `<d
 HellaSwag `<data_dir>/hellaswag[.jsonl]`, else `hellaswag_data` (its official jsonl).
 
 The folder is, in order: the CLI's --data-dir, the run's `eval.tasks_data_dir`, else
-`../shared/data/evals` beside the project's checkout when it exists. HellaSwag's official file
-is `eval.hellaswag_data` when that is a file, else `hellaswag_val.jsonl` in the folder above
-the task copies (../shared/data/hellaswag_val.jsonl beside ../shared/data/evals).
+`data/evals` in the working directory (what `python -m torchllm.eval.fetch` writes), else
+`../shared/data/evals` beside the project's checkout, when it exists. The shipped tasks read
+these copies only: a missing one is an error naming the paths, never a Hub download.
+HellaSwag's official file is `eval.hellaswag_data` when that is a file, else
+`hellaswag_val.jsonl` in the folder above the task copies (../shared/data/hellaswag_val.jsonl
+beside ../shared/data/evals).
 This module imports neither lm-eval nor torch: a task's `custom_dataset` function calls it.
 """
 
@@ -27,9 +30,16 @@ LOCAL_TASKS = {"arc_easy_local": "arc_easy", "piqa_local": "piqa",
 LOCAL_TAG = "torchllm_local"  # the tag of all four
 
 
+FETCHED = Path("data") / "evals"  # python -m torchllm.eval.fetch's default folder
+
+
 def default_data_dir() -> str:
-    """../shared/data/evals beside the project's checkout when it exists, else '' (the Hub)."""
-    return str(SHARED_EVALS) if SHARED_EVALS.is_dir() else ""
+    """data/evals in the working directory (torchllm.eval.fetch's), else ../shared/data/evals
+    beside the project's checkout, when one exists; else '' (a missing copy is an error)."""
+    for folder in (FETCHED, SHARED_EVALS):
+        if folder.is_dir():
+            return str(folder)
+    return ""
 
 
 def resolve_sources(data_dir: str | None, tasks_data_dir: str = "",
@@ -69,7 +79,8 @@ def _dataset(name: str, data_dir: str, hellaswag_data: str):
 
     from torchllm.eval.tasks import load_rows
 
-    return datasets.Dataset.from_list(load_rows(name, data_dir, hellaswag_data))
+    # The shipped `_local` tasks never reach the Hub: a missing copy is an error naming it.
+    return datasets.Dataset.from_list(load_rows(name, data_dir, hellaswag_data, hub=False))
 
 
 def check_local_tasks(names: list[str], data_dir: str, hellaswag_data: str) -> None:

@@ -1,0 +1,203 @@
+"""Errors and warnings a new user met (issue 53), through the commands they type: a missing
+validation.dataset named as itself, a folder of mixed files, the tools' --help, a worker's config
+error printed once, evals offline failing at once (never ~25 s of Hub retries), `_local` harness
+tasks that never reach the Hub, the eval data fetched (prepared from a file) by one command, and
+the shipped SFT config on a small chat file warning of its epochs and its empty validation split.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import preforked
+from conftest import REPO, SHARED, tiny_args
+from test_data_chat import write_chat
+
+pytestmark = pytest.mark.slow
+
+UNREACHABLE = "http://127.0.0.1:9"  # no Hub here: a refused connection, at once
+HELLASWAG_ROW = {"ind": 0, "activity_label": "Cooking", "ctx_a": "A man cracks an egg.",
+                 "ctx_b": "he", "ctx": "A man cracks an egg. he",
+                 "endings": ["fries it.", "sings.", "flies away.", "reads a book."],
+                 "split": "val", "split_type": "indomain", "label": "0"}
+
+
+def env(**extra) -> dict:
+    e = {**os.environ, "PYTHONPATH": str(REPO), "NPROC": "1", "HF_ENDPOINT": UNREACHABLE,
+         **extra}
+    for key in ("NGPU", "CONFIG_FILE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                "TRANSFORMERS_OFFLINE"):
+        if key not in extra:
+            e.pop(key, None)
+    return e
+
+
+def command(*args: str, cwd=REPO, **extra_env) -> subprocess.CompletedProcess:
+    """`python -m MODULE ...` as typed (forked from the preloaded server: see preforked)."""
+    return preforked.run([sys.executable, "-m", *args], cwd=cwd, env=env(**extra_env),
+                         capture_output=True, text=True, timeout=600)
+
+
+def out(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    proc = command("torchllm.train", *tiny_args(tmp, "--job.run_name=r", "--checkpoint.enable",
+                                                "--training.steps=1"))
+    assert proc.returncode == 0, out(proc)[-3000:]
+    return tmp / "r"
+
+
+@pytest.mark.parametrize("how", ["run_train.sh", "torchllm.train"])
+def test_a_missing_validation_dataset_is_named_as_validation_dataset(tmp_path, how):
+    args = tiny_args(tmp_path, "--validation.enable",
+                     f"--validation.dataset=local:{tmp_path}/no.txt")
+    if how == "run_train.sh":  # the launcher's pre-flight check, before any rank starts
+        proc = subprocess.run(["./run_train.sh", *args], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=600)
+    else:  # a rank building its validation set
+        proc = command("torchllm.train", *args)
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    lines = [ln for ln in said.splitlines() if "no.txt" in ln]
+    assert lines and all("validation.dataset = 'local:" in ln and "data.dataset" not in ln
+                         for ln in lines), said[-3000:]
+
+
+def test_a_folder_of_mixed_files_says_how_to_read_it(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("some text " * 50)
+    (tmp_path / "d" / "b.jsonl").write_text(json.dumps({"text": "more text"}) + "\n")
+    proc = command("torchllm.train", *tiny_args(tmp_path, f"--data.dataset=local:{tmp_path}/d"))
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    line = next(ln for ln in said.splitlines() if "config error" in ln)
+    # what is there, and the two ways to read it: one kind by a glob, or a mixture
+    assert "1 .jsonl, 1 .txt" in line and f"local:{tmp_path}/d/*.jsonl" in line
+    assert "[[data.sources]]" in line
+
+
+@pytest.mark.parametrize("tool", ["model_info", "estimate_memory"])
+def test_the_tools_answer_help(tool):
+    proc = command(f"torchllm.tools.{tool}", "--help")
+    assert proc.returncode == 0, out(proc)
+    assert f"python -m torchllm.tools.{tool}" in proc.stdout and "--section.key" in proc.stdout
+
+
+def test_a_workers_config_error_is_printed_once(tmp_path):
+    proc = subprocess.run(["./run_train.sh", *tiny_args(tmp_path, "--data.tokenizer=nobody/none")],
+                          cwd=REPO, env=env(HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+                          timeout=600)
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    assert said.count("'nobody/none' is not a file") == 1, said[-3000:]
+    assert "run_train: rank 0 failed: config error: data.tokenizer = 'nobody/none'" in said
+
+
+def test_hellaswag_offline_fails_at_once_saying_so(checkpoint):
+    proc = command("torchllm.eval.hellaswag", "--checkpoint", str(checkpoint), "--limit", "2")
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    # the probe (3 s), then the local cache only: no retries of an unreachable Hub
+    assert f"the Hub at {UNREACHABLE} did not answer within 3 s" in said
+
+
+def test_downstream_offline_fails_at_once_naming_the_fetch_command(checkpoint, tmp_path):
+    proc = command("torchllm.eval.downstream", "--checkpoint", str(checkpoint), "--tasks",
+                   "copa", "--data-dir", str(tmp_path), "--limit", "2")
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    assert f"the Hub at {UNREACHABLE} did not answer within 3 s" in said
+    assert "python -m torchllm.eval.fetch" in said
+
+
+def test_local_harness_tasks_never_reach_the_hub(checkpoint, tmp_path):
+    if importlib.util.find_spec("lm_eval") is None:  # not imported here: it sets variables
+        pytest.skip("lm-eval is not installed (pip install -e '.[harness]')")
+    proc = command("torchllm.eval.harness", "--checkpoint", str(checkpoint), "--tasks",
+                   "arc_easy_local", "--data-dir", str(tmp_path / "none"), "--limit", "2")
+    said = out(proc)
+    assert proc.returncode == 2, said[-3000:]
+    assert str(tmp_path / "none" / "arc_easy") in said and "torchllm.eval.fetch" in said
+    assert "allenai/ai2_arc" not in said and "did not answer" not in said
+
+
+def test_one_command_prepares_the_eval_data_the_evals_read_offline(checkpoint, tmp_path):
+    official = tmp_path / "hellaswag_val.jsonl"
+    official.write_text("".join(json.dumps({**HELLASWAG_ROW, "ind": i}) + "\n"
+                                for i in range(6)))
+    evals = tmp_path / "data" / "evals"
+    proc = command("torchllm.eval.fetch", "--out", str(evals), "--tasks", "hellaswag",
+                   "--from", f"hellaswag={official}")
+    assert proc.returncode == 0, out(proc)
+    assert "hellaswag: 6 rows" in proc.stdout and (evals / "hellaswag.jsonl").is_file()
+    # The docs' offline commands, on what it wrote.
+    proc = command("torchllm.eval.downstream", "--checkpoint", str(checkpoint), "--tasks",
+                   "hellaswag", "--data-dir", str(evals), "--limit", "4")
+    assert proc.returncode == 0, out(proc)[-3000:]
+    proc = command("torchllm.eval.hellaswag", "--checkpoint", str(checkpoint), "--data",
+                   str(evals / "hellaswag.jsonl"))
+    assert proc.returncode == 0, out(proc)[-3000:]
+    # A task to download, offline: at once, naming --from.
+    proc = command("torchllm.eval.fetch", "--out", str(evals), "--tasks", "copa")
+    assert proc.returncode == 2 and "--from copa=" in proc.stderr, out(proc)
+    assert f"the Hub at {UNREACHABLE} did not answer within 3 s" in proc.stderr
+
+
+def test_the_shipped_sft_config_on_a_small_chat_file_warns(tmp_path):
+    chat = write_chat(tmp_path / "chat.jsonl", [
+        [{"role": "user", "content": f"question {i}?"},
+         {"role": "assistant", "content": f"answer {i}."}] for i in range(41)])
+    proc = subprocess.run(
+        ["./run_train.sh", f"--job.dump_folder={tmp_path}", f"--data.dataset=chat:{chat}",
+         "--data.tokenizer=bytes", "--checkpoint.initial_load_path=", "--training.device=cpu",
+         "--training.stop_after_steps=1", "--training.seq_len=256",
+         "--training.mixed_precision=none", "--metrics.report=false"],
+        cwd=REPO, env=env(CONFIG_FILE="train_configs/llama3_debug_sft.toml"),
+        capture_output=True, text=True, timeout=600)
+    said = out(proc)
+    assert proc.returncode == 0, said[-3000:]
+    warnings = [ln for ln in said.splitlines() if "data: " in ln and "WARNING" in ln
+                or "data: " in ln and ("memorize" in ln or "0 windows" in ln)]
+    # 41 short conversations packed into a few windows, 200 steps x 8 windows: hundreds of
+    # epochs; 5% of a few windows: no validation window.
+    assert any(f"chat:{chat}" in ln and "memorize" in ln for ln in warnings), said[-3000:]
+    assert any("validation split is 0 windows" in ln and "data.val_fraction = 0.05" in ln
+               for ln in warnings), said[-3000:]
+
+
+def test_the_readme_lists_every_llama_flavor():
+    from torchllm.models.llama.args import flavors
+
+    readme = (REPO / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("| Llama 3 "))
+    listed = line.split("flavors ", 1)[1].split(";", 1)[0]
+    assert {f.strip() for f in listed.split("/")} == set(flavors), listed
+
+
+def test_shared_is_not_needed_by_the_docs_offline_eval_commands():
+    text = (REPO / "docs" / "evaluation.md").read_text()
+    commands = [ln for ln in text.splitlines() if "--data-dir" in ln or "--data " in ln
+                or "hellaswag_data=" in ln]
+    assert commands and not any("../shared" in ln for ln in commands)
+    assert "python -m torchllm.eval.fetch --out data/evals" in text
+    assert SHARED.name == "shared"
+
+
+def test_exported_folders_are_ignored_by_git_but_the_hf_package_is_not():
+    # `python -m torchllm.hf export --out hf/NAME` (the end-of-run block's command) writes hf/.
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+
+    assert ignored("hf/debug_model/model.safetensors") and ignored("data/evals/copa")
+    assert not ignored("torchllm/hf/new_module.py")

@@ -1,0 +1,164 @@
+"""A dedicated validation set, through the commands a user types (issue 53):
+
+    ./run_train.sh --data.dataset=local:novel.txt --validation.dataset=local:val.txt ...
+    python -m torchllm.eval.loss --checkpoint RUN
+
+The header names the validation set as it is scored (file, tokens, windows, and the cut the
+automatic validation.max_tokens budget makes); nothing of the novel is held out of training;
+eval.loss without --data scores the same tokens and gets the run's validation loss; a SIGTERM
+in the middle of a long validation ends it, saves, exits 0, and the relaunch resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import preforked
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SEQ = 32
+ARGS = ["--training.device=cpu", "--model.flavor=debug", f"--training.seq_len={SEQ}",
+        "--training.local_batch_size=4", "--data.tokenizer=bytes", "--metrics.log_freq=1",
+        "--lr_scheduler.warmup_steps=1", "--training.mixed_precision=none",
+        "--metrics.progress_bar=false", "--job.print_config=false", "--metrics.report=false",
+        "--validation.enable", "--validation.freq=2", "--checkpoint.enable",
+        "--checkpoint.interval=1000"]
+SHAKESPEARE = REPO / "torchllm" / "data" / "assets" / "tinyshakespeare.txt"
+
+
+def env() -> dict:
+    e = {**os.environ, "PYTHONPATH": str(REPO), "NPROC": "1", "HF_HUB_OFFLINE": "1",
+         "OMP_NUM_THREADS": "1"}
+    e.pop("NGPU", None)
+    e.pop("CONFIG_FILE", None)
+    return e
+
+
+def texts(tmp: Path) -> tuple[Path, Path]:
+    """A one-document novel (pre-training) and a longer text of its own (validation)."""
+    words = SHAKESPEARE.read_text()
+    novel, val = tmp / "novel.txt", tmp / "val.txt"
+    novel.write_text(words[:30_000])
+    val.write_text(words[30_000:130_000])
+    return novel, val
+
+
+def train(tmp: Path, *extra: str, out=None):
+    novel, val = tmp / "novel.txt", tmp / "val.txt"
+    cmd = ["./run_train.sh", f"--job.dump_folder={tmp}", "--job.run_name=r",
+           f"--data.dataset=local:{novel}", f"--validation.dataset=local:{val}", *ARGS, *extra]
+    if out is not None:
+        return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("valset")
+    texts(tmp)
+    return tmp, train(tmp, "--training.steps=4")
+
+
+def header_validation(out: str) -> str:
+    """The run header's validation part, its wrapped lines joined."""
+    lines = out.split("\n")
+    start = next(i for i, line in enumerate(lines) if "  data      " in line)
+    block = []
+    for line in lines[start:]:
+        text = re.sub(r"^\[rank0\]:", "", line)
+        if block and not text.startswith("            "):
+            break
+        block.append(text.strip().removeprefix("data").strip())
+    data = " ".join(block)
+    return data[data.index("| validation "):]
+
+
+def test_the_header_names_the_validation_set_as_it_is_scored(run):
+    tmp, out = run
+    val = header_validation(out)
+    m = re.search(r"validation local:(\S+): ([\d,]+) tokens scored in ([\d,]+) windows, its "
+                  r"first ([\d,]+) tokens only: validation.max_tokens = 0 \(auto\)", val)
+    assert m, val
+    assert m.group(1) == str(tmp / "val.txt")
+    tokens, windows, budget = (int(g.replace(",", "")) for g in m.groups()[1:])
+    assert tokens == windows * SEQ and windows == budget // (SEQ + 1)
+    # The budget: a few percent of the run's compute, nowhere near the file's 100,000 bytes.
+    assert budget < 5_000
+    # Each validation scored what the header said.
+    scored = re.findall(r"validation step \d+: loss [\d.]+ \| perplexity [\d.]+ \| ([\d,]+) "
+                        r"tokens", out)
+    assert scored and all(int(s.replace(",", "")) == tokens for s in scored)
+
+
+def test_nothing_is_held_out_of_training_for_a_dedicated_validation_set(run):
+    tmp, out = run
+    assert "validation is its last" not in out
+    # bytes tokenizer: every byte of the novel, BOS and EOS are training tokens
+    n = len((tmp / "novel.txt").read_bytes()) + 2
+    assert f"local:{tmp / 'novel.txt'}: train 1 document, {n:,} tokens" in out
+
+
+def test_eval_loss_scores_what_the_run_validated_on(run):
+    tmp, out = run
+    proc = preforked.run([sys.executable, "-m", "torchllm.eval.loss", "--checkpoint",
+                          str(tmp / "r")], cwd=REPO, env=env(), capture_output=True, text=True,
+                         timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    header = re.search(r"([\d,]+) tokens scored", header_validation(out)).group(1)
+    last = re.findall(r"validation step 4: loss ([\d.]+) \|", out)[-1]
+    m = re.search(r"loss ([\d.]+) \| perplexity .* \| ([\d,]+) tokens,", said)
+    assert m, said
+    assert m.group(2) == header and f"data local:{tmp / 'val.txt'}" in said
+    assert m.group(1) == last  # the run's val/loss, not the novel's held-out split
+
+
+def wait_for(path: Path, pattern: str, proc, timeout: float = 300) -> str:
+    end = time.time() + timeout
+    while time.time() < end:
+        out = path.read_text()
+        if re.search(pattern, out):
+            return out
+        assert proc.poll() is None, out[-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r} in {timeout} s:\n{path.read_text()[-3000:]}")
+
+
+def test_a_stop_signal_during_a_long_validation_saves_and_exits_0(tmp_path):
+    texts(tmp_path)
+    log = tmp_path / "out.txt"
+    with open(log, "w") as f:
+        # ~1,800 windows: 450 batches; the SIGTERM comes at the first progress line (10%).
+        proc = train(tmp_path, "--training.steps=3", "--validation.max_tokens=60000", out=f)
+        try:
+            wait_for(log, r"validation step 2: \d+/\d+ batches \(", proc)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = log.read_text()
+    assert code == 0, out[-4000:]
+    m = re.search(r"validation step 2 stopped by the stop signal after (\d+) of (\d+) batches",
+                  out)
+    assert m and int(m.group(1)) < int(m.group(2)), out[-3000:]
+    assert "validation step 2: loss" not in out  # a partial validation is no measurement
+    assert (tmp_path / "r" / "checkpoint" / "step-2" / "COMPLETE").is_file()
+    # The same command, relaunched (a smaller validation, to be quick), resumes at step 2.
+    again = train(tmp_path, "--training.steps=3", "--validation.max_tokens=2000")
+    assert re.search(r"resum\w+ .*step 2", again), again[-3000:]
+    assert "step     3/3" in again and "step     1/3" not in again
