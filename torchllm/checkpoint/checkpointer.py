@@ -23,7 +23,7 @@ from torchllm.checkpoint.restore import StepLoader
 from torchllm.checkpoint.resume import hparams_snapshot
 from torchllm.checkpoint.retention import Retention
 from torchllm.checkpoint.saver import CheckpointSaveError, Saver
-from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
+from torchllm.checkpoint.state import ModelState, OptimizerState, JSONState, RNGState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import checkpoint_folder, set_store_timeout
@@ -75,13 +75,13 @@ class Checkpointer:
         if optimizer is not None:
             self.states["optimizer"] = OptimizerState(model, optimizer)
         if lr_scheduler is not None:
-            self.states["lr_scheduler"] = PickledState(lr_scheduler)
+            self.states["lr_scheduler"] = JSONState(lr_scheduler)
         if dataloader is not None:
-            self.states[dataloader_key] = PickledState(dataloader)
+            self.states[dataloader_key] = JSONState(dataloader)
         if train_state is not None:
-            self.states["train_state"] = PickledState(train_state)
+            self.states["train_state"] = JSONState(train_state)
         for key, obj in others.items():
-            self.states[key] = PickledState(obj)
+            self.states[key] = JSONState(obj)
         self.states[rng_key] = RNGState()
 
         run_info = run_info or {}

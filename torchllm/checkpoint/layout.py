@@ -139,17 +139,3 @@ def complete_steps(folder: Location, warn_incomplete: bool = False) -> list[int]
     if warn_incomplete:
         warn_unusable(as_location(folder), steps)
     return sorted(s for s, state in steps.items() if state == "complete")
-
-
-def dcp_writer(location: Location):
-    """DCP's writer for a step folder: the file system's (fsync'd files) for a local path, the
-    fsspec one for a URL (no fsync: it means nothing for an upload, and falls back to a
-    machine-wide sync())."""
-    store = storage_for(location)
-    if not store.remote:
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        return FileSystemWriter(str(location))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-    return FsspecWriter(str(location), sync_files=False, **store.options)

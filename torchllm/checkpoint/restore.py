@@ -16,10 +16,10 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.index import untrusted_cause
 from torchllm.checkpoint.integrity import describe_failure, structure_mismatch
-from torchllm.checkpoint.reader import CheckpointReader
+from torchllm.checkpoint.step import Step
 from torchllm.checkpoint.resume import apply_hparams, config_changes, current_lr
-from torchllm.checkpoint.safe_load import untrusted_cause
 from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
 from torchllm.config.job_config import ConfigError
 from torchllm.data.fingerprint import changes as data_changes
@@ -48,7 +48,7 @@ class StepLoader:
         # files), config fit (keys, shapes, batch size), and the templates to load into.
         sds, problem, misfit, grow, fresh = {}, None, None, None, {}
         try:
-            reader = CheckpointReader.at(path)
+            reader = Step.open(path)
             marker = reader.marker
             if self.cfg.checksums:
                 problem = reader.verify(self.agree.rank, self.agree.world)

@@ -1,18 +1,21 @@
-"""The one way a checkpoint is read: resume, the initial load, generate, the evals, `hf export`
-and `convert` all go through here, so what keeps a bad checkpoint out is checked once:
+"""A checkpoint step, opened ONCE and checked as a whole before any tensor is read: resume, the
+initial load, generate, the evals, `hf export` and `convert` all read through a `Step`, and
+`Step.load` is the only read of a checkpoint's tensors in torchllm.
 
 - which step: a step folder as named (it must be complete), or for a run or checkpoint folder
   its newest complete step saved while training was healthy (`resolve_checkpoint`);
-- the COMPLETE marker: a record `mark_complete` wrote, else `MarkerError` (`read_marker`);
-- every file against the marker's sizes and CRC-32s (`CheckpointReader.verify`; a resume
-  shares the files out over its ranks), else `CorruptCheckpoint`;
-- every pickle through the allow-list (`dcp_reader`: safe_load's readers, for `.metadata` and
-  each stored value), else `safe_load.UntrustedCheckpoint`;
-- the tokenizer the weights were trained with (`check_same_tokenizer`: resume, initial load,
-  inference), else a ConfigError naming both.
+- the COMPLETE marker: a record `mark_complete` wrote, else `MarkerError` (`read_marker`); its
+  file list (sizes, CRC-32s) and the identity record (run, data, tokenizer) come from it;
+- the index (`.metadata`, JSON: index.py), read once and checked against the file list: every
+  recorded file is a plain name inside the step folder that COMPLETE lists, and every stored
+  (offset, length) lies inside that file's recorded size; else `CorruptCheckpoint` (a pickle
+  index from an older torchllm: `UntrustedCheckpoint`, naming the one-time conversion);
+- every file against the marker's sizes and CRC-32s (`Step.verify`; a resume shares the files
+  out over its ranks), else `CorruptCheckpoint`;
+- the config it was written under (`Step.config`: the keys that import code are dropped);
+- the tokenizer the weights were trained with (`check_tokenizer`), else a ConfigError.
 
-`open_checkpoint(path)` does the first four and returns a `CheckpointReader` that loads state
-dicts and tensors, and finds the config and run folder the step was written under.
+`open_checkpoint(path)` does all of these and returns the `Step`.
 """
 
 from __future__ import annotations
@@ -24,20 +27,22 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from torchllm.checkpoint.index import (
+    INDEX,
+    CorruptCheckpoint,
+    DataPlanner,
+    dcp_reader,
+    decode_index,
+)
 from torchllm.checkpoint.integrity import check_files
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
-from torchllm.checkpoint.safe_load import SafeFileSystemReader, safe_fsspec_reader
 from torchllm.log import logger
 from torchllm.storage import Location, as_location, join, parent_of, storage_for
 
 
 class MarkerError(ValueError):
     """A COMPLETE marker that cannot be read or holds no record: its step is not used."""
-
-
-class CorruptCheckpoint(ValueError):
-    """A checkpoint file differs from what its COMPLETE marker recorded when it was saved."""
 
 
 def read_marker(path: Location) -> dict:
@@ -57,25 +62,6 @@ def read_marker(path: Location) -> dict:
     if not isinstance(record, dict) or "step" not in record:
         raise MarkerError(f"marker {marker} is damaged (no step record in it)")
     return record
-
-
-def dcp_reader(path: Location):
-    """DCP's reader for a step folder or prefix, whose pickles are data only (safe_load:
-    allow-listed types): the only reader any DCP load here gets."""
-    store = storage_for(path)
-    if store.remote:
-        return safe_fsspec_reader(str(path), **store.options)
-    return SafeFileSystemReader(str(path))
-
-
-def read_metadata(path: Location) -> Metadata:
-    """A step's DCP `.metadata`, read through the allow-list."""
-    return dcp_reader(path).read_metadata()
-
-
-def saved_keys(path: Location) -> set[str]:
-    """Top-level keys of a DCP checkpoint (reads only its metadata file)."""
-    return {key.split(".", 1)[0] for key in read_metadata(path).state_dict_metadata}
 
 
 # ------------------------------------------------------------------------ which step
@@ -123,41 +109,57 @@ def _newest_healthy(folder: Location, steps: list[int]) -> Location:
     return step_dir(folder, steps[-1])
 
 
-# ------------------------------------------------------------------------ the reader
+# ------------------------------------------------------------------------ the step
+
+# The marker's fields that say whose step this is (written by the saver: checkpoint/saver.py).
+IDENTITY = ("run_id", "data", "tokenizer")
 
 
-class CheckpointReader:
-    """One complete step: its folder (`path`) and marker record (`marker`)."""
+class Step:
+    """One complete step, opened once (`Step.open`): its folder (`path`), marker record
+    (`marker`), index (`metadata`, checked against the marker's file list) and identity."""
 
-    def __init__(self, path: Location, marker: dict):
-        self.path, self.marker = as_location(path), marker
-        self._metadata: Metadata | None = None
-
-    @classmethod
-    def at(cls, step: Location) -> CheckpointReader:
-        """The step folder `step` as it is, its marker read (MarkerError); files not checked."""
-        return cls(step, read_marker(step))
+    def __init__(self, path: Location, marker: dict, metadata: Metadata):
+        self.path, self.marker, self.metadata = as_location(path), marker, metadata
 
     @classmethod
-    def find(cls, path: Location, folder_name: str = "checkpoint") -> CheckpointReader:
-        """The complete step `path` names (see `resolve_checkpoint`), its marker read; files not
-        checked (what a launch reads before training: the marker's records)."""
-        return cls.at(resolve_checkpoint(path, folder_name))
+    def open(cls, path: Location) -> Step:
+        """The step folder `path` as it is: its marker read (MarkerError) and its index read
+        and checked against the marker's files (CorruptCheckpoint, UntrustedCheckpoint); the
+        files' checksums are `verify`'s."""
+        path = as_location(path)
+        marker = read_marker(path)
+        sizes = _recorded_sizes(path, marker)
+        where = join(path, INDEX)
+        if INDEX not in sizes:
+            raise CorruptCheckpoint(f"checkpoint {path} has no index ({where})")
+        data = storage_for(where).read_bytes(where)
+        if len(data) != sizes[INDEX]:
+            raise CorruptCheckpoint(f"file {where} has {len(data)} bytes, {sizes[INDEX]} when "
+                                    "saved")
+        metadata = decode_index(data, str(where), path)
+        _check_reads(path, metadata, sizes)
+        return cls(path, marker, metadata)
+
+    @classmethod
+    def find(cls, path: Location, folder_name: str = "checkpoint") -> Step:
+        """The complete step `path` names (see `resolve_checkpoint`), opened."""
+        return cls.open(resolve_checkpoint(path, folder_name))
 
     def verify(self, rank: int = 0, world: int = 1) -> str | None:
         """The first problem among this rank's share of the files against the marker's sizes
-        and CRC-32s; None when they match (or the marker records none: a seed checkpoint)."""
+        and CRC-32s; None when they match (or the marker records none: checksums off)."""
         return check_files(self.path, self.marker, rank, world)
-
-    @property
-    def metadata(self) -> Metadata:
-        if self._metadata is None:
-            self._metadata = read_metadata(self.path)
-        return self._metadata
 
     @property
     def step(self) -> int | None:
         return step_of(self.path)
+
+    @property
+    def identity(self) -> dict:
+        """Whose step this is, as its marker records it: {"run_id", "data", "tokenizer"}
+        (None where a step saved before they were recorded has no such field)."""
+        return {key: self.marker.get(key) for key in IDENTITY}
 
     @property
     def precision(self) -> str | None:
@@ -170,13 +172,15 @@ class CheckpointReader:
         return {key.split(".", 1)[0] for key in self.metadata.state_dict_metadata}
 
     def load(self, state_dict: dict, no_dist: bool = False) -> None:
-        """DCP's load into `state_dict` (in place), through the allow-list."""
-        dcp.load(state_dict, storage_reader=dcp_reader(self.path), no_dist=no_dist)
+        """DCP's load into `state_dict` (in place), from the checked index; stored values
+        through `weights_only` (index.DataPlanner)."""
+        reader = dcp_reader(self.path, self.metadata)
+        dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), no_dist=no_dist)
 
     def tensors(self, prefix: str = "model.", what: str | None = None) -> dict[str, torch.Tensor]:
         """Every tensor whose flattened key starts with `prefix`, as plain CPU tensors keyed by
         the rest of the key ("model." -> parameter names); no model code needed: shapes and
-        dtypes come from the metadata. `what` names them in the error when there are none."""
+        dtypes come from the index. `what` names them in the error when there are none."""
         tensors = {
             key: torch.empty(meta.size, dtype=meta.properties.dtype)
             for key, meta in self.metadata.state_dict_metadata.items()
@@ -204,6 +208,18 @@ class CheckpointReader:
                 return store.local_copy(path)
         return None
 
+    def config(self, overrides: list[str] = ()):
+        """The config the step was written under (`config_file`) with `overrides` on top, as
+        data: the keys that import code (job.custom_import) are taken from `overrides` only,
+        never from the checkpoint's file. ConfigError when there is none."""
+        from torchllm.config import ConfigError, load_config
+
+        path = self.config_file()
+        if path is None:
+            raise ConfigError(f"neither {join(self.path, 'config.toml')} nor the run's "
+                              "config.toml exists; pass the run's config with --job.config_file")
+        return load_config(["--job.config_file", str(path), *overrides], file_runs_code=False)
+
     def run_folder(self, cfg) -> Path:
         """The local run folder that wrote the step (its tokenizer cache is in data/): the
         step's grandparent, or for a step on object storage the run folder its config names."""
@@ -218,15 +234,42 @@ class CheckpointReader:
         check_same_tokenizer(self.marker.get("tokenizer"), now, f"checkpoint {self.path}", use)
 
 
-def open_checkpoint(path: Location, folder_name: str = "checkpoint") -> CheckpointReader:
+def _recorded_sizes(path: Location, marker: dict) -> dict[str, int]:
+    """{file: bytes} of the step: as COMPLETE records them (a file it does not list is no part
+    of the step), or with checksums off (no list) as the folder holds them."""
+    files = marker.get("files")
+    if not files:
+        return storage_for(path).files(path)
+    if not isinstance(files, dict) or not all(
+            isinstance(f, dict) and type(f.get("bytes")) is int for f in files.values()):
+        raise MarkerError(f"marker {join(path, MARKER)} is damaged (its file list is not "
+                          "{name: {bytes, crc32}})")
+    return {name: f["bytes"] for name, f in files.items()}
+
+
+def _check_reads(path: Location, metadata: Metadata, sizes: dict[str, int]) -> None:
+    """Every read the index records stays inside the step: a file COMPLETE lists (a plain
+    name: no folder, no `..`), and an (offset, length) within its recorded size."""
+    where = join(path, INDEX)
+    for index, info in metadata.storage_data.items():
+        name, at, length = info.relative_path, info.offset, info.length
+        what = f"checkpoint index {where}: the entry of {index.fqn!r}"
+        if name in ("", ".", "..") or "/" in name or "\\" in name or name not in sizes \
+                or name == INDEX:
+            raise CorruptCheckpoint(f"{what} reads {name!r}, which is not a file of the step "
+                                    f"(COMPLETE lists {sorted(sizes)})")
+        if at < 0 or length < 0 or at + length > sizes[name]:
+            raise CorruptCheckpoint(f"{what} reads bytes {at}..{at + length} of {name}, which "
+                                    f"has {sizes[name]} bytes")
+
+
+def open_checkpoint(path: Location, folder_name: str = "checkpoint") -> Step:
     """The complete step `path` names (a run, checkpoint or step folder), checked as a resume
-    checks it: its COMPLETE marker read, every file against the marker's sizes and CRC-32s, and
-    its .metadata read through the restricted unpickler (safe_load). One-line errors:
-    FileNotFoundError, MarkerError or CorruptCheckpoint (ValueErrors naming the file),
-    safe_load.UntrustedCheckpoint."""
-    reader = CheckpointReader.find(path, folder_name)
-    problem = reader.verify()
+    checks it: opened (marker, index, reads inside the step) and every file against the
+    marker's sizes and CRC-32s. One-line errors: FileNotFoundError, MarkerError,
+    CorruptCheckpoint (ValueErrors naming the file), UntrustedCheckpoint."""
+    step = Step.find(path, folder_name)
+    problem = step.verify()
     if problem:
-        raise CorruptCheckpoint(f"checkpoint {reader.path} cannot be used: {problem}")
-    reader.metadata  # noqa: B018 - read through the allow-list now: refused before any use
-    return reader
+        raise CorruptCheckpoint(f"checkpoint {step.path} cannot be used: {problem}")
+    return step
