@@ -44,7 +44,7 @@ MUTANTS = [
     Mutant(
         "unreadable_marker_skips_checksums",
         "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
-        "loads unverified", "torchllm/checkpoint/reader.py",
+        "loads unverified", "torchllm/checkpoint/step.py",
         '        raise MarkerError(f"marker {marker} is {what}") from None\n',
         "        return {}\n",
         ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
@@ -94,48 +94,92 @@ MUTANTS = [
         "golden_checkpoint_key_renamed",
         "a refactor renames a checkpoint state key: its own saves load, older checkpoints do not",
         "torchllm/checkpoint/checkpointer.py",
-        'self.states["train_state"] = PickledState(train_state)',
-        'self.states["trainer_state"] = PickledState(train_state)',
+        'self.states["train_state"] = JSONState(train_state)',
+        'self.states["trainer_state"] = JSONState(train_state)',
         ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
     ),
     Mutant(
-        "metadata_plain_pickle",
-        "the checkpoint reader unpickles .metadata with plain pickle (a payload runs)",
-        "torchllm/checkpoint/safe_load.py",
-        "            metadata = restricted_load(stream.read(), METADATA_GLOBALS, str(path))",
-        "            metadata = pickle.loads(stream.read())",
-        ("tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",
-         "tests/test_checkpoint_trust.py::test_fsspec_checkpoints_are_read_through_the_allow_list"),
+        "legacy_index_unpickled",
+        "the reader falls back to DCP's own pickle.load for an index that is not JSON (an older "
+        "torchllm's: the payload runs, pathlib's classes change)",
+        "torchllm/checkpoint/index.py",
+        "        raise legacy_refusal(where, step)\n",
+        "        return pickle.loads(data)\n",
+        ("tests/test_checkpoint_step.py::test_a_pickle_index_is_refused_naming_the_conversion",
+         "tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",
+         "tests/test_checkpoint_trust.py::test_fsspec_checkpoints_are_read_as_data"),
     ),
     Mutant(
-        "pickled_state_plain_pickle",
-        "torchllm's pickled states (scheduler, data position, counters) load with pickle.loads",
+        "json_state_reads_legacy_pickle",
+        "torchllm's small states (scheduler, data position, counters) still load an older "
+        "checkpoint's pickle with pickle.loads",
         "torchllm/checkpoint/state.py",
-        "        self.obj.load_state_dict(load_state_pickle(sd[\"pickle\"], where))",
-        "        self.obj.load_state_dict(pickle.loads(sd[\"pickle\"]))",
-        ("tests/test_checkpoint_trust.py::test_pickled_state_loads_plain_pickles_of_data_and_refuses_code",),
+        '        if "json" not in sd or not isinstance(sd["json"], str):\n',
+        '        if "pickle" in sd:\n'
+        '            return self.obj.load_state_dict(__import__("pickle").loads(sd["pickle"]))\n'
+        '        if "json" not in sd or not isinstance(sd["json"], str):\n',
+        ("tests/test_checkpoint_step.py::test_json_state_round_trips_and_never_unpickles",
+         "tests/test_checkpoint_trust.py::test_json_state_loads_data_and_never_unpickles"),
     ),
     Mutant(
         "stored_values_not_weights_only",
         "DCP's non-tensor values load with torch.load(weights_only=False)",
-        "torchllm/checkpoint/safe_load.py",
+        "torchllm/checkpoint/index.py",
         "            return torch.load(io.BytesIO(data), map_location=\"cpu\", weights_only=True)",
         "            return torch.load(io.BytesIO(data), map_location=\"cpu\", weights_only=False)",
         ("tests/test_checkpoint_trust.py::test_stored_values_load_as_data_only",),
     ),
     Mutant(
-        "reader_passes_bytes_unchecked",
-        "the reader hands DCP's planner the bytes values unchecked (its torch.load is unsafe)",
-        "torchllm/checkpoint/safe_load.py",
-        "        return super().read_data(plan, _SafeBytesPlanner(planner, self))",
-        "        return super().read_data(plan, planner)",
+        "reader_uses_dcps_planner",
+        "a Step loads with DCP's default planner (its stored values unpickled with "
+        "weights_only=False)",
+        "torchllm/checkpoint/step.py",
+        "        dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), "
+        "no_dist=no_dist)",
+        "        dcp.load(state_dict, storage_reader=reader, no_dist=no_dist)",
         ("tests/test_checkpoint_trust.py::test_dcp_reads_of_poisoned_values_are_refused_naming_the_file",),
+    ),
+    Mutant(
+        "index_read_outside_the_step",
+        "a recorded chunk path is joined to the step folder unchecked (`../` reads another "
+        "run's weights)",
+        "torchllm/checkpoint/step.py",
+        '        if name in ("", ".", "..") or "/" in name or "\\\\" in name or name not in sizes \\\n'
+        "                or name == INDEX:\n",
+        "        if False:\n",
+        ("tests/test_checkpoint_step.py::test_an_index_reading_outside_the_step_is_refused_before_any_tensor",),
+    ),
+    Mutant(
+        "index_lengths_trusted",
+        "a recorded (offset, length) is read without checking it against the file's recorded "
+        "size (a 3 GB length reads 3 GB)",
+        "torchllm/checkpoint/step.py",
+        "        if at < 0 or length < 0 or at + length > sizes[name]:\n",
+        "        if at < 0 or length < 0:\n",
+        ("tests/test_checkpoint_step.py::test_an_over_long_read_is_refused_before_reading",),
+    ),
+    Mutant(
+        "index_file_not_in_complete",
+        "the index may read a file COMPLETE does not list (its CRC never checked)",
+        "torchllm/checkpoint/step.py",
+        "    files = marker.get(\"files\")\n    if not files:\n",
+        "    files = None\n    if not files:\n",
+        ("tests/test_checkpoint_step.py::test_an_over_long_read_is_refused_before_reading",),
+    ),
+    Mutant(
+        "checkpoint_config_imports_code",
+        "a checkpoint's config.toml is loaded like the user's own: its job.custom_import runs "
+        "code in generate, the evals and hf export",
+        "torchllm/config/loader.py",
+        "                if not file_runs_code and (section, key) in CODE_KEYS:\n",
+        "                if False:\n",
+        ("tests/test_checkpoint_step.py::test_a_downloaded_checkpoint_config_never_imports_code",),
     ),
     Mutant(
         "inference_skips_checksums",
         "generate, the evals and convert read a checkpoint without its COMPLETE CRC-32s",
-        "torchllm/checkpoint/reader.py",
-        "    problem = reader.verify()\n",
+        "torchllm/checkpoint/step.py",
+        "    problem = step.verify()\n",
         "    problem = None\n",
         ("tests/test_checkpoint_trust.py::test_convert_and_inference_loading_refuse_a_flipped_byte_or_code",),
     ),
@@ -264,17 +308,10 @@ MUTANTS = [
     ),
     Mutant(
         "inference_reads_unhealthy_newest", "generate / export of a run read the step saved while updates were skipped",
-        "torchllm/checkpoint/reader.py",
+        "torchllm/checkpoint/step.py",
         "            return _newest_healthy(folder, steps)",
         "            return step_dir(folder, steps[-1])",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
-    ),
-    Mutant(
-        "pickled_state_storage_plain_load", "a pickled state's tensor storage is read by torch's own _load_from_bytes (unpickles anything)",
-        "torchllm/checkpoint/safe_load.py",
-        "        return SAFE_STANDINS.get((module, name)) or super().find_class(module, name)",
-        "        return super().find_class(module, name)",
-        ("tests/test_checkpoint_trust.py::test_pickled_state_with_tensors_loads_and_their_storage_is_data_only",),
     ),
     Mutant(
         "storage_resolved_per_call", "storage_for makes a new file system (and checks the "

@@ -39,7 +39,7 @@ PICKLED = ".pickle"  # the key under which an older torchllm pickled a small sta
 def is_legacy(step: Path) -> bool:
     """Whether the step's index is a pickle (DCP's own, as an older torchllm wrote it)."""
     with open(step / INDEX, "rb") as f:
-        return f.read(1) == b"\x80"
+        return f.read(64).lstrip()[:1] != b"{"
 
 
 class _TrustedPlanner(DefaultLoadPlanner):

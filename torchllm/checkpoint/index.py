@@ -59,8 +59,8 @@ class UntrustedCheckpoint(ConfigError):
 
 def legacy_refusal(where: str, step: Location) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
-        f"{where} is not a checkpoint file torchllm trusts: it is a pickle (an index written by "
-        "an older torchllm; pickles are never read, they can run code); if you trust this "
+        f"{where} is not a checkpoint file torchllm trusts: it is no JSON index (a pickle, as an "
+        "older torchllm wrote it, is never read: it can run code); if you trust this "
         f"checkpoint, convert it once with: {CONVERT.format(path=step)}")
 
 
@@ -156,7 +156,7 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
     """The `Metadata` a JSON index records. UntrustedCheckpoint for a pickle (an older
     torchllm's); CorruptCheckpoint (one line naming `where`) for anything else that is not
     exactly what `encode_index` writes."""
-    if data[:1] == b"\x80":  # pickle protocol 2+: DCP's own index, as torchllm wrote it before
+    if data.lstrip()[:1] != b"{":  # not JSON: DCP's own pickle, as torchllm wrote it before
         raise legacy_refusal(where, step)
     try:
         record = json.loads(data.decode())

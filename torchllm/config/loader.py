@@ -286,8 +286,8 @@ def _dropped(section: str, key: str, value: Any, path: str) -> None:
     from torchllm.log import logger
 
     logger.warning("ignoring %s.%s = %r in the checkpoint's config %s: a checkpoint never "
-                   "names code to import (pass --%s.%s on your command line if you trust it)",
-                   section, key, value, path, section, key)
+                   "names code to import (if you trust that module, pass --%s.%s=%s on your "
+                   "command line)", section, key, value, path, section, key, value)
 
 
 def _toml_value(value: Any) -> str:
