@@ -118,7 +118,7 @@ def test_async_save_equals_sync_save(tmp_path):
     for step in (2, 4, 5):
         a = tmp_path / "a" / "run" / "checkpoint" / f"step-{step}"
         s = tmp_path / "s" / "run" / "checkpoint" / f"step-{step}"
-        assert Step.open(a).keys() == Step.open(s).keys()
+        assert Step.open(a).states == Step.open(s).states
         expected = all_tensors(s)
         got = all_tensors(a)
         assert sorted(got) == sorted(expected) and len(expected) > 20
@@ -173,7 +173,7 @@ def test_seed_checkpoint_and_initial_load_path(tmp_path):
     seed = trainer(tmp_path / "seed", "--checkpoint.create_seed_checkpoint")
     seed.train()
     step0 = tmp_path / "seed" / "run" / "checkpoint" / "step-0"
-    assert Step.open(step0).keys() == {"model"}
+    assert Step.open(step0).states == {"model"}
     started = Trainer(tiny_config(tmp_path / "new", "--job.seed=123",
                                   f"--checkpoint.initial_load_path={tmp_path / 'seed' / 'run'}"))
     assert started.step == 0
@@ -218,7 +218,7 @@ def test_last_save_model_only_in_export_dtype(tmp_path):
                 "--checkpoint.export_dtype=bfloat16")
     t.train()
     last = resolve_checkpoint(tmp_path / "run")
-    assert last.name == "step-4" and Step.open(last).keys() == {"model"}
+    assert last.name == "step-4" and Step.open(last).states == {"model"}
     sd = {k: torch.empty(v.shape, dtype=torch.bfloat16) for k, v in t.model.state_dict().items()}
     Step.open(last).load({"model": sd})
     for name, value in t.model.state_dict().items():

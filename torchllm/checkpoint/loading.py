@@ -130,7 +130,7 @@ class Loader:
                 record = read_marker(path)
                 if "weights_only" not in record and "healthy" not in record and \
                         self.has_optimizer:
-                    if "optimizer" not in Step.open(path).keys():
+                    if "optimizer" not in Step.open(path).states:
                         record["weights_only"] = True
             except (Exception, CheckpointException):  # noqa: BLE001 - the load reports it
                 continue

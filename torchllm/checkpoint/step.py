@@ -53,14 +53,21 @@ def read_marker(path: Location) -> dict:
     try:
         data = storage_for(marker).read_bytes(marker)
     except OSError as e:
-        raise MarkerError(f"marker {marker} cannot be read ({e.strerror or e})") from None
+        data = e
+    return parse_marker(data, marker)
+
+
+def parse_marker(data: bytes | OSError, where) -> dict:
+    """The record in a COMPLETE marker's bytes (`read_marker`)."""
+    if isinstance(data, OSError):
+        raise MarkerError(f"marker {where} cannot be read ({data.strerror or data})")
     try:
         record = json.loads(data.decode())
     except ValueError as e:  # empty, cut short, or not text at all
         what = "empty" if not data.strip() else f"damaged (not a JSON record: {e})"
-        raise MarkerError(f"marker {marker} is {what}") from None
+        raise MarkerError(f"marker {where} is {what}") from None
     if not isinstance(record, dict) or "step" not in record:
-        raise MarkerError(f"marker {marker} is damaged (no step record in it)")
+        raise MarkerError(f"marker {where} is damaged (no step record in it)")
     return record
 
 
@@ -111,6 +118,7 @@ def _newest_healthy(folder: Location, steps: list[int]) -> Location:
 
 # ------------------------------------------------------------------------ the step
 
+CONFIG = "config.toml"  # the config the step was written under (saver.py writes it)
 # The marker's fields that say whose step this is (written by the saver: checkpoint/saver.py).
 IDENTITY = ("run_id", "data", "tokenizer")
 
@@ -119,27 +127,33 @@ class Step:
     """One complete step, opened once (`Step.open`): its folder (`path`), marker record
     (`marker`), index (`metadata`, checked against the marker's file list) and identity."""
 
-    def __init__(self, path: Location, marker: dict, metadata: Metadata):
+    def __init__(self, path: Location, marker: dict, metadata: Metadata,
+                 config_text: str | None = None):
         self.path, self.marker, self.metadata = as_location(path), marker, metadata
+        self.config_text = config_text  # the step's own config.toml, as read at open
+        # Top-level keys of the saved state ("model", "optimizer", ...).
+        self.states = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
     @classmethod
     def open(cls, path: Location) -> Step:
-        """The step folder `path` as it is: its marker read (MarkerError) and its index read
-        and checked against the marker's files (CorruptCheckpoint, UntrustedCheckpoint); the
-        files' checksums are `verify`'s."""
+        """The step folder `path` as it is, read once (its marker, index and config): the
+        marker parsed (MarkerError) and the index checked against the marker's files
+        (CorruptCheckpoint, UntrustedCheckpoint); the files' checksums are `verify`'s."""
         path = as_location(path)
-        marker = read_marker(path)
-        sizes = _recorded_sizes(path, marker)
-        where = join(path, INDEX)
-        if INDEX not in sizes:
-            raise CorruptCheckpoint(f"checkpoint {path} has no index ({where})")
-        data = storage_for(where).read_bytes(where)
+        present, read = storage_for(path).read_folder(path, (MARKER, INDEX, CONFIG))
+        where = f"{path}/{INDEX}"
+        marker = parse_marker(read.get(MARKER, OSError("missing")), f"{path}/{MARKER}")
+        sizes = _recorded_sizes(marker, present, f"{path}/{MARKER}")
+        data = read.get(INDEX)
+        if not isinstance(data, bytes) or INDEX not in sizes:
+            raise CorruptCheckpoint(f"checkpoint {path} has no readable index ({where})")
         if len(data) != sizes[INDEX]:
             raise CorruptCheckpoint(f"file {where} has {len(data)} bytes, {sizes[INDEX]} when "
                                     "saved")
-        metadata = decode_index(data, str(where), path)
-        _check_reads(path, metadata, sizes)
-        return cls(path, marker, metadata)
+        metadata = decode_index(data, where, path)
+        _check_reads(where, metadata, sizes)
+        config = read.get(CONFIG)
+        return cls(path, marker, metadata, config.decode() if isinstance(config, bytes) else None)
 
     @classmethod
     def find(cls, path: Location, folder_name: str = "checkpoint") -> Step:
@@ -166,10 +180,6 @@ class Step:
         """The precision the step was trained in ("bf16" or "fp32"), None when not recorded."""
         found = self.marker.get("precision")
         return found if found in ("bf16", "fp32") else None
-
-    def keys(self) -> set[str]:
-        """Top-level keys of the saved state ("model", "optimizer", ...)."""
-        return {key.split(".", 1)[0] for key in self.metadata.state_dict_metadata}
 
     def load(self, state_dict: dict, no_dist: bool = False) -> None:
         """DCP's load into `state_dict` (in place), from the checked index; stored values
@@ -234,23 +244,22 @@ class Step:
         check_same_tokenizer(self.marker.get("tokenizer"), now, f"checkpoint {self.path}", use)
 
 
-def _recorded_sizes(path: Location, marker: dict) -> dict[str, int]:
+def _recorded_sizes(marker: dict, present: dict[str, int], where: str) -> dict[str, int]:
     """{file: bytes} of the step: as COMPLETE records them (a file it does not list is no part
-    of the step), or with checksums off (no list) as the folder holds them."""
+    of the step), or with checksums off (no list) as the folder holds them (`present`)."""
     files = marker.get("files")
     if not files:
-        return storage_for(path).files(path)
+        return present
     if not isinstance(files, dict) or not all(
             isinstance(f, dict) and type(f.get("bytes")) is int for f in files.values()):
-        raise MarkerError(f"marker {join(path, MARKER)} is damaged (its file list is not "
+        raise MarkerError(f"marker {where} is damaged (its file list is not "
                           "{name: {bytes, crc32}})")
     return {name: f["bytes"] for name, f in files.items()}
 
 
-def _check_reads(path: Location, metadata: Metadata, sizes: dict[str, int]) -> None:
-    """Every read the index records stays inside the step: a file COMPLETE lists (a plain
-    name: no folder, no `..`), and an (offset, length) within its recorded size."""
-    where = join(path, INDEX)
+def _check_reads(where: str, metadata: Metadata, sizes: dict[str, int]) -> None:
+    """Every read the index `where` records stays inside the step: a file COMPLETE lists (a
+    plain name: no folder, no `..`), and an (offset, length) within its recorded size."""
     for index, info in metadata.storage_data.items():
         name, at, length = info.relative_path, info.offset, info.length
         what = f"checkpoint index {where}: the entry of {index.fqn!r}"
