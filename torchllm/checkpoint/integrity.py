@@ -7,14 +7,13 @@ All functions here are rank-local; the Checkpointer makes the ranks agree on the
 from __future__ import annotations
 
 import errno
-import zlib
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.layout import MARKER
-from torchllm.storage import Location, as_location, iter_chunks, join, storage_for
+from torchllm.storage import Location, as_location, join, storage_for
 
 CHUNK = 16 << 20
 

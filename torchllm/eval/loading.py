@@ -24,13 +24,12 @@ from torch import nn
 from torchllm import models
 from torchllm.checkpoint import Step, open_checkpoint
 from torchllm.run.tokenizer import inference_tokenizer
-from torchllm.config import ConfigError, JobConfig, load_config
+from torchllm.config import ConfigError, JobConfig
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 from torchllm.models.lora import build_with_lora, init_weights
 from torchllm.ranks import env_world_size
-from torchllm.storage import join
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
