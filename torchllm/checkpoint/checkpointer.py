@@ -3,7 +3,7 @@
 A Checkpointer is composed of parts, each its own file: the states it saves (state.py), the
 saver (saver.py: sync, async and mirrored saves, committed by the COMPLETE marker), retention
 (retention.py: the known steps, keep_latest_k), and the loader (loading.py: which step; restore.py:
-one step, through reader.py's checks). Every decision that ranks could see differently (which
+one step, opened once as a step.Step). Every decision that ranks could see differently (which
 checkpoint loads, whether a save failed or finished) is agreed over a small gloo group
 (agree.py), so ranks never hang or diverge.
 """

@@ -12,7 +12,7 @@ A folder without COMPLETE is a save that crashed, is still being written or hold
 values: it is never loaded and never counted for retention (a resume deletes the ones without
 either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
 here takes a local path or a URL, and does its file operations through `torchllm.storage`.
-Reading a step (its marker, which step a run folder means, checks) is reader.py's.
+Reading a step (its marker, which step a run folder means, checks) is step.py's.
 
 A complete step is a resume candidate unless its marker says otherwise (`not_resumable`):
 `"weights_only": true` (a weights-only final save or seed: no optimizer, schedule or data
