@@ -92,7 +92,7 @@ class StepLoader:
         if resume:
             self._check_batch(where, step.marker)
             exclude = self._data_change(where, step.marker, exclude)  # position: same data
-        sds = {k: s.state_dict() for k, s in self._wanted(where, step.keys(), exclude).items()}
+        sds = {k: s.state_dict() for k, s in self._wanted(where, step.states, exclude).items()}
         # A new run whose vocabulary adds tokens to the checkpoint's: the saved embedding /
         # output rows are read whole (plain tensors replace the model's in `sds`) and grown
         # at apply (vocab_resize.plan_growth raises on a vocabulary that cannot grow).
