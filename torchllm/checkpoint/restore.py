@@ -96,7 +96,7 @@ class StepLoader:
         # A new run whose vocabulary adds tokens to the checkpoint's: the saved embedding /
         # output rows are read whole (plain tensors replace the model's in `sds`) and grown
         # at apply (vocab_resize.plan_growth raises on a vocabulary that cannot grow).
-        keys, saved_vocab = plan_growth(where, step.metadata, step.marker, sds["model"],
+        keys, saved_vocab = plan_growth(step.path, step.metadata, step.marker, sds["model"],
                                         self.run_info.get("tokenizer"), resume) \
             if "model" in sds else ([], 0)
         grow = None
