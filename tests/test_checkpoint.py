@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchllm.checkpoint import complete_steps, resolve_checkpoint
-from torchllm.checkpoint.reader import saved_keys
+from torchllm.checkpoint.step import Step
 from torchllm.config import ConfigError
 from torchllm.optim import lr_factor
 from torchllm.train import Trainer
@@ -118,7 +118,7 @@ def test_async_save_equals_sync_save(tmp_path):
     for step in (2, 4, 5):
         a = tmp_path / "a" / "run" / "checkpoint" / f"step-{step}"
         s = tmp_path / "s" / "run" / "checkpoint" / f"step-{step}"
-        assert saved_keys(a) == saved_keys(s)
+        assert Step.open(a).states == Step.open(s).states
         expected = all_tensors(s)
         got = all_tensors(a)
         assert sorted(got) == sorted(expected) and len(expected) > 20
@@ -173,7 +173,7 @@ def test_seed_checkpoint_and_initial_load_path(tmp_path):
     seed = trainer(tmp_path / "seed", "--checkpoint.create_seed_checkpoint")
     seed.train()
     step0 = tmp_path / "seed" / "run" / "checkpoint" / "step-0"
-    assert saved_keys(step0) == {"model"}
+    assert Step.open(step0).states == {"model"}
     started = Trainer(tiny_config(tmp_path / "new", "--job.seed=123",
                                   f"--checkpoint.initial_load_path={tmp_path / 'seed' / 'run'}"))
     assert started.step == 0
@@ -218,11 +218,9 @@ def test_last_save_model_only_in_export_dtype(tmp_path):
                 "--checkpoint.export_dtype=bfloat16")
     t.train()
     last = resolve_checkpoint(tmp_path / "run")
-    assert last.name == "step-4" and saved_keys(last) == {"model"}
+    assert last.name == "step-4" and Step.open(last).states == {"model"}
     sd = {k: torch.empty(v.shape, dtype=torch.bfloat16) for k, v in t.model.state_dict().items()}
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load({"model": sd}, checkpoint_id=str(last))
+    Step.open(last).load({"model": sd})
     for name, value in t.model.state_dict().items():
         assert torch.equal(sd[name], value.to(torch.bfloat16)), name
 

@@ -1,10 +1,11 @@
-"""Checkpoints are data, never code (issue 42): a `.metadata`, a `.distcp` value or a pickled
-state that would run code is refused by every command that reads a checkpoint, with one line
-naming the file; and every reader verifies the CRC-32s the COMPLETE marker recorded.
+"""Checkpoints are data, never code (issue 42; issue 52: no home-made unpickler): a `.metadata`
+pickle (never unpickled: refused, naming the one-time conversion) or a `.distcp` value that
+would run code is refused by every command that reads a checkpoint, with one line naming the
+file; and every reader verifies the CRC-32s the COMPLETE marker recorded.
 
 Each poisoned checkpoint's payload is first shown to run under a plain unpickler (it writes a
 marker file, then returns the real value), and the marker's CRC-32s are updated, so only the
-restricted unpickler stands between the payload and the command."""
+reader stands between the payload and the command."""
 
 from __future__ import annotations
 
@@ -26,11 +27,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
+from torchllm.checkpoint.index import (
+    UntrustedCheckpoint,
+    dcp_reader,
+    dcp_writer,
+    decode_index,
+    encode_index,
+    load_value,
+)
 from torchllm.checkpoint.integrity import folder_checksums
-from torchllm.checkpoint.layout import MARKER, dcp_writer
-from torchllm.checkpoint.reader import CorruptCheckpoint, dcp_reader
-from torchllm.checkpoint.safe_load import UntrustedCheckpoint, load_bytes
-from torchllm.checkpoint.state import PickledState, TrainState
+from torchllm.checkpoint.layout import MARKER
+from torchllm.checkpoint.state import JSONState, TrainState
+from torchllm.checkpoint.step import CorruptCheckpoint, Step
 from torchllm.train import Trainer
 
 import preforked
@@ -83,8 +91,9 @@ def runs_under_plain_pickle(load, marker: Path):
 
 
 def poison_metadata(step: Path, marker: Path) -> Path:
+    """The step's index as a pickle (as DCP writes it) with the payload in front."""
     path = step / ".metadata"
-    poisoned = payload(marker) + path.read_bytes()
+    poisoned = payload(marker) + pickle.dumps(Step.open(step).metadata)
     got = runs_under_plain_pickle(lambda: pickle.loads(poisoned), marker)
     assert isinstance(got, Metadata) and got.state_dict_metadata
     path.write_bytes(poisoned)
@@ -96,14 +105,14 @@ def saved_value(step: Path, key: str, fqn: str):
     sd = {key: {fqn: None}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(sd, checkpoint_id=str(step), no_dist=True)
+        Step.open(step).load(sd, no_dist=True)
     return sd[key][fqn]
 
 
 def replace_value(step: Path, fqn: str, saved: bytes) -> Path:
     """Point the `.metadata` entry of the bytes value `fqn` at `saved` (a torch.save) appended
     to the .distcp file that holds it; returns that file."""
-    metadata = pickle.loads((step / ".metadata").read_bytes())  # the test's own, trusted
+    metadata = Step.open(step).metadata
     index = next(i for i in metadata.storage_data if i.fqn == fqn)
     info = metadata.storage_data[index]
     shard = step / info.relative_path
@@ -111,7 +120,7 @@ def replace_value(step: Path, fqn: str, saved: bytes) -> Path:
     with open(shard, "ab") as f:
         f.write(saved)
     metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(saved))
-    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    (step / ".metadata").write_text(encode_index(metadata))
     reseal(step)
     return shard
 
@@ -123,12 +132,14 @@ def torch_saved(value) -> bytes:
 
 
 def poison_pickled_state(step: Path, marker: Path) -> Path:
-    """train_state.pickle: an inner pickle that runs the payload, then returns the counters."""
-    real = saved_value(step, "train_state", "pickle")
-    poisoned = payload(marker) + real
-    got = runs_under_plain_pickle(lambda: pickle.loads(poisoned), marker)
-    assert got == pickle.loads(real) and got["step"] == 2
-    return replace_value(step, "train_state.pickle", torch_saved(poisoned))
+    """train_state.json: a torch.save'd value whose unpickling runs the payload, then returns
+    the counters' JSON text."""
+    real = saved_value(step, "train_state", "json")
+    saved = torch_saved(_Evil(marker, real))
+    got = runs_under_plain_pickle(lambda: torch.load(io.BytesIO(saved), weights_only=False),
+                                  marker)
+    assert got == real and json.loads(got)["step"] == 2
+    return replace_value(step, "train_state.json", saved)
 
 
 class _Evil:
@@ -245,7 +256,7 @@ def test_convert_and_inference_loading_refuse_a_flipped_byte_or_code(run, tmp_pa
     flip_a_byte(step)  # back as saved
     marker = tmp_path / "PWNED"
     metadata = poison_metadata(step, marker)
-    with pytest.raises(UntrustedCheckpoint, match=f"{metadata} {REFUSED}.*os.system"):
+    with pytest.raises(UntrustedCheckpoint, match=f"{metadata} {REFUSED}.*convert_legacy"):
         load_for_inference(run / "run", "cpu")
     assert convert(["to-file", str(run / "run"), str(out)]) == 2 and not out.exists()
     assert not marker.exists()
@@ -256,91 +267,86 @@ def test_convert_and_inference_loading_refuse_a_flipped_byte_or_code(run, tmp_pa
 def test_dcp_reads_of_poisoned_values_are_refused_naming_the_file(run, tmp_path, poison):
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from torchllm.checkpoint.safe_load import untrusted_cause
+    from torchllm.checkpoint.index import untrusted_cause
 
     marker = tmp_path / "PWNED"
     step = step_of(run)
     shard = poison(step, marker)
-    key, fqn = ("rng_rank0", "python") if poison is poison_rng_value else ("train_state", "pickle")
+    key, fqn = ("rng_rank0", "python") if poison is poison_rng_value else ("train_state", "json")
     with pytest.raises(CheckpointException) as e:
-        dcp.load({key: {fqn: None}}, storage_reader=dcp_reader(step), no_dist=True)
+        Step.open(step).load({key: {fqn: None}}, no_dist=True)
     assert f"{shard} (value {key}.{fqn}) {REFUSED}" in untrusted_cause(e.value)
     assert not marker.exists()
 
 
-def test_restricted_metadata_reads_what_plain_pickle_reads(trained):
-    """The allow-list covers a real checkpoint's .metadata: the same Metadata as pickle's."""
-    step = step_of(trained)
-    ours = dcp_reader(step).read_metadata()
-    plain = pickle.loads((step / ".metadata").read_bytes())
+def test_json_index_holds_what_dcp_pickles(tmp_path):
+    """The JSON index rebuilds the very Metadata DCP's own writer pickles (its test's own read
+    of that pickle, trusted here)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "train_state": {"step": 7},
+             "rng": {"numpy": np.random.get_state()}}
+    dcp.save(state, storage_writer=FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    plain = pickle.loads((tmp_path / "dcp" / ".metadata").read_bytes())
+    ours = decode_index(encode_index(plain).encode(), "x", tmp_path)
     assert ours.state_dict_metadata == plain.state_dict_metadata
     assert ours.storage_data == plain.storage_data and ours.planner_data == plain.planner_data
-    assert ours.storage_meta.load_id  # set as DCP's own reader sets it
 
 
-def test_fsspec_checkpoints_are_read_through_the_allow_list(tmp_path):
-    """A checkpoint written by DCP's fsspec writer (object stores) reads back; poisoned, it is
-    refused."""
+def test_fsspec_checkpoints_are_read_as_data(tmp_path):
+    """A checkpoint written by the fsspec writer (object stores) has a JSON index and reads
+    back through it; a pickle index there is refused without being unpickled."""
     url = f"file://{tmp_path}/step-1"
     state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "train_state": {"step": 7}}
     dcp.save(state, storage_writer=dcp_writer(url), no_dist=True)
+    path = tmp_path / "step-1" / ".metadata"
+    metadata = decode_index(path.read_bytes(), str(path), url)
     loaded = {"model": {"w": torch.zeros(2, 3)}, "train_state": {"step": 0}}
-    dcp.load(loaded, storage_reader=dcp_reader(url), no_dist=True)
+    dcp.load(loaded, storage_reader=dcp_reader(url, metadata), no_dist=True)
     assert torch.equal(loaded["model"]["w"], state["model"]["w"])
     assert loaded["train_state"]["step"] == 7
     marker = tmp_path / "PWNED"
-    path = tmp_path / "step-1" / ".metadata"
-    path.write_bytes(payload(marker) + path.read_bytes())
-    with pytest.raises(UntrustedCheckpoint, match="os.system"):
-        dcp_reader(url).read_metadata()
+    path.write_bytes(payload(marker) + pickle.dumps(metadata))
+    with pytest.raises(UntrustedCheckpoint, match="convert_legacy"):
+        decode_index(path.read_bytes(), str(path), url)
     assert not marker.exists()
 
 
-def test_pickled_state_loads_plain_pickles_of_data_and_refuses_code(tmp_path):
+def test_json_state_loads_data_and_never_unpickles(tmp_path):
     state = TrainState(step=5, tokens_seen=640, best_val_loss=float("inf"))
-    saved = PickledState(state).state_dict()  # as every checkpoint so far wrote it
-    assert saved["pickle"] == pickle.dumps(state.state_dict())
+    saved = JSONState(state).state_dict()
     restored = TrainState()
-    PickledState(restored).load_state_dict(saved)
+    JSONState(restored).load_state_dict(saved)
     assert restored == state
     marker = tmp_path / "PWNED"
-    poisoned = payload(marker) + saved["pickle"]
+    poisoned = payload(marker) + pickle.dumps(state.state_dict())  # as older checkpoints
     runs_under_plain_pickle(lambda: pickle.loads(poisoned), marker)
-    with pytest.raises(UntrustedCheckpoint, match="TrainState.*os.system"):
-        PickledState(TrainState()).load_state_dict({"pickle": poisoned})
+    with pytest.raises(UntrustedCheckpoint, match="TrainState.*convert_legacy"):
+        JSONState(TrainState()).load_state_dict({"pickle": poisoned})
     assert not marker.exists()
 
 
-def test_pickled_state_with_tensors_loads_and_their_storage_is_data_only(tmp_path):
-    """A scheduler state holding tensors (AdamW8bit's: a tensor lr) loads; the storage bytes a
-    tensor's pickle carries go through weights_only (plain pickle's _load_from_bytes runs
-    anything in them)."""
+def test_json_state_with_tensors_loads(tmp_path):
+    """A scheduler state holding tensors (AdamW8bit's: a tensor lr) loads as tensors."""
     state = {"lr": torch.tensor(1e-3), "base_lrs": [torch.ones(2)], "step": 3}
     holder = type("Holder", (), {"state_dict": lambda self: state,
                                  "load_state_dict": lambda self, sd: setattr(self, "got", sd)})
     restored = holder()
-    PickledState(restored).load_state_dict(PickledState(holder()).state_dict())
+    JSONState(restored).load_state_dict(JSONState(holder()).state_dict())
     assert restored.got["step"] == 3 and torch.equal(restored.got["lr"], state["lr"])
-    marker = tmp_path / "PWNED"
-    # torch.storage._load_from_bytes(<torch.save of a value whose unpickling runs code>)
-    poisoned = (b"\x80\x04ctorch.storage\n_load_from_bytes\n"
-                + pickle.dumps(torch_saved(_Evil(marker, 1)), protocol=4)[2:-1] + b"\x85R.")
-    runs_under_plain_pickle(lambda: pickle.loads(poisoned), marker)
-    with pytest.raises((UntrustedCheckpoint, ValueError)):
-        PickledState(holder()).load_state_dict({"pickle": poisoned})
-    assert not marker.exists()
+    assert torch.equal(restored.got["base_lrs"][0], torch.ones(2))
 
 
 def test_stored_values_load_as_data_only(tmp_path):
     """NumPy's RNG state (an array) and plain values load; a value that would call eval is
     refused."""
     rng = np.random.get_state()
-    got = load_bytes(torch_saved(rng), "x")
+    got = load_value(torch_saved(rng), "x")
     assert got[0] == rng[0] and np.array_equal(got[1], rng[1]) and got[2:] == rng[2:]
-    assert load_bytes(torch_saved(random.getstate()), "x") == random.getstate()
+    assert load_value(torch_saved(random.getstate()), "x") == random.getstate()
     marker = tmp_path / "PWNED"
     evil = torch_saved(_Evil(marker, 1))
     runs_under_plain_pickle(lambda: torch.load(io.BytesIO(evil), weights_only=False), marker)
     with pytest.raises(UntrustedCheckpoint, match="where.bin"):
-        load_bytes(evil, "where.bin")
+        load_value(evil, "where.bin")
     assert not marker.exists()

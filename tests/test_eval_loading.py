@@ -1,4 +1,5 @@
-"""Checkpoint resolution and loading for inference, on checkpoints written here with dcp.save."""
+"""Checkpoint resolution and loading for inference, on checkpoints written here with dcp.save
+(through the checkpointer's writer: its index is JSON)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torchllm import models
 from torchllm.config import to_toml
 from torchllm.data import build_tokenizer
 from torchllm.checkpoint import resolve_checkpoint
+from torchllm.checkpoint.index import dcp_writer
 from torchllm.checkpoint.integrity import folder_checksums
 from torchllm.checkpoint.layout import mark_complete
 from torchllm.eval.loading import load_for_inference
@@ -38,7 +40,7 @@ def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
         step_dir = run_dir / "checkpoint" / f"step-{step}"
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
-            dcp.save({"model": model.state_dict()}, checkpoint_id=step_dir)
+            dcp.save({"model": model.state_dict()}, storage_writer=dcp_writer(step_dir))
         mark_complete(step_dir, step, folder_checksums(step_dir))  # as the checkpointer does
     for step in incomplete_steps:  # a save that never finished: data, but no marker
         shutil.copytree(step_dir, run_dir / "checkpoint" / f"step-{step}",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from torchllm.checkpoint.layout import complete_steps
-from torchllm.checkpoint.reader import read_marker
+from torchllm.checkpoint.step import read_marker
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.sources.embedded import embedded_documents
 from torchllm.train import main

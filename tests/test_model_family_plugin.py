@@ -45,13 +45,14 @@ def test_toy_family_trains_exports_and_loads_in_transformers(tmp_path, toy_impor
                                        "--model.name=toy_llama", "--checkpoint.enable",
                                        "--job.run_name=run", "--training.steps=2")], tmp_path)
     out = tmp_path / "hf"
+    # A checkpoint's config never imports code: the user's command names the family's module.
     _run(["torchllm.hf", "export", "--checkpoint", str(tmp_path / "run"),
-          "--out", str(out)], tmp_path)
+          "--out", str(out), "--job.custom_import=toy_family"], tmp_path)
 
     from torchllm.eval.generation import generate
     from torchllm.eval.loading import load_for_inference
 
-    model, cfg, _ = load_for_inference(tmp_path / "run", "cpu")
+    model, cfg, _ = load_for_inference(tmp_path / "run", "cpu", ["--job.custom_import=toy_family"])
     assert type(model).__name__ == "ToyTransformer" and cfg.job.custom_import == "toy_family"
     assert "layers.0.feed_forward.w13.weight" in model.state_dict()
     hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()

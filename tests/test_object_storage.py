@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchllm.checkpoint.layout import complete_steps, delete_step, scan_steps, step_dir
-from torchllm.checkpoint.reader import read_marker, resolve_checkpoint
+from torchllm.checkpoint.step import read_marker, resolve_checkpoint
 from torchllm.config import ConfigError
 from torchllm.train import Trainer
 

@@ -16,7 +16,7 @@ from torchllm import precision
 from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint import open_checkpoint
 from torchllm.checkpoint.layout import MARKER, mark_complete
-from torchllm.checkpoint.reader import read_marker
+from torchllm.checkpoint.step import read_marker
 from torchllm.train import Trainer
 
 import preforked
@@ -108,7 +108,7 @@ def test_failed_resume_leaves_the_runs_config_byte_identical(run):
 
 
 def test_inference_uses_the_step_folders_config(run):
-    from torchllm.checkpoint import CheckpointReader
+    from torchllm.checkpoint import Step
     from torchllm.hf.export import run_config
     from torchllm.eval.loading import load_for_inference
 
@@ -120,7 +120,7 @@ def test_inference_uses_the_step_folders_config(run):
     assert cfg.model.vocab_size is None
     saved = open_checkpoint(step(run, 4)).tensors("model.")
     assert saved and all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
-    assert run_config(CheckpointReader.at(step(run, 4)), []).model.vocab_size is None  # hf export
+    assert run_config(Step.open(step(run, 4)), []).model.vocab_size is None  # hf export
 
 
 def test_retention_that_cannot_delete_names_the_folder(fresh, monkeypatch, caplog):

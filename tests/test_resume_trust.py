@@ -13,7 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchllm.checkpoint import complete_steps
-from torchllm.checkpoint.reader import read_marker
+from torchllm.checkpoint.step import read_marker
 from torchllm.config import ConfigError
 from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
@@ -62,7 +62,7 @@ def test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it(tm
     stopped = read_marker(folder(tmp_path) / "step-7")
     assert stopped["healthy"] is False and "since step 6" in stopped["unhealthy"]
     # generate / evals / export of the run read the last good step, not the blown-up weights
-    from torchllm.checkpoint.reader import resolve_checkpoint
+    from torchllm.checkpoint.step import resolve_checkpoint
 
     assert resolve_checkpoint(folder(tmp_path)) == folder(tmp_path) / "step-4"
     assert resolve_checkpoint(folder(tmp_path) / "step-7") == folder(tmp_path) / "step-7"

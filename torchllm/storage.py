@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Iterator
@@ -219,6 +220,28 @@ class FsspecStorage:
 
     def open(self, location: Location) -> IO[bytes]:
         return self.fs.open(self._key(location), "rb")
+
+    def crc32(self, location: Location, chunk: int = 16 << 20) -> str:
+        """CRC-32 of a file or object, read in 16 MiB chunks (zlib releases the GIL)."""
+        crc = 0
+        with self.open(location) as f:
+            for block in iter_chunks(f, chunk):
+                crc = zlib.crc32(block, crc)
+        return f"{crc:08x}"
+
+    def read_folder(self, folder: Location, names: tuple[str, ...]
+                    ) -> tuple[dict[str, int], dict[str, bytes | OSError]]:
+        """({name: size} of the files in `folder`, {name: its bytes, or the OSError reading
+        it} for each of `names` present): a small folder's files, read in one go."""
+        sizes = self.files(folder)
+        read: dict[str, bytes | OSError] = {}
+        for name in names:
+            if name in sizes:
+                try:
+                    read[name] = self.read_bytes(join(folder, name))
+                except OSError as e:
+                    read[name] = e
+        return sizes, read
 
     def read_range(self, location: Location, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file (one ranged GET on an object store)."""

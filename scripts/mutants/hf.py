@@ -31,7 +31,7 @@ MUTANTS = [
         "hf export resolves the checkpoint without checking it (a flipped byte exports)",
         "torchllm/hf/export.py",
         "else open_checkpoint(checkpoint)",
-        "else CheckpointReader.find(checkpoint)",
+        "else Step.find(checkpoint)",
         ("tests/test_checkpoint_trust.py::test_generate_and_export_refuse_a_flipped_byte",),
     ),
     Mutant(

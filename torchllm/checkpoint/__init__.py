@@ -1,5 +1,5 @@
 """Training checkpoints: sharded DCP saves, exact resume, retention, and the one reader that
-every consumer uses (reader.py). The names here are the package's public API."""
+every consumer uses (step.py). The names here are the package's public API."""
 
 from torchllm.checkpoint.checkpointer import Checkpointer
 from torchllm.checkpoint.layout import (
@@ -9,10 +9,10 @@ from torchllm.checkpoint.layout import (
     step_dir,
     step_of,
 )
-from torchllm.checkpoint.reader import (
-    CheckpointReader,
-    CorruptCheckpoint,
+from torchllm.checkpoint.index import CorruptCheckpoint, UntrustedCheckpoint
+from torchllm.checkpoint.step import (
     MarkerError,
+    Step,
     open_checkpoint,
     read_marker,
     resolve_checkpoint,
@@ -21,7 +21,7 @@ from torchllm.checkpoint.resume import recorded_precision
 from torchllm.checkpoint.saver import CheckpointSaveError
 from torchllm.checkpoint.state import TrainState
 
-__all__ = ["EXPORT_DTYPES", "CheckpointReader", "CheckpointSaveError", "Checkpointer",
-           "CorruptCheckpoint", "MarkerError", "TrainState", "complete_steps", "mark_complete",
-           "open_checkpoint", "read_marker", "recorded_precision", "resolve_checkpoint",
-           "step_dir", "step_of"]
+__all__ = ["EXPORT_DTYPES", "CheckpointSaveError", "Checkpointer", "CorruptCheckpoint",
+           "MarkerError", "Step", "TrainState", "UntrustedCheckpoint", "complete_steps",
+           "mark_complete", "open_checkpoint", "read_marker", "recorded_precision",
+           "resolve_checkpoint", "step_dir", "step_of"]

@@ -3,7 +3,7 @@
 A Checkpointer is composed of parts, each its own file: the states it saves (state.py), the
 saver (saver.py: sync, async and mirrored saves, committed by the COMPLETE marker), retention
 (retention.py: the known steps, keep_latest_k), and the loader (loading.py: which step; restore.py:
-one step, through reader.py's checks). Every decision that ranks could see differently (which
+one step, opened once as a step.Step). Every decision that ranks could see differently (which
 checkpoint loads, whether a save failed or finished) is agreed over a small gloo group
 (agree.py), so ranks never hang or diverge.
 """
@@ -24,7 +24,7 @@ from torchllm.checkpoint.restore import StepLoader
 from torchllm.checkpoint.resume import hparams_snapshot
 from torchllm.checkpoint.retention import Retention
 from torchllm.checkpoint.saver import CheckpointSaveError, Saver
-from torchllm.checkpoint.state import ModelState, OptimizerState, PickledState, RNGState
+from torchllm.checkpoint.state import ModelState, OptimizerState, JSONState, RNGState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import checkpoint_folder, set_store_timeout
@@ -83,13 +83,13 @@ class Checkpointer:
         if optimizer is not None:
             self.states["optimizer"] = OptimizerState(model, optimizer)
         if lr_scheduler is not None:
-            self.states["lr_scheduler"] = PickledState(lr_scheduler)
+            self.states["lr_scheduler"] = JSONState(lr_scheduler)
         if dataloader is not None:
-            self.states[dataloader_key] = PickledState(dataloader)
+            self.states[dataloader_key] = JSONState(dataloader)
         if train_state is not None:
-            self.states["train_state"] = PickledState(train_state)
+            self.states["train_state"] = JSONState(train_state)
         for key, obj in others.items():
-            self.states[key] = PickledState(obj)
+            self.states[key] = JSONState(obj)
         self.states[rng_key] = RNGState()
 
         # The configured hyperparameters, before a load replaces them with the checkpoint's.

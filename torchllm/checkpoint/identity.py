@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from torchllm.checkpoint.layout import complete_steps, step_dir
-from torchllm.checkpoint.reader import MarkerError, read_marker
+from torchllm.checkpoint.step import MarkerError, read_marker
 from torchllm.log import logger
 from torchllm.storage import Location, is_url
 

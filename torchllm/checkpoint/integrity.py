@@ -7,26 +7,20 @@ All functions here are rank-local; the Checkpointer makes the ranks agree on the
 from __future__ import annotations
 
 import errno
-import zlib
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.layout import MARKER
-from torchllm.storage import Location, as_location, iter_chunks, join, storage_for
+from torchllm.storage import Location, as_location, join, storage_for
 
 CHUNK = 16 << 20
 
 
 def file_crc32(path: Location) -> str:
     """CRC-32 of a file or object, read in 16 MiB chunks (zlib releases the GIL while hashing)."""
-    crc = 0
-    with storage_for(path).open(path) as f:
-        for chunk in iter_chunks(f, CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
+    return storage_for(path).crc32(path, CHUNK)
 
 
 def folder_checksums(path: Location) -> dict[str, dict]:
@@ -40,7 +34,8 @@ def folder_checksums(path: Location) -> dict[str, dict]:
 def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) -> str | None:
     """Check `names` (a share of the recorded files) against the marker; the first problem."""
     path = as_location(path)
-    sizes = storage_for(path).files(path) if names else {}
+    store = storage_for(path)
+    sizes = store.files(path) if names else {}
     for name in names:
         f = join(path, name)
         want = recorded[name]
@@ -49,7 +44,7 @@ def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) ->
         size = sizes[name]
         if size != want["bytes"]:
             return f"file {f} has {size} bytes, {want['bytes']} when saved"
-        crc = file_crc32(f)
+        crc = store.crc32(f, CHUNK)
         if crc != want["crc32"]:
             return f"file {f} is corrupted: CRC-32 {crc}, {want['crc32']} when saved"
     return None
@@ -146,45 +141,6 @@ def is_disk_full(e: BaseException) -> bool:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def _flat_tensors(obj, prefix: str) -> dict[str, torch.Tensor]:
-    """DCP's flattened names (dict keys joined by '.') of the tensors reachable through dicts."""
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            out.update(_flat_tensors(v, f"{prefix}.{k}"))
-        return out
-    return {}
-
-
-def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int = 4) -> str | None:
-    """What keeps `states` (top-level key -> state dict about to be loaded) from matching the
-    checkpoint: missing keys, unexpected model keys, and saved vs expected shapes."""
-    saved = metadata.state_dict_metadata
-    # Plain tensors and DTensors only: quantized subclasses (8-bit optimizer moments) are laid
-    # out by their own flattening, which DCP checks itself.
-    expected = {k: v for key, sd in states.items() for k, v in _flat_tensors(sd, key).items()
-                if type(v) in (torch.Tensor, torch.nn.Parameter, DTensor)}
-    missing, shapes = [], []
-    for name, t in expected.items():
-        md = saved.get(name)
-        if md is None:
-            missing.append(name)
-        elif isinstance(md, TensorStorageMetadata) and tuple(md.size) != tuple(t.shape):
-            shapes.append(f"{name} saved {list(md.size)} vs expected {list(t.shape)}")
-    unexpected = []
-    if "model" in states:
-        unexpected = [k for k in saved if k.startswith("model.") and k not in expected]
-    parts = []
-    for what, items in (("shape mismatch", shapes), ("missing", missing),
-                        ("unexpected", unexpected)):
-        if items:
-            more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-            parts.append(f"{what}: {', '.join(items[:limit])}{more}")
-    return "; ".join(parts) or None
 
 
 # Optimizer state per parameter byte (before the first step the state is empty): AdamW's two

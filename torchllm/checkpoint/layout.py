@@ -12,7 +12,7 @@ A folder without COMPLETE is a save that crashed, is still being written or hold
 values: it is never loaded and never counted for retention (a resume deletes the ones without
 either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
 here takes a local path or a URL, and does its file operations through `torchllm.storage`.
-Reading a step (its marker, which step a run folder means, checks) is reader.py's.
+Reading a step (its marker, which step a run folder means, checks) is step.py's.
 
 A complete step is a resume candidate unless its marker says otherwise (`not_resumable`):
 `"weights_only": true` (a weights-only final save or seed: no optimizer, schedule or data
@@ -139,17 +139,3 @@ def complete_steps(folder: Location, warn_incomplete: bool = False) -> list[int]
     if warn_incomplete:
         warn_unusable(as_location(folder), steps)
     return sorted(s for s, state in steps.items() if state == "complete")
-
-
-def dcp_writer(location: Location):
-    """DCP's writer for a step folder: the file system's (fsync'd files) for a local path, the
-    fsspec one for a URL (no fsync: it means nothing for an upload, and falls back to a
-    machine-wide sync())."""
-    store = storage_for(location)
-    if not store.remote:
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        return FileSystemWriter(str(location))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-    return FsspecWriter(str(location), sync_files=False, **store.options)

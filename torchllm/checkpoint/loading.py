@@ -18,7 +18,7 @@ from torchllm.checkpoint.layout import (
     step_dir,
     warn_unusable,
 )
-from torchllm.checkpoint.reader import read_marker, read_metadata, resolve_checkpoint
+from torchllm.checkpoint.step import Step, read_marker, resolve_checkpoint
 from torchllm.checkpoint.restore import StepLoader
 from torchllm.checkpoint.retention import Retention
 from torchllm.config.job_config import ConfigError
@@ -130,8 +130,7 @@ class Loader:
                 record = read_marker(path)
                 if "weights_only" not in record and "healthy" not in record and \
                         self.has_optimizer:
-                    metadata = read_metadata(path)
-                    if not any(k.startswith("optimizer") for k in metadata.state_dict_metadata):
+                    if "optimizer" not in Step.open(path).states:
                         record["weights_only"] = True
             except (Exception, CheckpointException):  # noqa: BLE001 - the load reports it
                 continue

@@ -14,18 +14,20 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.agree import RankAgreement
-from torchllm.checkpoint.integrity import describe_failure, structure_mismatch
-from torchllm.checkpoint.reader import CheckpointReader
+from torchllm.checkpoint.index import untrusted_cause
+from torchllm.checkpoint.integrity import check_files, describe_failure
+from torchllm.checkpoint.step import Step
 from torchllm.checkpoint.resume import apply_hparams, config_changes, current_lr
-from torchllm.checkpoint.safe_load import untrusted_cause
-from torchllm.checkpoint.vocab_resize import full_templates, grow_rows, place, plan_growth
+from torchllm.checkpoint.vocab_resize import full_templates, grow_vocab, plan_growth
 from torchllm.config.job_config import ConfigError
 from torchllm.data.fingerprint import changes as data_changes
 from torchllm.log import logger
 from torchllm.models.lora import checkpoint_misfit, fresh_adapters
-from torchllm.storage import Location, join, storage_for
+from torchllm.storage import Location
 
 
 class StepLoader:
@@ -40,37 +42,21 @@ class StepLoader:
         self.dataloader_key, self.rng_key = dataloader_key, rng_key
         self.optimizer, self.lr_scheduler, self.hparams = optimizer, lr_scheduler, hparams
         self.run_info = run_info or {}
+        self.loaded: Step | None = None  # the step `load` opened last
 
     def load(self, path: Location, exclude: list[str], resume: bool) -> str | None:
         """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
-        # 1. Rank-local checks, before any collective: checksums (each rank a share of the
-        # files), config fit (keys, shapes, batch size), and the templates to load into.
+        # 1. Rank-local checks, before any collective: the step opened once (marker, index
+        # checked against its files), checksums (each rank a share of the files), config fit
+        # (keys, shapes, batch size, data, vocabulary), and the templates to load into.
         sds, problem, misfit, grow, fresh = {}, None, None, None, {}
         try:
-            reader = CheckpointReader.at(path)
-            marker = reader.marker
+            step = self.loaded = Step.open(path)
             if self.cfg.checksums:
-                problem = reader.verify(self.agree.rank, self.agree.world)
+                problem = check_files(step.path, step.marker, self.agree.rank, self.agree.world)
             if problem is None:
-                if resume:  # the data loader's position is kept only for the same data
-                    exclude = self._data_change(path, marker, exclude)
-                metadata = reader.metadata
-                present = reader.keys()
-                sds = {k: s.state_dict() for k, s in self._wanted(path, present, exclude).items()}
-                fresh = fresh_adapters(sds, metadata, resume)  # LoRA on a base checkpoint
-                grow = self._plan_growth(path, metadata, marker, sds, resume)
-                mismatch = structure_mismatch(
-                    metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
-                if mismatch and (lora := checkpoint_misfit(path, self.run_info.get("config_toml"))):
-                    raise ConfigError(*lora)
-                if mismatch:
-                    raise ConfigError(
-                        f"checkpoint {path} does not fit this model (saved shapes in "
-                        f"{join(path, '.metadata')}): {mismatch}; did model.name or model.flavor "
-                        "change?", "model.flavor")
-                if resume:
-                    self._check_batch(path, marker)
+                sds, grow, fresh = self._fit(step, exclude, resume)
         except ConfigError as e:
             misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
@@ -79,7 +65,7 @@ class StepLoader:
             return problem
         # 2. Read (DCP gathers every rank's read errors and raises on all of them).
         try:
-            reader.load(sds)
+            step.load(sds)
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop
         if problem := self._agreed(misfit, problem):
@@ -88,7 +74,7 @@ class StepLoader:
         # e.g. the data loader refusing another data-parallel degree, stops every rank).
         try:
             if grow:
-                self._grow(sds["model"], *grow)
+                grow_vocab(sds["model"], *grow, self.run_info["tokenizer"]["vocab_size"])
             if fresh:
                 sds["model"].update(fresh)
             for key, sd in sds.items():
@@ -99,35 +85,41 @@ class StepLoader:
             problem = describe_failure(e)
         return self._agreed(misfit, problem)
 
-    def _plan_growth(self, path: Location, metadata, marker: dict, sds: dict, resume: bool):
-        """For a new run whose vocabulary adds tokens to the checkpoint's: read the saved
-        embedding/output rows whole (plain tensors replace the model's in `sds`) and return
-        what `_grow` needs; None when nothing grows (vocab_resize.plan_growth raises on a
-        vocabulary that cannot grow)."""
-        if "model" not in sds:
-            return None
-        keys, saved_vocab = plan_growth(path, metadata, marker, sds["model"],
-                                        self.run_info.get("tokenizer"), resume)
-        if not keys:
-            return None
-        if "optimizer" in sds:
+    def _fit(self, step: Step, exclude: list[str], resume: bool):
+        """(state dicts to load into, vocabulary growth or None, fresh LoRA adapters) for
+        `step`; ConfigError when it cannot fit this config."""
+        where = str(step.path)
+        if resume:
+            self._check_batch(where, step.marker)
+            exclude = self._data_change(where, step.marker, exclude)  # position: same data
+        sds = {k: s.state_dict() for k, s in self._wanted(where, step.states, exclude).items()}
+        # A new run whose vocabulary adds tokens to the checkpoint's: the saved embedding /
+        # output rows are read whole (plain tensors replace the model's in `sds`) and grown
+        # at apply (vocab_resize.plan_growth raises on a vocabulary that cannot grow).
+        keys, saved_vocab = plan_growth(step.path, step.metadata, step.marker, sds["model"],
+                                        self.run_info.get("tokenizer"), resume) \
+            if "model" in sds else ([], 0)
+        grow = None
+        if keys and "optimizer" in sds:
             raise ConfigError(
-                f"checkpoint {path} has a smaller vocabulary than this run, and its optimizer "
+                f"checkpoint {where} has a smaller vocabulary than this run, and its optimizer "
                 "state cannot grow with the embeddings: set checkpoint.initial_load_model_only "
                 "= true (a new stage takes the weights only)", "checkpoint.initial_load_model_only")
-        targets = {k: sds["model"][k] for k in keys}
-        sds["model"].update(full_templates(metadata, sds["model"], keys))
-        return targets, saved_vocab
-
-    def _grow(self, model_sd: dict, targets: dict, saved_vocab: int) -> None:
-        generator = torch.Generator().manual_seed(0)  # the same rows on every rank
-        for key, like in targets.items():  # embedding first, then output (as transformers)
-            saved_rows, rows = model_sd[key].shape[0], like.shape[0]
-            model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows, generator), like)
-        logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
-                    "from id %d drawn around the mean of the saved rows in %s", saved_vocab,
-                    self.run_info["tokenizer"]["vocab_size"], saved_rows, rows, saved_vocab,
-                    ", ".join(targets))
+        if keys:
+            grow = {k: sds["model"][k] for k in keys}, saved_vocab
+            sds["model"].update(full_templates(step.metadata, sds["model"], keys))
+        fresh = fresh_adapters(sds, step.metadata, resume)  # LoRA on a base checkpoint
+        lora = checkpoint_misfit(step.config_text, self.run_info.get("config_toml"), where)
+        mismatch = structure_mismatch(
+            step.metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
+        if mismatch and lora:
+            raise ConfigError(*lora)
+        if mismatch:
+            raise ConfigError(
+                f"checkpoint {where} does not fit this model (saved shapes in "
+                f"{where}/.metadata): {mismatch}; did model.name or model.flavor change?",
+                "model.flavor")
+        return sds, grow, fresh
 
     def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
         """Every rank's outcome: a ConfigError on every rank if any rank found the checkpoint
@@ -137,7 +129,7 @@ class StepLoader:
             raise ConfigError(misfit, "checkpoint")
         return self.agree.one([p for _, p in outcomes])
 
-    def _check_batch(self, path: Location, marker: dict) -> None:
+    def _check_batch(self, path: str, marker: dict) -> None:
         saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
         if saved and now and saved != now and not self.cfg.allow_global_batch_change:
             raise ConfigError(
@@ -147,7 +139,7 @@ class StepLoader:
                 "checkpoint.allow_global_batch_change = true to resume with the new batch",
                 "checkpoint.allow_global_batch_change")
 
-    def _data_change(self, path: Location, marker: dict, exclude: list[str]) -> list[str]:
+    def _data_change(self, path: str, marker: dict, exclude: list[str]) -> list[str]:
         """The states not to load, given whether the data differs from the checkpoint's
         (torchllm.data.fingerprint): unchanged, the same; changed, a ConfigError
         (on_data_change = 'error') or the data loader added (its position restarts)."""
@@ -172,14 +164,12 @@ class StepLoader:
 
     def after_resume(self, path: Location) -> None:
         """One warning listing the config changes since `path` was saved, and what wins."""
-        saved, now = join(path, "config.toml"), self.run_info.get("config_toml")
-        store = storage_for(saved)
-        if now and store.is_file(saved):
-            changes = config_changes(store.read_bytes(saved).decode(), now,
-                                     self.cfg.optimizer_hparams_from)
+        saved, now = self.loaded.config_text, self.run_info.get("config_toml")
+        if now and saved:
+            changes = config_changes(saved, now, self.cfg.optimizer_hparams_from)
             if changes:
-                logger.warning("resuming with %d config change(s) since %s: %s", len(changes),
-                               saved, "; ".join(changes))
+                logger.warning("resuming with %d config change(s) since %s/config.toml: %s",
+                               len(changes), path, "; ".join(changes))
         if self.cfg.optimizer_hparams_from == "config" and self.hparams is not None:
             apply_hparams(self.optimizer, self.lr_scheduler, self.hparams)
             logger.info("optimizer hyperparameters (peak LR, betas, eps, weight decay) taken "
@@ -188,7 +178,7 @@ class StepLoader:
                 hasattr(self.lr_scheduler, "lr_lambdas"):
             current_lr(self.optimizer, self.lr_scheduler)
 
-    def _wanted(self, path: Location, present: set[str], exclude: list[str]) -> dict[str, Any]:
+    def _wanted(self, path: str, present: set[str], exclude: list[str]) -> dict[str, Any]:
         wanted = {}
         for key, state in self.states.items():
             kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key
@@ -211,3 +201,42 @@ class StepLoader:
             elif kind != "rng":
                 logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
         return wanted
+
+
+def _flat_tensors(obj, prefix: str) -> dict[str, torch.Tensor]:
+    """DCP's flattened names (dict keys joined by '.') of the tensors reachable through dicts."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out.update(_flat_tensors(v, f"{prefix}.{k}"))
+        return out
+    return {}
+
+
+def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int = 4) -> str | None:
+    """What keeps `states` (top-level key -> state dict about to be loaded) from matching the
+    checkpoint: missing keys, unexpected model keys, and saved vs expected shapes."""
+    saved = metadata.state_dict_metadata
+    # Plain tensors and DTensors only: quantized subclasses (8-bit optimizer moments) are laid
+    # out by their own flattening, which DCP checks itself.
+    expected = {k: v for key, sd in states.items() for k, v in _flat_tensors(sd, key).items()
+                if type(v) in (torch.Tensor, torch.nn.Parameter, DTensor)}
+    missing, shapes = [], []
+    for name, t in expected.items():
+        md = saved.get(name)
+        if md is None:
+            missing.append(name)
+        elif isinstance(md, TensorStorageMetadata) and tuple(md.size) != tuple(t.shape):
+            shapes.append(f"{name} saved {list(md.size)} vs expected {list(t.shape)}")
+    unexpected = []
+    if "model" in states:
+        unexpected = [k for k in saved if k.startswith("model.") and k not in expected]
+    parts = []
+    for what, items in (("shape mismatch", shapes), ("missing", missing),
+                        ("unexpected", unexpected)):
+        if items:
+            more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+            parts.append(f"{what}: {', '.join(items[:limit])}{more}")
+    return "; ".join(parts) or None

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from torchllm.checkpoint.layout import complete_steps, not_resumable, step_dir
-from torchllm.checkpoint.reader import MarkerError, read_marker
+from torchllm.checkpoint.step import MarkerError, read_marker
 from torchllm.config import flat_toml
 from torchllm.optim.registry import resume_hparams
 from torchllm.storage import checkpoint_folder

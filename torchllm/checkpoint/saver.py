@@ -27,9 +27,9 @@ from torchllm.checkpoint.integrity import (
     nonfinite_and_bytes,
     tensors_of,
 )
+from torchllm.checkpoint.index import dcp_writer
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
-    dcp_writer,
     delete_step,
     mark_complete,
     mark_nonfinite,

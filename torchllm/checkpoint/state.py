@@ -3,14 +3,15 @@
 Model and optimizer go through `torch.distributed.checkpoint.state_dict`, whose keys are plain
 parameter names however the model is wrapped (DDP, FSDP2, TP): that is what makes a checkpoint
 loadable under another parallelism or world size. Small Python objects (scheduler, data loader
-position, counters, RNG states) are pickled into one bytes value each, so their structure never
-has to match a template at load time; they are read back by an unpickler that builds plain
-containers of numbers and strings only (safe_load.load_state_pickle: checkpoints are data).
+position, counters, loss guard) are stored as one JSON text each (`JSONState`), so their
+structure never has to match a template at load time, and reading them back builds numbers,
+strings and containers only: a checkpoint is data. RNG states are DCP's own values (read with
+torch.load(weights_only=True): index.DataPlanner).
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 import random
 from dataclasses import asdict, dataclass
 
@@ -25,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from torchllm.checkpoint.safe_load import load_state_pickle
+from torchllm.checkpoint.index import CONVERT, UntrustedCheckpoint
 
 
 class ModelState:
@@ -62,18 +63,95 @@ class OptimizerState:
         set_optimizer_state_dict(self.model, self.optimizer, sd)
 
 
-class PickledState:
-    """Any object with state_dict()/load_state_dict(), stored as one pickled value."""
+class JSONState:
+    """Any object with state_dict()/load_state_dict(), stored as one JSON text (`encode`)."""
 
     def __init__(self, obj):
         self.obj = obj
 
     def state_dict(self) -> dict:
-        return {"pickle": pickle.dumps(self.obj.state_dict())}
+        return {"json": json.dumps(encode(self.obj.state_dict()))}
 
     def load_state_dict(self, sd: dict) -> None:
-        where = f"the saved state of {type(self.obj).__name__} (a checkpoint's *.pickle value)"
-        self.obj.load_state_dict(load_state_pickle(sd["pickle"], where))
+        where = f"the saved state of {type(self.obj).__name__}"
+        if "json" not in sd or not isinstance(sd["json"], str):
+            raise UntrustedCheckpoint(
+                f"{where} is not JSON (a pickle written by an older torchllm is never read); if "
+                f"you trust the checkpoint, convert it once with: {CONVERT.format(path='STEP')}")
+        try:
+            value = decode(json.loads(sd["json"]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{where} cannot be read ({e})") from None
+        self.obj.load_state_dict(value)
+
+
+# The values JSON has no form for, as {"__t": kind, "v": ...}; everything else is JSON's own.
+_TAG = "__t"
+
+
+def encode(value):
+    """`value` (numbers, strings, bytes, containers, small tensors) as plain JSON values."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "v": [encode(v) for v in value]}
+    if isinstance(value, (set, frozenset)):
+        return {_TAG: "set", "v": [encode(v) for v in sorted(value, key=repr)]}
+    if isinstance(value, (bytes, bytearray)):
+        return {_TAG: "bytes", "v": bytes(value).hex()}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and _TAG not in value:
+            return {k: encode(v) for k, v in value.items()}
+        return {_TAG: "dict", "v": [[encode(k), encode(v)] for k, v in value.items()]}
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        return {_TAG: "tensor", "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape), "v": t.flatten().tolist()}
+    if isinstance(value, np.ndarray):
+        return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
+                "v": value.flatten().tolist()}
+    raise TypeError(f"a {type(value).__name__} cannot be saved as data (JSONState: numbers, "
+                    "strings, bytes, lists, tuples, sets, dicts and tensors)")
+
+
+def _dtype(name) -> torch.dtype:
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return value
+
+
+def decode(value):
+    """The value `encode` wrote (builds numbers, strings, containers and tensors only)."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get(_TAG)
+    if kind is None:
+        return {k: decode(v) for k, v in value.items()}
+    v = value["v"]
+    if kind == "tuple":
+        return tuple(decode(x) for x in v)
+    if kind == "set":
+        return {decode(x) for x in v}
+    if kind == "bytes":
+        return bytes.fromhex(v)
+    if kind == "dict":
+        return {decode(k): decode(x) for k, x in v}
+    if kind == "tensor":
+        return torch.tensor(v, dtype=_dtype(value["dtype"])).reshape(value["shape"])
+    if kind == "ndarray":
+        return np.array(v, dtype=np.dtype(str(value["dtype"]))).reshape(value["shape"])
+    raise ValueError(f"unknown value kind {kind!r}")
 
 
 class RNGState:

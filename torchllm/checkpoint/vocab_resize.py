@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
 
 VOCAB_KEYS = ("tok_embeddings.weight", "output.weight")
 
@@ -135,3 +136,15 @@ def place(grown: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         full = grown.to(device=like.device_mesh.device_type, dtype=like.dtype)
         return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
     return grown.to(device=like.device, dtype=like.dtype)
+
+
+def grow_vocab(model_sd: dict, targets: dict, saved_vocab: int, vocab_size: int) -> None:
+    """Replace the saved rows read whole in `model_sd` by the grown ones, each laid out as its
+    model tensor in `targets` (`plan_growth` chose them)."""
+    generator = torch.Generator().manual_seed(0)  # the same rows on every rank
+    for key, like in targets.items():  # embedding first, then output (as transformers)
+        saved_rows, rows = model_sd[key].shape[0], like.shape[0]
+        model_sd[key] = place(grow_rows(model_sd[key], saved_vocab, rows, generator), like)
+    logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
+                "from id %d drawn around the mean of the saved rows in %s", saved_vocab,
+                vocab_size, saved_rows, rows, saved_vocab, ", ".join(targets))

@@ -235,8 +235,15 @@ def import_custom(module: str | None) -> None:
                           "PYTHONPATH", "job.custom_import") from None
 
 
-def load_config(argv: list[str] | None = None) -> JobConfig:
-    """Defaults, then the TOML file named by --job.config_file, then the other CLI overrides."""
+# Keys whose value names code that loading the config imports: honoured from the user's own
+# config file and command line, never from a checkpoint's config.toml (file_runs_code=False).
+CODE_KEYS = {("job", "custom_import")}
+
+
+def load_config(argv: list[str] | None = None, file_runs_code: bool = True) -> JobConfig:
+    """Defaults, then the TOML file named by --job.config_file, then the other CLI overrides.
+    `file_runs_code=False`: the file is a checkpoint's (data): its CODE_KEYS are dropped, with
+    one warning; the command line's still apply."""
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = parse_cli(argv)
     cfg = JobConfig()
@@ -253,6 +260,9 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                 )
             for key, value in table.items():
                 where = f"config file {path}"
+                if not file_runs_code and (section, key) in CODE_KEYS:
+                    _dropped(section, key, value, path)
+                    continue
                 sources[_set(cfg, section, key, value, where, from_cli=False)] = where
         cfg.job.config_file = path
     for section, key, value, flag in overrides:
@@ -270,6 +280,14 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
             raise ConfigError(f"{sources[e.key]}: {e}", e.key) from None
         raise
     return cfg
+
+
+def _dropped(section: str, key: str, value: Any, path: str) -> None:
+    from torchllm.log import logger
+
+    logger.warning("ignoring %s.%s = %r in the checkpoint's config %s: a checkpoint never "
+                   "names code to import (if you trust that module, pass --%s.%s=%s on your "
+                   "command line)", section, key, value, path, section, key, value)
 
 
 def _toml_value(value: Any) -> str:

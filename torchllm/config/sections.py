@@ -39,7 +39,9 @@ class Job:
         None, "Dotted path of a module to import when the config is loaded, before the model is "
         "looked up: a model family or an optimizer outside torchllm registers itself there "
         "(docs/howto_model_family.md, docs/howto_optimizer.md); it must be importable from the "
-        "working directory or PYTHONPATH"
+        "working directory or PYTHONPATH. It RUNS that module's code: it is taken from your own "
+        "config and command line only, never from a checkpoint's config.toml (generate, evals, "
+        "export and initial loads drop it there; pass it on your command line to use it)"
     )
     lock_stale_minutes: float = opt(
         10.0, "A run-folder lock whose holder ran on another host and has not renewed it for "

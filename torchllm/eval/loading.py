@@ -22,15 +22,14 @@ import torch.distributed as dist
 from torch import nn
 
 from torchllm import models
-from torchllm.checkpoint import CheckpointReader, open_checkpoint
+from torchllm.checkpoint import Step, open_checkpoint
 from torchllm.run.tokenizer import inference_tokenizer
-from torchllm.config import ConfigError, JobConfig, load_config
+from torchllm.config import ConfigError, JobConfig
 from torchllm.config.loader import parse_cli
 from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 from torchllm.models.lora import TOKEN_DELTA, added_tokens, build_with_lora, init_weights
 from torchllm.ranks import env_world_size
-from torchllm.storage import join
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
@@ -57,20 +56,15 @@ def parse_args_and_overrides(parser: argparse.ArgumentParser, argv: list[str] | 
 
 
 def load_for_inference(
-    path: str | Path | CheckpointReader, device: torch.device | str, overrides: list[str] = ()
+    path: str | Path | Step, device: torch.device | str, overrides: list[str] = ()
 ) -> tuple[nn.Module, JobConfig, Tokenizer]:
     """(model in eval mode on `device`, the run's config, its tokenizer) from a checkpoint (a
     run, checkpoint or step folder, or a step the checkpoint reader already opened).
 
     `overrides` (`--section.key=value`) apply on top of the run's config, as for training.
     """
-    reader = path if isinstance(path, CheckpointReader) else open_checkpoint(path)
-    step_dir = reader.path  # checksums verified, .metadata data-only
-    config_path = reader.config_file()
-    if config_path is None:
-        raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
-                                "missing; they hold the run's model config")
-    cfg = load_config(["--job.config_file", str(config_path), *overrides])
+    reader = path if isinstance(path, Step) else open_checkpoint(path)
+    cfg = reader.config(overrides)  # the checkpoint's, as data: no code imported from it
     tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
@@ -87,7 +81,7 @@ def load_for_inference(
     return model, cfg, tokenizer
 
 
-def _saved_token_rows(reader: CheckpointReader, tokenizer) -> tuple[int, int] | None:
+def _saved_token_rows(reader: Step, tokenizer) -> tuple[int, int] | None:
     """A LoRA run's trainable token rows (lora.train_new_tokens) when its checkpoint has them
     (one saved before they existed has none)."""
     new = added_tokens(tokenizer)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from torchllm.checkpoint import CheckpointReader, open_checkpoint
+from torchllm.checkpoint import Step, open_checkpoint
 from torchllm.data import build_data, dedicated_validation
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
@@ -51,7 +51,7 @@ def target_bytes(batches, steps: int, tokenizer) -> int:
     return total
 
 
-def recorded_global_batch(reader: CheckpointReader) -> int | None:
+def recorded_global_batch(reader: Step) -> int | None:
     """The global batch (sequences) the checkpoint step was trained with, as its marker records
     it; None when it records none (the config's training.global_batch_size is used)."""
     saved = reader.marker.get("global_batch_size")

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from torchllm import models
-from torchllm.checkpoint import EXPORT_DTYPES, CheckpointReader, open_checkpoint
+from torchllm.checkpoint import EXPORT_DTYPES, Step, open_checkpoint
 from torchllm.models import adapter_for_model
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import replace_dir, save_safetensors, temp_sibling
@@ -30,22 +30,18 @@ from torchllm.models.lora import is_adapter_key, plain_weights
 from torchllm.storage import is_url, join, storage_for
 
 
-def _opened(checkpoint: str | Path | CheckpointReader) -> CheckpointReader:
+def _opened(checkpoint: str | Path | Step) -> Step:
     """The checkpoint opened by the reader: checksums, data-only metadata, the newest healthy
     step of a run folder (a reader is already open)."""
-    return checkpoint if isinstance(checkpoint, CheckpointReader) else open_checkpoint(checkpoint)
+    return checkpoint if isinstance(checkpoint, Step) else open_checkpoint(checkpoint)
 
 
-def run_config(reader: CheckpointReader, overrides: list[str]):
+def run_config(reader: Step, overrides: list[str]):
     """The config the step was written under: the step folder's config.toml, else the run's
     (run/<folder>/step-N -> run/config.toml)."""
     if any(a.startswith("--job.config_file") for a in overrides):
-        return load_config(overrides)
-    path = reader.config_file()
-    if path is None:
-        raise ConfigError(f"neither {join(reader.path, 'config.toml')} nor the run's config.toml "
-                          "exists; pass the run's config with --job.config_file")
-    return load_config(["--job.config_file", str(path), *overrides])
+        return load_config(overrides)  # the user's own config
+    return reader.config(overrides)  # the checkpoint's, as data (no code imported)
 
 
 def _trained_on_chat(cfg) -> bool:
@@ -55,7 +51,7 @@ def _trained_on_chat(cfg) -> bool:
     return bool(cfg.data.chat_tokens) or reads_conversations(cfg.data)
 
 
-def _tokenizer_of(cfg, reader: CheckpointReader):
+def _tokenizer_of(cfg, reader: Step):
     """The run's tokenizer (an 'auto' one cached in the run's data folder), checked against the
     one the step records; never trained here (a missing one is a one-line ConfigError)."""
     from torchllm.run.tokenizer import inference_tokenizer
@@ -63,7 +59,7 @@ def _tokenizer_of(cfg, reader: CheckpointReader):
     return inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
 
 
-def export_hf(checkpoint: str | Path | CheckpointReader, out: str | Path,
+def export_hf(checkpoint: str | Path | Step, out: str | Path,
               overrides: list[str] = (),
               dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
               vocab_size: int | None = None, overwrite: bool = False,

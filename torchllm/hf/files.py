@@ -13,6 +13,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from torchllm.checkpoint import mark_complete
+from torchllm.checkpoint.index import dcp_writer
+from torchllm.checkpoint.integrity import folder_checksums
 
 
 def file_mode() -> int:
@@ -77,8 +79,9 @@ def save_seed_checkpoint(weights: dict[str, torch.Tensor], out: Path, step: int,
     `extra(folder)`: writes more files into the unfinished folder, returns the marker's fields."""
     tmp = temp_sibling(out, "tmp")
     try:
-        dcp.save({"model": weights}, checkpoint_id=str(tmp), no_dist=True)
-        mark_complete(tmp, step, **(extra(tmp) if extra else {}))
+        dcp.save({"model": weights}, storage_writer=dcp_writer(tmp), no_dist=True)
+        fields = extra(tmp) if extra else {}
+        mark_complete(tmp, step, folder_checksums(tmp), **fields)  # its files, as a save's
         replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ import torch
 from torchllm import models
 from torchllm.checkpoint import EXPORT_DTYPES, step_of
 from torchllm.models import adapter_for_hf, adapter_for_model
-from torchllm.checkpoint.reader import check_same_tokenizer
+from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
 from torchllm.checkpoint.tokenizer_identity import hf_record
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint

@@ -312,19 +312,16 @@ def fresh_adapters(sds: dict, metadata, resume: bool) -> dict:
     return fresh
 
 
-def checkpoint_misfit(path, current_toml: str | None) -> tuple[str, str] | None:
-    """(message, key) when a checkpoint that does not fit this model was saved under other
-    [lora] settings (its step folder's config.toml), else None."""
-    from torchllm.storage import join, storage_for
-
-    saved = join(path, "config.toml")
-    store = storage_for(saved)
-    if not current_toml or not store.is_file(saved):
+def checkpoint_misfit(saved_toml: str | None, current_toml: str | None,
+                      where: str) -> tuple[str, str] | None:
+    """(message, key) when checkpoint `where`, which does not fit this model, was saved under
+    other [lora] settings (`saved_toml`: its step folder's config.toml), else None."""
+    if not current_toml or not saved_toml:
         return None
-    message = resume_mismatch(store.read_bytes(saved).decode(), current_toml)
+    message = resume_mismatch(saved_toml, current_toml)
     if message is None:
         return None
-    return f"checkpoint {path}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]
+    return f"checkpoint {where}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]
 
 
 def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True,

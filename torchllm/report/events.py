@@ -99,7 +99,8 @@ def load_run(run_dir: str | Path) -> RunData:
     cfg = None
     if (run_dir / "config.toml").is_file():
         try:
-            cfg = load_config([f"--job.config_file={run_dir / 'config.toml'}"])
+            cfg = load_config([f"--job.config_file={run_dir / 'config.toml'}"],
+                              file_runs_code=False)  # a run folder's config is data
         except ConfigError:
             cfg = None  # written by another version: the report goes on without it
     tb_dir = tensorboard_dir(run_dir, cfg)

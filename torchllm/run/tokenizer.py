@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from torchllm.checkpoint.layout import MARKER
-from torchllm.checkpoint.reader import MarkerError, read_marker, resolve_checkpoint
+from torchllm.checkpoint.step import MarkerError, read_marker, resolve_checkpoint
 from torchllm.storage import join
 from torchllm.checkpoint.tokenizer_identity import (
     FROM_INITIAL_LOAD,
@@ -101,7 +101,7 @@ def stage_tokenizer(cfg, log: bool = False, auto: bool = True):
 
 
 def inference_tokenizer(cfg, reader, data_dir: Path):
-    """The tokenizer of the checkpoint step `reader` (checkpoint.CheckpointReader) for generate,
+    """The tokenizer of the checkpoint step `reader` (checkpoint.Step) for generate,
     the evals and export: `cfg`'s (the config the step was written under), never trained here
     ('auto': the run's cached file, else one line naming it), and checked against the step's
     recorded tokenizer (reader.check_tokenizer)."""
