@@ -162,4 +162,13 @@ MUTANTS = [
         "    refused = [(\"float8.enable\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[float8]",),
     ),
+    Mutant(
+        "lora_moe_bias_updated",
+        "LoRA on qwen3_moe with moe_bias_update_rate > 0 moves the frozen base's expert_bias",
+        "torchllm/metrics/moe_stats.py",
+        "        if trainer.cfg.lora.enable:  # the routing biases",
+        "        if False:  # the routing biases",
+        ("tests/test_moe_balancing.py::"
+         "test_lora_leaves_the_routing_biases_of_the_frozen_base_bit_identical",),
+    ),
 ]
