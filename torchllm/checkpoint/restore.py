@@ -62,7 +62,8 @@ class StepLoader:
                 grow = self._plan_growth(path, metadata, marker, sds, resume)
                 mismatch = structure_mismatch(
                     metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
-                if mismatch and (lora := checkpoint_misfit(path, self.run_info.get("config_toml"))):
+                if mismatch and (lora := checkpoint_misfit(path, self.run_info.get("config_toml"),
+                                                           resume)):
                     raise ConfigError(*lora)
                 if mismatch:
                     raise ConfigError(

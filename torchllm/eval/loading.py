@@ -30,7 +30,7 @@ from torchllm.data import Tokenizer
 from torchllm.device import resolve_device
 from torchllm.models.lora import build_with_lora, init_weights
 from torchllm.ranks import env_world_size
-from torchllm.storage import join
+from torchllm.storage import join, storage_for
 
 CHECKPOINT_HELP = "run folder (its latest complete step), its checkpoint/ folder, or a step folder"
 OVERRIDES_HELP = ("Other --section.key=value arguments override the run's config, as for training "
@@ -71,6 +71,8 @@ def load_for_inference(
         raise FileNotFoundError(f"{join(step_dir, 'config.toml')} and the run's config.toml are "
                                 "missing; they hold the run's model config")
     cfg = load_config(["--job.config_file", str(config_path), *overrides])
+    models.check_family(storage_for(config_path).read_bytes(config_path).decode(), cfg,
+                        f"checkpoint {step_dir}")
     tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)

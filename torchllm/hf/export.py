@@ -39,13 +39,18 @@ def _opened(checkpoint: str | Path | CheckpointReader) -> CheckpointReader:
 def run_config(reader: CheckpointReader, overrides: list[str]):
     """The config the step was written under: the step folder's config.toml, else the run's
     (run/<folder>/step-N -> run/config.toml)."""
-    if any(a.startswith("--job.config_file") for a in overrides):
-        return load_config(overrides)
     path = reader.config_file()
-    if path is None:
+    if any(a.startswith("--job.config_file") for a in overrides):
+        cfg = load_config(overrides)
+    elif path is None:
         raise ConfigError(f"neither {join(reader.path, 'config.toml')} nor the run's config.toml "
                           "exists; pass the run's config with --job.config_file")
-    return load_config(["--job.config_file", str(path), *overrides])
+    else:
+        cfg = load_config(["--job.config_file", str(path), *overrides])
+    if path is not None:  # its weights load only into the family they were trained as
+        models.check_family(storage_for(path).read_bytes(path).decode(), cfg,
+                            f"checkpoint {reader.path}")
+    return cfg
 
 
 def _trained_on_chat(cfg) -> bool:
