@@ -185,3 +185,19 @@ def test_a_relative_out_records_an_absolute_tokenizer_path(hf_folder, tmp_path, 
     recorded = tomllib.loads((tmp_path / "rel" / "step-0" / "config.toml").read_text())
     name = recorded["data"]["tokenizer"]
     assert Path(name).is_absolute() and Path(name) == tmp_path / "rel" / "step-0" / "tokenizer.json"
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"rope_theta": "1e6"}, "rope_theta = '1e6'"),
+    ({"rms_norm_eps": None, "rope_theta": float("nan")}, "rope_theta = nan"),
+    ({"rope_scaling": "linear"}, "rope_scaling = 'linear'"),
+    ({"num_attention_heads": None}, "num_attention_heads"),
+], ids=["str", "nan", "table", "missing"])
+def test_other_bad_config_values_are_one_line(hf_folder, tmp_path, capsys, change, named):
+    def edit(c):
+        c.update(change)
+        if change.get("num_attention_heads", 0) is None:
+            del c["num_attention_heads"]
+
+    hf = changed(hf_folder, tmp_path / "cfg", edit)
+    refused(tmp_path, capsys, hf, named)

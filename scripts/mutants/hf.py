@@ -155,4 +155,12 @@ MUTANTS = [
         "tokenizer=str(out / found[0].name))",
         ("tests/test_hf_import_checks.py::test_a_relative_out_records_an_absolute_tokenizer_path",),
     ),
+    Mutant(
+        "hf_import_config_types_unchecked",
+        "hf import of a config.json with rope_theta = \"1e6\" is a TypeError traceback",
+        "torchllm/hf/validate.py",
+        "        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):",
+        "        if False:",
+        ("tests/test_hf_import_checks.py::test_other_bad_config_values_are_one_line[str]",),
+    ),
 ]

@@ -35,7 +35,11 @@ def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor
     if adapter_for_hf(hf_config) is not adapter:
         raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
                           f"{adapter.model_type!r} one; set model.name to match")
-    adapter.check(hf_config, args)
+    try:
+        adapter.check(hf_config, args)
+    except KeyError as e:
+        raise ValueError(f"{Path(hf_dir) / 'config.json'} lacks {e.args[0]!r}, which a "
+                         f"{adapter.model_type} config has") from None
     vocab = hf_config["vocab_size"]  # a positive int (read_hf_config), <= args' (adapter.check)
     weights = read_hf_weights(hf_dir)  # float dtypes, finite values
     weights = ReadTracker(getattr(adapter, "hf_names", lambda w: w)(weights))

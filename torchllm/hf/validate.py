@@ -3,8 +3,9 @@ writes anything): every bad value is one line naming the file, the tensor or key
 allowed (a ValueError; the CLI exits 2).
 
 - `config.json`: no `quantization_config` (FP8 block-scaled, GPTQ, AWQ, bitsandbytes folders
-  store other numbers than the weights: casting them is wrong), and `vocab_size` a positive
-  integer.
+  store other numbers than the weights: casting them is wrong), `vocab_size` a positive
+  integer, the float settings numbers and the rope tables objects (a missing key the family
+  needs is named too: load.convert_from_hf).
 - Each tensor: a float dtype (`FLOAT_DTYPES`; fp8, integer and bool tensors are quantized or not
   weights) whose values are all finite (`torch.isfinite`).
 - Shapes: each tensor the model reads has the shape the config implies (a mismatch is refused
@@ -18,12 +19,15 @@ Padding rule: the seed's rows are `vocab_size` rounded up by `model.vocab_pad_mu
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon")  # compared as floats
+TABLES = ("rope_scaling", "rope_parameters")  # read with .get
 NON_WEIGHTS = re.compile(r"(^|\.)(rotary_emb\.inv_freq|attn\.(masked_)?bias)$")
 
 
@@ -35,6 +39,14 @@ def check_hf_config(config: dict, path: Path) -> int:
         raise ValueError(f"{path} has a quantization_config (quant_method {method!r}): only "
                          "unquantized float weights are read; use the model's unquantized "
                          "(bf16/fp32) release")
+    for key in NUMBERS:
+        value = config.get(key)
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+            raise ValueError(f"{path}: {key} = {value!r}: must be a finite number")
+    for key in TABLES:
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{path}: {key} = {value!r}: must be an object (or null)")
     vocab = config.get("vocab_size")
     if type(vocab) is not int or vocab < 1:  # bool is an int subclass: refused too
         raise ValueError(f"{path}: vocab_size = {vocab!r}: must be a positive integer (the "
