@@ -203,3 +203,30 @@ def test_hugging_face_round_trip_with_balancing_on(caplog):
     with caplog.at_level(logging.WARNING, logger="torchllm"):
         Qwen3MoeAdapter.to_hf(sd, args, args.vocab_size)
     assert "unbiased" in caplog.text
+
+
+def test_lora_leaves_the_routing_biases_of_the_frozen_base_bit_identical(tmp_path, caplog):
+    """LoRA on qwen3_moe with model.moe_bias_update_rate > 0: the base, its expert_bias buffers
+    included, is bit-identical after training (the balancer is not attached, and says so);
+    before, every expert_bias moved in 3 steps (issue 52, item 9)."""
+    import logging
+
+    from torchllm.metrics.moe_stats import MoEBiasBalancer
+    from torchllm.models.lora import is_adapter_key
+    from torchllm.train import Trainer
+
+    cfg = tiny_config(tmp_path, "--model.name=qwen3_moe", "--model.moe_bias_update_rate=0.1",
+                      "--lora.enable", "--training.steps=3", "--optimizer.lr=1e-2")
+    with caplog.at_level(logging.INFO, logger="torchllm"):
+        trainer = Trainer(cfg)
+    assert not any(isinstance(cb, MoEBiasBalancer) for cb in trainer.callbacks)
+    assert any("moe_bias_update_rate" in r.getMessage() and "frozen" in r.getMessage()
+               for r in caplog.records)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if not is_adapter_key(k)}
+    biases = [k for k in before if k.endswith("expert_bias")]
+    assert biases
+    trainer.train()
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), \
+        [k for k in before if not torch.equal(before[k], after[k])]
+    assert any(after[k].abs().max() > 0 for k in after if k.endswith("lora_B.weight"))

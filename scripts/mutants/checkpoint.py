@@ -396,4 +396,21 @@ MUTANTS = [
         (IDENTITY + "test_a_shared_bucket_prefix_is_never_resumed_written_or_pruned_by_another_run",
          IDENTITY + "test_steps_of_another_run_copied_into_a_runs_own_folder_are_refused_in_process"),
     ),
+    Mutant(
+        "nonfinite_by_float32_sum",
+        "the before-save NaN check sums in float32: finite 1000 x 1e36 marks a step NONFINITE",
+        "torchllm/checkpoint/integrity.py",
+        "    return torch.isfinite(t).all()\n",
+        "    return torch.sum(t, dtype=torch.float32).isfinite()\n",
+        ("tests/test_nonfinite_check.py::test_finite_values_whose_sum_overflows_are_saved_complete",),
+    ),
+    Mutant(
+        "nonfinite_skips_tensor_subclasses",
+        "the before-save NaN check skips torchao's 8-bit optimizer states",
+        "torchllm/checkpoint/integrity.py",
+        "        names, _ = t.__tensor_flatten__()\n",
+        "        return None\n",
+        ("tests/test_nonfinite_check.py::test_nonfinite_in_a_torchao_8bit_optimizer_state_is_counted[scale]",
+         "tests/test_nonfinite_check.py::test_nonfinite_in_a_torchao_8bit_optimizer_state_is_counted[qmap]"),
+    ),
 ]

@@ -70,4 +70,11 @@ MUTANTS = [
         "        import_custom(None)\n",
         ("tests/test_model_family_plugin.py::test_custom_import_that_fails_names_the_key",),
     ),
+    Mutant(
+        "job_seed_unchecked", "job.seed = 99999999999999999999 passes the check, then crashes",
+        "torchllm/config/job_config.py",
+        "            (\"job.seed\", 0 <= self.job.seed < 2**32,",
+        "            (\"job.seed\", True,",
+        ("tests/test_unclear_errors.py::test_a_seed_numpy_cannot_take_is_a_config_error_at_check_time[99999999999999999999]",),
+    ),
 ]

@@ -212,4 +212,38 @@ MUTANTS = [
         ("tests/test_lora_tokens.py::"
          "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
     ),
+    Mutant(
+        "lora_moe_bias_updated",
+        "LoRA on qwen3_moe with moe_bias_update_rate > 0 moves the frozen base's expert_bias",
+        "torchllm/metrics/moe_stats.py",
+        "        if trainer.cfg.lora.enable:  # the routing biases",
+        "        if False:  # the routing biases",
+        ("tests/test_moe_balancing.py::"
+         "test_lora_leaves_the_routing_biases_of_the_frozen_base_bit_identical",),
+    ),
+    Mutant(
+        "other_family_over_a_checkpoint",
+        "--model.name of another family in generate / eval / export is a raw KeyError traceback",
+        "torchllm/models/registry.py",
+        "    if cfg.model.name != saved:\n",
+        "    if False:\n",
+        ("tests/test_unclear_errors.py::test_another_family_over_a_checkpoint_is_one_line[qwen3]",),
+    ),
+    Mutant(
+        "lora_initial_load_advises_itself",
+        "LoRA of another rank from a LoRA checkpoint advises checkpoint.initial_load_path, the "
+        "command just run",
+        "torchllm/models/lora.py",
+        "            if resume:\n                advice =",
+        "            if True:\n                advice =",
+        ("tests/test_unclear_errors.py::test_lora_of_another_rank_from_a_lora_checkpoint_gets_other_advice",),
+    ),
+    Mutant(
+        "lora_base_misfit_blames_lora",
+        "LoRA from a base checkpoint of other shapes blames lora.enable instead of the shapes",
+        "torchllm/models/lora.py",
+        "    if not resume and not old[\"lora.enable\"]:",
+        "    if False:",
+        ("tests/test_unclear_errors.py::test_lora_from_a_base_checkpoint_that_does_not_fit_names_the_shapes",),
+    ),
 ]

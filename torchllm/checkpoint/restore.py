@@ -109,7 +109,8 @@ class StepLoader:
             grow = {k: sds["model"][k] for k in keys}, saved_vocab
             sds["model"].update(full_templates(step.metadata, sds["model"], keys))
         fresh = fresh_adapters(sds, step.metadata, resume)  # LoRA on a base checkpoint
-        lora = checkpoint_misfit(step.config_text, self.run_info.get("config_toml"), where)
+        lora = checkpoint_misfit(step.config_text, self.run_info.get("config_toml"), where,
+                                 resume)
         mismatch = structure_mismatch(
             step.metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
         if mismatch and lora:

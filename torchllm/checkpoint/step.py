@@ -218,6 +218,13 @@ class Step:
                 return store.local_copy(path)
         return None
 
+    def saved_config_text(self) -> str | None:
+        """The text of `config_file` (None without one): what the step was trained as."""
+        if self.config_text is not None:
+            return self.config_text
+        path = self.config_file()
+        return None if path is None else Path(path).read_text()
+
     def config(self, overrides: list[str] = ()):
         """The config the step was written under (`config_file`) with `overrides` on top, as
         data: the keys that import code (job.custom_import) are taken from `overrides` only,

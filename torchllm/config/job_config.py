@@ -141,6 +141,8 @@ class JobConfig:
             *[(k, self.value(k) >= 1, "must be >= 1") for k in at_least_one],
             *[(k, self.value(k) >= 0, "must be >= 0 (0 = off)") for k in off_or_more],
             *[(k, self.value(k) >= 0, "must be >= 0") for k in at_least_zero],
+            ("job.seed", 0 <= self.job.seed < 2**32,
+             "must be an integer from 0 to 4294967295 (2**32 - 1: numpy's seeds)"),
             ("training.global_batch_size", t.global_batch_size == -1 or t.global_batch_size >= 1,
              "must be >= 1, or -1 for local_batch_size x data-parallel degree"),
             ("eval.hellaswag_limit", e.hellaswag_limit >= 1 or e.hellaswag_limit == -1,

@@ -22,7 +22,7 @@ class Job:
         "unset = the config file's stem"
     )
     description: str = opt("", "Free-text description printed at start")
-    seed: int = opt(42, "Seed for model init, data order and sampling")
+    seed: int = opt(42, "Seed for model init, data order and sampling (0 to 2**32 - 1)")
     deterministic: bool = opt(
         False, "Use deterministic algorithms (and cuDNN/cuBLAS settings) at some speed cost"
     )

@@ -25,7 +25,7 @@ class HFTokenizer:
         from tokenizers import Tokenizer as _Tok
 
         path = Path(spec)
-        config = {}
+        config, template_file = {}, None  # tokenizer_config.json: named by chat template errors
         if path.is_dir():
             path = path / "tokenizer.json"
         if path.suffix == ".json":
@@ -37,7 +37,7 @@ class HFTokenizer:
                 raise ConfigError(f"tokenizer file {path} is not a tokenizer.json: {e}") from None
             cfg_file = path.with_name("tokenizer_config.json")
             if cfg_file.is_file():
-                config = json.loads(cfg_file.read_text())
+                config, template_file = json.loads(cfg_file.read_text()), cfg_file
         else:
             from torchllm.hub import offline_note, prepare_hub
 
@@ -48,6 +48,7 @@ class HFTokenizer:
                 raise ConfigError(hub_failure_message(str(spec), e) + offline_note(offline),
                                   "data.tokenizer") from None
         self.path = path
+        self.chat_template_file = template_file
         self.config = config  # tokenizer_config.json: special tokens, chat_template
         self.chat_template = template_of(config)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)

@@ -40,8 +40,13 @@ def run_config(reader: Step, overrides: list[str]):
     """The config the step was written under: the step folder's config.toml, else the run's
     (run/<folder>/step-N -> run/config.toml)."""
     if any(a.startswith("--job.config_file") for a in overrides):
-        return load_config(overrides)  # the user's own config
-    return reader.config(overrides)  # the checkpoint's, as data (no code imported)
+        cfg = load_config(overrides)  # the user's own config
+    else:
+        cfg = reader.config(overrides)  # the checkpoint's, as data (no code imported)
+    saved = reader.saved_config_text()
+    if saved is not None:  # its weights load only into the family they were trained as
+        models.check_family(saved, cfg, f"checkpoint {reader.path}")
+    return cfg
 
 
 def _trained_on_chat(cfg) -> bool:

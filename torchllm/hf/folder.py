@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from torchllm.hf.files import save_safetensors
+from torchllm.hf.validate import check_hf_config, check_tensors
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -36,9 +37,13 @@ def read_hf_config(hf_dir: str | Path) -> dict:
         raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model "
                                 "folder")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except ValueError as e:  # (UnicodeDecodeError too)
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object (a Hugging Face config)")
+    check_hf_config(config, path)  # no quantization_config, a positive integer vocab_size
+    return config
 
 
 def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -61,12 +66,14 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     for shard in shards:
         path = hf_dir / shard
         try:
-            weights.update(load_file(str(path)))
+            tensors = load_file(str(path))
         except FileNotFoundError:
             raise FileNotFoundError(f"{path} does not exist (listed in {hf_dir / INDEX})") from None
         except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not one
             raise ValueError(f"{path} is not a readable safetensors file ({e}; "
                              f"{path.stat().st_size} bytes): re-download it") from None
+        check_tensors(tensors, path)  # float dtypes, finite values
+        weights.update(tensors)
     return weights
 
 

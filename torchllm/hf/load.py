@@ -22,6 +22,9 @@ from torchllm.checkpoint.tokenizer_identity import hf_record
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
+from torchllm.hf.validate import (
+    ReadTracker, check_all_read, check_cast, check_converted, check_shapes, expected_shapes,
+)
 from torchllm.log import logger
 from torchllm.models.contract import LanguageModel
 
@@ -32,12 +35,23 @@ def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor
     if adapter_for_hf(hf_config) is not adapter:
         raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
                           f"{adapter.model_type!r} one; set model.name to match")
-    adapter.check(hf_config, args)
     try:
-        return adapter.from_hf(read_hf_weights(hf_dir), args)
+        adapter.check(hf_config, args)
+    except KeyError as e:
+        raise ValueError(f"{Path(hf_dir) / 'config.json'} lacks {e.args[0]!r}, which a "
+                         f"{adapter.model_type} config has") from None
+    vocab = hf_config["vocab_size"]  # a positive int (read_hf_config), <= args' (adapter.check)
+    weights = read_hf_weights(hf_dir)  # float dtypes, finite values
+    weights = ReadTracker(getattr(adapter, "hf_names", lambda w: w)(weights))
+    check_shapes(weights, expected_shapes(adapter, args, vocab), Path(hf_dir), vocab)
+    try:
+        converted = adapter.from_hf(weights, args)
     except KeyError as e:
         raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config "
                          "implies") from None
+    check_all_read(weights, Path(hf_dir))
+    check_converted(converted, adapter, args, Path(hf_dir))
+    return converted
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = (),
@@ -49,10 +63,11 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
         raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
     refuse_step_folder(out, overwrite)
     cfg = load_config(list(overrides))
-    hf_vocab = read_hf_config(hf_dir).get("vocab_size")
+    hf_vocab = read_hf_config(hf_dir)["vocab_size"]  # checked: a positive int
     args = models.model_args(cfg, hf_vocab)
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
+    check_cast(weights, dtype, Path(hf_dir))  # before anything is written
     save_seed_checkpoint(weights, out, step,
                          lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, hf_vocab))
     logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
@@ -93,8 +108,9 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
             raise ConfigError(f"the tokenizer {data.tokenizer} has {tokenizer.vocab_size} ids, "
                               f"more than {hf_dir}'s vocab_size = {hf_vocab}", "data.tokenizer")
         info["tokenizer"] = record = tokenizer_record(tokenizer)
-        if found is not None:  # named as it will be: the finished seed's copy
-            data = dataclasses.replace(data, tokenizer=str(out / found[0].name))
+        if found is not None:  # named as it will be: the finished seed's copy, absolute (a
+            # run from the seed may start in another directory: run_train.sh changes to its own)
+            data = dataclasses.replace(data, tokenizer=str(out.absolute() / found[0].name))
             record["name"] = data.tokenizer
     model = cfg.model
     if not model.vocab_size and (not info or info["tokenizer"]["vocab_size"] != hf_vocab):

@@ -11,7 +11,8 @@ its own; TP ranks route the same ones):
   moe/tokens_per_expert/e<i>            fraction of assignments per expert, all layers
                                         summed (only for models with <= 16 experts)
 With model.moe_bias_update_rate > 0, `MoEBiasBalancer` updates the routing biases after every
-optimizer step (models/moe.update_expert_bias) and logs them:
+optimizer step (models/moe.update_expert_bias; never under LoRA, whose base, biases included,
+stays bit-identical) and logs them:
   moe/expert_bias_absmax                largest |bias| over layers and experts
   moe/expert_bias/e<i>                  bias of expert i, mean over layers (<= 16 experts)
 """
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from torchllm.callbacks import Callback, StepReport
+from torchllm.log import logger
 from torchllm.models.moe import MoE, update_expert_bias
 
 PER_EXPERT_MAX = 16
@@ -101,6 +103,10 @@ class MoEBiasBalancer(Callback):
         rate = trainer.cfg.model.moe_bias_update_rate
         layers = [m for m in trainer.moe_layers if m.expert_bias is not None]
         if rate <= 0 or not layers:
+            return None
+        if trainer.cfg.lora.enable:  # the routing biases are the base's: frozen like its weights
+            logger.info("lora.enable: the MoE routing biases stay frozen (no aux-loss-free "
+                        "balancing update; model.moe_bias_update_rate = %g is not applied)", rate)
             return None
         return cls(layers, rate, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
                    token_groups(trainer.parallel_dims))

@@ -270,17 +270,30 @@ def parameter_summary(model: nn.Module, cfg) -> str:
             f"({100 * trainable / max(total, 1):.2f}%)")
 
 
-def resume_mismatch(saved_toml: str, current_toml: str) -> str | None:
+def resume_mismatch(saved_toml: str, current_toml: str, resume: bool = True,
+                    path=None) -> str | None:
     """Which [lora] key differs between the config a checkpoint was saved under and this run's,
-    as one line naming it (None: the adapters have the same shape and places)."""
+    as one line naming it (None: the adapters have the same shape and places). The advice is
+    another command than the one that failed: a resume is told to start a new run from the
+    checkpoint (checkpoint.initial_load_path); a new run already doing that (`resume` False)
+    is told to start from the checkpoint's merged weights (an hf export of checkpoint `path`)."""
     old, new = _lora_keys(flat_toml(saved_toml)), _lora_keys(flat_toml(current_toml))
     if not old["lora.enable"] and not new["lora.enable"]:
         return None
+    if not resume and not old["lora.enable"]:  # LoRA on a base checkpoint: fresh adapters,
+        return None                             # so the misfit is elsewhere (shapes, names)
     for key in old:
         if old[key] != new[key]:
+            if resume:
+                advice = (f"set {key} = {old[key]!r} to resume, or start a new run from it "
+                          "(checkpoint.initial_load_path)")
+            else:
+                advice = (f"set {key} = {old[key]!r} to go on training its adapters, or start "
+                          "from its merged weights: python -m torchllm.hf export --checkpoint "
+                          f"{path or 'CHECKPOINT'} --out DIR, then checkpoint.initial_load_path "
+                          "= DIR with checkpoint.initial_load_in_hf = true")
             return (f"the checkpoint was saved with {key} = {old[key]!r}, this run has "
-                    f"{new[key]!r}: its adapters cannot load; set {key} = {old[key]!r} to "
-                    "resume, or start a new run from it (checkpoint.initial_load_path)")
+                    f"{new[key]!r}: its adapters cannot load; {advice}")
     return None
 
 
@@ -313,12 +326,13 @@ def fresh_adapters(sds: dict, metadata, resume: bool) -> dict:
 
 
 def checkpoint_misfit(saved_toml: str | None, current_toml: str | None,
-                      where: str) -> tuple[str, str] | None:
+                      where: str, resume: bool = True) -> tuple[str, str] | None:
     """(message, key) when checkpoint `where`, which does not fit this model, was saved under
-    other [lora] settings (`saved_toml`: its step folder's config.toml), else None."""
+    other [lora] settings (`saved_toml`: its step folder's config.toml), else None. `resume`:
+    this run's own checkpoint (else a new run's initial load)."""
     if not current_toml or not saved_toml:
         return None
-    message = resume_mismatch(saved_toml, current_toml)
+    message = resume_mismatch(saved_toml, current_toml, resume, where)
     if message is None:
         return None
     return f"checkpoint {where}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]

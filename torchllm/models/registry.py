@@ -174,3 +174,17 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
         given = ", ".join(f"model.{k}={v}" for k, v in shape.items() if v is not None)
         raise ConfigError(f"model.{named[0]}: {e} ({mcfg.name}/{mcfg.flavor} with {given}); "
                           "make the shape keys consistent", f"model.{named[0]}") from None
+
+
+def check_family(saved_toml: str, cfg, where: str) -> None:
+    """A checkpoint's weights load only into the family it was trained as: `cfg.model.name`
+    (the saved config with the command's overrides) must be the one its `saved_toml` records."""
+    from torchllm.config.loader import flat_toml
+    from torchllm.config.sections import Model
+
+    saved = flat_toml(saved_toml).get("model.name", Model().name)
+    if cfg.model.name != saved:
+        raise ConfigError(
+            f"model.name = {cfg.model.name!r}: {where} holds a {saved!r} model (its "
+            f"config.toml), whose weights cannot load into a {cfg.model.name} one; drop "
+            "--model.name (the checkpoint's config names its family)", "model.name")

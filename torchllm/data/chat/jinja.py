@@ -23,6 +23,8 @@ import json
 from datetime import datetime
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.chat import limits
+from torchllm.data.chat.limits import RenderLimit, checked_binop, limited
 
 
 def template_of(config: dict) -> str | None:
@@ -34,8 +36,13 @@ def template_of(config: dict) -> str | None:
     return template if isinstance(template, str) and template.strip() else None
 
 
-def _compile(source: str):
-    """Compile like transformers: a sandbox, trim_blocks / lstrip_blocks, raise_exception."""
+class TemplateLimitError(ConfigError):
+    """A render stopped by a limit (time, size): the template, not one conversation, is bad."""
+
+
+def _compile(source: str, origin: str = "the tokenizer's chat_template"):
+    """Compile like transformers: a sandbox, trim_blocks / lstrip_blocks, raise_exception;
+    with size caps on `*` and `**` (chat/limits.py)."""
     try:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -46,8 +53,13 @@ def _compile(source: str):
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_generation_extension()])
+    class Limited(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            return checked_binop(operator, left, right, self.binop_table[operator])
+
+    env = Limited(trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension()])
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent,
                                                                     ensure_ascii=False)
     env.globals["raise_exception"] = raise_exception
@@ -55,7 +67,7 @@ def _compile(source: str):
     try:
         return env.from_string(source)
     except TemplateError as e:
-        raise ConfigError(f"the tokenizer's chat_template is not valid Jinja: {e}",
+        raise ConfigError(f"the chat template of {origin} is not valid Jinja: {e}",
                           "data.tokenizer") from None
 
 
@@ -81,7 +93,10 @@ class JinjaChat:
 
     def __init__(self, tokenizer, source: str, special: dict[str, str]):
         self.tokenizer, self.source = tokenizer, source
-        self.template = _compile(source)
+        # Where the template comes from (its tokenizer_config.json), for the errors.
+        self.origin = str(getattr(tokenizer, "chat_template_file", None)
+                          or "the tokenizer's chat_template")
+        self.template = _compile(source, self.origin)
         self.special = special  # bos_token, eos_token, ... as the template expects them
         self.end_of_turn = self._end_of_turn()
 
@@ -89,11 +104,17 @@ class JinjaChat:
         from jinja2.exceptions import TemplateError
 
         try:
-            return self.template.render(messages=messages,
-                                        add_generation_prompt=add_generation_prompt,
-                                        **self.special)
+            return limited(lambda: self.template.generate(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special))
         except TemplateError as e:
             raise ValueError(f"the chat template refused the conversation: {e}") from None
+        except (RenderLimit, RecursionError, MemoryError) as e:
+            why = e if isinstance(e, RenderLimit) else type(e).__name__
+            raise TemplateLimitError(
+                f"the chat template of {self.origin} was stopped ({why}): a template must "
+                f"render a conversation within {limits.RENDER_SECONDS:g} s and "
+                f"{limits.RENDER_CHARS:,} characters; use a trusted tokenizer_config.json",
+                "data.tokenizer") from None
 
     def render(self, messages: list[dict]) -> tuple[list[int], list[bool]]:
         """(ids, whether each id is a target) of a whole conversation."""
@@ -129,6 +150,8 @@ class JinjaChat:
         probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
         try:
             ids, trained = self.render(probe)
+        except TemplateLimitError:
+            raise
         except ValueError:
             return self.tokenizer.eos_id
         ends = [i for i, t in zip(ids, trained) if t and i in self.tokenizer.special_ids]

@@ -128,11 +128,34 @@ class LocalFiles(CorpusSource):
         if builder == "text":  # one document per .txt file, in a column named "text"
             kwargs["sample_by"], column = "document", "text"
             kwargs["encoding"] = "utf-8-sig"  # a byte-order mark starting a file is not text
-        return load_streaming(builder, kwargs, f"local:{self.location}", column,
+        return load_streaming(builder, kwargs, spec or self.spec, column,
                               local=LocalReading(spec or self.spec, self.location))
 
     def texts(self):
         return stream_texts(self, self.dcfg.text_column, self.spec)
+
+    def first_non_text(self, column: str) -> str | None:
+        """'FILE line N' (.jsonl) or 'FILE row N' (.parquet, from 0) of the first row whose
+        `column` is not a string, found by reading the files again; None if none is found."""
+        for f in local_files(self.location):
+            if f.endswith(".jsonl"):
+                with open(f, encoding="utf-8") as fh:
+                    for lineno, line in enumerate(fh, 1):
+                        try:
+                            row = json.loads(line) if line.strip() else {}
+                        except ValueError:
+                            continue  # (named by `unreadable` when the reader meets it)
+                        if isinstance(row, dict) and column in row \
+                                and not isinstance(row[column], str):
+                            return f"{f} line {lineno}"
+            elif f.endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                values = pq.read_table(f, columns=[column]).column(column).to_pylist()
+                bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+                if bad is not None:
+                    return f"{f} row {bad}"
+        return None
 
     def values(self, column: str, spec: str) -> list:
         ds, column = self.open_rows(column, spec)

@@ -76,8 +76,23 @@ def stream_texts(rows_source, column: str, spec: str) -> Iterator[str]:
     """Every row's `column` of a source that reads rows (`open_rows`), in order."""
     ds, column = rows_source.open_rows(column)
     empty = True
-    for row in ds:
+    for index, row in enumerate(ds):
         empty = False
-        yield row[column]
+        value = row[column]
+        if not isinstance(value, str):
+            raise not_text(rows_source, spec, column, index, value)
+        yield value
     if empty:
         raise ConfigError(f"data.dataset = {spec!r}: the dataset is empty", "data.dataset")
+
+
+def not_text(rows_source, spec: str, column: str, index: int, value) -> ConfigError:
+    """One line for a row whose `column` is not a string (null, a number, a list): its file and
+    line when the source can find it (local files: `first_non_text`), else its row number."""
+    find = getattr(rows_source, "first_non_text", None)
+    place = (find(column) if find else None) or f"row {index}"
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    what = "null" if value is None else f"{type(value).__name__} {shown}"
+    return ConfigError(f"data.dataset = {spec!r}: {place}: {column!r} is {what}, not text; "
+                       f"fix or remove that row (every row's {column!r} must be a string)",
+                       "data.dataset")

@@ -101,12 +101,19 @@ class GPT2Adapter:
                 out[theirs + hf_name] = w.t().contiguous() if transposed else w
         return out
 
+    @staticmethod
+    def hf_names(hf_sd: Weights) -> Weights:
+        """The weights under the names to_hf writes (`hf_sd` itself when they are already).
+        OpenAI's released GPT-2 files on the Hub were saved from the bare GPT2Model: no
+        "transformer." prefix (transformers adds it back when loading them)."""
+        if all(k.startswith(("transformer.", "lm_head.")) for k in hf_sd):
+            return hf_sd
+        return {k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
+                for k, v in hf_sd.items()}
+
     @classmethod
     def from_hf(cls, hf_sd: Weights, args: GPT2Args) -> Weights:
-        # OpenAI's released GPT-2 files on the Hub were saved from the bare GPT2Model: no
-        # "transformer." prefix (transformers adds it back when loading them).
-        hf_sd = {k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
-                 for k, v in hf_sd.items()}
+        hf_sd = cls.hf_names(hf_sd)
         out = {
             "tok_embeddings.weight": pad_vocab(hf_sd["transformer.wte.weight"], args.vocab_size),
             "pos_embeddings.weight": hf_sd["transformer.wpe.weight"],

@@ -1,0 +1,121 @@
+"""Limits on rendering a chat template (a tokenizer_config.json is data from whoever published
+it): a time limit per render, an output size limit, and size caps on the operators that build
+large values in one C call (`'x' * n`, `n ** m`), which no time limit can interrupt.
+
+The time limit: a watchdog thread (one per process, started on first use) raises
+`RenderTimeout` in a thread whose render passed its deadline (CPython's
+`PyThreadState_SetAsyncExc`, delivered at the template's next bytecode: a `for` loop's next
+iteration), so a template's nested `range(100000)` loops stop instead of running for hours.
+What it costs a render: a lock, a dict entry, one C call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+
+RENDER_SECONDS = 5.0  # per render of one conversation (prefix); a real template takes ms
+RENDER_CHARS = 16 << 20  # characters a render may produce (and a `*` may build)
+POW_BITS = 4096  # the largest integer `**` may build, in bits
+
+
+class RenderTimeout(BaseException):
+    """Raised inside a render that passed its deadline (a BaseException: the template
+    engine's own `except Exception` cannot swallow it)."""
+
+
+class RenderLimit(Exception):
+    """A render stopped by a limit (the message says which)."""
+
+
+class _Watchdog:
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh state (and, after a fork, no thread and no lock the parent's thread held)."""
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.deadlines: dict[int, float] = {}  # thread id -> monotonic deadline
+        self.pid = None  # the process whose watchdog thread runs
+        self.waiting_until: float | None = None  # when the watchdog wakes next (None: never)
+
+    def _ensure_thread(self) -> None:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            threading.Thread(target=self._run, name="chat-template-watchdog",
+                             daemon=True).start()
+
+    def _run(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                for tid, deadline in list(self.deadlines.items()):
+                    if now >= deadline:
+                        del self.deadlines[tid]
+                        _async_raise(tid, RenderTimeout)
+                self.waiting_until = min(self.deadlines.values(), default=None)
+                self.wake.wait(None if self.waiting_until is None
+                               else max(self.waiting_until - now, 0.001))
+
+    def start(self, seconds: float) -> None:
+        with self.lock:
+            self._ensure_thread()
+            deadline = self.deadlines[threading.get_ident()] = time.monotonic() + seconds
+            if self.waiting_until is None or deadline < self.waiting_until:
+                self.wake.notify()  # (else it wakes before this deadline anyway: no switch)
+
+    def stop(self) -> None:
+        """End this thread's render: no timeout can arrive after this returns (one sent while
+        it waits for the lock arrives inside the `with`, whose exit releases the lock)."""
+        tid = threading.get_ident()
+        with self.lock:
+            self.deadlines.pop(tid, None)
+            _async_raise(tid, None)  # clears one sent but not yet delivered
+
+
+_WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG.reset)
+
+
+def _async_raise(tid: int, exc) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                               ctypes.py_object(exc) if exc else None)
+
+
+def limited(render) -> str:
+    """`render()` (an iterator of text pieces: a Jinja template's generate) joined, within
+    RENDER_SECONDS and RENDER_CHARS; RenderLimit otherwise."""
+    seconds, max_chars = RENDER_SECONDS, RENDER_CHARS
+    pieces, size = [], 0
+    try:
+        try:
+            _WATCHDOG.start(seconds)
+            for piece in render():
+                size += len(piece)
+                if size > max_chars:
+                    raise RenderLimit(f"it produced more than {max_chars:,} characters")
+                pieces.append(piece)
+        finally:
+            _WATCHDOG.stop()
+    except RenderTimeout:
+        raise RenderLimit(f"it ran longer than {seconds:g} s") from None
+    return "".join(pieces)
+
+
+def checked_binop(operator: str, left, right, compute):
+    """`left <operator> right` unless it would build a value past the caps (a sequence of more
+    than RENDER_CHARS items, an integer of more than POW_BITS bits)."""
+    if operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
+                    and len(seq) * n > RENDER_CHARS:
+                raise RenderLimit(f"'*' would build {len(seq) * n:,} items (at most "
+                                     f"{RENDER_CHARS:,})")
+    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > POW_BITS:
+            raise RenderLimit(f"'**' would build an integer of about "
+                                 f"{right * abs(left).bit_length():,} bits (at most {POW_BITS})")
+    return compute(left, right)
