@@ -195,7 +195,7 @@ class Trainer:
 
     def restart_data(self) -> None:
         """A new batch iterator at the loader's (just restored) position."""
-        self.train_loader.close(self.batches)
+        self.train_loader.close(self.batches)  # the old iterator's workers, if any
         self.batches = iter(self.train_loader)
 
     def callback(self, cls):

@@ -14,6 +14,7 @@ from mutants import metrics
 from mutants import eval
 from mutants import run
 from mutants import tools
+from mutants import ft
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -28,5 +29,6 @@ MUTANTS = [
     *eval.MUTANTS,
     *run.MUTANTS,
     *tools.MUTANTS,
+    *ft.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -1,0 +1,31 @@
+"""Mutants of fault tolerance: torchllm/ft and scripts/ft_local.sh (scripts/mutation_check.py runs them)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+ACCEPTANCE = ("tests/test_fault_tolerance.py::"
+              "test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step")
+
+MUTANTS = [
+    Mutant(
+        "ft_heal_skips_optimizer",
+        "a relaunched replica group heals weights, schedule and data but keeps its own (fresh) "
+        "optimizer state: its updates differ from the live group's",
+        "torchllm/ft/heal.py",
+        "            opt.load_state_dict(state)\n",
+        "            pass  # the optimizer state is not taken from the peer\n",
+        ("tests/test_fault_tolerance.py::"
+         "test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one", ACCEPTANCE),
+    ),
+    Mutant(
+        "ft_dead_group_never_dropped",
+        "the lighthouse keeps a group that stopped heartbeating in the quorum (10-minute "
+        "heartbeat and join timeouts): the survivors wait for the dead group instead of training",
+        "scripts/ft_local.sh",
+        '--heartbeat_timeout_ms "${FT_HEARTBEAT_TIMEOUT_MS:-5000}" \\\n'
+        '        --join_timeout_ms "${FT_JOIN_TIMEOUT_MS:-60000}"',
+        '--heartbeat_timeout_ms 600000 \\\n        --join_timeout_ms 600000',
+        (ACCEPTANCE,),
+    ),
+]
