@@ -207,3 +207,82 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+# -- stopping below min_replica_size, and who saves (in-process, torchft's Manager stubbed) -----
+
+class _Manager:
+    def __init__(self, live: int, rank: int = 0):
+        self.live, self.rank, self._quorum_id = live, rank, 1
+
+    def start_quorum(self):
+        pass
+
+    def num_participants(self):
+        return self.live
+
+    def participating_rank(self):
+        return self.rank
+
+
+def _replicas(live: int, committed: int, rank: int = 0):
+    from torchllm.ft.replicas import ReplicaGroups
+
+    r = object.__new__(ReplicaGroups)
+    r.manager, r.min_replica_size, r.committed_here = _Manager(live, rank), 2, committed
+    r.heal = type("H", (), {"healed_at": None})()
+    r.quorum_id, r.members, r.pg, r.group_rank, r.group_world = 1, [0], None, 0, 1
+    return r
+
+
+def test_below_min_replica_size_stops_after_a_commit_and_waits_at_launch(monkeypatch):
+    from torchllm.ft import ReplicasBelowMinimum
+    from torchllm.ft import replicas as mod
+
+    with pytest.raises(ReplicasBelowMinimum, match="min_replica_size = 2"):
+        _replicas(live=1, committed=3).begin_step()
+    _replicas(live=2, committed=3).begin_step()  # enough: nothing raised
+    waits = []
+    monkeypatch.setattr(mod, "STARTUP_WAIT_S", 2.0)
+    monkeypatch.setattr(mod.time, "sleep", lambda s: waits.append(s) or time_travel(s))
+    clock = [0.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: clock[0])
+
+    def time_travel(s):
+        clock[0] += s
+
+    with pytest.raises(ReplicasBelowMinimum):  # at launch: waits for the others, then stops
+        _replicas(live=1, committed=0).begin_step()
+    assert len(waits) >= 2
+
+
+def test_only_the_lowest_live_group_saves_but_every_group_saves_the_last_step():
+    from torchllm.ft.replicas import GroupCheckpointer
+
+    saved = []
+    inner = type("C", (), {"save": lambda self, step, **kw: saved.append((step, kw["last"]))})()
+    GroupCheckpointer(inner, _replicas(2, 1, rank=1)).save(5)
+    GroupCheckpointer(inner, _replicas(2, 1, rank=1)).save(9, last=True)
+    GroupCheckpointer(inner, _replicas(2, 1, rank=0)).save(5)
+    assert saved == [(9, True), (5, False)]
+
+
+def test_too_few_groups_saves_the_last_completed_step_and_ends_cleanly(tmp_path):
+    from torchllm.checkpoint import complete_steps
+    from torchllm.ft import ReplicasBelowMinimum
+    from torchllm.ft.replicas import SingleGroup
+    from torchllm.train import Trainer
+
+    class GroupLeft(SingleGroup):
+        def begin_step(self):
+            if trainer.step == 3:  # the quorum of step 3 has too few groups
+                raise ReplicasBelowMinimum("1 live replica group(s), fewer than 2")
+
+    trainer = Trainer(load_config(tiny_args(tmp_path, "--data.tokenizer=bytes",
+                                            "--checkpoint.enable", "--checkpoint.interval=100",
+                                            "--validation.enable=false", "--eval.sample_freq=0",
+                                            "--training.steps=6")))
+    trainer.replicas = GroupLeft()
+    losses = trainer.train()  # returns: the process exits 0
+    assert len(losses) == 2 and trainer.step == 2
+    assert complete_steps(tmp_path / "default" / "checkpoint") == [2]

@@ -28,4 +28,28 @@ MUTANTS = [
         '--heartbeat_timeout_ms 600000 \\\n        --join_timeout_ms 600000',
         (ACCEPTANCE,),
     ),
+    Mutant(
+        "ft_below_min_saves_a_step_never_run",
+        "a run stopping for too few replica groups saves the step whose quorum failed (never "
+        "trained) as done",
+        "torchllm/train.py",
+        "            self.train_state.step -= 1  # the step that quorum was for never ran\n", "",
+        ("tests/test_fault_tolerance.py::"
+         "test_too_few_groups_saves_the_last_completed_step_and_ends_cleanly",),
+    ),
+    Mutant(
+        "ft_below_min_ignored", "groups keep training below fault_tolerance.min_replica_size",
+        "torchllm/ft/replicas.py", "            if live >= self.min_replica_size:\n",
+        "            if live >= 1:\n",
+        ("tests/test_fault_tolerance.py::"
+         "test_below_min_replica_size_stops_after_a_commit_and_waits_at_launch",),
+    ),
+    Mutant(
+        "ft_every_group_saves", "every replica group saves every checkpoint, not the lowest live",
+        "torchllm/ft/replicas.py",
+        "        return last or self.manager.participating_rank() == 0\n",
+        "        return True\n",
+        ("tests/test_fault_tolerance.py::"
+         "test_only_the_lowest_live_group_saves_but_every_group_saves_the_last_step",),
+    ),
 ]
