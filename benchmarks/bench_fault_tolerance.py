@@ -113,7 +113,8 @@ def with_ft(a, work: Path) -> dict:
     try:
         g1.wait(lambda: last_step(g1) >= a.kill_at, a.timeout, f"group 1 at step {a.kill_at}")
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)
-        killed, at = time.monotonic(), last_step(g0)
+        # (group 1 printed step --kill-at, so both groups committed it)
+        killed, at = time.monotonic(), max(last_step(g0), last_step(g1))
         procs.append(subprocess.Popen(cmd, cwd=REPO, env={**env, "FT_REPLICAS": "1",
                                                           "FT_LOG_DIR": str(relaunch_logs)},
                                       start_new_session=True, stdout=subprocess.DEVNULL,
@@ -146,6 +147,7 @@ def with_ft(a, work: Path) -> dict:
 
 
 def without_ft(a, work: Path) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
     cmd = [str(REPO / "run_train.sh"), *train_args(a, work)]
     first, second = Follower(work / "first.log"), Follower(work / "second.log")
     first.start()
@@ -178,6 +180,16 @@ def without_ft(a, work: Path) -> dict:
             "steps_lost": at - resumed_step, "kill_to_past_kill_step_s": round(past[0] - killed, 1),
             "median_step_ms": statistics.median(ms for _, _, ms in first.steps()),
             "code": q.returncode}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def table(ft: dict, plain: dict) -> str:
@@ -216,7 +228,7 @@ def main(argv=None) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "machine": f"{cpu_name()}, {os.cpu_count()} cores",
             "args": {"steps": a.steps, "kill_at": a.kill_at,
                      "checkpoint_interval": a.checkpoint_interval, "overrides": a.overrides},
             "with_torchft": ft, "without_torchft": plain}, indent=2) + "\n")
