@@ -102,7 +102,11 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
 
     def heal_of(t):
         return HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader, t.train_state,
-                         {"loss_guard": t.guard}, t.restart_data)
+                         {"loss_guard": t.guard}, lambda: restart(t))
+
+    def restart(t):
+        t.train_loader.close(t.batches)
+        t.batches = iter(t.train_loader)
 
     try:
         for _ in range(3):
@@ -230,7 +234,7 @@ def _replicas(live: int, committed: int, rank: int = 0):
 
     r = object.__new__(ReplicaGroups)
     r.manager, r.min_replica_size, r.committed_here = _Manager(live, rank), 2, committed
-    r.heal = type("H", (), {"healed_at": None})()
+    r.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 4})()})()
     r.quorum_id, r.members, r.pg, r.group_rank, r.group_world = 1, [0], None, 0, 1
     return r
 

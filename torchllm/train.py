@@ -27,7 +27,7 @@ from torchllm.device import (
 )
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator
-from torchllm.ft import HealState, ReplicasBelowMinimum, build_replicas
+from torchllm.ft import ReplicasBelowMinimum, build_replicas
 from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
@@ -104,13 +104,10 @@ class Trainer:
 
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
-        # Fault tolerance (torchft; a no-op when off): this launch is one replica group of
-        # several, kept in step with the live others; each group reads its own part of the data.
+        # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
         self.replicas = build_replicas(cfg, self.parallel_dims, global_batch)
-
         self.train_loader, self.val_loader = build_data(
-            cfg, self.tokenizer, *self.replicas.data_shard(self.dp_rank, self.dp_degree)
-        )
+            cfg, self.tokenizer, *self.replicas.data_shard(self.dp_rank, self.dp_degree))
         self.chat_data = reads_conversations(cfg.data)  # packed conversations: padding
 
         spec = models.get(cfg.model.name)
@@ -149,8 +146,7 @@ class Trainer:
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
         tokenizer = run.tokenizer_record
-        # With fault tolerance only the lowest live replica group saves (every group the last).
-        self.checkpointer = self.replicas.gate(Checkpointer(
+        self.checkpointer = self.replicas.gate(Checkpointer(  # FT: the lowest live group saves
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
@@ -173,11 +169,7 @@ class Trainer:
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
-        if cfg.fault_tolerance.enable:  # what a relaunched group takes from a live one
-            self.replicas.attach(HealState(
-                self.model, self.optimizer, self.lr_scheduler, self.train_loader,
-                self.train_state, {"loss_guard": self.guard, **stateful}, self.restart_data,
-            ), self.step)
+        self.replicas.attach(self, {"loss_guard": self.guard, **stateful})  # what a peer heals
         # Signals, step budget, time limit: when this launch stops early (ranks agree).
         self.stops = StopConditions(tcfg, self.device, self.start_time)
         self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
@@ -188,15 +180,9 @@ class Trainer:
         self.metrics.close()
         self.checkpointer.close()
         self.train_loader.close(self.batches)
-        self.replicas.close()
         if self.run_lock is not None:
             self.run_lock.release()
         restore_determinism(self.determinism)
-
-    def restart_data(self) -> None:
-        """A new batch iterator at the loader's (just restored) position."""
-        self.train_loader.close(self.batches)  # the old iterator's workers, if any
-        self.batches = iter(self.train_loader)
 
     def callback(self, cls):
         """The attached callback of class `cls` (e.g. trainer.callback(Evaluator)), or None."""
@@ -222,9 +208,8 @@ class Trainer:
     run_name = staticmethod(run_name)
 
     def precision_name(self) -> str:
-        if not self.bf16:
-            return "fp32"
-        return "bf16 FSDP2 params" if self.parallel_dims.fsdp_enabled else "bf16 autocast"
+        fsdp = self.parallel_dims.fsdp_enabled
+        return "fp32" if not self.bf16 else "bf16 FSDP2 params" if fsdp else "bf16 autocast"
 
     def autocast(self):
         # Under FSDP2, MixedPrecisionPolicy(param_dtype=bf16) already runs the matmuls in bf16
@@ -303,9 +288,8 @@ class Trainer:
             loss_sum, n_tokens = self.forward_backward(micro_batches)
         # reduced over dp ranks: the loss, the trained and the processed token counts
         stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens, processed)
-        # Fault tolerance: gradients and loss averaged over the live replica groups, which then
-        # agree to commit; a step during which a group died runs again on the next batches.
-        if not self.replicas.average(stats, self.model):
+        # FT: gradients and loss averaged over the live replica groups; a step a group died in
+        if not self.replicas.average(stats, self.model):  # runs again, on the next batches
             self.optimizer.zero_grad(set_to_none=True)
             return self.train_step()
         m = self.metrics.before_clip(self.step)
@@ -385,10 +369,9 @@ class Trainer:
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break
-        except ReplicasBelowMinimum as e:  # too few live replica groups: save and stop (exit 0)
+        except ReplicasBelowMinimum:  # too few live replica groups: save and stop (exit 0)
             self.train_state.step -= 1  # the step that quorum was for never ran
             self.checkpointer.save(self.step, unhealthy=self.guard.unhealthy())
-            logger.warning("stopping after step %d: %s", self.step, e)
         except BaseException as e:
             for cb in self.callbacks:
                 cb.on_exception(self, self.step, e)

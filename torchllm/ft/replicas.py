@@ -42,7 +42,7 @@ class SingleGroup:
     def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
         return dp_rank, dp_degree
 
-    def attach(self, heal: HealState | None, step: int) -> None:
+    def attach(self, trainer, others: dict) -> None:
         pass
 
     def begin_step(self) -> None:
@@ -100,12 +100,20 @@ class ReplicaGroups(SingleGroup):
         """Group r's rank i reads part r x dp_degree + i of group_size x dp_degree parts."""
         return self.replica_id * dp_degree + dp_rank, self.group_size * dp_degree
 
-    def attach(self, heal: HealState, step: int) -> None:
-        """After loading this group's checkpoint (at `step`): what a peer heals from, and the
-        step the lighthouse compares (a group behind the most advanced one heals)."""
-        self.heal = heal
-        self.manager.register_state_dict_fn("torchllm", heal.load_state_dict, heal.state_dict)
-        self.manager.load_state_dict({"step": step, "batches_committed": step})
+    def attach(self, trainer, others: dict) -> None:
+        """After the trainer loaded its checkpoint: what a peer heals from (its model,
+        optimizer, schedule, data, counters and `others`' states), and the step the lighthouse
+        compares (a group behind the most advanced one heals)."""
+        def restart_batches():  # a new iterator at the loader's just restored position
+            trainer.train_loader.close(trainer.batches)
+            trainer.batches = iter(trainer.train_loader)
+
+        t = trainer
+        self.heal = HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader,
+                              t.train_state, others, restart_batches)
+        self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
+                                            self.heal.state_dict)
+        self.manager.load_state_dict({"step": t.step, "batches_committed": t.step})
 
     def begin_step(self) -> None:
         deadline = time.monotonic() + STARTUP_WAIT_S
@@ -117,9 +125,11 @@ class ReplicaGroups(SingleGroup):
             if live >= self.min_replica_size:
                 return
             if self.committed_here or time.monotonic() > deadline:
-                raise ReplicasBelowMinimum(
-                    f"{live} live replica group(s) ({self.members}), fewer than "
-                    f"fault_tolerance.min_replica_size = {self.min_replica_size}")
+                why = (f"{live} live replica group(s) ({', '.join(map(str, self.members))}), "
+                       f"fewer than fault_tolerance.min_replica_size = {self.min_replica_size}")
+                logger.warning("stopping after step %d: %s (the lowest live group saves it)",
+                               self.heal.train_state.step - 1, why)
+                raise ReplicasBelowMinimum(why)
             time.sleep(1.0)  # at launch: the other groups may still be starting
 
     def _note_quorum(self, healed_before) -> None:
@@ -193,6 +203,14 @@ class GroupCheckpointer:
              unhealthy: str | None = None) -> None:
         if self.replicas.saves(last):
             self.inner.save(step, last=last, model_only=model_only, unhealthy=unhealthy)
+
+    def close(self) -> None:
+        """The trainer's last call on its checkpointer: finish the save, then leave the groups
+        (torchft's Manager and its servers shut down)."""
+        try:
+            self.inner.close()
+        finally:
+            self.replicas.close()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
