@@ -52,4 +52,20 @@ MUTANTS = [
         ("tests/test_fault_tolerance.py::"
          "test_only_the_lowest_live_group_saves_but_every_group_saves_the_last_step",),
     ),
+    Mutant(
+        "ft_groups_read_the_same_data", "every replica group reads the same part of the data",
+        "torchllm/ft/replicas.py",
+        "        return self.replica_id * dp_degree + dp_rank, self.group_size * dp_degree\n",
+        "        return dp_rank, dp_degree\n",
+        ("tests/test_fault_tolerance.py::test_each_group_reads_its_own_part_of_the_data",),
+    ),
+    Mutant(
+        "ft_relaunch_refused_over_its_outputs",
+        "a relaunched replica group (no checkpoint of its own: the lowest live group saves) is "
+        "refused as a fresh start over a previous run's outputs",
+        "torchllm/run/rundir.py",
+        "    if cfg.fault_tolerance.enable and not cfg.job.overwrite:\n",
+        "    if False:\n",
+        (ACCEPTANCE,),
+    ),
 ]
