@@ -13,7 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def steps_of(log: Path) -> dict[int, str]:
     return {int(m[1]): m[3] for m in STEP.finditer(text)}
 
 
-def wait_for(what, predicate, timeout_s: float, procs=()):
+def wait_for(what, predicate, timeout_s: float):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
