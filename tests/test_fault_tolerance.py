@@ -196,8 +196,10 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     # Group 0: one launch, every step once, in order, no resume; it noted both changes.
     assert len(re.findall(r"step\s+1/", log0)) == 1 and "resumed from" not in log0
     assert sorted(steps_of(logs / "replica_0.log")) == list(range(1, STEPS + 1))
-    assert "replica group 1 left: 1 of 2 replica groups live" in log0
-    assert "replica group 1 joined: 2 of 2 replica groups live" in log0
+    # (a relaunch that joins before the lighthouse dropped the dead group keeps its place)
+    assert ("replica group 1 left: 1 of 2 replica groups live" in log0
+            and "replica group 1 joined: 2 of 2 replica groups live" in log0) \
+        or "replica group 1 rejoined (relaunched): 2 of 2 replica groups live" in log0, log0
     # Group 1 healed from group 0 and from then on printed group 0's grad norms.
     healed = int(re.search(r"healed from a live peer: continues at step (\d+)", log1)[1])
     assert KILL_AT < healed <= STEPS

@@ -76,6 +76,7 @@ class ReplicaGroups(SingleGroup):
             store_addr, store_port = "127.0.0.1", self.store.port
         timeout = timedelta(seconds=timeout_s)
         self.pg = torchft.ProcessGroupGloo(timeout=timeout)
+        self.transport = _Transport(timeout=timeout, num_chunks=0)
         self.manager = torchft.Manager(
             pg=self.pg, load_state_dict=None, state_dict=None,
             min_replica_size=self.min_replica_size,
@@ -90,6 +91,7 @@ class ReplicaGroups(SingleGroup):
             store_port=store_port, lighthouse_addr=lighthouse_address(os.environ),
             replica_id=f"torchllm_replica_{self.replica_id}",
             max_retries=20,  # consecutive steps that could not commit: then the run fails
+            checkpoint_transport=self.transport,
         )
         self.heal: HealState | None = None
         self.members: list[int] = []
@@ -142,12 +144,20 @@ class ReplicaGroups(SingleGroup):
         if quorum_id == self.quorum_id:
             return
         self.quorum_id = quorum_id
-        ranks = getattr(self.pg, "_global_ranks", None) or []
-        members = sorted({(g - self.group_rank) // self.group_world for g in ranks})
+        ranks = getattr(self.pg, "_global_ranks", None) or []  # in the quorum's order
+        order = [(g - self.group_rank) // self.group_world for g in ranks]
+        members = sorted(set(order))
         left = sorted(set(self.members) - set(members))
         joined = sorted(set(members) - set(self.members)) if self.members else []
+        # A group relaunched before the others noticed it was gone keeps its place: it shows
+        # as the group that healed from this one (torchft's transport names its quorum rank).
+        healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)} - set(joined))
+        self.transport.sent_to = []
         change = "; ".join([*(f"replica group {r} left" for r in left),
-                            *(f"replica group {r} joined" for r in joined)]) or "quorum"
+                            *(f"replica group {r} joined" for r in joined),
+                            *(f"replica group {r} rejoined (relaunched)" for r in healed)])
+        if not change:
+            change = "new quorum" if self.members else "quorum"
         self.members = members
         logger.info("fault tolerance: %s: %d of %d replica groups live (%s); effective global "
                     "batch %d sequences (%d x %d)", change, len(members), self.group_size,
@@ -191,6 +201,25 @@ class ReplicaGroups(SingleGroup):
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _transport_class():
+    from torchft.checkpointing import HTTPTransport
+
+    class Transport(HTTPTransport):
+        """torchft's HTTP transport, remembering which quorum ranks healed from this group."""
+
+        sent_to: list = []
+
+        def send_checkpoint(self, dst_ranks, step, state_dict, timeout):
+            self.sent_to = list(dst_ranks)
+            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
+
+    return Transport
+
+
+def _Transport(**kwargs):
+    return _transport_class()(**kwargs)
 
 
 class GroupCheckpointer:
