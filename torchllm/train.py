@@ -27,6 +27,7 @@ from torchllm.device import (
 )
 from torchllm.eval.downstream import DownstreamEval
 from torchllm.eval.in_training import Evaluator, validation_loader
+from torchllm.ft import ReplicasBelowMinimum, build_replicas
 from torchllm.hf.load import load_initial_weights
 from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
@@ -104,10 +105,10 @@ class Trainer:
 
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
-
+        # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
+        self.replicas = build_replicas(cfg, self.parallel_dims, global_batch)
         self.train_loader, self.val_loader = build_data(
-            cfg, self.tokenizer, self.dp_rank, self.dp_degree
-        )
+            cfg, self.tokenizer, *self.replicas.data_shard(self.dp_rank, self.dp_degree))
         self.chat_data = reads_conversations(cfg.data)  # packed conversations: padding
 
         spec = models.get(cfg.model.name)
@@ -155,7 +156,7 @@ class Trainer:
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
         tokenizer = run.tokenizer_record
-        self.checkpointer = Checkpointer(
+        self.checkpointer = self.replicas.gate(Checkpointer(  # FT: the lowest live group saves
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
@@ -164,7 +165,7 @@ class Trainer:
                       # What the data position means: a resume compares it (on_data_change).
                       "data": data_fingerprint(cfg, tokenizer["base_sha256"])},
             load_hf=load_initial_weights,
-        )
+        ))
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.
@@ -177,6 +178,7 @@ class Trainer:
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
+        self.replicas.attach(self, {"loss_guard": self.guard, **stateful})  # what a peer heals
         # Signals, step budget, time limit: when this launch stops early (ranks agree).
         self.stops = StopConditions(tcfg, self.device, self.start_time)
         self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
@@ -215,9 +217,8 @@ class Trainer:
     run_name = staticmethod(run_name)
 
     def precision_name(self) -> str:
-        if not self.bf16:
-            return "fp32"
-        return "bf16 FSDP2 params" if self.parallel_dims.fsdp_enabled else "bf16 autocast"
+        fsdp = self.parallel_dims.fsdp_enabled
+        return "fp32" if not self.bf16 else "bf16 FSDP2 params" if fsdp else "bf16 autocast"
 
     def autocast(self):
         # Under FSDP2, MixedPrecisionPolicy(param_dtype=bf16) already runs the matmuls in bf16
@@ -286,6 +287,7 @@ class Trainer:
         clipping, for the loss, token count and grad norm together, which the guard needs
         before it lets the update through.
         """
+        self.replicas.begin_step()  # the live replica groups of this step (fault tolerance)
         t0 = time.perf_counter()
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
@@ -295,6 +297,10 @@ class Trainer:
             loss_sum, n_tokens = self.forward_backward(micro_batches)
         # reduced over dp ranks: the loss, the trained and the processed token counts
         stats = self.metrics.loss_stats(self.step, loss_sum, n_tokens, processed)
+        # FT: gradients and loss averaged over the live replica groups; a step a group died in
+        if not self.replicas.average(stats, self.model):  # runs again, on the next batches
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.train_step()
         m = self.metrics.before_clip(self.step)
 
         max_norm = self.cfg.training.max_norm
@@ -372,6 +378,9 @@ class Trainer:
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break
+        except ReplicasBelowMinimum:  # too few live replica groups: save and stop (exit 0)
+            self.train_state.step -= 1  # the step that quorum was for never ran
+            self.checkpointer.save(self.step, unhealthy=self.guard.unhealthy())
         except BaseException as e:
             for cb in self.callbacks:
                 cb.on_exception(self, self.step, e)

@@ -15,6 +15,7 @@ from mutants import eval
 from mutants import run
 from mutants import tools
 from mutants import journey
+from mutants import ft
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -30,5 +31,6 @@ MUTANTS = [
     *run.MUTANTS,
     *tools.MUTANTS,
     *journey.MUTANTS,
+    *ft.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 from torchllm.config.fields import ANY
 from torchllm.config.paths import path_errors
+from torchllm.config.sections_ft import FaultTolerance, fault_tolerance_errors
 from torchllm.config.sections import (
     ActivationCheckpoint,
     Checkpoint,
@@ -107,6 +108,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     validation: Validation = field(default_factory=Validation)
     eval: Eval = field(default_factory=Eval)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
     def sections(self):
         """(name, section dataclass) pairs in declaration order."""
@@ -184,6 +186,8 @@ class JobConfig:
             if not ok:
                 raise ConfigError(f"{key} = {self.value(key)}: {allowed}", key)
         for key, message in path_errors(self):
+            raise ConfigError(message, key)
+        for key, message in fault_tolerance_errors(self):
             raise ConfigError(message, key)
         if self.data.tokenizer == "from_initial_load" and not self.checkpoint.initial_load_path:
             raise ConfigError(

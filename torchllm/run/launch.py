@@ -58,6 +58,7 @@ def check_config(train_args: list[str], world_size: int | None):
     from torchllm.run.tokenizer import stage_tokenizer
     from torchllm.data.dataset import check_data
     from torchllm.device import resolve_device
+    from torchllm.ft import check_fault_tolerance
     from torchllm.parallel import build_parallel_dims
 
     cfg = load_config(train_args)
@@ -67,6 +68,7 @@ def check_config(train_args: list[str], world_size: int | None):
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
     check_data(cfg)  # every dataset spec, by the code the trainer parses them with
+    check_fault_tolerance(cfg, os.environ)  # torchft installed, its lighthouse reachable
     stage_tokenizer(cfg)  # a stage's tokenizer (from_initial_load, or auto): recorded there
     return cfg
 

@@ -20,6 +20,7 @@ from torchllm.checkpoint.tokenizer_identity import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import Tokenizer, build_tokenizer
 from torchllm.device import resolve_device
+from torchllm.ft import replica_run
 from torchllm.log import logger, open_run_log
 from torchllm.parallel import ParallelDims, build_parallel_dims, rank_zero_first
 from torchllm.precision import resolve_bf16
@@ -51,6 +52,7 @@ def resolve_run(cfg: JobConfig) -> Run:
     # data.tokenizer = "from_initial_load": the previous stage's, made concrete first, so that
     # the config.toml this run writes names it for generate, evals and the next stage.
     cfg = stage_tokenizer(cfg, log=rank() == 0)
+    cfg = replica_run(cfg)  # fault tolerance: each replica group has its own run folder
     tcfg = cfg.training
     device = resolve_device(tcfg.device)
     # Validate the layout before any process-group work, then build the mesh (world > 1).

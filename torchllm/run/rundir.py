@@ -107,6 +107,12 @@ def check_fresh_start(cfg: JobConfig, run_dir: Path) -> None:
     found = previous_outputs(cfg, run_dir)
     if not found:
         return
+    if cfg.fault_tolerance.enable and not cfg.job.overwrite:
+        # A relaunched replica group (only the lowest live group saves, so it may have no
+        # checkpoint of its own) heals from a live peer: its curves continue from that step.
+        logger.warning("run folder %s holds this replica group's previous outputs: a group "
+                       "behind the live ones heals from them and continues their step", run_dir)
+        return
     if not cfg.job.overwrite:
         what = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
         resume = ("" if cfg.checkpoint.enable else

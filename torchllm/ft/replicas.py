@@ -1,0 +1,255 @@
+"""The training loop's view of fault tolerance: one small object with four calls.
+
+    replicas.begin_step()          this step's quorum: which replica groups train it (a group
+                                   that is behind heals from a live peer here, before its batch)
+    replicas.average(stats, model) gradients and the loss averaged over the live groups, then
+                                   the groups agree to commit; False: a group died during the
+                                   step, which then runs again on the next batches
+    replicas.gate(checkpointer)    only the lowest live group saves (every group saves the last)
+    replicas.data_shard(r, n)      the part of the data this group's rank reads
+
+`SingleGroup` (fault tolerance off) does nothing; `ReplicaGroups` drives torchft's Manager.
+Inside a group the usual parallelisms (DDP, FSDP2, TP, CP) work as always: torchft owns the
+dimension across groups (FSDP2 inside + torchft across = HSDP).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from torchllm.ft.heal import HealState
+from torchllm.ft.lighthouse import check_fault_tolerance, import_torchft, lighthouse_address
+from torchllm.log import logger
+
+STARTUP_WAIT_S = 60.0  # a group finding fewer than min_replica_size live groups at launch waits
+
+
+class ReplicasBelowMinimum(Exception):
+    """Fewer live replica groups than fault_tolerance.min_replica_size: stop cleanly (exit 0)."""
+
+
+class SingleGroup:
+    """Fault tolerance off: the run is one group; every call is a no-op."""
+
+    group_size = 1
+
+    def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
+        return dp_rank, dp_degree
+
+    def attach(self, trainer, others: dict) -> None:
+        pass
+
+    def begin_step(self) -> None:
+        pass
+
+    def average(self, stats: dict, model: torch.nn.Module) -> bool:
+        return True
+
+    def gate(self, checkpointer):
+        return checkpointer
+
+    def close(self) -> None:
+        pass
+
+
+class ReplicaGroups(SingleGroup):
+    """One replica group of `group_size`, kept in step with the live others by torchft."""
+
+    def __init__(self, ftcfg, group_rank: int, group_world: int, group_batch: int,
+                 timeout_s: float = 60.0):
+        torchft = import_torchft()
+        self.replica_id, self.group_size = ftcfg.replica_id, ftcfg.group_size
+        self.min_replica_size = ftcfg.min_replica_size
+        self.group_rank, self.group_world, self.group_batch = group_rank, group_world, group_batch
+        for name in ("torchft", "torchft_quorums", "torchft_commits"):  # a line per step else
+            logging.getLogger(name).setLevel(logging.WARNING)
+        if group_world > 1:  # torchrun's store (MASTER_ADDR/PORT) holds the manager's address
+            store_addr, store_port, self.store = None, None, None
+        else:  # one process: a store of its own, on loopback
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            store_addr, store_port = "127.0.0.1", self.store.port
+        timeout = timedelta(seconds=timeout_s)
+        self.pg = torchft.ProcessGroupGloo(timeout=timeout)
+        self.transport = _Transport(timeout=timeout, num_chunks=0)
+        self.manager = torchft.Manager(
+            pg=self.pg, load_state_dict=None, state_dict=None,
+            min_replica_size=self.min_replica_size,
+            # The quorum is settled before the step's batch is drawn: a group that heals
+            # then trains the step with the healed weights and data position.
+            use_async_quorum=False,
+            # Every group builds the same initial weights (job.seed); a group behind (a
+            # relaunch, a resume from an older checkpoint) heals from the most advanced one.
+            init_sync=False,
+            timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+            rank=group_rank, world_size=group_world, store_addr=store_addr,
+            store_port=store_port, lighthouse_addr=lighthouse_address(os.environ),
+            replica_id=f"torchllm_replica_{self.replica_id}",
+            max_retries=20,  # consecutive steps that could not commit: then the run fails
+            checkpoint_transport=self.transport,
+        )
+        self.heal: HealState | None = None
+        self.members: list[int] = []
+        self.quorum_id = None
+        self.committed_here = 0  # steps committed by this launch
+
+    def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
+        """Group r's rank i reads part r x dp_degree + i of group_size x dp_degree parts."""
+        return self.replica_id * dp_degree + dp_rank, self.group_size * dp_degree
+
+    def attach(self, trainer, others: dict) -> None:
+        """After the trainer loaded its checkpoint: what a peer heals from (its model,
+        optimizer, schedule, data, counters and `others`' states), and the step the lighthouse
+        compares (a group behind the most advanced one heals)."""
+        def restart_batches():  # a new iterator at the loader's just restored position
+            trainer.train_loader.close(trainer.batches)
+            trainer.batches = iter(trainer.train_loader)
+
+        t = trainer
+        self.heal = HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader,
+                              t.train_state, others, restart_batches)
+        self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
+                                            self.heal.state_dict)
+        self.manager.load_state_dict({"step": t.step, "batches_committed": t.step})
+
+    def begin_step(self) -> None:
+        deadline = time.monotonic() + STARTUP_WAIT_S
+        while True:
+            healed_before = self.heal.healed_at
+            self.manager.start_quorum()  # blocks for the quorum; heals this group if behind
+            self._note_quorum(healed_before)
+            live = self.manager.num_participants()
+            if live >= self.min_replica_size:
+                return
+            if self.committed_here or time.monotonic() > deadline:
+                why = (f"{live} live replica group(s) ({', '.join(map(str, self.members))}), "
+                       f"fewer than fault_tolerance.min_replica_size = {self.min_replica_size}")
+                logger.warning("stopping after step %d: %s (the lowest live group saves it)",
+                               self.heal.train_state.step - 1, why)
+                raise ReplicasBelowMinimum(why)
+            time.sleep(1.0)  # at launch: the other groups may still be starting
+
+    def _note_quorum(self, healed_before) -> None:
+        """One console line per quorum change: who left or joined, how many remain, the batch."""
+        if self.heal.healed_at != healed_before:
+            logger.info("fault tolerance: replica group %d healed from a live peer: continues at "
+                        "step %d with its weights, optimizer, LR schedule and data position",
+                        self.replica_id, self.heal.healed_at)
+        quorum_id = self.manager._quorum_id  # torchft reconfigures its group on a new id
+        if quorum_id == self.quorum_id:
+            return
+        self.quorum_id = quorum_id
+        ranks = getattr(self.pg, "_global_ranks", None) or []  # in the quorum's order
+        order = [(g - self.group_rank) // self.group_world for g in ranks]
+        members = sorted(set(order))
+        left = sorted(set(self.members) - set(members))
+        joined = sorted(set(members) - set(self.members)) if self.members else []
+        # A group relaunched before the others noticed it was gone keeps its place: it shows
+        # as the group that healed from this one (torchft's transport names its quorum rank).
+        healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)} - set(joined))
+        self.transport.sent_to = []
+        change = "; ".join([*(f"replica group {r} left" for r in left),
+                            *(f"replica group {r} joined" for r in joined),
+                            *(f"replica group {r} rejoined (relaunched)" for r in healed)])
+        if not change:
+            change = "new quorum" if self.members else "quorum"
+        self.members = members
+        logger.info("fault tolerance: %s: %d of %d replica groups live (%s); effective global "
+                    "batch %d sequences (%d x %d)", change, len(members), self.group_size,
+                    ", ".join(map(str, members)), len(members) * self.group_batch,
+                    len(members), self.group_batch)
+
+    def average(self, stats: dict, model: torch.nn.Module) -> bool:
+        """Average the gradients over the live groups (and sum the loss statistics), then ask
+        the groups to commit this step; False: a group failed during it (run it again)."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        for dtype in {t.dtype for t in local}:
+            same = [t for t in local if t.dtype == dtype]
+            flat = torch._utils._flatten_dense_tensors(same)
+            self.manager.allreduce(flat).wait()  # the mean over the live groups
+            for t, s in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                t.copy_(s)
+        # The loss over every live group's tokens: sums of (loss x tokens), tokens, processed.
+        sums = torch.stack([stats["loss"] * stats["trained_tokens"], stats["trained_tokens"],
+                            stats["tokens"]]).double()
+        self.manager.allreduce(sums, reduce_op=dist.ReduceOp.SUM).wait()
+        if "loss_max" in stats:
+            worst = stats["loss_max"].detach().clone().double().reshape(1)
+            self.manager.allreduce(worst, reduce_op=dist.ReduceOp.MAX).wait()
+            stats["loss_max"] = worst[0]
+        stats.update(loss=sums[0] / sums[1], trained_tokens=sums[1], tokens=sums[2])
+        if self.manager.should_commit():
+            self.committed_here += 1
+            return True
+        logger.warning("fault tolerance: step %d not committed (a replica group failed during "
+                       "it): running it again", self.heal.train_state.step)
+        return False
+
+    def saves(self, last: bool) -> bool:
+        """The lowest live group saves; at the last step every group does (each group's run
+        folder then ends with the final model)."""
+        return last or self.manager.participating_rank() == 0
+
+    def gate(self, checkpointer):
+        return GroupCheckpointer(checkpointer, self)
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def _transport_class():
+    from torchft.checkpointing import HTTPTransport
+
+    class Transport(HTTPTransport):
+        """torchft's HTTP transport, remembering which quorum ranks healed from this group."""
+
+        sent_to: list = []
+
+        def send_checkpoint(self, dst_ranks, step, state_dict, timeout):
+            self.sent_to = list(dst_ranks)
+            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
+
+    return Transport
+
+
+def _Transport(**kwargs):
+    return _transport_class()(**kwargs)
+
+
+class GroupCheckpointer:
+    """A Checkpointer whose saves happen only in the group that saves (ReplicaGroups.saves)."""
+
+    def __init__(self, inner, replicas: ReplicaGroups):
+        self.inner, self.replicas = inner, replicas
+
+    def save(self, step: int, last: bool = False, model_only: bool = False,
+             unhealthy: str | None = None) -> None:
+        if self.replicas.saves(last):
+            self.inner.save(step, last=last, model_only=model_only, unhealthy=unhealthy)
+
+    def close(self) -> None:
+        """The trainer's last call on its checkpointer: finish the save, then leave the groups
+        (torchft's Manager and its servers shut down)."""
+        try:
+            self.inner.close()
+        finally:
+            self.replicas.close()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
+    """The run's replica groups: a no-op SingleGroup unless fault_tolerance.enable."""
+    if not cfg.fault_tolerance.enable:
+        return SingleGroup()
+    check_fault_tolerance(cfg, os.environ)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return ReplicaGroups(cfg.fault_tolerance, rank, world, group_batch)
