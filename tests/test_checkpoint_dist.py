@@ -21,7 +21,6 @@ from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint import open_checkpoint
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -37,7 +36,7 @@ def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     target = [str(REPO / "tests" / script)] if script else ["-m", "torchllm.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          *target, *argv], env=env, capture_output=True, text=True, timeout=timeout,
     )

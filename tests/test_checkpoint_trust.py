@@ -33,7 +33,6 @@ from torchllm.checkpoint.safe_load import UntrustedCheckpoint, load_bytes
 from torchllm.checkpoint.state import PickledState, TrainState
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, tiny_args, tiny_config
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -161,8 +160,8 @@ def flip_a_byte(step: Path) -> Path:
 
 def command(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NGPU": "1"}
-    return preforked.run(list(args), cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    return subprocess.run(list(args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def generate(root: Path) -> subprocess.CompletedProcess:
