@@ -44,12 +44,22 @@ def wait_for(predicate, timeout=300, what=""):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_one_process_trains_in_the_launchers_process_with_its_own_argv(tmp_path):
-    args = [f"--job.dump_folder={tmp_path}", "--training.steps=3", *TINY]
+def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits_0(tmp_path):
+    args = [f"--job.dump_folder={tmp_path}", "--job.run_name=r", "--training.steps=100000",
+            "--checkpoint.enable", "--checkpoint.interval=100000", *TINY]
+    log = open(tmp_path / "out.txt", "w")
     proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 1),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, (out + err)[-3000:]
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = (tmp_path / "out.txt").read_text()
+    assert code == 0, out[-3000:]
     probe = json.loads((tmp_path / "probe.0.json").read_text())
     # run_train.sh execs the launcher: the trainer is that process, not a child of it.
     assert probe["pid"] == proc.pid, probe
@@ -57,7 +67,11 @@ def test_one_process_trains_in_the_launchers_process_with_its_own_argv(tmp_path)
     # ... and the trainer's own sys.argv, as `python -m torchllm.train ARGS` sets it.
     assert probe["sys_argv"][0].endswith(os.path.join("torchllm", "train.py")), probe
     assert probe["sys_argv"][-len(TINY):] == TINY and "--" not in probe["sys_argv"], probe
-    assert sum("| loss " in line for line in out.splitlines()) == 3, out[-3000:]
+    # The stop: the step finished, saved, exit 0, said once by the launcher.
+    assert "run_train: stopped by SIGTERM" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (step_dir,) = (tmp_path / "r" / "checkpoint").iterdir()
+    assert (step_dir / "COMPLETE").is_file()
 
 
 def rank_pid(marker: str, rank: int) -> int | None:

@@ -39,12 +39,15 @@ def failure_reason(log: str, returncode: int) -> str:
     if cause and cause[1].startswith("signal"):  # other ranks' errors are echoes of its death
         return f"rank {cause[0]} died: {cause[1]}"
     prefix = f"rank {cause[0]} ({cause[1]}): " if cause else ""
-    for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)",
-                    r"((?!ChildFailedError)\w+Error: .*\S)"):
-        found = re.findall(pattern, log)
-        if found:
-            return (prefix + found[-1].strip())[:300]
-    return prefix + f"exit code {returncode}" if not cause else f"rank {cause[0]}: {cause[1]}"
+    # The failed rank's own lines first (torchrun's `[rankN]:` prefix), then anyone's.
+    own = "\n".join(ln for ln in log.splitlines() if cause and f"[rank{cause[0]}]:" in ln)
+    for text in filter(None, (own, log)):
+        for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)",
+                        r"((?!ChildFailedError)\w+Error: .*\S)"):
+            found = re.findall(pattern, text)
+            if found:
+                return (prefix + found[-1].strip())[:300]
+    return f"rank {cause[0]}: {cause[1]}" if cause else f"exit code {returncode}"
 
 
 def percentile(values: list[float], q: float) -> float:
