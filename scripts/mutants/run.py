@@ -119,7 +119,7 @@ MUTANTS = [
         "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
         "torchllm/run/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
         "    if False:  # rank 0 reports its step",
-        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
+        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal[2]",),
     ),
     Mutant(
         "stage_config_keeps_from_initial_load", "the run's config keeps "
