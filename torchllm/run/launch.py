@@ -188,9 +188,9 @@ def loopback_stores():
 
 def kept_error_files(failures: dict) -> dict[int, str]:
     """rank -> torchrun's error file (@record's traceback) of each rank of this node that wrote
-    one. torchrun's failures name only the ranks it saw end first (workers forked: the first
-    one, often a rank that only lost its peers), so every rank's file is looked for beside
-    theirs: <log dir>/<run>/attempt_<n>/<local rank>/error.json."""
+    one. torchrun's failures name only the ranks it saw end in one poll (often a rank that
+    only lost its peers, the root cause ending a moment later), so every rank's file is looked
+    for beside theirs: <log dir>/<run>/attempt_<n>/<local rank>/error.json."""
     found = {}
     for rank, failure in failures.items():
         attempt, first_rank = Path(failure.error_file).parent.parent, rank - failure.local_rank
