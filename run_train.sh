@@ -11,9 +11,6 @@
 #                 (default: a temporary folder, removed at exit)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node static rendezvous
 #   RDZV_ENDPOINT host:port for c10d rendezvous (elastic; then RDZV_ID names the job)
-#   TORCHLLM_FORK_WORKERS  CPU launches fork their workers from the launcher (which has imported
-#                 torch and torchllm already: ~4 CPU-s less start-up per worker); 0 starts each
-#                 as `python -u -m torchllm.train`, as CUDA launches always do
 #   RDZV_ID       the c10d rendezvous id: random when unset on one node; several nodes need the
 #                 same secret value (e.g. $(python -c 'import secrets; print(secrets.token_hex(16))'))
 #
@@ -23,9 +20,11 @@
 # on a trusted network only, as torchrun's own docs say.
 #
 # torchrun runs inside `python -m torchllm.run` (torchllm/run/launch.py), which first checks the
-# config (a mistake is one line and exit code 2), prints a failure on any rank once (the first
-# error), and exits 0 when SIGTERM/SIGINT stopped the run and every worker saved and exited
-# cleanly.
+# config (a mistake is one line and exit code 2), then starts the workers the standard way
+# (`python -u -m torchllm.train ...`, on CPU as on GPU; one process, NGPU=1 on one node, trains
+# in the launcher's own process, without torchrun's agent), prints a failure on any rank once
+# (the first error, or a killed rank with its signal), and exits 0 when SIGTERM/SIGINT stopped
+# the run and every worker saved and exited cleanly.
 set -euo pipefail
 cd "$(dirname "$0")"
 

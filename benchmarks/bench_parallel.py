@@ -9,8 +9,8 @@ and estimated), MFU and the final loss; prints a table, writes JSON and a markdo
         [--section.key=value ...]          (config overrides applied to every variant)
 
 Each variant (the product of the lists) is checked like run_train.sh checks a config, then is
-one `torchrun` launch of `benchlib.worker` (benchmarks/benchlib/worker.py; on CPU with the workers
-forked, torchllm.run.forked, as a CPU ./run_train.sh forks them) with warmup + steps
+one `torchrun` launch of `benchlib.worker` (benchmarks/benchlib/worker.py; each rank `python -u -m
+benchlib.worker`, on CPU as on GPU, as ./run_train.sh starts its workers) with warmup + steps
 training steps; the warm-up steps (compilation, optimizer-state creation, and on CPU the two
 memory-profiled steps) are not timed. A variant that cannot run (a layout the world size does
 not allow, a config error, OOM, a crash, a timeout) becomes a row with the reason; the others
@@ -40,7 +40,7 @@ from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # n
                                build_matrix, parse_list)
 from benchlib.worker import PROFILED_STEPS  # noqa: E402
 from torchllm.config import ConfigError  # noqa: E402
-from torchllm.run.launch import check_config, fork_workers  # noqa: E402
+from torchllm.run.launch import check_config  # noqa: E402
 
 COMMAND = "python benchmarks/bench_parallel.py"
 
@@ -102,14 +102,10 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         "--eval.sample_freq=0", "--eval.hellaswag_freq=0",
     ]
     try:  # what run_train.sh checks before it starts processes: a bad variant costs no launch
-        cfg = check_config(config_args, args.nproc)
+        check_config(config_args, args.nproc)
     except ConfigError as e:
         return {**row, "status": "failed", "reason": str(e)[:300]}
-    # CPU ranks forked as a CPU ./run_train.sh forks them (~0.1 s to start instead of importing
-    # torch and torchllm again: not timed either way); CUDA ranks are torchrun's fresh processes.
-    launcher = ("torchllm.run.forked" if fork_workers(cfg, drawing_bar=False)
-                else "torch.distributed.run")
-    cmd = [sys.executable, "-m", launcher, "--standalone",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
     print(f"[bench] {variant.name}: {' '.join(cmd[1:])}", flush=True)
     log_path = run_dir / "log.txt"

@@ -14,9 +14,9 @@ from torchllm.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-# `torchrun` for the tests' multi-rank launches of their worker scripts: torch's agent with the
-# workers forked from a launcher that imported torch and torchllm once (tests/forkrun.py).
-TORCHRUN = [sys.executable, str(REPO / "tests" / "forkrun.py")]
+# `torchrun` for the tests' multi-rank launches of their worker scripts: torch's own, each rank a
+# fresh `python -u SCRIPT` as for a user (this interpreter's torch, not whichever is on PATH).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 # The suite's runs (and the ranks they launch) cache the CPU peak MFU divides by in a folder of
 # their own, not in the user's ~/.cache/torchllm (a peak measured under the suite's load).

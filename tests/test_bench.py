@@ -61,6 +61,35 @@ def test_failure_reason_picks_the_telling_line():
     assert failure_reason("nothing useful", 7) == "exit code 7"
 
 
+TORCHRUN_SUMMARY = """[rank0]: RuntimeError: Connection closed by peer [127.0.0.1]:5
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+benchlib.worker FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_17:00:00
+  host      : h
+  rank      : 1 (local_rank: 1)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : {traceback}
+============================================================
+"""
+
+
+def test_failure_reason_names_torchruns_root_cause_rank_and_how_it_ended():
+    killed = TORCHRUN_SUMMARY.format(code=-9, traceback="Signal 9 (SIGKILL) received by PID 4242")
+    # Rank 0's error is the echo of rank 1's death: the killed rank and its signal are the reason.
+    assert failure_reason(killed, 1) == "rank 1 died: signal SIGKILL"
+    failed = "[rank1]: ValueError: bad shard\n" + TORCHRUN_SUMMARY.format(
+        code=1, traceback="To enable traceback see: ...")
+    assert failure_reason(failed, 1) == "rank 1 (exit code 1): ValueError: bad shard"
+
+
 def test_percentile_matches_numpy():
     values = [0.3, 0.1, 0.7, 0.2, 0.5, 0.9, 0.4]
     for q in (0, 50, 90, 100):
@@ -127,8 +156,8 @@ def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     code = main(argv)
     printed = capsys.readouterr().out
     assert code == 1, printed[-6000:]  # some rows failed
-    # CPU ranks forked from the launch (torchllm.run.forked), as a CPU ./run_train.sh forks them
-    assert "[bench] ddp: -m torchllm.run.forked --standalone --nproc_per_node=2 -m " in printed
+    # torchrun's own workers (`python -u -m benchlib.worker`), on CPU as on GPU
+    assert "[bench] ddp: -m torch.distributed.run --standalone --nproc_per_node=2 -m " in printed
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"ddp", "fsdp2", "hsdp", "pp", "ddp+float8_tensorwise",
                          "fsdp2+float8_tensorwise", "hsdp+float8_tensorwise",

@@ -21,7 +21,6 @@ from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint import open_checkpoint
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -37,7 +36,7 @@ def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
     target = [str(REPO / "tests" / script)] if script else ["-m", "torchllm.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          *target, *argv], env=env, capture_output=True, text=True, timeout=timeout,
     )
@@ -159,19 +158,15 @@ def test_rank_local_load_failure_makes_every_rank_fall_back_together(launched):
 
 
 def worker_pid(launcher_pid: int, rank: int) -> int:
-    """The pid of torchrun's worker with this RANK (a child of the launcher process): by its
-    environment (a spawned worker), else by start order (a forked worker gets RANK after the fork,
-    so /proc shows the launcher's environment; torch starts the local ranks in order)."""
+    """The pid of torchrun's worker with this RANK (a child of the launcher process, found by
+    its environment)."""
     children = [int(pid) for pid in
                 Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()]
     for pid in children:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"RANK={rank}".encode() in environ:
             return pid
-    started = sorted(children, key=lambda pid: int(
-        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]))  # starttime
-    assert rank < len(started), f"no worker with RANK={rank} among {children}"
-    return started[rank]
+    raise AssertionError(f"no worker with RANK={rank} among {children}")
 
 
 def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):

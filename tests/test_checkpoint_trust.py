@@ -41,7 +41,6 @@ from torchllm.checkpoint.state import JSONState, TrainState
 from torchllm.checkpoint.step import CorruptCheckpoint, Step
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, tiny_args, tiny_config
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -172,8 +171,8 @@ def flip_a_byte(step: Path) -> Path:
 
 def command(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NGPU": "1"}
-    return preforked.run(list(args), cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    return subprocess.run(list(args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def generate(root: Path) -> subprocess.CompletedProcess:

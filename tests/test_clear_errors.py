@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import preforked
 from conftest import REPO, SHARED, tiny_args
 from test_data_chat import write_chat
 
@@ -40,8 +39,8 @@ def env(**extra) -> dict:
 
 
 def command(*args: str, cwd=REPO, **extra_env) -> subprocess.CompletedProcess:
-    """`python -m MODULE ...` as typed (forked from the preloaded server: see preforked)."""
-    return preforked.run([sys.executable, "-m", *args], cwd=cwd, env=env(**extra_env),
+    """`python -m MODULE ...` as typed ."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env(**extra_env),
                          capture_output=True, text=True, timeout=600)
 
 

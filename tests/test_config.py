@@ -1,5 +1,6 @@
 import dataclasses
 import os
+import subprocess
 import sys
 import typing
 
@@ -9,7 +10,6 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.config.docs import render
 from torchllm.config.loader import parse_string
 
-import preforked
 from conftest import REPO
 
 
@@ -152,7 +152,7 @@ def test_docs_config_md_is_current():
 
 
 def test_train_help_lists_sections():
-    out = preforked.run(
+    out = subprocess.run(
         [sys.executable, "-m", "torchllm.train", "--help"], capture_output=True, text=True,
         cwd=REPO, check=True,
     ).stdout
@@ -238,10 +238,10 @@ def test_float_range_edges_that_mean_off_are_accepted():
 def test_bad_float_is_exit_2_through_the_entry_point(tmp_path):
     from conftest import tiny_args
 
-    proc = preforked.run([sys.executable, "-m", "torchllm.train",
-                          *tiny_args(tmp_path, "--optimizer.lr=inf")], cwd=REPO,
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "-m", "torchllm.train",
+                           *tiny_args(tmp_path, "--optimizer.lr=inf")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2, proc.stderr
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and "optimizer.lr = inf: must be > 0 and finite" in lines[0], lines

@@ -15,7 +15,6 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
-import preforked
 from conftest import REPO, TORCHRUN, shared_path, tiny_config
 
 
@@ -376,7 +375,7 @@ def test_two_gloo_ranks_share_one_tokenizer_split_the_data_and_resume(tmp_path):
     script.write_text(RANK_SCRIPT)
     args = [f"--job.dump_folder={tmp_path}", "--data.tokenizer_vocab_size=512",
             "--training.seq_len=32", "--data.num_workers=2"]
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(script), str(tmp_path), *args, "--training.local_batch_size=2"],
         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -14,7 +15,6 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.eval.downstream import load_tasks
 
-import preforked
 from conftest import REPO, shared_path, tiny_args, tiny_config
 from test_data import TOK, corpus_texts, write_jsonl
 
@@ -67,10 +67,10 @@ def test_training_refuses_a_shard_not_listed_in_the_index(tmp_path):
     out = tmp_path / "shards"
     assert run_prepare(write_jsonl(tmp_path / "c.jsonl", corpus_texts()), out) == 0
     (out / "train_000099.bin").write_bytes((out / "train_000000.bin").read_bytes())
-    proc = preforked.run([sys.executable, "-m", "torchllm.train",
-                          *tiny_args(tmp_path, f"--data.dataset=shards:{out}")],
-                         cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run([sys.executable, "-m", "torchllm.train",
+                           *tiny_args(tmp_path, f"--data.dataset=shards:{out}")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and f"{out / 'train_000099.bin'} is not listed in" in errors[0]
@@ -84,7 +84,7 @@ def test_sft_data_without_an_assistant_turn_stops_at_start(tmp_path):
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"hi {i}"}]})
         + "\n" for i in range(20)))
     gpt2 = shared_path("tokenizers", "gpt2", "gpt2.tiktoken")
-    proc = preforked.run([sys.executable, "-m", "torchllm.train", *tiny_args(
+    proc = subprocess.run([sys.executable, "-m", "torchllm.train", *tiny_args(
         tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}")],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import subprocess
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -15,7 +16,6 @@ from torchllm.eval import downstream
 from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 
-import preforked
 from conftest import preloaded_forkserver, shared_path, tiny_args
 from test_eval_hellaswag import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
 
@@ -290,7 +290,7 @@ def test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file(tiny_run
     out = tmp_path / "core.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1",
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = preforked.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "torchllm.eval.downstream", "--checkpoint", str(tiny_run),
          "--data-dir", str(data_dir), "--limit", "5", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=600)

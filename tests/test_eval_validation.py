@@ -8,6 +8,7 @@ import math
 import os
 
 import pytest
+import subprocess
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +20,6 @@ from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, TORCHRUN, build_model, tiny_args, tiny_config
 from test_eval_hellaswag import write_tiny_jsonl
 
@@ -203,7 +203,7 @@ def layouts(tmp_path_factory):
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(REPO / "tests" / "parallel_worker.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
         env=env, capture_output=True, text=True, timeout=600)

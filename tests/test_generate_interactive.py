@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import subprocess
 
 from torchllm.data.tokenizer import TiktokenTokenizer, readable
 from torchllm.eval.generation import generate, generate_stream
@@ -13,7 +14,6 @@ from torchllm.generate import main, stream_completion
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 
-import preforked
 from conftest import build_model, shared_path
 
 TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
@@ -108,7 +108,7 @@ def test_interactive_subprocess_streams_from_a_pipe(tmp_path):
     from test_eval_loading import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    proc = preforked.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "torchllm.generate", "--checkpoint", str(run_dir),
          "--interactive", "--max-new-tokens", "4"],
         input="Hello\n", capture_output=True, text=True, timeout=300,

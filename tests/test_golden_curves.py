@@ -159,7 +159,6 @@ def train(args: list[str]) -> dict:
 
 def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
     """Every named 2-rank run in one torchrun launch of this file (see worker())."""
-    import preforked
     from conftest import TORCHRUN
     from test_parallel_multiprocess import launch_failure
 
@@ -168,7 +167,7 @@ def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
     spec.write_text(json.dumps({n: run_args(n, tmp, data) for n in names}))
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          __file__, "--worker", str(spec), str(out)],
         env=env, capture_output=True, text=True, timeout=600)

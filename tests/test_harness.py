@@ -16,7 +16,6 @@ import sys
 import pytest
 import torch
 
-import preforked
 from conftest import REPO, TORCHRUN, shared_path, tiny_config
 from test_eval_hellaswag import tiny_model, tokenizer  # noqa: F401 (fixture)
 
@@ -228,7 +227,7 @@ def test_generate_until_stops_at_stop_sequences_and_equals_greedy_decoding(token
 def run_cli(run, out, *extra: str, ranks: int = 1) -> subprocess.CompletedProcess:
     launch = ([*TORCHRUN, "--standalone",
                f"--nproc_per_node={ranks}", "-m"] if ranks > 1 else [sys.executable, "-m"])
-    return preforked.run(
+    return subprocess.run(
         [*launch, "torchllm.eval.harness", "--checkpoint", str(run), "--output_path", str(out),
          "--device", "cpu", *extra], env=ENV, capture_output=True, text=True, timeout=900)
 

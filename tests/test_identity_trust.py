@@ -22,7 +22,6 @@ from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.sources.embedded import embedded_documents
 from torchllm.train import main
 
-import preforked
 from conftest import REPO, tiny_args
 from s3_server import s3, s3_endpoint  # noqa: F401 - fixtures
 
@@ -32,7 +31,7 @@ CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--data.tokenizer=byte
 
 def run_train(root: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NGPU": "1", "OMP_NUM_THREADS": "1"}
-    return preforked.run(["./run_train.sh", *tiny_args(root, *CKPT, *extra)], cwd=REPO, env=env,
+    return subprocess.run(["./run_train.sh", *tiny_args(root, *CKPT, *extra)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
 
 

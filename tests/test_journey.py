@@ -18,13 +18,13 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import preforked
 from conftest import REPO, SHARED, shared_path
 
 # The shipped configs, shrunk: a user's own --section.key=value overrides.
@@ -49,7 +49,7 @@ def run(cmd: list[str], config: str | None = None) -> str:
     e = env()
     if config:
         e["CONFIG_FILE"] = config
-    proc = preforked.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     shown = " ".join(cmd)
     assert proc.returncode == 0, f"{config or ''} {shown} exited {proc.returncode}:\n{out[-4000:]}"

@@ -143,7 +143,7 @@ def test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes(
     assert a.local_addr == "127.0.0.1"
     assert a.rdzv_id != b.rdzv_id and len(a.rdzv_id) == 32  # 128 random bits each
     # No rendezvous option on one node: torchrun makes it a c10d rendezvous on a free port, as
-    # --standalone (torch.distributed.run.run); here too, whether the workers are forked or not.
+    # --standalone (torch.distributed.run.run); here too.
     plain, local_plain = rewritten("--nproc_per_node=2")
     assert local_plain and plain.rdzv_backend == "c10d"
     assert plain.rdzv_endpoint == "127.0.0.1:0" and len(plain.rdzv_id) == 32

@@ -76,11 +76,14 @@ def test_sigterm_reaches_every_worker_which_save_and_exit_0(tmp_path):
 
 def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
     log = open(tmp_path / "out.txt", "w")
-    first = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", wait=False, out=log)
+    # Two ranks: rank 0 (the lock's holder) is torchrun's worker, a child of the launcher.
+    first = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", ngpu=2, wait=False,
+                   out=log)
     lock = tmp_path / "r" / "run.lock"
     try:
         wait_for(lambda: "step     1/" in (tmp_path / "out.txt").read_text(), what="step 1")
         worker = json.loads(lock.read_text())["pid"]
+        assert worker != first.pid  # (one process trains in the launcher's: test_launch_path)
         # Paused, it still holds the lock (a live pid) without training on while the second
         # launch starts; it runs again before torchrun dies.
         os.kill(worker, signal.SIGSTOP)
@@ -114,8 +117,8 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
 
 
 def test_every_ranks_error_file_is_found_when_torchrun_names_only_the_first_failure(tmp_path):
-    """torchrun's failures (forked workers) can name only the rank it saw end first, often one
-    that only lost its peers: the root cause's traceback file is found beside it."""
+    """torchrun's failures can name only the ranks it saw end in one poll, often one that only
+    lost its peers: the root cause's traceback file is found beside it."""
     from types import SimpleNamespace
 
     from torchllm.run.launch import kept_error_files

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 
 import pytest
@@ -17,7 +18,6 @@ from torchllm.config import ConfigError, load_config
 from torchllm.models.registry import SHAPE_KEYS
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, build_model, tiny_args, tiny_config
 
 BASE = ["--data.tokenizer_vocab_size=512", "--model.vocab_size=512", "--training.seq_len=32"]
@@ -107,8 +107,8 @@ def test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count():
 
 
 def run_tool(module: str, *flags: str) -> dict:
-    out = preforked.run([sys.executable, "-m", module, *flags], capture_output=True, text=True,
-                        cwd=REPO, timeout=120)
+    out = subprocess.run([sys.executable, "-m", module, *flags], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -178,9 +178,9 @@ def test_model_info_table_and_json_show_the_shape(capsys):
 
 
 def test_cli_reports_a_bad_shape_key_with_exit_code_2():
-    out = preforked.run([sys.executable, "-m", "torchllm.tools.model_info", "--model.name=gpt2",
-                         "--model.n_kv_heads=2"], capture_output=True, text=True, cwd=REPO,
-                        timeout=120)
+    out = subprocess.run([sys.executable, "-m", "torchllm.tools.model_info", "--model.name=gpt2",
+                          "--model.n_kv_heads=2"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
     assert out.returncode == 2 and "model.n_kv_heads" in out.stderr
 
 

@@ -18,7 +18,6 @@ import pytest
 
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 from parallel_worker import qk_norm_weights
 
@@ -132,7 +131,7 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone",
          f"--nproc_per_node={nproc}", str(REPO / "tests" / "parallel_worker.py"),
          str(spec_path), str(out_path)],

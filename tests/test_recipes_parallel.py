@@ -74,7 +74,7 @@ def worker(spec_path: str, out_path: str) -> None:
 def results(tmp_path_factory):
     from torchllm.train import Trainer
 
-    import preforked
+    import subprocess
     from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
     tmp = tmp_path_factory.mktemp("recipes")
@@ -86,7 +86,7 @@ def results(tmp_path_factory):
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OMP_NUM_THREADS": "1"}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          __file__, str(spec_path), str(out_path)],
         env=env, capture_output=True, text=True, timeout=600,

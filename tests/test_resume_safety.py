@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from torchllm.checkpoint.layout import MARKER, mark_complete
 from torchllm.checkpoint.step import read_marker
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, tiny_args, tiny_config
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -98,7 +98,7 @@ def test_marker_is_fsynced_file_and_folder(tmp_path, monkeypatch):
 def test_failed_resume_leaves_the_runs_config_byte_identical(run):
     config = run / "run" / "config.toml"
     before = config.read_bytes()
-    proc = preforked.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "torchllm.train", *tiny_args(run, *CKPT),
          "--model.vocab_size=5000"], cwd=REPO, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)

@@ -18,7 +18,6 @@ from torchllm.config.loader import field_types
 from torchllm.run.failures import failure_report, summary
 from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
-import preforked
 from conftest import REPO, tiny_args, tiny_config
 
 
@@ -358,8 +357,8 @@ def test_launcher_refuses_a_bad_run_name_in_one_line(tmp_path):
     before = snapshot()
     env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
     for cmd in (["./run_train.sh"], [sys.executable, "-m", "torchllm.train"]):
-        proc = preforked.run([*cmd, *tiny_args(tmp_path, "--job.run_name=..", "--job.overwrite")],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([*cmd, *tiny_args(tmp_path, "--job.run_name=..", "--job.overwrite")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2, proc.stderr
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         assert len(lines) == 1 and "job.run_name = '..': must be one folder name" in lines[0]

@@ -13,7 +13,6 @@ import pytest
 
 from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
-import preforked
 from conftest import REPO, tiny_args
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -156,7 +155,7 @@ def test_a_launch_that_fails_at_start_up_frees_the_run_folder(tmp_path):
     # A folder without a checkpoint in it (a missing one is refused before the lock is taken;
     # the tokenizer is named, so nothing reads the folder before the Trainer does).
     (tmp_path / "not-a-checkpoint").mkdir()
-    proc = preforked.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
          "--data.tokenizer=train",
          f"--checkpoint.initial_load_path={tmp_path / 'not-a-checkpoint'}"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -18,7 +19,6 @@ from torchllm.checkpoint import open_checkpoint
 from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow  # every test trains a run or two
@@ -117,7 +117,7 @@ def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
     jobs.write_text(json.dumps([{"train": base}, {"load": mid, "out": str(tmp_path / "mid.pt")}]))
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = preforked.run(
+    proc = subprocess.run(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2",
          str(REPO / "tests" / "checkpoint_worker.py"), "--jobs", str(jobs)],
         env=env, capture_output=True, text=True, timeout=600)
@@ -130,8 +130,8 @@ def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
 def test_relaunching_a_finished_run_says_so(tmp_path):
     args = tiny_args(tmp_path, "--checkpoint.enable", "--job.run_name=done", "--training.steps=2")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    outs = [preforked.run([sys.executable, "-m", "torchllm.train", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300) for _ in range(2)]
+    outs = [subprocess.run([sys.executable, "-m", "torchllm.train", *args], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
     assert [p.returncode for p in outs] == [0, 0], outs[1].stderr[-3000:]
     line = ("run already at step 2 of 2: raise training.steps to continue, or --job.overwrite / "
             "another --job.run_name to start over")

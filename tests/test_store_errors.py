@@ -27,7 +27,6 @@ from torchllm.checkpoint import Checkpointer, CheckpointSaveError
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.train import Trainer
 
-import preforked
 from conftest import REPO, SHARED, tiny_args, tiny_config
 from s3_server import ENV, _bucket, _forget_clients, s3_endpoint  # noqa: F401 - fixture
 
@@ -292,9 +291,9 @@ def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path, monkeypatch, c
     args = ["--dataset", f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer",
             "bytes", "--out", str(out), "--shard-tokens", "50000", "--workers", "1"]
     if mounted:
-        proc = preforked.run([sys.executable, "-m", "torchllm.data.prepare", *args],
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.run([sys.executable, "-m", "torchllm.data.prepare", *args],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
         code, err = proc.returncode, proc.stderr
     else:
         from torchllm.data import prepare

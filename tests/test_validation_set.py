@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import preforked
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -114,7 +113,7 @@ def test_nothing_is_held_out_of_training_for_a_dedicated_validation_set(run):
 
 def test_eval_loss_scores_what_the_run_validated_on(run):
     tmp, out = run
-    proc = preforked.run([sys.executable, "-m", "torchllm.eval.loss", "--checkpoint",
+    proc = subprocess.run([sys.executable, "-m", "torchllm.eval.loss", "--checkpoint",
                           str(tmp / "r")], cwd=REPO, env=env(), capture_output=True, text=True,
                          timeout=300)
     said = proc.stdout + proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import statistics
 
 from torchllm.metrics.flops import mfu_stats
@@ -10,13 +11,43 @@ from torchllm.metrics.flops import mfu_stats
 MiB = 1024**2
 
 
+# torchrun's ChildFailedError summary: the root cause's rank and how it ended (torch's
+# _FAILURE_FORMAT_TEMPLATE: "rank : R (local_rank: L)", "exitcode : C (pid: P)").
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
+                         r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def root_cause(log: str) -> tuple[int, str] | None:
+    """(rank, 'signal SIGKILL' or 'exit code N') of the failure torchrun saw first, from its
+    ChildFailedError summary in `log`; None when there is none."""
+    found = _ROOT_CAUSE.search(log)
+    if not found:
+        return None
+    rank, code = int(found[1]), int(found[2])
+    if code < 0:
+        try:
+            return rank, f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return rank, f"signal {-code}"
+    return rank, f"exit code {code}"
+
+
 def failure_reason(log: str, returncode: int) -> str:
-    """The most telling line of a failed run's output: a config error, OOM, or the last error."""
-    for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)", r"(\w+Error: .*)"):
-        found = re.findall(pattern, log)
-        if found:
-            return found[-1].strip()[:300]
-    return f"exit code {returncode}"
+    """The most telling line of a failed run's output: a config error, OOM, or the last error;
+    with the rank torchrun saw fail first (a rank killed by a signal: that rank and signal)."""
+    cause = root_cause(log)
+    if cause and cause[1].startswith("signal"):  # other ranks' errors are echoes of its death
+        return f"rank {cause[0]} died: {cause[1]}"
+    prefix = f"rank {cause[0]} ({cause[1]}): " if cause else ""
+    # The failed rank's own lines first (torchrun's `[rankN]:` prefix), then anyone's.
+    own = "\n".join(ln for ln in log.splitlines() if cause and f"[rank{cause[0]}]:" in ln)
+    for text in filter(None, (own, log)):
+        for pattern in (r"config error: (.*)", r"(\S*OutOfMemoryError.*)",
+                        r"((?!ChildFailedError)\w+Error: .*\S)"):
+            found = re.findall(pattern, text)
+            if found:
+                return (prefix + found[-1].strip())[:300]
+    return f"rank {cause[0]}: {cause[1]}" if cause else f"exit code {returncode}"
 
 
 def percentile(values: list[float], q: float) -> float:

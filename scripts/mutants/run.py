@@ -17,15 +17,6 @@ LOCK_ASIDE = """            aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.
 
 MUTANTS = [
     Mutant(
-        "forked_launcher_takes_a_script", "python -m torchllm.run.forked given a script path "
-        "instead of -m MODULE fails with an import traceback, not the one line saying so",
-        "torchllm/run/forked.py",
-        "    if not parse_args(argv).module:\n",
-        "    if False:\n",
-        ("tests/test_forked_workers.py::test_the_forked_launcher_runs_a_modules_main_in_forked_"
-         "workers",),
-    ),
-    Mutant(
         "time_limit_ignored", "training.time_limit_minutes never stops the run",
         "torchllm/run/stopping.py",
         "            if elapsed + 2 * slowest_step + 60 > 60 * tcfg.time_limit_minutes:",
@@ -57,20 +48,40 @@ MUTANTS = [
          "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant(
-        "cpu_workers_not_forked", "a CPU launch starts each worker as a fresh interpreter "
-        "(~4 CPU-s of imports per worker again)", "torchllm/run/launch.py",
-        "            if fork_workers(cfg, bar is not None):",
-        "            if False:",
-        ("tests/test_forked_workers.py::test_a_cpu_launch_forks_its_worker_which_trains_as_a_"
-         "fresh_process_would",),
+        "one_process_through_torchrun", "NGPU=1 still starts torchrun's agent and a second "
+        "interpreter (torch and torchllm imported again) instead of training in the launcher",
+        "torchllm/run/launch.py",
+        "    if _world_size(args) == 1 and not args.max_restarts:\n",
+        "    if False:\n",
+        ("tests/test_launch_path.py::test_one_process_trains_in_the_launchers_process_and_"
+         "sigterm_saves_and_exits_0",),
     ),
     Mutant(
-        "signalled_forked_worker_vanishes", "a forked worker stopped by a signal exits without "
-        "its return value: when the signal reached that worker alone, torchrun waits forever",
+        "one_process_sees_the_launchers_argv", "the trainer run in the launcher's process sees "
+        "the launcher's sys.argv (torchrun options, `--`) instead of its own",
         "torchllm/run/launch.py",
-        "        threading.Timer(SIGNALLED_WORKER_EXIT_S, exit_process, (0,)).start()\n",
-        "        exit_process(0)\n",
-        ("tests/test_checkpoint_dist.py::test_sigterm_on_one_rank_stops_both_at_the_same_step",),
+        "    launcher_argv, sys.argv = sys.argv, [worker.__file__, *train_args]\n",
+        "    launcher_argv = sys.argv\n",
+        ("tests/test_launch_path.py::test_one_process_trains_in_the_launchers_process_and_"
+         "sigterm_saves_and_exits_0",),
+    ),
+    Mutant(
+        "one_process_stop_unreported", "a one-process run stopped by SIGTERM exits 0 without the "
+        "launcher's line saying it saved and stopped",
+        "torchllm/run/launch.py",
+        "    if code == 0 and signum is not None:\n",
+        "    if False:\n",
+        ("tests/test_launch_path.py::test_one_process_trains_in_the_launchers_process_and_"
+         "sigterm_saves_and_exits_0",),
+    ),
+    Mutant(
+        "killed_rank_without_its_signal", "a rank killed by a signal is reported with torchrun's "
+        "raw negative exit code instead of the signal's name",
+        "torchllm/run/launch.py",
+        "    if failure.exitcode < 0:\n        try:\n",
+        "    if False:\n        try:\n",
+        ("tests/test_launch_path.py::test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_"
+         "named_with_its_signal",),
     ),
     Mutant(
         "plain_launch_static_rendezvous", "a one-node launch without rendezvous options keeps "
@@ -84,21 +95,13 @@ MUTANTS = [
     ),
     Mutant(
         "error_files_of_first_failure_only", "the launcher names only the error files of the "
-        "ranks torchrun reports (forked workers: the first to end, often a rank that lost its "
+        "ranks torchrun reports (those that ended in one poll, often a rank that lost its "
         "peers), so the root cause's traceback file goes unnamed",
         "torchllm/run/launch.py",
         "        for local in attempt.glob(\"*/error.json\"):\n",
         "        for local in [Path(failure.error_file)]:\n",
         ("tests/test_launcher.py::test_every_ranks_error_file_is_found_when_torchrun_names_only_"
          "the_first_failure",),
-    ),
-    Mutant(
-        "forked_worker_one_thread", "a forked worker keeps the launcher's single thread",
-        "torchllm/run/launch.py",
-        "    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)\n",
-        "",
-        ("tests/test_forked_workers.py::test_a_cpu_launch_forks_its_worker_which_trains_as_a_"
-         "fresh_process_would",),
     ),
     Mutant(
         "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
@@ -116,7 +119,7 @@ MUTANTS = [
         "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
         "torchllm/run/launch.py", "    if sys.stdout.isatty():  # rank 0 reports its step",
         "    if False:  # rank 0 reports its step",
-        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal",),
+        ("tests/test_console.py::test_run_train_sh_draws_the_bar_on_a_pseudo_terminal[2]",),
     ),
     Mutant(
         "stage_config_keeps_from_initial_load", "the run's config keeps "

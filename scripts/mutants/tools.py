@@ -6,12 +6,14 @@ from mutants.base import Mutant
 
 MUTANTS = [
     Mutant(
-        "bench_cpu_ranks_not_forked", "the parallel benchmark starts each CPU rank as a fresh "
-        "interpreter (~4 CPU-s of imports per rank per variant again)",
-        "benchmarks/bench_parallel.py",
-        '    launcher = ("torchllm.run.forked" if fork_workers(cfg, drawing_bar=False)\n',
-        '    launcher = ("torch.distributed.run" if fork_workers(cfg, drawing_bar=False)\n',
-        ("tests/test_bench.py::test_two_rank_matrix_end_to_end",),
+        "bench_killed_rank_unnamed", "a benchmark variant whose rank was killed reports another "
+        "rank's echo (a closed connection) instead of the killed rank and its signal",
+        "benchmarks/benchlib/report.py",
+        "    cause = root_cause(log)\n",
+        "    cause = None\n",
+        ("tests/test_bench.py::test_failure_reason_names_torchruns_root_cause_rank_and_how_it_"
+         "ended",
+         "tests/test_launch_path.py::test_the_benchmark_names_a_killed_rank_1_with_its_signal"),
     ),
     Mutant(
         "estimator_drops_attention_activations",

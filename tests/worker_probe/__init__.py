@@ -1,6 +1,6 @@
 """An optimizer that records which process builds it: AdamW, plus a JSON file per rank saying how
-the worker started (its command line, parent, thread count). tests/test_forked_workers.py
-imports it through the config (`job.custom_import = "worker_probe"`, tests/ on PYTHONPATH)."""
+the worker started (its command line, sys.argv, pid, parent, thread count).
+tests/test_launch_path.py imports it through the config (`job.custom_import = "worker_probe"`, tests/ on PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def probe_adamw(model, ocfg, device):
     prefix = os.environ.get(PROBE_ENV)
     if prefix:
         Path(f"{prefix}.{os.environ.get('RANK', '0')}.json").write_text(json.dumps({
-            "argv": sys.orig_argv, "pid": os.getpid(), "ppid": os.getppid(),
+            "argv": sys.orig_argv, "sys_argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(),
             "threads": torch.get_num_threads()}))
     return ADAMW.build(model, ocfg, device)
 

@@ -1,12 +1,21 @@
-"""How a worker's end reaches the launcher: one small status file per rank.
+"""How a worker's end reaches the launcher: torchelastic's records, and one small status file per
+rank for what they lack.
 
-Which part is whose: torchelastic's `@record` (on the worker's build-and-train, in
-`torchllm.run.process`) writes torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE: the
-exception, its full traceback, a timestamp in seconds) and turns on faulthandler; torchrun reads
-it into `ChildFailedError`. This module keeps what @record does not do: the exit code per kind
-of stop, the status file of every rank (clean exits too, for a SIGTERM stop; the time to the
-microsecond, to order the ranks' errors; whether an error is an echo of another rank's), and the
-launcher's one-line report.
+torchelastic's part: `@record` (on the worker's build-and-train, in `torchllm.run.process`)
+writes torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE: the exception, its full
+traceback, a timestamp in seconds) and turns on faulthandler; torchrun reads it into
+`ChildFailedError`, whose failures name each rank it saw end with its exit code or signal (a
+rank killed from outside: `signal SIGKILL`). The launcher names a rank that died without a word
+from those records.
+
+What those records lack, and this module keeps:
+- clean exits: after SIGTERM, torchrun's SignalException says nothing of the workers; a status
+  file per rank (code 0) tells the launcher that every rank saved and exited cleanly;
+- the root cause: whether an error is an echo of another rank's death (a collective failing on
+  a closed connection) and its time to the microsecond (error files carry seconds; torchrun's
+  failures hold only the ranks that ended in the same poll), so the first real error is shown;
+- the exit code per kind of stop (2 config error, 3 loss guard, 4 checkpoint not saved) with a
+  one-line summary and the innermost torchllm source line: the launcher's one-line report.
 
 `python -m torchllm.run` (what run_train.sh runs) exports TORCHLLM_STATUS_DIR to its
 workers. Each worker's `main()` writes `rank<R>.json` there as it ends: its exit code and, for a

@@ -1,32 +1,38 @@
-"""The launcher run_train.sh runs: check the config, run torchrun, and end like a scheduler expects.
+"""The launcher run_train.sh runs: check the config, start the workers, and end like a scheduler
+expects.
 
     python -m torchllm.run [torchrun options] -- [--section.key=value ...]
 
 1. The config is loaded and checked first (every value, the model flavor, the parallel layout for
    this world size, the device, the dataset spec): a mistake is one line and exit code 2, before
    any process starts.
-2. torchrun runs `torchllm.train` in this process (its agent is this process): CPU workers are
-   forked from it (fork_workers), CUDA workers are `python -u -m torchllm.train`. Workers report
-   how they ended through torchllm.run.failures; a failure on any rank is printed here once (the
-   first error, where it happened) instead of torchrun's traceback. Exit code: the failing worker's
-   (2 config error, 3 stopped by the loss guard, 1 any other error).
+2. One process (NGPU=1 on one node, world size 1): `torchllm.train`'s main runs in this process,
+   with its own sys.argv, no agent and no rendezvous. Several: torchrun's agent runs here
+   (torch.distributed.run.run) and starts each worker the standard way, `python -u -m
+   torchllm.train ARGS`, on CPU as on CUDA. Workers report how they ended through
+   torchllm.run.failures; a failure on any rank is printed here once (the first error, where it
+   happened) instead of torchrun's traceback, and a rank that died without a word (killed) is
+   named with torchrun's record of it (ChildFailedError: its signal or exit code). Exit code: the
+   failing worker's (2 config error, 3 stopped by the loss guard, 1 any other error).
 3. SIGTERM (what SLURM and Kubernetes send) or SIGINT to this process: torchrun forwards it to
-   every worker, which finish their step, save (when checkpointing is on) and exit 0; the
-   launcher then exits 0. Workers get torchrun's grace period (30 s by default; newer torch reads
-   TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before SIGKILL.
+   every worker (or the one process gets it itself), which finish their step, save (when
+   checkpointing is on) and exit 0; the launcher then exits 0. Workers get torchrun's grace
+   period (30 s by default; newer torch reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before SIGKILL.
 4. Rendezvous: a single-node launch (`--standalone`, or a loopback RDZV_ENDPOINT) listens on
    127.0.0.1 only: torchrun's stores bind there (torch's TCPStore binds every interface unless
    handed a bound socket) and gloo/NCCL use `lo`. Any c10d rendezvous without `--rdzv_id` gets a
    random one on a single node and is refused (one line) on several: whoever reaches the store
    and knows the id can run code in the launcher (torchrun unpickles the rendezvous state), so
    a multi-node launch needs a trusted network and a secret RDZV_ID shared by its nodes.
+5. The run lock: rank 0 takes the run folder's lock as it prepares the folder
+   (torchllm.run.rundir); torchrun's workers die with this process (a parent-death signal), so a
+   killed launcher leaves a stale lock that the next launch takes over, never a live run.
 """
 
 from __future__ import annotations
 
 import logging
 import contextlib
-import importlib
 import ipaddress
 import os
 import secrets
@@ -35,7 +41,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 from torchllm.config import ConfigError, help_text, load_config
@@ -48,8 +53,9 @@ from torchllm.run.failures import (
 from torchllm.metrics.progress import PROGRESS_FILE_ENV, ConsoleBar
 
 PREFIX = "run_train:"
-WORKER_MODULE = "torchllm.train"  # what each worker runs (`python -m`, or forked: its main)
+WORKER_MODULE = "torchllm.train"  # what each worker runs (`python -u -m`; one process: its main)
 LOOPBACK = "127.0.0.1"
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where @record writes a failed worker's traceback
 
 
 def check_config(train_args: list[str], world_size: int | None):
@@ -71,90 +77,6 @@ def check_config(train_args: list[str], world_size: int | None):
     check_fault_tolerance(cfg, os.environ)  # torchft installed, its lighthouse reachable
     stage_tokenizer(cfg)  # a stage's tokenizer (from_initial_load, or auto): recorded there
     return cfg
-
-
-# Workers of a CPU launch are forked from this process, which has imported torch and torchllm
-# for the config check already: a worker then starts in ~0.1 s instead of spending ~4 CPU-s
-# importing them again (torchrun's usual `python -m` per worker; CUDA launches keep it: CUDA
-# does not survive a fork). TORCHLLM_FORK_WORKERS=0 turns it off.
-FORK_ENV = "TORCHLLM_FORK_WORKERS"
-SIGNALLED_WORKER_EXIT_S = 2.0  # a forked worker stopped by a signal ends this long after returning
-
-
-def fork_workers(cfg, drawing_bar: bool) -> bool:
-    """Whether this launch forks its workers: CPU training on Linux, no progress bar thread in
-    this process (a thread holding a lock at fork would hold it forever in the worker)."""
-    from torchllm.device import resolve_device  # ('auto' as the workers will resolve it)
-
-    return (os.environ.get(FORK_ENV, "1") != "0" and sys.platform.startswith("linux")
-            and not drawing_bar and resolve_device(cfg.training.device).type == "cpu")
-
-
-def _forked_worker(main, argv: list[str], threads: int) -> None:
-    """A forked worker: what `python -u -m MODULE ARGV` does, in a copy of this process, where
-    `main(argv)` is that module's main (an exit code). Returns on success (torchrun waits for
-    every worker's return value), also when stopped by a signal (then the process ends shortly
-    after); a failure leaves through os._exit with the worker's exit code, as the module run by
-    `python -m` would."""
-    import torch
-
-    from torchllm.run.process_exit import exit_process
-    from torchllm.run.stopping import signal_received
-
-    for stream in (sys.stdout, sys.stderr):  # python -u: every line reaches torchrun's tee
-        stream.reconfigure(line_buffering=True, write_through=True)
-    # The launcher ran on one thread (a fork never inherits a busy OpenMP pool); the worker uses
-    # what a fresh process would: OMP_NUM_THREADS (torchrun's, for several workers) or the cores.
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)
-    code = main(argv)
-    if code != 0:
-        exit_process(code)
-    if signal_received():
-        # Stopped by SIGTERM/SIGINT, after saving. Either the launcher got it and torchrun is
-        # closing the workers (it reads no return value then, and would SIGKILL a worker
-        # waiting for it to), or it reached this worker alone and torchrun still polls (a worker
-        # gone without its return value would leave it waiting forever): return the result
-        # (torch's wrapper hands it to torchrun) and end a moment later either way.
-        threading.Timer(SIGNALLED_WORKER_EXIT_S, exit_process, (0,)).start()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-
-
-def run_forked(args, main, argv: list[str], threads: int) -> None:
-    """torchrun (torch.distributed.run.run, after secure_rendezvous has set the rendezvous up)
-    with workers forked from this process, each running `main(argv)`: the code `main` needs is
-    imported here, once, before the fork. This process must still be on one thread (`threads`:
-    what it had before, which the workers get back)."""
-    import torch
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args
-
-    torch.multiprocessing._set_thread_name("pt_elastic")  # (as torch.distributed.run.run)
-    if args.master_port is None:
-        args.master_port = 29500
-    config, _, _ = config_from_args(args)
-    config.start_method = "fork"
-    importlib.import_module("torch._dynamo")  # (torch.optim.Optimizer's constructor imports it)
-    elastic_launch(config=config, entrypoint=_forked_worker)(main, argv, threads)
-
-
-def torchrun_forked(torchrun_argv: list[str], main=None) -> None:
-    """`torchrun TORCHRUN_ARGV` (its options, then `-m MODULE args` or `SCRIPT args`) with the
-    rendezvous run_train.sh's launcher sets up (secure_rendezvous, loopback_stores) and workers
-    forked from this process (run_forked), each running `main(args)`: MODULE's own `main` unless
-    given. Raises what torchrun raises (ChildFailedError: a worker failed)."""
-    import torch
-    from torch.distributed.run import parse_args
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # until the workers are forked: see _forked_worker
-    args = parse_args(torchrun_argv)
-    if main is None:
-        main = importlib.import_module(args.training_script).main  # before the fork
-    local = secure_rendezvous(args)
-    with loopback_stores() if local else contextlib.nullcontext():
-        run_forked(args, main, list(args.training_script_args), threads)
 
 
 def _world_size(args) -> int | None:
@@ -268,9 +190,9 @@ def loopback_stores():
 
 def kept_error_files(failures: dict) -> dict[int, str]:
     """rank -> torchrun's error file (@record's traceback) of each rank of this node that wrote
-    one. torchrun's failures name only the ranks it saw end first (workers forked: the first
-    one, often a rank that only lost its peers), so every rank's file is looked for beside
-    theirs: <log dir>/<run>/attempt_<n>/<local rank>/error.json."""
+    one. torchrun's failures name only the ranks it saw end in one poll (often a rank that
+    only lost its peers, the root cause ending a moment later), so every rank's file is looked
+    for beside theirs: <log dir>/<run>/attempt_<n>/<local rank>/error.json."""
     found = {}
     for rank, failure in failures.items():
         attempt, first_rank = Path(failure.error_file).parent.parent, rank - failure.local_rank
@@ -287,6 +209,38 @@ def _how(failure) -> str:
         except ValueError:
             return f"signal {-failure.exitcode}"
     return f"exit code {failure.exitcode}"
+
+
+def run_in_process(train_args: list[str], status_dir: str, log_dir: str | None) -> int:
+    """One process: `python -m torchllm.train TRAIN_ARGS` in this one, which imported torch and
+    torchllm for the config check already (no agent, no second interpreter). Its sys.argv is the
+    trainer's, as `python -m` sets it; on a terminal it draws its own progress bar. LOG_DIR
+    keeps @record's error file (the traceback) as torchrun would: LOG_DIR/error.json."""
+    import importlib
+
+    from torchllm.run.stopping import stop_signal
+
+    worker = importlib.import_module(WORKER_MODULE)
+    error_file = None
+    if log_dir is not None:
+        os.makedirs(log_dir, exist_ok=True)
+        error_file = os.path.join(log_dir, "error.json")
+        os.environ[ERROR_FILE_ENV] = error_file
+    launcher_argv, sys.argv = sys.argv, [worker.__file__, *train_args]
+    try:
+        code = worker.main(train_args)
+    finally:
+        sys.argv = launcher_argv
+        os.environ.pop(ERROR_FILE_ENV, None)
+    signum = stop_signal()
+    if code == 0 and signum is not None:
+        print(f"{PREFIX} stopped by {signal.Signals(signum).name}: the run finished its step, "
+              "saved (if checkpointing is on) and exited cleanly", file=sys.stderr, flush=True)
+    elif code != 0:
+        kept = {0: error_file} if error_file and os.path.isfile(error_file) else {}
+        lines, _ = failure_report(read_statuses(status_dir), {0: f"exit code {code}"}, kept)
+        print("\n".join(f"{PREFIX} {line}" for line in lines), file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,21 +261,24 @@ def main(argv: list[str] | None = None) -> int:
 
     torchrun_args = resolve_nproc(torchrun_args)
     args = parse_args([*torchrun_args, "-m", WORKER_MODULE, *train_args])
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # until the workers are forked: see _forked_worker
     try:
         local = secure_rendezvous(args)
-        cfg = check_config(train_args, _world_size(args))
+        check_config(train_args, _world_size(args))
     except ConfigError as e:
         print(f"{PREFIX} config error: {e}", file=sys.stderr)
         return 2
 
-    # torchrun's own line per failed or signalled worker: the summary below replaces it.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     status_dir = tempfile.mkdtemp(prefix="torchllm-status-")
     os.environ[STATUS_DIR_ENV] = status_dir
+    if _world_size(args) == 1 and not args.max_restarts:
+        try:
+            return run_in_process(train_args, status_dir, args.log_dir)
+        finally:
+            os.environ.pop(STATUS_DIR_ENV, None)
+            shutil.rmtree(status_dir, ignore_errors=True)
+
+    # torchrun's own line per failed or signalled worker: the summary below replaces it.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # workers die with this process
     kept_logs = args.log_dir is not None  # --log-dir (run_train.sh's LOG_DIR): the user's
     if args.log_dir is None:  # torchrun's tee files: here, removed below (not /tmp/torchelastic_*)
@@ -335,13 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr = bar.relay(sys.stderr)
     try:
         with loopback_stores() if local else contextlib.nullcontext():
-            if fork_workers(cfg, bar is not None):
-                # the module torchrun would run (`-m`), by name as there
-                worker = importlib.import_module(WORKER_MODULE)
-                run_forked(args, worker.main, train_args, threads)
-            else:
-                torch.set_num_threads(threads)
-                run(args)
+            run(args)  # workers: `python -u -m torchllm.train TRAIN_ARGS`
         return 0
     except ChildFailedError as e:
         failed = {rank: _how(f) for rank, f in e.failures.items()}
@@ -369,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             bar.close()
             sys.stdout, sys.stderr = streams
             os.environ.pop(PROGRESS_FILE_ENV, None)
+        os.environ.pop(STATUS_DIR_ENV, None)
+        os.environ.pop(LAUNCHER_PID_ENV, None)
         shutil.rmtree(status_dir, ignore_errors=True)
 
 

@@ -20,13 +20,14 @@ from torchllm.log import logger
 from torchllm.parallel import any_rank
 
 
-_received: list[int] = []  # the stop signals this process received (see signal_received)
+_received: list[int] = []  # the stop signals this process's last training received
 
 
-def signal_received() -> bool:
-    """Whether a SIGTERM/SIGINT stopped training in this process (a forked worker then exits at
-    once: torchrun, closing the workers, no longer reads their return values)."""
-    return bool(_received)
+def stop_signal() -> int | None:
+    """The SIGTERM/SIGINT that stopped the last training in this process, if one did (the
+    launcher, running a one-process training in its own process, reports it as torchrun's
+    agent would)."""
+    return _received[-1] if _received else None
 
 
 class StopConditions:
@@ -35,6 +36,7 @@ class StopConditions:
         self.stop_signal: int | None = None
         self.stop_signal_time = 0.0
         self.target_reached: str | None = None  # why the run is done early (target_loss)
+        _received.clear()  # (a training before this one in the same process)
 
     def target_loss(self, step: int, loss: float, target: float) -> None:
         """A validation at `step` measured `loss` (the same on every rank: reduced over them);

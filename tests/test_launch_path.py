@@ -1,0 +1,141 @@
+"""One launch path on CPU as on GPU: `./run_train.sh` with one process trains in the launcher's
+own process (no torchrun agent); with several, torchrun starts each worker the standard way
+(`python -u -m torchllm.train ARGS`), and a rank killed from outside is named on the console
+with its signal, from torchrun's record of it. The same for the parallel benchmark's launches.
+
+tests/worker_probe is an optimizer (AdamW) that records, in the process that builds it, how that
+process started (its command line, sys.argv, pid)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--training.device=cpu", "--training.seq_len=32", "--training.local_batch_size=2",
+        "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1", "--metrics.report=false",
+        "--metrics.progress_bar=false", "--lr_scheduler.warmup_steps=1",
+        "--job.custom_import=worker_probe", "--optimizer.name=probe_adamw"]
+
+
+def env(tmp_path, ngpu: int, **extra: str) -> dict:
+    return {**os.environ, "NGPU": str(ngpu), "LOG_RANK": "0",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+            "TORCHLLM_TEST_WORKER_PROBE": str(tmp_path / "probe"), **extra}
+
+
+def wait_for(predicate, timeout=300, what=""):
+    end = time.time() + timeout
+    while time.time() < end:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits_0(tmp_path):
+    args = [f"--job.dump_folder={tmp_path}", "--job.run_name=r", "--training.steps=100000",
+            "--checkpoint.enable", "--checkpoint.interval=100000", *TINY]
+    log = open(tmp_path / "out.txt", "w")
+    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 1),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = (tmp_path / "out.txt").read_text()
+    assert code == 0, out[-3000:]
+    probe = json.loads((tmp_path / "probe.0.json").read_text())
+    # run_train.sh execs the launcher: the trainer is that process, not a child of it.
+    assert probe["pid"] == proc.pid, probe
+    assert "torchllm.run" in probe["argv"], probe  # the launcher's command line ...
+    # ... and the trainer's own sys.argv, as `python -m torchllm.train ARGS` sets it.
+    assert probe["sys_argv"][0].endswith(os.path.join("torchllm", "train.py")), probe
+    assert probe["sys_argv"][-len(TINY):] == TINY and "--" not in probe["sys_argv"], probe
+    # The stop: the step finished, saved, exit 0, said once by the launcher.
+    assert "run_train: stopped by SIGTERM" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (step_dir,) = (tmp_path / "r" / "checkpoint").iterdir()
+    assert (step_dir / "COMPLETE").is_file()
+
+
+def rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of torchrun's worker with RANK=`rank` whose command line holds `marker`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (any(marker.encode() in a for a in cmdline) and f"RANK={rank}".encode() in environ
+                and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ)):
+            return int(pid)
+    return None
+
+
+def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_signal(tmp_path):
+    args = [f"--job.dump_folder={tmp_path}", "--training.steps=100000", *TINY]
+    log = open(tmp_path / "out.txt", "w")
+    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 2),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+        probes = [json.loads((tmp_path / f"probe.{r}.json").read_text()) for r in (0, 1)]
+        for probe in probes:  # torchrun's `python -u -m torchllm.train ARGS`, its agent here
+            assert probe["argv"][1:4] == ["-u", "-m", "torchllm.train"], probe
+            assert probe["sys_argv"][-len(TINY):] == TINY and "--" not in probe["sys_argv"]
+            assert probe["ppid"] == proc.pid, probe
+        rank1 = rank_pid(str(tmp_path), 1)
+        assert rank1 == probes[1]["pid"], (rank1, probes)
+        os.kill(rank1, signal.SIGKILL)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = (tmp_path / "out.txt").read_text()
+    assert code == 1, out[-3000:]
+    report = [line for line in out.splitlines() if line.startswith("run_train:")]
+    assert any("rank 1" in line and "signal SIGKILL" in line for line in report), out[-3000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
+
+
+def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "benchmarks/bench_parallel.py", "--config",
+         "train_configs/debug_model.toml", "--matrix", "ddp", "--nproc", "2", "--steps", "100000",
+         "--warmup", "2", "--json", str(tmp_path / "res.json"), "--work_dir", str(work),
+         "--training.seq_len=32", "--training.local_batch_size=2",
+         "--data.tokenizer_vocab_size=512", "--training.device=cpu"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        rank1 = wait_for(lambda: rank_pid(str(work), 1), what="the benchmark's rank 1")
+        cmdline = Path(f"/proc/{rank1}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[1:4] == [b"-u", b"-m", b"benchlib.worker"], cmdline  # torchrun's start
+        os.kill(rank1, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out[-3000:]
+    (row,) = json.loads((tmp_path / "res.json").read_text())["rows"]
+    assert row["status"] == "failed" and row["reason"] == "rank 1 died: signal SIGKILL", row
+    assert "rank 1 died: signal SIGKILL" in out, out[-3000:]  # the console's table
