@@ -5,7 +5,8 @@ fields of the COMPLETE marker) and checked by every reader that could mix two ru
                 file, made at its first launch with checkpointing and kept by every relaunch
     data        what the data position means (torchllm.data.fingerprint: sources, weights and
                 each source's own content identity, seq_len, seed; restore.py compares it)
-    tokenizer   the run's tokenizer with its file's SHA-256 (stage/tokenizer_identity.py compares it)
+    tokenizer   the run's tokenizer with its file's SHA-256 (stage/tokenizer_identity.py
+                compares it)
 
 A run never resumes from, writes into or prunes another run's steps: a checkpoint folder is
 this run's when every complete step in it records this run's id (or none: written before run

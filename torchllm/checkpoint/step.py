@@ -119,7 +119,7 @@ def _newest_healthy(folder: Location, steps: list[int]) -> Location:
 # ------------------------------------------------------------------------ the step
 
 CONFIG = "config.toml"  # the config the step was written under (resume/saver.py writes it)
-# The marker's fields that say whose step this is (written by the saver: checkpoint/resume/saver.py).
+# The marker's fields that say whose step this is (written by checkpoint/resume/saver.py).
 IDENTITY = ("run_id", "data", "tokenizer")
 
 

@@ -1,11 +1,11 @@
 """Sharded, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
-A Checkpointer is composed of parts, each its own file: the states it saves (checkpoint/state.py), the
-saver (saver.py: sync, async and mirrored saves, committed by the COMPLETE marker), retention
-(retention.py: the known steps, keep_latest_k), and the loader (loading.py: which step; restore.py:
-one step, opened once as a checkpoint/step.Step). Every decision that ranks could see differently (which
-checkpoint loads, whether a save failed or finished) is agreed over a small gloo group
-(agree.py), so ranks never hang or diverge.
+A Checkpointer is composed of parts, each its own file: the states it saves
+(checkpoint/state.py), the saver (saver.py: sync, async and mirrored saves, committed by the
+COMPLETE marker), retention (retention.py: the known steps, keep_latest_k), and the loader
+(loading.py: which step; restore.py: one step, opened once as a checkpoint/step.Step). Every
+decision that ranks could see differently (which checkpoint loads, whether a save failed or
+finished) is agreed over a small gloo group (agree.py), so ranks never hang or diverge.
 """
 
 from __future__ import annotations
