@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchllm.checkpoint import mirror
+from torchllm.checkpoint.resume import mirror
 from torchllm.config import load_config
 from torchllm.storage import join, storage_for
 from torchllm.train import Trainer

@@ -160,7 +160,7 @@ def test_bytes_tokenizer_is_utf8_bytes_and_exports_with_the_same_ids(tmp_path):
     assert (hf.bos_token_id, hf.eos_token_id) == (256, 257) == (
         config["bos_token_id"], config["eos_token_id"])
     assert len(hf) == 258
-    from torchllm.checkpoint.tokenizer_identity import tokenizer_record
+    from torchllm.checkpoint.stage.tokenizer_identity import tokenizer_record
 
     # A checkpoint records it as "bytes" (what a later stage's from_initial_load loads).
     assert tokenizer_record(tok)["name"] == "bytes"

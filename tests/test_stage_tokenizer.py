@@ -314,7 +314,7 @@ def test_a_hub_name_against_a_file_is_compared_by_the_cached_copy_or_refused(tmp
     line naming both, and a name with nothing cached is one line saying how to compare."""
     import huggingface_hub.constants
 
-    from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer, tokenizer_record
+    from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer, tokenizer_record
     from torchllm.config.job_config import ConfigError
     from torchllm.data.tokenizer import load_tokenizer
 

@@ -236,7 +236,7 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
     """The pre-save check sees room (another writer fills the disk during the save): torch's
     write fails on the real 8 MB tmpfs ("unexpected pos" or ENOSPC) and the line says "no space
     left on <folder>" with the bytes needed."""
-    from torchllm.checkpoint import checkpointer, saver
+    from torchllm.checkpoint.resume import checkpointer, saver
 
     disk, mounted = small_disk(tmp_path / "run" / "checkpoint", "8m")
     for module in (checkpointer, saver):  # the launch's check and the save's: "plenty"
@@ -267,7 +267,7 @@ def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, 
                                                          monkeypatch):
     """`python -m torchllm.train` (what each rank runs) with its checkpoint folder on a disk
     without room for one save: exit 4 with one line, before any step."""
-    from torchllm.checkpoint import checkpointer
+    from torchllm.checkpoint.resume import checkpointer
     from torchllm.train import main
 
     disk, mounted = small_disk(tmp_path / "run" / "checkpoint", "1m")
@@ -331,7 +331,7 @@ def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tm
     def short_write(*args, **kwargs):
         raise real.value
 
-    monkeypatch.setattr("torchllm.checkpoint.saver.dcp.save", short_write)
+    monkeypatch.setattr("torchllm.checkpoint.resume.saver.dcp.save", short_write)
     with pytest.raises(CheckpointSaveError) as err:
         trainer.train()
     folder = tmp_path / "run" / "checkpoint"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchllm.checkpoint.vocab_resize import grow_rows
+from torchllm.checkpoint.stage.vocab_resize import grow_rows
 
 transformers = pytest.importorskip("transformers")
 

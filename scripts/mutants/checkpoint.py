@@ -9,7 +9,7 @@ IDENTITY = "tests/test_identity_trust.py::"
 MUTANTS = [
     Mutant(
         "scheduler_not_restored", "a resumed run starts the LR schedule from step 0",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         "        if lr_scheduler is not None:\n",
         "        if False:\n",
         ("tests/test_checkpoint.py::test_stop_after_steps_then_continue_matches_schedule",),
@@ -17,14 +17,14 @@ MUTANTS = [
     Mutant(
         "optimizer_not_restored_on_fallback",
         "checkpoints lose the optimizer state (seen when falling back past a corrupt one)",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
         "            pass\n",
         ("tests/test_checkpoint.py::test_corrupt_checkpoint_falls_back_to_earlier_one",),
     ),
     Mutant(
         "gpt2_optimizer_not_restored", "GPT-2 resumes without its optimizer state",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
         "            pass\n",
         ("tests/test_gpt2.py::test_trains_and_resumes_through_the_trainer",),
@@ -38,7 +38,7 @@ MUTANTS = [
     ),
     Mutant(
         "initial_load_model_only_ignored", "initial_load_path always loads the whole state",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/resume/loading.py",
         "            model_only = self.cfg.initial_load_model_only\n",
         "            model_only = False\n",
         ("tests/test_checkpoint.py::test_initial_load_model_only_or_full_state",),
@@ -53,7 +53,7 @@ MUTANTS = [
     ),
     Mutant(
         "grown_vocab_rows_zero", "rows grown at a stage boundary start at zero, not the mean",
-        "torchllm/checkpoint/vocab_resize.py",
+        "torchllm/checkpoint/stage/vocab_resize.py",
         "    mean = flat.mean(0)\n",
         "    mean = torch.zeros_like(flat[0])\n",
         ("tests/test_stage_boundaries.py::"
@@ -62,7 +62,7 @@ MUTANTS = [
     Mutant(
         "object_store_partial_step_kept",
         "a step prefix without a marker (an upload cut short) stays on the store forever",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/resume/loading.py",
         "                    delete_step(step_dir(self.folder, step))\n",
         "                    pass\n",
         ("tests/test_object_storage.py::test_flipped_byte_in_a_shard_object_falls_back_and_"
@@ -79,7 +79,7 @@ MUTANTS = [
     Mutant(
         "step_list_not_updated_by_saves",
         "the checkpointer's cached step list misses its own saves: retention never deletes",
-        "torchllm/checkpoint/retention.py", "        self.known(agree).append(step)\n", "",
+        "torchllm/checkpoint/resume/retention.py", "        self.known(agree).append(step)\n", "",
         ("tests/test_checkpoint.py::test_retention_keeps_exactly_k",),
     ),
     Mutant(
@@ -95,7 +95,7 @@ MUTANTS = [
     Mutant(
         "golden_checkpoint_key_renamed",
         "a refactor renames a checkpoint state key: its own saves load, older checkpoints do not",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         'self.states["train_state"] = JSONState(train_state)',
         'self.states["trainer_state"] = JSONState(train_state)',
         ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
@@ -188,7 +188,7 @@ MUTANTS = [
     Mutant(
         "resume_falls_back_from_untrusted",
         "a resume treats a value that would run code as a read error and falls back",
-        "torchllm/checkpoint/restore.py",
+        "torchllm/checkpoint/resume/restore.py",
         "            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop",
         "            problem, misfit = describe_failure(e), None",
         ("tests/test_checkpoint_trust.py::"
@@ -197,7 +197,7 @@ MUTANTS = [
     Mutant(
         "new_vocab_rows_all_the_mean",
         "new token rows all start equal to the mean row (transformers draws them around it)",
-        "torchllm/checkpoint/vocab_resize.py",
+        "torchllm/checkpoint/stage/vocab_resize.py",
         "    if int(info) == 0:  # positive definite",
         "    if False:  # positive definite",
         ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
@@ -205,7 +205,7 @@ MUTANTS = [
     Mutant(
         "new_vocab_rows_full_covariance",
         "new token rows drawn with the old rows' full covariance (transformers scales it by 1e-9)",
-        "torchllm/checkpoint/vocab_resize.py",
+        "torchllm/checkpoint/stage/vocab_resize.py",
         "    covariance = 1e-9 * (centered.T @ centered / saved_vocab)",
         "    covariance = centered.T @ centered / saved_vocab",
         ("tests/test_vocab_rows.py::test_new_rows_are_drawn_as_transformers_draws_them",),
@@ -214,7 +214,7 @@ MUTANTS = [
         "store_error_before_save_uncaught",
         "a store error clearing the step before a save (botocore's, no OSError) escapes "
         "checkpoint.on_save_error as a traceback",
-        "torchllm/checkpoint/saver.py",
+        "torchllm/checkpoint/resume/saver.py",
         "            except Exception as e:  # noqa: BLE001 - any store error (botocore's are no "
         "OSError)\n",
         "            except OSError as e:\n",
@@ -224,7 +224,7 @@ MUTANTS = [
         "store_timeout_not_applied",
         "checkpoint.store_timeout_s is never handed to the object-store client (a stalled store "
         "blocks a save for many minutes)",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         "        set_store_timeout(ccfg.store_timeout_s)\n",
         "",
         ("tests/test_store_errors.py::"
@@ -243,7 +243,7 @@ MUTANTS = [
     Mutant(
         "no_room_check_at_launch",
         "a launch on a disk without room for one save trains until its first save",
-        "torchllm/checkpoint/checkpointer.py",
+        "torchllm/checkpoint/resume/checkpointer.py",
         "            self._check_room(model, optimizer)\n",
         "            pass\n",
         ("tests/test_store_errors.py::test_a_launch_on_a_full_disk_is_refused_before_step_1",),
@@ -252,7 +252,7 @@ MUTANTS = [
         "retention_counts_unhealthy_steps",
         "retention counts steps saved while the guard skipped updates: a bad stretch evicts the "
         "last good checkpoint",
-        "torchllm/checkpoint/retention.py",
+        "torchllm/checkpoint/resume/retention.py",
         "        good = [s for s in known if s not in self.not_resumable]\n",
         "        good = list(known)\n",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
@@ -260,7 +260,7 @@ MUTANTS = [
     Mutant(
         "weights_only_resumed_as_full_state",
         "a resume takes the newest complete step even when it holds weights only",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/resume/loading.py",
         "        good = [s for s in steps if s not in skip or s == 0]\n",
         "        good = list(steps)\n",
         ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
@@ -269,7 +269,7 @@ MUTANTS = [
         "resumed_lr_from_old_schedule",
         "the first resumed step's LR is the one the checkpoint's schedule set (training.steps "
         "changed), not this config's",
-        "torchllm/checkpoint/restore.py",
+        "torchllm/checkpoint/resume/restore.py",
         "            current_lr(self.optimizer, self.lr_scheduler)\n",
         "            pass\n",
         ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
@@ -277,14 +277,14 @@ MUTANTS = [
     Mutant(
         "data_restart_keeps_position",
         "on_data_change = 'restart' says so but still loads the old data position",
-        "torchllm/checkpoint/restore.py",
+        "torchllm/checkpoint/resume/restore.py",
         '        return [*exclude, "dataloader"]\n',
         "        return exclude\n",
         ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[seq_len]",),
     ),
     Mutant(
         "tokenizer_identity_by_size", "another tokenizer of the same size passes (the SHA-256 "
-        "is not compared)", "torchllm/checkpoint/tokenizer_identity.py",
+        "is not compared)", "torchllm/checkpoint/stage/tokenizer_identity.py",
         "    if a and b:\n        same = a == b\n", "    if a and b:\n        same = True\n",
         ("tests/test_stage_tokenizer.py::"
          "test_resuming_with_another_tokenizer_of_the_same_size_names_both",
@@ -294,7 +294,7 @@ MUTANTS = [
     Mutant(
         "stage_train_choice_refused", "data.tokenizer = 'train' at a stage is refused like any "
         "other tokenizer (no way to choose a new one)",
-        "torchllm/checkpoint/tokenizer_identity.py",
+        "torchllm/checkpoint/stage/tokenizer_identity.py",
         '    if use == "initial load" and now.get("new"):\n', "    if False:\n",
         ("tests/test_stage_tokenizer.py::"
          "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),
@@ -302,7 +302,7 @@ MUTANTS = [
     Mutant(
         "hf_stage_reads_tokenizer_json_only", "a Hugging Face folder's tokenizer.model (a "
         "SentencePiece export) is not its tokenizer",
-        "torchllm/checkpoint/tokenizer_identity.py",
+        "torchllm/checkpoint/stage/tokenizer_identity.py",
         'HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")\n',
         'HF_TOKENIZER_FILES = ("tokenizer.json",)\n',
         ("tests/test_stage_tokenizer.py::"
@@ -326,7 +326,7 @@ MUTANTS = [
     Mutant(
         "resume_hparams_from_a_table", "a resume says which optimizer keys the checkpoint keeps "
         "from a fixed (AdamW + Muon) table instead of the run's OptimizerSpec",
-        "torchllm/checkpoint/resume.py",
+        "torchllm/checkpoint/resume/hparams.py",
         '    hparams = resume_hparams(*{str(c.get("optimizer.name", "adamw")) for c in (old, new)})\n',
         '    hparams = {"optimizer." + k for k in ("lr", "beta1", "beta2", "eps", "weight_decay",\n'
         '                                          "muon_lr", "muon_momentum")}\n',
@@ -337,7 +337,7 @@ MUTANTS = [
     Mutant(
         "dcp_initial_load_tokenizer_unchecked", "a stage from a DCP checkpoint (initial_load_path) "
         "accepts another tokenizer of the same size: only a resume compares the SHA-256",
-        "torchllm/checkpoint/vocab_resize.py",
+        "torchllm/checkpoint/stage/vocab_resize.py",
         '    check_same_tokenizer(saved, now, f"checkpoint {path}", "resume" if resume else '
         '"initial load")\n',
         '    if resume:\n        check_same_tokenizer(saved, now, f"checkpoint {path}", "resume")\n',
@@ -346,7 +346,7 @@ MUTANTS = [
     ),
     Mutant(
         "hub_name_against_file_passes", "a tokenizer by Hub name against one by file passes "
-        "unchecked (no SHA-256 on one side)", "torchllm/checkpoint/tokenizer_identity.py",
+        "unchecked (no SHA-256 on one side)", "torchllm/checkpoint/stage/tokenizer_identity.py",
         "        same = digest == (a or b)\n",
         "        same = True\n",
         ("tests/test_stage_tokenizer.py::test_a_hub_name_against_a_file_is_compared_by_the_"
@@ -363,7 +363,7 @@ MUTANTS = [
     Mutant(
         "lora_resume_optimizer_not_restored",
         "a resume loads the weights but not the optimizer state (the adapters' AdamW moments)",
-        "torchllm/checkpoint/loading.py",
+        "torchllm/checkpoint/resume/loading.py",
         "            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)",
         "            error = self.restore.load(path, [*self.cfg.exclude_from_loading, "
         "\"optimizer\"],\n                                      resume=True)",

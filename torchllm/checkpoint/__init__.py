@@ -1,7 +1,7 @@
 """Training checkpoints: sharded DCP saves, exact resume, retention, and the one reader that
 every consumer uses (step.py). The names here are the package's public API."""
 
-from torchllm.checkpoint.checkpointer import Checkpointer
+from torchllm.checkpoint.resume.checkpointer import Checkpointer
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
     complete_steps,
@@ -17,8 +17,8 @@ from torchllm.checkpoint.step import (
     read_marker,
     resolve_checkpoint,
 )
-from torchllm.checkpoint.resume import recorded_precision
-from torchllm.checkpoint.saver import CheckpointSaveError
+from torchllm.checkpoint.resume.hparams import recorded_precision
+from torchllm.checkpoint.resume.saver import CheckpointSaveError
 from torchllm.checkpoint.state import TrainState
 
 __all__ = ["EXPORT_DTYPES", "CheckpointSaveError", "Checkpointer", "CorruptCheckpoint",

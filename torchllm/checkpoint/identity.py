@@ -5,12 +5,13 @@ fields of the COMPLETE marker) and checked by every reader that could mix two ru
                 file, made at its first launch with checkpointing and kept by every relaunch
     data        what the data position means (torchllm.data.fingerprint: sources, weights and
                 each source's own content identity, seq_len, seed; restore.py compares it)
-    tokenizer   the run's tokenizer with its file's SHA-256 (tokenizer_identity.py compares it)
+    tokenizer   the run's tokenizer with its file's SHA-256 (stage/tokenizer_identity.py
+                compares it)
 
 A run never resumes from, writes into or prunes another run's steps: a checkpoint folder is
 this run's when every complete step in it records this run's id (or none: written before run
 ids). `foreign` says why not, in one line naming the folder, the other run and what to do; the
-Checkpointer refuses such a folder before it loads, deletes or saves anything (retention.py's
+Checkpointer refuses such a folder before it loads, deletes or saves anything (resume/retention.py's
 listing and loading.py's scan both ask), and `--job.overwrite` deletes no other run's steps
 (run/rundir.py). A run folder that has no id yet takes the one its own checkpoint folder's steps
 record (a run folder copied without its id file); a checkpoint URL proves nothing about the run

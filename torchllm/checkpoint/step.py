@@ -36,7 +36,7 @@ from torchllm.checkpoint.index import (
 )
 from torchllm.checkpoint.integrity import check_files
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
-from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
+from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
 from torchllm.log import logger
 from torchllm.storage import Location, as_location, join, parent_of, storage_for
 
@@ -118,8 +118,8 @@ def _newest_healthy(folder: Location, steps: list[int]) -> Location:
 
 # ------------------------------------------------------------------------ the step
 
-CONFIG = "config.toml"  # the config the step was written under (saver.py writes it)
-# The marker's fields that say whose step this is (written by the saver: checkpoint/saver.py).
+CONFIG = "config.toml"  # the config the step was written under (resume/saver.py writes it)
+# The marker's fields that say whose step this is (written by checkpoint/resume/saver.py).
 IDENTITY = ("run_id", "data", "tokenizer")
 
 

@@ -13,7 +13,7 @@ a different order. The fingerprint holds each of them:
     seq_len, seed, shuffle_windows, tokenizer_sha256
 
 `changes(saved, now)` says what differs, in words; checkpoint.on_data_change decides what a
-resume does about it (torchllm.checkpoint.loading; docs/checkpointing.md).
+resume does about it (torchllm.checkpoint.resume.loading; docs/checkpointing.md).
 """
 
 from __future__ import annotations

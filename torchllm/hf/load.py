@@ -17,8 +17,8 @@ import torch
 from torchllm import models
 from torchllm.checkpoint import EXPORT_DTYPES, step_of
 from torchllm.models import adapter_for_hf, adapter_for_model
-from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
-from torchllm.checkpoint.tokenizer_identity import hf_record
+from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
+from torchllm.checkpoint.stage.tokenizer_identity import hf_record
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
@@ -80,7 +80,7 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     (else the config's named tokenizer) and the config.toml naming it, as training writes them,
     so generate reads the seed like a run's step and a stage from it takes its tokenizer
     (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
-    from torchllm.checkpoint.tokenizer_identity import (
+    from torchllm.checkpoint.stage.tokenizer_identity import (
         FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer, tokenizer_record,
     )
     from torchllm.config import to_toml

@@ -13,7 +13,7 @@ Policies (`metrics.guard_policy`):
 
 A checkpoint saved while updates are being skipped (or by a stop) is marked unhealthy (see
 `unhealthy()`): a resume prefers the last checkpoint saved before the skipping began, and
-retention never deletes that one for the unhealthy ones (torchllm.checkpoint.checkpointer). A
+retention never deletes that one for the unhealthy ones (torchllm.checkpoint.resume.checkpointer). A
 resume from the stop's own save (when it is the only checkpoint) continues exactly like
 `skip_step`.
 

@@ -3,7 +3,7 @@ names under its `optimizer.name`.
 
 An optimizer is one file (its builder and its SPEC) and one `register(SPEC)` line
 (docs/howto_optimizer.md). The trainer builds it through the registry; a resume
-(torchllm/checkpoint/resume.py) reads `hparams` to say which changed keys the checkpoint's
+(torchllm/checkpoint/resume/hparams.py) reads `hparams` to say which changed keys the checkpoint's
 param groups override.
 """
 

@@ -16,7 +16,7 @@ import torch
 
 from torchllm import models
 from torchllm.checkpoint import recorded_precision
-from torchllm.checkpoint.tokenizer_identity import tokenizer_record
+from torchllm.checkpoint.stage.tokenizer_identity import tokenizer_record
 from torchllm.config import JobConfig, to_toml
 from torchllm.data import Tokenizer, build_tokenizer
 from torchllm.device import resolve_device
@@ -39,7 +39,7 @@ class Run:
     lock: RunLock | None  # held until the Trainer closes (one run per folder)
     bf16: bool  # the precision the model trains in ("auto" decided, or kept from a resume)
     tokenizer: Tokenizer
-    tokenizer_record: dict  # what the checkpoints record of it (checkpoint/tokenizer_identity.py)
+    tokenizer_record: dict  # what the checkpoints record of it (checkpoint/stage/tokenizer_identity.py)
 
     @property
     def precision(self) -> str:

@@ -2,7 +2,7 @@
 
 data.tokenizer = "from_initial_load", or "auto" (the default) with checkpoint.initial_load_path
 set: a new stage (mid-training, SFT) uses the tokenizer of the model it starts from, as that
-checkpoint's COMPLETE marker records it (checkpoint/tokenizer_identity.py: the base tokenizer's
+checkpoint's COMPLETE marker records it (checkpoint/stage/tokenizer_identity.py: the base tokenizer's
 file or Hub name, its SHA-256, and whether the 6 chat tokens were added), or for a Hugging Face
 folder (checkpoint.initial_load_in_hf) the folder's own tokenizer file. data.tokenizer = "train"
 trains a new one on data.dataset instead (a warning at the initial load: the loaded embedding
@@ -21,7 +21,7 @@ from pathlib import Path
 from torchllm.checkpoint.layout import MARKER
 from torchllm.checkpoint.step import MarkerError, read_marker, resolve_checkpoint
 from torchllm.storage import join
-from torchllm.checkpoint.tokenizer_identity import (
+from torchllm.checkpoint.stage.tokenizer_identity import (
     FROM_INITIAL_LOAD,
     NEW,
     hf_folder_tokenizer,

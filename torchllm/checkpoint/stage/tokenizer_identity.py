@@ -6,8 +6,9 @@ file or Hub name, its SHA-256, its ids and whether the 6 chat tokens were added)
 folder's is its own tokenizer file (`hf_folder_tokenizer`). `check_same_tokenizer` compares a
 record with the tokenizer in use wherever weights are loaded: the checkpoint reader (resume,
 initial load, vocab growth in vocab_resize.py), inference (torchllm.run.tokenizer) and export.
-It lives here, with the reader, so every consumer checks the same way; a stage choosing its
-tokenizer (data.tokenizer = 'from_initial_load' / 'auto') is the run's: torchllm/run/tokenizer.py.
+The reader (checkpoint/step.py) calls it, so every consumer checks the same way; a stage
+choosing its tokenizer (data.tokenizer = 'from_initial_load' / 'auto') is the run's:
+torchllm/run/tokenizer.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchllm.checkpoint.tokenizer_identity import check_same_tokenizer
+from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 

@@ -7,7 +7,7 @@ would take (weights only; saved while the loss guard skipped updates)."""
 
 from __future__ import annotations
 
-from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.identity import foreign
 from torchllm.checkpoint.integrity import describe_failure
 from torchllm.checkpoint.layout import complete_steps, delete_step, not_resumable, step_dir

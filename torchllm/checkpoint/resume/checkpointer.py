@@ -1,11 +1,11 @@
 """Sharded, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
-A Checkpointer is composed of parts, each its own file: the states it saves (state.py), the
-saver (saver.py: sync, async and mirrored saves, committed by the COMPLETE marker), retention
-(retention.py: the known steps, keep_latest_k), and the loader (loading.py: which step; restore.py:
-one step, opened once as a step.Step). Every decision that ranks could see differently (which
-checkpoint loads, whether a save failed or finished) is agreed over a small gloo group
-(agree.py), so ranks never hang or diverge.
+A Checkpointer is composed of parts, each its own file: the states it saves
+(checkpoint/state.py), the saver (saver.py: sync, async and mirrored saves, committed by the
+COMPLETE marker), retention (retention.py: the known steps, keep_latest_k), and the loader
+(loading.py: which step; restore.py: one step, opened once as a checkpoint/step.Step). Every
+decision that ranks could see differently (which checkpoint loads, whether a save failed or
+finished) is agreed over a small gloo group (agree.py), so ranks never hang or diverge.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.identity import run_id
 from torchllm.checkpoint.integrity import free_bytes, human, state_estimate
-from torchllm.checkpoint.loading import Loader
-from torchllm.checkpoint.mirror import Mirror
-from torchllm.checkpoint.restore import StepLoader
-from torchllm.checkpoint.resume import hparams_snapshot
-from torchllm.checkpoint.retention import Retention
-from torchllm.checkpoint.saver import CheckpointSaveError, Saver
+from torchllm.checkpoint.resume.loading import Loader
+from torchllm.checkpoint.resume.mirror import Mirror
+from torchllm.checkpoint.resume.restore import StepLoader
+from torchllm.checkpoint.resume.hparams import hparams_snapshot
+from torchllm.checkpoint.resume.retention import Retention
+from torchllm.checkpoint.resume.saver import CheckpointSaveError, Saver
 from torchllm.checkpoint.state import ModelState, OptimizerState, JSONState, RNGState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger

@@ -17,12 +17,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
-from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.index import untrusted_cause
 from torchllm.checkpoint.integrity import check_files, describe_failure
 from torchllm.checkpoint.step import Step
-from torchllm.checkpoint.resume import apply_hparams, config_changes, current_lr
-from torchllm.checkpoint.vocab_resize import full_templates, grow_vocab, plan_growth
+from torchllm.checkpoint.resume.hparams import apply_hparams, config_changes, current_lr
+from torchllm.checkpoint.stage.vocab_resize import full_templates, grow_vocab, plan_growth
 from torchllm.config.job_config import ConfigError
 from torchllm.data.fingerprint import changes as data_changes
 from torchllm.log import logger

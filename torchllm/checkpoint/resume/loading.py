@@ -19,8 +19,8 @@ from torchllm.checkpoint.layout import (
     warn_unusable,
 )
 from torchllm.checkpoint.step import Step, read_marker, resolve_checkpoint
-from torchllm.checkpoint.restore import StepLoader
-from torchllm.checkpoint.retention import Retention
+from torchllm.checkpoint.resume.restore import StepLoader
+from torchllm.checkpoint.resume.retention import Retention
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 

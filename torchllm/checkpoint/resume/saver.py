@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchllm.checkpoint.agree import RankAgreement
+from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.integrity import (
     describe_failure,
     folder_checksums,
@@ -36,8 +36,8 @@ from torchllm.checkpoint.layout import (
     step_dir,
     write_durably,
 )
-from torchllm.checkpoint.mirror import Mirror, done_future
-from torchllm.checkpoint.retention import Retention
+from torchllm.checkpoint.resume.mirror import Mirror, done_future
+from torchllm.checkpoint.resume.retention import Retention
 from torchllm.checkpoint.state import ModelState, OptimizerState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
