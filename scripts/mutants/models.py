@@ -183,65 +183,65 @@ MUTANTS = [
         ("tests/test_model_contract.py::"
          "test_every_registered_family_satisfies_the_contract_with_its_shapes",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_new_token_rows_frozen_by_default",
         "LoRA keeps the rows of the chat tokens it grows frozen unless asked (it cannot learn "
         "to end a reply)",
-        "torchllm/config/sections.py",
+        "torchllm.config.sections:Lora.train_new_tokens",
         "        True, \"When the run's tokenizer adds chat tokens to its base",
         "        False, \"When the run's tokenizer adds chat tokens to its base",
         ("tests/test_lora_tokens.py::"
          "test_new_token_rows_train_and_the_run_learns_to_end_its_replies",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_token_rows_not_in_head",
         "the output head ignores its trainable token rows (logits without them)",
-        "torchllm/models/head.py",
+        "torchllm.models.head:lm_head",
         "    if getattr(output, \"token_delta\", None) is not None:\n"
         "        return F.linear(h, rows_added(output.weight, output), output.bias)\n",
         "",
         ("tests/test_lora_tokens.py::"
          "test_only_the_added_rows_change_and_every_other_weight_is_bit_identical",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_token_rows_not_merged",
         "the merged export drops the trained token rows",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:merge_weights",
         "        w[ids[0]: ids[-1] + 1] += sd[key].to(w.dtype)\n",
         "",
         ("tests/test_lora_tokens.py::"
          "test_adapter_export_loads_in_peft_on_its_base_and_on_the_base_run_resized",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_moe_bias_updated",
         "LoRA on qwen3_moe with moe_bias_update_rate > 0 moves the frozen base's expert_bias",
-        "torchllm/metrics/moe_stats.py",
+        "torchllm.metrics.moe_stats:MoEBiasBalancer.from_trainer",
         "        if trainer.cfg.lora.enable:  # the routing biases",
         "        if False:  # the routing biases",
         ("tests/test_moe_balancing.py::"
          "test_lora_leaves_the_routing_biases_of_the_frozen_base_bit_identical",),
     ),
-    Mutant(
+    Mutant.at(
         "other_family_over_a_checkpoint",
         "--model.name of another family in generate / eval / export is a raw KeyError traceback",
-        "torchllm/models/registry.py",
+        "torchllm.models.registry:check_family",
         "    if cfg.model.name != saved:\n",
         "    if False:\n",
         ("tests/test_unclear_errors.py::test_another_family_over_a_checkpoint_is_one_line[qwen3]",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_initial_load_advises_itself",
         "LoRA of another rank from a LoRA checkpoint advises checkpoint.initial_load_path, the "
         "command just run",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:resume_mismatch",
         "            if resume:\n                advice =",
         "            if True:\n                advice =",
         ("tests/test_unclear_errors.py::test_lora_of_another_rank_from_a_lora_checkpoint_gets_other_advice",),
     ),
-    Mutant(
+    Mutant.at(
         "lora_base_misfit_blames_lora",
         "LoRA from a base checkpoint of other shapes blames lora.enable instead of the shapes",
-        "torchllm/models/lora.py",
+        "torchllm.models.lora:resume_mismatch",
         "    if not resume and not old[\"lora.enable\"]:",
         "    if False:",
         ("tests/test_unclear_errors.py::test_lora_from_a_base_checkpoint_that_does_not_fit_names_the_shapes",),
