@@ -184,32 +184,22 @@ def cuda_gaps(kind: str, autocast=None, prepare=None, context=None, model=None) 
 def saved_checkpoint_keys(tmp_path, device: str, mode: str) -> set[str]:
     """Train 4 steps saving every 2 with checkpoint.async_mode = `mode`; assert the step-4
     checkpoint holds the trainer's live weights bit for bit; return the saved entries."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     from conftest import tiny_config
+    from torchllm.checkpoint import Step
     from torchllm.train import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, f"--training.device={device}", "--checkpoint.enable",
                                   "--checkpoint.interval=2", f"--checkpoint.async_mode={mode}",
                                   "--job.run_name=run"))
     trainer.train()  # closes the checkpointer: an async save has finished
-    dcp_to_torch_save(tmp_path / "run" / "checkpoint" / "step-4", tmp_path / "step4.pt")
-    saved = _flatten(torch.load(tmp_path / "step4.pt", weights_only=False))
+    # read as every torchllm reader does (the index is JSON data: DCP's own loader cannot)
+    saved = Step.open(tmp_path / "run" / "checkpoint" / "step-4").tensors(prefix="")
     live = trainer.model.state_dict()
     assert live
     for name, tensor in live.items():
         assert torch.equal(saved[f"model.{name}"].cpu(), tensor.detach().cpu()), (mode, name)
     return set(saved)
 
-
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
-        if isinstance(v, (dict, list)):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 # -- the teacher-forced oracle (device-agnostic) ---------------------------------------------
 # Free-running curves compare the end of a chaotic process: the reference's loss rises at step

@@ -29,7 +29,7 @@ from conftest import REPO, tiny_args, tiny_config
 
 GROUPS = ("embeddings", "output", "first_block", "last_block")
 CPU_TAGS = {
-    "loss/avg", "loss/max", "optim/lr", "grad_norm/total",
+    "loss/avg", "loss/max", "loss/interval", "optim/lr", "grad_norm/total",
     *(f"{kind}/{g}" for kind in ("grad_norm", "param_norm", "update_ratio") for g in GROUPS),
     "throughput/tokens_per_s", "throughput/tokens_per_s_device", "throughput/trained_tokens_per_s",
     "time/step_s", "time/data_s", "time/data_pct", "perf/tflops", "perf/mfu_pct",

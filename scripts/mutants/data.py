@@ -261,7 +261,7 @@ MUTANTS = [
         "row_text_not_string_unchecked",
         "a null / non-string text in .jsonl or .parquet reaches the tokenizer (a TypeError)",
         "torchllm/data/sources/rows.py",
-        "        if not isinstance(value, str):\n",
+        "        if text and not isinstance(value, str):\n",
         "        if False:\n",
         ("tests/test_data_row_errors.py::test_a_jsonl_row_whose_text_is_not_a_string_is_named_by_file_and_line[null]",
          "tests/test_data_row_errors.py::test_a_parquet_row_whose_text_is_null_is_named_by_file_and_row"),

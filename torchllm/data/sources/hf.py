@@ -179,7 +179,8 @@ class HFStream(Source):
     def first_values(self, column: str, n: int) -> list:
         """The first n rows' `column` values (reading them checks `datasets`, the dataset and
         its column here, not in a loader worker)."""
-        return [v for v, _ in zip(stream_texts(self, column, self.spec), range(n))]
+        text = column != self.dcfg.chat_column  # a conversation is a list of messages
+        return [v for v, _ in zip(stream_texts(self, column, self.spec, text), range(n))]
 
     def stream_windows(self, ctx: Context, column: str, pack):
         """(this rank's StreamWindows of `column`'s values packed by `pack`, the validation

@@ -72,14 +72,15 @@ def load_streaming(path: str, kwargs: dict, where: str, column: str, subset=None
     return ds, column
 
 
-def stream_texts(rows_source, column: str, spec: str) -> Iterator[str]:
-    """Every row's `column` of a source that reads rows (`open_rows`), in order."""
+def stream_texts(rows_source, column: str, spec: str, text: bool = True) -> Iterator[str]:
+    """Every row's `column` of a source that reads rows (`open_rows`), in order; `text`: each
+    value must be a string (a conversation column, data.chat_column, holds message lists)."""
     ds, column = rows_source.open_rows(column)
     empty = True
     for index, row in enumerate(ds):
         empty = False
         value = row[column]
-        if not isinstance(value, str):
+        if text and not isinstance(value, str):
             raise not_text(rows_source, spec, column, index, value)
         yield value
     if empty:
