@@ -24,6 +24,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.e2e  # what users type: the e2e tier (-m e2e)
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL = {"", "sh", "bash", "shell"}
 

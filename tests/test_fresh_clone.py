@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 TINY = ["--training.steps=2", "--training.seq_len=32", "--training.local_batch_size=2",
         "--lr_scheduler.warmup_steps=1", "--metrics.log_freq=1", "--validation.steps=1",

@@ -27,6 +27,8 @@ import torch
 
 from conftest import REPO, SHARED, shared_path
 
+pytestmark = pytest.mark.e2e  # what users type: the e2e tier (-m e2e)
+
 # The shipped configs, shrunk: a user's own --section.key=value overrides.
 TINY = ["--training.device=cpu", "--model.flavor=debug", "--training.steps=3",
         "--training.seq_len=48", "--training.local_batch_size=4", "--metrics.log_freq=1",

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 TINY = ["--training.device=cpu", "--training.seq_len=32", "--training.local_batch_size=2",
         "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1", "--metrics.report=false",
