@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import tempfile
 from pathlib import Path
 
@@ -169,6 +170,18 @@ def tiny_args(tmp_path, *extra: str) -> list[str]:
 
 def tiny_config(tmp_path, *extra: str):
     return load_config(tiny_args(tmp_path, *extra))
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
+    """Poll `predicate` every `every` seconds until it returns something truthy (returned);
+    AssertionError naming `what` after `timeout` seconds (tests that watch a running launch)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def shared_path(*parts: str) -> Path:

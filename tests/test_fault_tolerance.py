@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, tiny_args
+from conftest import REPO, tiny_args, wait_for
 from torchllm.config import ConfigError, load_config
 
 pytest.importorskip("torchft")
@@ -146,16 +146,6 @@ def steps_of(log: Path) -> dict[int, str]:
     return {int(m[1]): m[3] for m in STEP.finditer(text)}
 
 
-def wait_for(what, predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 @pytest.mark.slow
 def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp_path):
     logs, relaunch_logs = tmp_path / "logs", tmp_path / "logs_relaunch"
@@ -170,8 +160,8 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     procs = [subprocess.Popen(script, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)]
     try:
-        wait_for(f"group 1 at step {KILL_AT}",
-                 lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300)
+        wait_for(lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300,
+                 what=f"group 1 at step {KILL_AT}")
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)
         killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
         # Relaunched beside the running group (the lighthouse is reused).
@@ -180,8 +170,8 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       start_new_session=True))
         # The survivor's next step comes after the lighthouse drops the silent group (5 s).
-        wait_for("group 0's next step after the kill",
-                 lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 90)
+        wait_for(lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 90,
+                 what="group 0's next step after the kill")
         pause = time.monotonic() - killed
         outs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
     finally:

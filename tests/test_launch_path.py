@@ -13,12 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -34,16 +33,6 @@ def env(tmp_path, ngpu: int, **extra: str) -> dict:
             "TORCHLLM_TEST_WORKER_PROBE": str(tmp_path / "probe"), **extra}
 
 
-def wait_for(predicate, timeout=300, what=""):
-    end = time.time() + timeout
-    while time.time() < end:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits_0(tmp_path):
     args = [f"--job.dump_folder={tmp_path}", "--job.run_name=r", "--training.steps=100000",
             "--checkpoint.enable", "--checkpoint.interval=100000", *TINY]
@@ -51,7 +40,8 @@ def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits
     proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 1),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
+                 what="step 2")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=300)
     finally:
@@ -94,7 +84,8 @@ def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_si
     proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 2),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
+                 what="step 2")
         probes = [json.loads((tmp_path / f"probe.{r}.json").read_text()) for r in (0, 1)]
         for probe in probes:  # torchrun's `python -u -m torchllm.train ARGS`, its agent here
             assert probe["argv"][1:4] == ["-u", "-m", "torchllm.train"], probe
@@ -126,7 +117,7 @@ def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        rank1 = wait_for(lambda: rank_pid(str(work), 1), what="the benchmark's rank 1")
+        rank1 = wait_for(lambda: rank_pid(str(work), 1), 300, what="the benchmark's rank 1")
         cmdline = Path(f"/proc/{rank1}/cmdline").read_bytes().split(b"\0")
         assert cmdline[1:4] == [b"-u", b"-m", b"benchlib.worker"], cmdline  # torchrun's start
         os.kill(rank1, signal.SIGKILL)

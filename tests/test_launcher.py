@@ -7,11 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from conftest import REPO, tiny_args
+from conftest import REPO, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +25,6 @@ def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None, env=None
                               timeout=300)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                             text=True)
-
-
-def wait_for(predicate, timeout=240, what=""):
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_an_error_on_rank_1_is_printed_once_on_rank_0s_console(tmp_path):
@@ -64,7 +54,8 @@ def test_sigterm_reaches_every_worker_which_save_and_exit_0(tmp_path):
     log = open(tmp_path / "out.txt", "w")
     proc = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", "--checkpoint.enable",
                   "--checkpoint.interval=100000", ngpu=2, wait=False, out=log)
-    wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), what="step 2")
+    wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 240,
+             what="step 2", every=0.5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0, (tmp_path / "out.txt").read_text()
     out = (tmp_path / "out.txt").read_text()
@@ -81,7 +72,8 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
                    out=log)
     lock = tmp_path / "r" / "run.lock"
     try:
-        wait_for(lambda: "step     1/" in (tmp_path / "out.txt").read_text(), what="step 1")
+        wait_for(lambda: "step     1/" in (tmp_path / "out.txt").read_text(), 240,
+                 what="step 1", every=0.5)
         worker = json.loads(lock.read_text())["pid"]
         assert worker != first.pid  # (one process trains in the launcher's: test_launch_path)
         # Paused, it still holds the lock (a live pid) without training on while the second
@@ -107,7 +99,7 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
         except (ProcessLookupError, FileNotFoundError):
             return True
 
-    wait_for(gone, timeout=30, what="the orphaned worker to die")
+    wait_for(gone, timeout=30, what="the orphaned worker to die", every=0.5)
     assert lock.exists()  # left behind by the killed run
     third = launch(tmp_path, "--job.run_name=r", "--training.steps=1", "--job.overwrite")
     out = third.stdout + third.stderr
