@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,3 +131,25 @@ def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
     (row,) = json.loads((tmp_path / "res.json").read_text())["rows"]
     assert row["status"] == "failed" and row["reason"] == "rank 1 died: signal SIGKILL", row
     assert "rank 1 died: signal SIGKILL" in out, out[-3000:]  # the console's table
+
+
+def test_the_tests_in_process_launch_is_what_run_train_sh_runs(tmp_path):
+    """tests/cli.py's run_train (what most tests call) against ./run_train.sh itself: the same
+    losses, files and exit codes, for a run and for a config error."""
+    from cli import run_train
+
+    from conftest import tiny_args
+
+    def losses(out: str) -> list[str]:
+        return re.findall(r" step +\d+/\d+ \| loss ([0-9.]+)", out)
+
+    typed = run_train(*tiny_args(tmp_path / "typed"), "--checkpoint.enable", process=True)
+    called = run_train(*tiny_args(tmp_path / "called"), "--checkpoint.enable")
+    assert typed.returncode == called.returncode == 0, (typed.out[-2000:], called.out[-2000:])
+    assert losses(typed.stdout) == losses(called.stdout) and len(losses(typed.stdout)) == 4
+    steps = sorted(p.name for p in (tmp_path / "typed/debug_model/checkpoint").iterdir())
+    assert steps == sorted(p.name for p in (tmp_path / "called/debug_model/checkpoint").iterdir())
+    bad = ["--training.steps=four"]
+    typed, called = (run_train(*tiny_args(tmp_path / "bad"), *bad, process=p) for p in (1, 0))
+    assert typed.returncode == called.returncode == 2
+    assert "training.steps" in typed.stderr and "training.steps" in called.stderr
