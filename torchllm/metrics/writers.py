@@ -14,12 +14,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from torchllm.config.paths import run_folders
 from torchllm.log import logger
-
-
-def tensorboard_folder(cfg, run_name: str) -> Path:
-    """Where a run's TensorBoard events go (per-rank subfolders under it without rank_0_only)."""
-    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
 
 
 class TensorBoardWriter:
@@ -92,7 +88,7 @@ def build_writers(cfg, run_name: str, run_dir: Path, rank: int, start_step: int 
     per_rank = not mcfg.rank_0_only
     writers = []
     if mcfg.enable_tensorboard:
-        folder = tensorboard_folder(cfg, run_name)
+        folder = run_folders(cfg).tensorboard
         writers.append(TensorBoardWriter(folder / f"rank_{rank}" if per_rank else folder,
                                          start_step))
     if mcfg.enable_wandb:
