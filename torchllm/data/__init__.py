@@ -1,6 +1,7 @@
 """Tokenizers and data loaders, built from the [data] config section.
 
-    tokenizer = build_tokenizer(job_config, run_dir / "data")  # or tokenizer_of(parse_data(...))
+    data = parse_data(job_config.data)                # the data config, parsed once
+    tokenizer = tokenizer_of(data, run_dir / "data")  # or both: build_tokenizer(job_config, ...)
     train_loader, val_loader = build_data(job_config, tokenizer, dp_rank, dp_degree)
 
 Batches are dicts of LongTensor[B, seq_len]: inputs, targets (inputs shifted by one) and

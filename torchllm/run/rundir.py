@@ -10,7 +10,9 @@
    `--job.overwrite` deletes those outputs, this run's checkpoint folder and its own TensorBoard
    folder and nothing else (the tokenizer cache and other runs stay), and starts afresh; the
    config keys that name these folders are checked to stay inside the dump folder
-   (torchllm.config.paths).
+   (torchllm.config.paths: RunFolders, each folder resolved once). A checkpoint folder on
+   object storage is the Checkpointer's to clear, once its steps are known to be this run's
+   (checkpoint/resume/retention.py's `clear`).
    A resumed run continues the same TensorBoard curves (see torchllm.metrics.writers).
 Every rank learns rank 0's outcome, so all ranks fail with the same one-line error.
 The run's `config.toml` is written later (`write_run_config`), once the checkpoint loaded: a
@@ -42,7 +44,8 @@ def prepare_run_dir(folders: paths.RunFolders, device: torch.device, *, stale_s:
                     overwrite: bool, resumes: bool, replica: bool) -> RunLock | None:
     """The run folder `folders.run`, locked by rank 0 (the lock: None on other ranks) and
     checked (see the module docstring): `stale_s` (job.lock_stale_minutes), `overwrite`
-    (job.overwrite), `resumes` (checkpoint.enable), `replica` (fault_tolerance.enable)."""
+    (job.overwrite), `resumes` (checkpoint.enable: a complete checkpoint of its own is
+    resumed), `replica` (fault_tolerance.enable)."""
     run_dir = folders.run
     lock, error = None, None
     if ranks.rank() == 0:
