@@ -76,4 +76,3 @@ def foreign(folder: Location, steps: list[int], mine: str | None) -> str | None:
                     f"checkpoint.initial_load_path = {path} and give this run a checkpoint.folder "
                     "of its own; to continue that run, launch it from its own run folder")
     return None
-
