@@ -34,8 +34,12 @@ def test_every_patch_applies_to_the_current_source():
 def test_a_patch_that_no_longer_applies_is_reported_stale(tmp_path):
     mc = load_script()
     m = mc.MUTANTS[0]
+    assert m.function == "Trainer.train_step"  # a mutant that names its definition
     (tmp_path / m.path).parent.mkdir(parents=True)
     (tmp_path / m.path).write_text("# the snippet moved away\n")
+    assert "Trainer" in mc.stale(m, tmp_path)  # the definition is gone: named
+    (tmp_path / m.path).write_text("class Trainer:\n    def train_step(self):\n        pass\n"
+                                   "\n\n# " + m.old + "\n")  # the snippet left the definition
     assert "occurs 0 times" in mc.stale(m, tmp_path)
     moved = mc.Mutant("x", "x", m.path, "moved", "y", ("tests/test_nothing.py::test_gone",))
     (tmp_path / m.path).write_text("moved\n")
