@@ -31,6 +31,12 @@ def run_name(job) -> str:
     return Path(job.config_file).stem if job.config_file else "default"
 
 
+def tensorboard_folder(cfg, run_name: str) -> Path:
+    """Where a run's TensorBoard events go (per-rank subfolders under it without
+    metrics.rank_0_only: torchllm.metrics.writers)."""
+    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
+
+
 def checkpoint_folder(run_dir: Location, folder: str) -> Location:
     """`checkpoint.folder`: a URL is used as is (less a trailing '/'), a relative path lies under
     the run folder."""
@@ -42,16 +48,14 @@ class RunFolders:
     """A run's folders (the layout above), each resolved once from its config keys."""
     run: Path  # <job.dump_folder>/<run name>
     checkpoint: Location  # checkpoint.folder below it, or its object-store URL as is
-    tensorboard: Path  # <job.dump_folder>/<metrics.tb_folder>/<run name> (per-rank subfolders
-    #                    under it without metrics.rank_0_only: torchllm.metrics.writers)
+    tensorboard: Path  # <job.dump_folder>/<metrics.tb_folder>/<run name>
     tensorboard_root: Path  # <job.dump_folder>/<metrics.tb_folder>: every run's, never deleted
 
 
 def run_folders(cfg) -> RunFolders:
     name, dump = run_name(cfg.job), Path(cfg.job.dump_folder)
-    tensorboard = dump / cfg.metrics.tb_folder
     return RunFolders(dump / name, checkpoint_folder(dump / name, cfg.checkpoint.folder),
-                      tensorboard / name, tensorboard)
+                      tensorboard_folder(cfg, name), dump / cfg.metrics.tb_folder)
 
 
 def bad_name(name: str) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from torchllm.config.paths import run_folders
+from torchllm.config.paths import tensorboard_folder  # the folder layout is the config's
 from torchllm.log import logger
 
 
@@ -88,7 +88,7 @@ def build_writers(cfg, run_name: str, run_dir: Path, rank: int, start_step: int 
     per_rank = not mcfg.rank_0_only
     writers = []
     if mcfg.enable_tensorboard:
-        folder = run_folders(cfg).tensorboard
+        folder = tensorboard_folder(cfg, run_name)
         writers.append(TensorBoardWriter(folder / f"rank_{rank}" if per_rank else folder,
                                          start_step))
     if mcfg.enable_wandb:

@@ -23,7 +23,7 @@ import torch
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
 from torchllm.config.job_config import reads_conversations
-from torchllm.config.paths import checkpoint_folder, run_folders
+from torchllm.config.paths import checkpoint_folder, tensorboard_folder
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.ranks import rank, world_size
@@ -163,7 +163,7 @@ class RunReport(Callback):
         rows.append(("checkpoint", str(ckpt) if ckpt else
                      "none (checkpoint.enable = false: generate, evals and export need one)"))
         if cfg.metrics.enable_tensorboard:
-            tb = run_folders(cfg).tensorboard
+            tb = tensorboard_folder(cfg, run.name)
             rows.append(("tensorboard", f"{tb}  (tensorboard --logdir {shlex.quote(str(tb.parent))})"))
         log = run_log_path()
         if log is not None:
