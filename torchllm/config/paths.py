@@ -53,6 +53,8 @@ class RunFolders:
 
 
 def run_folders(cfg) -> RunFolders:
+    """The run's folders, from job.dump_folder, the run name, checkpoint.folder and
+    metrics.tb_folder (each checked by `path_errors` when the config loads)."""
     name, dump = run_name(cfg.job), Path(cfg.job.dump_folder)
     return RunFolders(dump / name, checkpoint_folder(dump / name, cfg.checkpoint.folder),
                       tensorboard_folder(cfg, name), dump / cfg.metrics.tb_folder)
