@@ -196,6 +196,24 @@ def test_flipped_byte_in_a_shard_object_falls_back_and_partial_steps_are_deleted
         resumed.close()
 
 
+def test_overwrite_deletes_this_runs_steps_on_a_bucket_and_starts_afresh(s3, tmp_path, caplog):
+    """--job.overwrite over a run that saved into a bucket: every step prefix there (complete or
+    an upload cut short) is deleted, once the steps are known to be this run's, before anything
+    loads, and training starts again at step 1 (another run's prefix is refused instead:
+    test_identity_trust.py)."""
+    caplog.set_level(logging.INFO, logger="torchllm")
+    remote = f"{s3}/ckpt"
+    ckpt = ("--checkpoint.enable", "--checkpoint.interval=2", "--job.run_name=run",
+            f"--checkpoint.folder={remote}", *MODEL)
+    Trainer(tiny_config(tmp_path, *ckpt, "--training.steps=2")).train()
+    s3fs_client().pipe(f"{remote}/step-3/__0_0.distcp", b"half an upload")
+    assert scan_steps(remote) == {2: "complete", 3: "partial"}
+    trainer = Trainer(tiny_config(tmp_path, *ckpt, "--training.steps=1", "--job.overwrite"))
+    assert trainer.step == 0 and scan_steps(remote) == {}  # nothing resumed, nothing left
+    assert f"deleted this run's previous checkpoints: {remote} (2 step(s): [2, 3])" in caplog.text
+    assert len(trainer.train()) == 1
+
+
 @pytest.mark.slow
 def test_kill_during_a_mirror_upload_leaves_a_step_that_resume_ignores_and_deletes(
         s3, tmp_path, caplog):

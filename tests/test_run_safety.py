@@ -368,6 +368,7 @@ def test_launcher_refuses_a_bad_run_name_in_one_line(tmp_path):
 def test_overwrite_deletes_only_this_runs_folders_and_says_what(tmp_path, log_text):
     import torch
 
+    from torchllm.config.paths import run_folders
     from torchllm.run.rundir import prepare_run_dir
 
     snapshot = neighbour(tmp_path)
@@ -377,12 +378,17 @@ def test_overwrite_deletes_only_this_runs_folders_and_says_what(tmp_path, log_te
     (tmp_path / "r" / "notes.txt").write_text("mine")
     (tmp_path / "tb" / "r").mkdir(parents=True)
     (tmp_path / "tb" / "r" / "events.out.tfevents.2.host").write_text("old curves")
+    def prepare(*args):
+        cfg = tiny_config(tmp_path, "--job.run_name=r", *args)
+        return prepare_run_dir(run_folders(cfg), torch.device("cpu"), stale_s=60,
+                               overwrite=cfg.job.overwrite, resumes=cfg.checkpoint.enable,
+                               replica=False)
+
     with pytest.raises(ConfigError, match="previous run's outputs"):
-        prepare_run_dir(tiny_config(tmp_path, "--job.run_name=r"), torch.device("cpu"))
-    run_dir, lock = prepare_run_dir(tiny_config(tmp_path, "--job.run_name=r", "--job.overwrite"),
-                                    torch.device("cpu"))
+        prepare()
+    lock = prepare("--job.overwrite")
     lock.release()
-    assert run_dir == tmp_path / "r"
+    assert lock.path.parent == tmp_path / "r"
     assert not (tmp_path / "r" / "checkpoint").exists() and not (tmp_path / "tb" / "r").exists()
     assert (tmp_path / "r" / "notes.txt").read_text() == "mine"  # not an output: kept
     after = snapshot()

@@ -86,11 +86,6 @@ def parent_of(location: Location) -> Location:
     return location.rstrip("/").rsplit("/", 1)[0] if is_url(location) else Path(location).parent
 
 
-def checkpoint_folder(run_dir: Location, folder: str) -> Location:
-    """`checkpoint.folder`: a URL is used as is, a relative path lies under the run folder."""
-    return as_location(folder) if is_url(folder) else Path(run_dir) / folder
-
-
 def missing_package(url: str) -> str | None:
     """One line naming the package to install when `url`'s protocol is not importable."""
     problem = _missing(url.split("://", 1)[0])

@@ -164,7 +164,7 @@ class Trainer:
                       "precision": self.precision, "tokenizer": tokenizer,
                       # What the data position means: a resume compares it (on_data_change).
                       "data": data_fingerprint(cfg, tokenizer["base_sha256"])},
-            load_hf=load_initial_weights,
+            load_hf=load_initial_weights, fresh=cfg.job.overwrite,
         ))
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()

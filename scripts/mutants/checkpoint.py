@@ -413,4 +413,14 @@ MUTANTS = [
         ("tests/test_nonfinite_check.py::test_nonfinite_in_a_torchao_8bit_optimizer_state_is_counted[scale]",
          "tests/test_nonfinite_check.py::test_nonfinite_in_a_torchao_8bit_optimizer_state_is_counted[qmap]"),
     ),
+    Mutant.at(
+        "overwrite_keeps_bucket_steps",
+        "--job.overwrite over a run whose checkpoints are on a bucket deletes none of its steps: "
+        "the relaunch resumes them instead of starting afresh",
+        "torchllm.checkpoint.resume.retention:Retention.clear",
+        "        if not problem and steps:\n",
+        "        if False:\n",
+        ("tests/test_object_storage.py::"
+         "test_overwrite_deletes_this_runs_steps_on_a_bucket_and_starts_afresh",),
+    ),
 ]

@@ -64,7 +64,7 @@ MUTANTS = [
         "a relaunched replica group (no checkpoint of its own: the lowest live group saves) is "
         "refused as a fresh start over a previous run's outputs",
         "torchllm.run.rundir:check_fresh_start",
-        "    if cfg.fault_tolerance.enable and not cfg.job.overwrite:\n",
+        "    if replica and not overwrite:\n",
         "    if False:\n",
         (ACCEPTANCE,),
     ),

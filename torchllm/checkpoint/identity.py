@@ -12,10 +12,10 @@ A run never resumes from, writes into or prunes another run's steps: a checkpoin
 this run's when every complete step in it records this run's id (or none: written before run
 ids). `foreign` says why not, in one line naming the folder, the other run and what to do; the
 Checkpointer refuses such a folder before it loads, deletes or saves anything (resume/retention.py's
-listing and loading.py's scan both ask), and `--job.overwrite` deletes no other run's steps
-(run/rundir.py). A run folder that has no id yet takes the one its own checkpoint folder's steps
-record (a run folder copied without its id file); a checkpoint URL proves nothing about the run
-folder that names it, so there an id is never taken.
+listing and `clear`, and loading.py's scan, all ask), so `--job.overwrite` deletes no other run's
+steps. A run folder that has no id yet takes the one its own checkpoint folder's steps record (a
+run folder copied without its id file); a checkpoint URL proves nothing about the run folder
+that names it, so there an id is never taken.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ may be an fsspec URL (`s3://bucket/prefix`, `gs://...`), used as is (docs/checkp
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path, PurePosixPath
 
-from torchllm.storage import missing_package
+from torchllm.storage import Location, missing_package
 
 NAME_ALLOWED = ("one folder name: not empty, no '/' or '\\', not '.' or '..' (leave it unset "
                 "for the config file's name)")
@@ -28,6 +29,35 @@ def run_name(job) -> str:
     if job.run_name is not None:
         return job.run_name
     return Path(job.config_file).stem if job.config_file else "default"
+
+
+def tensorboard_folder(cfg, run_name: str) -> Path:
+    """Where a run's TensorBoard events go (per-rank subfolders under it without
+    metrics.rank_0_only: torchllm.metrics.writers)."""
+    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
+
+
+def checkpoint_folder(run_dir: Location, folder: str) -> Location:
+    """`checkpoint.folder`: a URL is used as is (less a trailing '/'), a relative path lies under
+    the run folder."""
+    return folder.rstrip("/") if "://" in folder else Path(run_dir) / folder
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFolders:
+    """A run's folders (the layout above), each resolved once from its config keys."""
+    run: Path  # <job.dump_folder>/<run name>
+    checkpoint: Location  # checkpoint.folder below it, or its object-store URL as is
+    tensorboard: Path  # <job.dump_folder>/<metrics.tb_folder>/<run name>
+    tensorboard_root: Path  # <job.dump_folder>/<metrics.tb_folder>: every run's, never deleted
+
+
+def run_folders(cfg) -> RunFolders:
+    """The run's folders, from job.dump_folder, the run name, checkpoint.folder and
+    metrics.tb_folder (each checked by `path_errors` when the config loads)."""
+    name, dump = run_name(cfg.job), Path(cfg.job.dump_folder)
+    return RunFolders(dump / name, checkpoint_folder(dump / name, cfg.checkpoint.folder),
+                      tensorboard_folder(cfg, name), dump / cfg.metrics.tb_folder)
 
 
 def bad_name(name: str) -> bool:

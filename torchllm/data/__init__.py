@@ -1,6 +1,7 @@
 """Tokenizers and data loaders, built from the [data] config section.
 
-    tokenizer = build_tokenizer(job_config, run_dir / "data")
+    data = parse_data(job_config.data)                # the data config, parsed once
+    tokenizer = tokenizer_of(data, run_dir / "data")  # or both: build_tokenizer(job_config, ...)
     train_loader, val_loader = build_data(job_config, tokenizer, dp_rank, dp_degree)
 
 Batches are dicts of LongTensor[B, seq_len]: inputs, targets (inputs shifted by one) and
@@ -41,17 +42,24 @@ def auto_tokenizer_path(dcfg, data_dir: Path) -> Path:
 
 
 def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer:
-    """Load data.tokenizer; for 'auto', the data's own (shards) or a SentencePiece model trained
-    once on its (first source's) text and cached; for 'train', always the trained one.
+    """The tokenizer of job_config.data (see `tokenizer_of`)."""
+    return tokenizer_of(parse_data(job_config.data), data_dir, train)
+
+
+def tokenizer_of(data, data_dir: Path, train: bool = True) -> Tokenizer:
+    """The tokenizer of `data`, the data config parsed once (parse_data: a Dataset or a
+    Mixture): data.tokenizer; for 'auto', the data's own (shards) or a SentencePiece model
+    trained once on its (first source's) text and cached; for 'train', always the trained one;
+    with the chat tokens added for conversations (or data.chat_tokens) unless it has a template.
 
     In a multi-process run only rank 0 trains and writes it; the others wait at a barrier.
     A stage's data.tokenizer ('from_initial_load', or 'auto' with checkpoint.initial_load_path)
     arrives resolved to the initial load's (torchllm/run/tokenizer.py). train=False (inference:
     the config a checkpoint was written under): 'auto' is the run's cached file, never trained.
     """
-    data = parse_data(job_config.data)
-    base = load_tokenizer(_tokenizer_file(data.tokenizer_source(), data_dir, train))
-    if (data.chat or job_config.data.chat_tokens) and not has_native_template(base):
+    file = _tokenizer_file(data.tokenizer_source(), data_dir, train)
+    base = load_tokenizer(file)
+    if (data.chat or data.dcfg.chat_tokens) and not has_native_template(base):
         return ChatTokenizer(base)  # + <|user_start|>, ... after the base vocabulary
     return base
 
@@ -132,5 +140,4 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
 
 
 __all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
-           "dedicated_validation",
-           "load_tokenizer", "parse_data", "whole_stream"]
+           "dedicated_validation", "load_tokenizer", "parse_data", "tokenizer_of", "whole_stream"]

@@ -35,6 +35,22 @@ class Dataset:
     def __repr__(self) -> str:
         return f"Dataset({self.spec!r}: {self.source!r} x {self.packing.__name__})"
 
+    @classmethod
+    def parse(cls, dcfg, key: str = "data.dataset") -> "Dataset":
+        """The Dataset of `dcfg.dataset` (its packing, then the source it reads), its spec
+        checked without reading data; `key`: the config key named by errors."""
+        name, location = data_packing(dcfg.dataset)
+        packing = PACKINGS[name]
+        if location is None:
+            more = [p.usage for p in PACKINGS.values() if p.usage]
+            return cls(dcfg, parse_source(dcfg, key, tuple(more)), packing)
+        if not location:
+            raise ConfigError(f"data.dataset = {dcfg.dataset!r}: give a location after "
+                              f"'{name}:' ({packing.usage})", "data.dataset")
+        rows = copy.copy(dcfg)  # the source that reads the packing's rows, checked now too
+        rows.dataset, rows.sources = rows_spec(location), []
+        return cls(dcfg, parse_source(rows), packing)
+
     @property
     def splits_by_name(self) -> bool:
         """validation.split applies: a Hugging Face dataset read as text."""
@@ -73,22 +89,12 @@ class Dataset:
 
 def parse_dataset(dcfg, key: str = "data.dataset") -> Dataset:
     """The Dataset of `dcfg.dataset`, its spec checked without reading data."""
-    name, location = data_packing(dcfg.dataset)
-    packing = PACKINGS[name]
-    if location is None:
-        more = [p.usage for p in PACKINGS.values() if p.usage]
-        return Dataset(dcfg, parse_source(dcfg, key, tuple(more)), packing)
-    if not location:
-        raise ConfigError(f"data.dataset = {dcfg.dataset!r}: give a location after '{name}:' "
-                          f"({packing.usage})", "data.dataset")
-    rows = copy.copy(dcfg)  # the source that reads the packing's rows, checked now too
-    rows.dataset, rows.sources = rows_spec(location), []
-    return Dataset(dcfg, parse_source(rows), packing)
+    return Dataset.parse(dcfg, key)
 
 
 def parse_data(dcfg):
-    """The data config's dataset: a Mixture of data.sources, or data.dataset's Dataset."""
-    return Mixture.parse(dcfg, parse_dataset) if dcfg.sources else parse_dataset(dcfg)
+    """The data config's dataset: data.dataset's Dataset, or a Mixture of data.sources."""
+    return parse_dataset(dcfg) if not dcfg.sources else Mixture.parse(dcfg, parse_dataset)
 
 
 def documents(dcfg):

@@ -14,12 +14,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from torchllm.config.paths import tensorboard_folder  # the folder layout is the config's
 from torchllm.log import logger
-
-
-def tensorboard_folder(cfg, run_name: str) -> Path:
-    """Where a run's TensorBoard events go (per-rank subfolders under it without rank_0_only)."""
-    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
 
 
 class TensorBoardWriter:

@@ -23,12 +23,11 @@ import torch
 from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
 from torchllm.config.job_config import reads_conversations
+from torchllm.config.paths import checkpoint_folder, tensorboard_folder
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
-from torchllm.metrics.writers import tensorboard_folder
 from torchllm.ranks import rank, world_size
 from torchllm.report.events import RUN_INFO, TOKENS_TAG
-from torchllm.storage import checkpoint_folder
 
 
 def hardware(device: torch.device) -> str:

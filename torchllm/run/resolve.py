@@ -18,7 +18,9 @@ from torchllm import models
 from torchllm.checkpoint import recorded_precision
 from torchllm.checkpoint.stage.tokenizer_identity import tokenizer_record
 from torchllm.config import JobConfig, to_toml
-from torchllm.data import Tokenizer, build_tokenizer
+from torchllm.config.paths import run_folders
+from torchllm.data import Tokenizer, tokenizer_of
+from torchllm.data.dataset import parse_data
 from torchllm.device import resolve_device
 from torchllm.ft import replica_run
 from torchllm.log import logger, open_run_log
@@ -59,16 +61,31 @@ def resolve_run(cfg: JobConfig) -> Run:
     parallel_dims = build_parallel_dims(cfg, env_world_size(), device.type, models.model_args(cfg))
     parallel_dims.build_mesh(device, cfg.comm.init_timeout_seconds)
     # One run per folder (a lock), and no fresh start over a previous run's outputs.
-    folder, lock = prepare_run_dir(cfg, device)
+    folders = run_folders(cfg)
+    folder = folders.run
+    lock = prepare_run_dir(folders, device, stale_s=60 * cfg.job.lock_stale_minutes,
+                           overwrite=cfg.job.overwrite, resumes=cfg.checkpoint.enable,
+                           replica=cfg.fault_tolerance.enable)
     try:
         open_run_log(folder, rank())  # RUN/train.log (under torchllm.train's main)
-        bf16 = _precision(cfg, folder, device)
+        # bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise. A
+        # resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe);
+        # --job.overwrite resumes nothing (a checkpoint URL's steps go with the Checkpointer).
+        resumes = cfg.checkpoint.enable and not cfg.job.overwrite
+        recorded = (recorded_precision(folders.checkpoint, cfg.checkpoint.load_step, device)
+                    if resumes else None)
+        bf16, why = resolve_bf16(tcfg.mixed_precision, device.type, recorded)
+        precision = "bf16" if bf16 else "fp32"
+        (logger.info if recorded in (None, precision) else logger.warning)(
+            "precision: %s (%s)", precision, why)
         parallel_dims.bf16 = bf16  # FSDP2's param dtype: this, not "auto" again
         if cfg.job.print_config and rank() == 0:  # the console gets a short header (Trainer)
             logger.info("effective config:\n%s", to_toml(cfg))
-        # The model's vocab follows the tokenizer's (padded).
+        # The model's vocab follows the tokenizer's (padded), decided from the data config
+        # parsed once: data.tokenizer, or for 'auto' the data's own (shards) or one trained on it.
+        data = parse_data(cfg.data)
         with rank_zero_first(parallel_dims):  # rank 0 trains and caches it, once
-            tokenizer = build_tokenizer(cfg, folder / "data")
+            tokenizer = tokenizer_of(data, folder / "data")
         record = tokenizer_record(tokenizer, new=trains_new_tokenizer(cfg))
     except BaseException:
         if lock is not None:
@@ -76,14 +93,3 @@ def resolve_run(cfg: JobConfig) -> Run:
         raise
     return Run(cfg, device, parallel_dims, folder, lock, bf16, tokenizer, record)
 
-
-def _precision(cfg: JobConfig, folder: Path, device: torch.device) -> bool:
-    """bf16 where this hardware runs it natively (see torchllm.precision); fp32 otherwise. A
-    resumed run keeps the precision its checkpoint recorded ("auto" is a timed probe)."""
-    ccfg = cfg.checkpoint
-    recorded = recorded_precision(folder, ccfg, device) if ccfg.enable else None
-    bf16, why = resolve_bf16(cfg.training.mixed_precision, device.type, recorded)
-    precision = "bf16" if bf16 else "fp32"
-    (logger.info if recorded in (None, precision) else logger.warning)(
-        "precision: %s (%s)", precision, why)
-    return bf16

@@ -10,7 +10,9 @@
    `--job.overwrite` deletes those outputs, this run's checkpoint folder and its own TensorBoard
    folder and nothing else (the tokenizer cache and other runs stay), and starts afresh; the
    config keys that name these folders are checked to stay inside the dump folder
-   (torchllm.config.paths).
+   (torchllm.config.paths: RunFolders, each folder resolved once). A checkpoint folder on
+   object storage is the Checkpointer's to clear, once its steps are known to be this run's
+   (checkpoint/resume/retention.py's `clear`).
    A resumed run continues the same TensorBoard curves (see torchllm.metrics.writers).
 Every rank learns rank 0's outcome, so all ranks fail with the same one-line error.
 The run's `config.toml` is written later (`write_run_config`), once the checkpoint loaded: a
@@ -25,20 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchllm.checkpoint.identity import foreign, run_id
-from torchllm.checkpoint.layout import (
-    complete_steps,
-    delete_step,
-    scan_steps,
-    step_dir,
-    write_durably,
-)
+from torchllm.checkpoint.layout import scan_steps, step_dir, write_durably
 from torchllm.config import ConfigError, JobConfig, paths, to_toml
 from torchllm.log import logger
 from torchllm import ranks
-from torchllm.metrics.writers import tensorboard_folder
 from torchllm.run.runlock import RunLock, RunLockedError
-from torchllm.storage import checkpoint_folder, is_url
+from torchllm.storage import is_url
 
 
 def run_name(cfg: JobConfig) -> str:
@@ -46,29 +40,67 @@ def run_name(cfg: JobConfig) -> str:
     return paths.run_name(cfg.job)
 
 
-def own_folders(cfg: JobConfig, run_dir: Path) -> list[tuple[Path, Path]]:
-    """(folder, the folder it must lie strictly below) of what `--job.overwrite` may delete:
-    this run's checkpoint folder and its own TensorBoard folder, nothing else (a checkpoint
-    URL is not listed here: its steps are deleted one by one, see delete_own_outputs)."""
-    ckpt = [] if is_url(cfg.checkpoint.folder) else [(run_dir / cfg.checkpoint.folder, run_dir)]
-    return [*ckpt,
-            (tensorboard_folder(cfg, run_name(cfg)),
-             Path(cfg.job.dump_folder) / cfg.metrics.tb_folder)]
+def prepare_run_dir(folders: paths.RunFolders, device: torch.device, *, stale_s: float,
+                    overwrite: bool, resumes: bool, replica: bool) -> RunLock | None:
+    """The run folder `folders.run`, locked by rank 0 (the lock: None on other ranks) and
+    checked (see the module docstring): `stale_s` (job.lock_stale_minutes), `overwrite`
+    (job.overwrite), `resumes` (checkpoint.enable: a complete checkpoint of its own is
+    resumed), `replica` (fault_tolerance.enable)."""
+    run_dir = folders.run
+    lock, error = None, None
+    if ranks.rank() == 0:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(run_dir, stale_s=stale_s)
+            with lock.kept_on_success():  # released again when the check fails
+                check_fresh_start(folders, overwrite, resumes, replica)
+        except (ConfigError, OSError) as e:
+            if isinstance(e, OSError):
+                e = ConfigError(f"run folder {run_dir}: {e}", "job.dump_folder")
+            error = e
+    _agree(error, device)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return lock
 
 
-def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None:
-    """Delete this run's checkpoint and TensorBoard folders, and log what went."""
+def check_fresh_start(folders: paths.RunFolders, overwrite: bool, resumes: bool,
+                      replica: bool) -> None:
+    """Refuse (or, with `overwrite`, clear) a fresh start over a previous run's outputs: the
+    checkpoint folder's steps (one listing) and TensorBoard events. A launch that will load one
+    of this run's own complete checkpoints (`resumes`) is no fresh start."""
+    ckpt, run_dir = folders.checkpoint, folders.run
+    steps = scan_steps(ckpt)
+    if resumes and "complete" in steps.values() and not overwrite:
+        return
+    found: list = [step_dir(ckpt, step) for step in sorted(steps)]
+    if folders.tensorboard.is_dir():
+        found += sorted(folders.tensorboard.rglob("events.out.tfevents.*"))
+    if not found:
+        return
+    if replica and not overwrite:
+        # A relaunched replica group (only the lowest live group saves, so it may have no
+        # checkpoint of its own) heals from a live peer: its curves continue from that step.
+        logger.warning("run folder %s holds this replica group's previous outputs: a group "
+                       "behind the live ones heals from them and continues their step", run_dir)
+        return
+    if not overwrite:
+        what = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+        resume = ("" if resumes else
+                  " resume it with --checkpoint.enable (if it saved checkpoints),")
+        raise ConfigError(
+            f"run folder {run_dir} holds a previous run's outputs ({what}) and this launch "
+            f"would start again at step 1; choose a new --job.run_name,{resume} or pass "
+            "--job.overwrite to delete them and start over", "job.run_name",
+        )
+    delete_own_outputs(folders, found)
+
+
+def delete_own_outputs(folders: paths.RunFolders, found: list[Path]) -> None:
+    """Delete this run's checkpoint and TensorBoard folders, and log what went (a checkpoint
+    URL's steps are the Checkpointer's to delete: Retention.clear, once they are known to be
+    this run's)."""
     deleted = []
-    ckpt = checkpoint_folder(run_dir, cfg.checkpoint.folder)
-    if is_url(ckpt):  # on an object store: this run's step prefixes, each its own only
-        steps = sorted(scan_steps(ckpt))
-        if problem := foreign(ckpt, complete_steps(ckpt), run_id(run_dir, ckpt)):
-            raise ConfigError(f"job.overwrite: {problem}", "checkpoint.folder")
-        for step in steps:
-            delete_step(step_dir(ckpt, step))
-        if steps:
-            deleted.append(f"{ckpt} ({len(steps)} step(s): {steps})")
-    for folder, parent in own_folders(cfg, run_dir):
+    for folder, parent in own_folders(folders):
         if not folder.is_dir():
             continue
         real, real_parent = folder.resolve(), parent.resolve()
@@ -79,50 +111,17 @@ def delete_own_outputs(cfg: JobConfig, run_dir: Path, found: list[Path]) -> None
         shutil.rmtree(folder)
         deleted.append(f"{folder} ({len(inside)} item(s): {', '.join(inside[:4])}"
                        f"{', ...' if len(inside) > 4 else ''})")
-    logger.warning("job.overwrite: deleted run %r's previous outputs: %s", run_name(cfg),
-                   "; ".join(deleted))
+    if deleted:
+        logger.warning("job.overwrite: deleted run %r's previous outputs: %s", folders.run.name,
+                       "; ".join(deleted))
 
 
-def previous_outputs(cfg: JobConfig, run_dir: Path) -> list[Path]:
-    """What an earlier run left that a fresh start would mix with: checkpoints, TB events."""
-    found: list = []
-    ckpt = checkpoint_folder(run_dir, cfg.checkpoint.folder)
-    found += [step_dir(ckpt, step) for step in sorted(scan_steps(ckpt))]
-    tb = tensorboard_folder(cfg, run_name(cfg))
-    if tb.is_dir():
-        found += sorted(tb.rglob("events.out.tfevents.*"))
-    return found
-
-
-def will_resume(cfg: JobConfig, run_dir: Path) -> bool:
-    """Whether the checkpointer will load one of this run's own checkpoints."""
-    return cfg.checkpoint.enable and bool(
-        complete_steps(checkpoint_folder(run_dir, cfg.checkpoint.folder)))
-
-
-def check_fresh_start(cfg: JobConfig, run_dir: Path) -> None:
-    """Refuse (or, with job.overwrite, clear) a fresh start over a previous run's outputs."""
-    if will_resume(cfg, run_dir) and not cfg.job.overwrite:
-        return
-    found = previous_outputs(cfg, run_dir)
-    if not found:
-        return
-    if cfg.fault_tolerance.enable and not cfg.job.overwrite:
-        # A relaunched replica group (only the lowest live group saves, so it may have no
-        # checkpoint of its own) heals from a live peer: its curves continue from that step.
-        logger.warning("run folder %s holds this replica group's previous outputs: a group "
-                       "behind the live ones heals from them and continues their step", run_dir)
-        return
-    if not cfg.job.overwrite:
-        what = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        resume = ("" if cfg.checkpoint.enable else
-                  " resume it with --checkpoint.enable (if it saved checkpoints),")
-        raise ConfigError(
-            f"run folder {run_dir} holds a previous run's outputs ({what}) and this launch "
-            f"would start again at step 1; choose a new --job.run_name,{resume} or pass "
-            "--job.overwrite to delete them and start over", "job.run_name",
-        )
-    delete_own_outputs(cfg, run_dir, found)
+def own_folders(folders: paths.RunFolders) -> list[tuple[Path, Path]]:
+    """(folder, the folder it must lie strictly below) of what `--job.overwrite` may delete:
+    this run's checkpoint folder and its own TensorBoard folder, nothing else (a checkpoint
+    URL is not listed here: see delete_own_outputs)."""
+    ckpt = [] if is_url(folders.checkpoint) else [(folders.checkpoint, folders.run)]
+    return [*ckpt, (folders.tensorboard, folders.tensorboard_root)]
 
 
 def _agree(error: Exception | None, device: torch.device) -> None:
@@ -136,28 +135,6 @@ def _agree(error: Exception | None, device: torch.device) -> None:
             raise (RunLockedError if locked else ConfigError)(text, key)
     if error is not None:
         raise error
-
-
-def prepare_run_dir(cfg: JobConfig, device: torch.device) -> tuple[Path, RunLock | None]:
-    """The run folder, locked by rank 0 and checked (see the module docstring)."""
-    run_dir = Path(cfg.job.dump_folder) / run_name(cfg)
-    rank = ranks.rank()
-    lock, error = None, None
-    if rank == 0:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = RunLock(run_dir, stale_s=60 * cfg.job.lock_stale_minutes)
-            lock.acquire()
-            check_fresh_start(cfg, run_dir)
-        except (ConfigError, OSError) as e:
-            if lock is not None and not isinstance(e, RunLockedError):
-                lock.release()
-            if isinstance(e, OSError):
-                e = ConfigError(f"run folder {run_dir}: {e}", "job.dump_folder")
-            error = e
-    _agree(error, device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir, lock
 
 
 def write_run_config(cfg: JobConfig, run_dir: Path) -> None:

@@ -24,6 +24,7 @@ so orphaned workers never write on beside a relaunch.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import os
@@ -159,6 +160,17 @@ class RunLock:
         raise RunLockedError(f"could not take the lock {self.path} (it changed hands {ATTEMPTS} "
                              "times while trying); is another launch starting into the same "
                              "folder?", "job.run_name")
+
+    @contextlib.contextmanager
+    def kept_on_success(self):
+        """Take the lock for the body (a check that this launch may use the folder) and keep it
+        afterwards; if the body fails, release it again and re-raise."""
+        self.acquire()
+        try:
+            yield self
+        except BaseException:
+            self.release()
+            raise
 
     def _create(self) -> bool:
         """Create the lock, whole: a hard link to a written file. False if a lock exists."""

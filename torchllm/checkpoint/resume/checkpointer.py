@@ -26,8 +26,9 @@ from torchllm.checkpoint.resume.retention import Retention
 from torchllm.checkpoint.resume.saver import CheckpointSaveError, Saver
 from torchllm.checkpoint.state import ModelState, OptimizerState, JSONState, RNGState
 from torchllm.config.job_config import ConfigError
+from torchllm.config.paths import checkpoint_folder
 from torchllm.log import logger
-from torchllm.storage import checkpoint_folder, set_store_timeout
+from torchllm.storage import is_url, set_store_timeout
 
 LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 
@@ -49,12 +50,15 @@ class Checkpointer:
         others: dict[str, Any] | None = None,
         run_info: dict[str, Any] | None = None,
         load_hf=None,
+        fresh: bool = False,
     ):
         """`others`: more objects with state_dict()/load_state_dict(), saved under their keys
         (identical on every rank, like the train state). `run_info`: `config_toml` (written
         into each step folder, compared at resume) and `global_batch_size` (must not change
         silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
-        for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights)."""
+        for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
+        (job.overwrite): the steps of a checkpoint URL are deleted first (Retention.clear; a
+        local checkpoint folder was deleted with the run folder's outputs, run/rundir.py)."""
         self.cfg = ccfg
         self.enabled = ccfg.enable or ccfg.create_seed_checkpoint
         self.folder = checkpoint_folder(run_dir, ccfg.folder)  # a local path or a URL
@@ -64,11 +68,14 @@ class Checkpointer:
         # This run's id (identity.py), recorded in every step it saves (rank 0 writes markers);
         # a folder whose steps another run wrote is never resumed, written into or pruned.
         run_info = dict(run_info or {})
-        if self.enabled or ccfg.initial_load_path:  # (the load resumes the folder's steps first)
+        fresh = fresh and is_url(self.folder)
+        if self.enabled or ccfg.initial_load_path or fresh:  # (a load tries the folder first)
             run_info["run_id"] = self.agree.first_answer(
                 run_id(Path(run_dir), self.folder) if self.agree.rank == 0 else None)
         self.retention = Retention(self.folder, ccfg.keep_latest_k, self.agree,
                                    run_info.get("run_id"))
+        if fresh:
+            self.retention.clear()
         others = others or {}
         self.loadable = [*LOADABLE, *others]
         bad = set(ccfg.exclude_from_loading) - set(self.loadable)

@@ -10,8 +10,6 @@ from the config).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
@@ -19,7 +17,7 @@ from torchllm.checkpoint.layout import complete_steps, not_resumable, step_dir
 from torchllm.checkpoint.step import MarkerError, read_marker
 from torchllm.config import flat_toml
 from torchllm.optim.registry import resume_hparams
-from torchllm.storage import checkpoint_folder
+from torchllm.storage import Location
 
 # Keys that say how this launch runs, not what the run is.
 LAUNCH_ONLY = {"checkpoint.load_step", "training.stop_after_steps",
@@ -44,12 +42,11 @@ def config_changes(saved_toml: str, current_toml: str, hparams_from: str) -> lis
     return changes
 
 
-def recorded_precision(run_dir: Path, ccfg, device: torch.device) -> str | None:
-    """The precision ("bf16" or "fp32") recorded in the marker of the checkpoint a resume of the
-    run in `run_dir` tries first (`ccfg.load_step`, or the newest with a readable marker), as
-    rank 0 reads it: every rank gets the same answer. None: no checkpoint, or one saved before
-    precision was recorded."""
-    folder, load_step = checkpoint_folder(run_dir, ccfg.folder), ccfg.load_step
+def recorded_precision(folder: Location, load_step: int, device: torch.device) -> str | None:
+    """The precision ("bf16" or "fp32") recorded in the marker of the checkpoint a resume from
+    the checkpoint folder `folder` tries first (`load_step`, checkpoint.load_step; or the newest
+    with a readable marker), as rank 0 reads it: every rank gets the same answer. None: no
+    checkpoint, or one saved before precision was recorded."""
     found = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
         steps = [s for s in complete_steps(folder) if load_step in (-1, s)]

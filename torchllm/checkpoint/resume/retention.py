@@ -10,7 +10,13 @@ from __future__ import annotations
 from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.identity import foreign
 from torchllm.checkpoint.integrity import describe_failure
-from torchllm.checkpoint.layout import complete_steps, delete_step, not_resumable, step_dir
+from torchllm.checkpoint.layout import (
+    complete_steps,
+    delete_step,
+    not_resumable,
+    scan_steps,
+    step_dir,
+)
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import Location
@@ -49,6 +55,23 @@ class Retention:
         if problem:
             raise ConfigError(problem, "checkpoint.folder")
         return steps
+
+    def clear(self) -> None:
+        """`--job.overwrite` on object storage (run/rundir.py deletes a local checkpoint folder
+        itself): rank 0 deletes every step of the folder, complete or not, once the complete
+        ones are known to be this run's (identity.foreign: else nothing is deleted, and every
+        rank raises a ConfigError naming the other run); then no rank knows of any step."""
+        steps = scan_steps(self.folder) if self.agree.rank == 0 else {}
+        complete = sorted(s for s, state in steps.items() if state == "complete")
+        problem = foreign(self.folder, complete, self.run_id)
+        if not problem and steps:
+            for step in sorted(steps):
+                delete_step(step_dir(self.folder, step))  # the marker first
+            logger.warning("job.overwrite: deleted this run's previous checkpoints: %s (%d "
+                           "step(s): %s)", self.folder, len(steps), sorted(steps))
+        if problem := self.agree.first_answer(problem):
+            raise ConfigError(f"job.overwrite: {problem}", "checkpoint.folder")
+        self.steps = []
 
     def add(self, step: int, kind: dict | None, agree: bool = True) -> None:
         """A step just committed: known, flagged when it is no resume candidate, retention."""

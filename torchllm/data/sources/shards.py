@@ -96,8 +96,8 @@ def check_shard(path: Location, dtype: np.dtype, expected_tokens: int, size: int
 
 
 def read_index(directory: Location) -> dict:
+    storage = storage_of(directory)
     path = join(as_location(directory), INDEX)
-    storage = storage_of(path)
     if not storage.is_file(path):
         raise ConfigError(f"data.dataset: {path} does not exist; write shards with "
                           "`python -m torchllm.data.prepare --out DIR ...`", "data.dataset")
