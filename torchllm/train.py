@@ -20,7 +20,7 @@ from torchllm.config import JobConfig, to_toml
 from torchllm.config.job_config import reads_conversations
 from torchllm.data import build_data
 from torchllm.data.fingerprint import data_fingerprint
-from torchllm.data.packing.chat import unpadded_tokens
+from torchllm.data.packing.chat import processed_tokens
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
     configure_device, determinism_settings, restore_determinism, seed_everything,
@@ -227,14 +227,6 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def processed_tokens(self, batch) -> int:
-        """Input tokens the model processes in a micro-batch: all of them, but a packed chat
-        batch's padding (throughput, MFU and tokens seen count these; the loss's trained
-        tokens, e.g. assistant tokens only, are a figure of their own)."""
-        if self.chat_data and "positions" in batch:
-            return int(unpadded_tokens(batch["positions"]))
-        return batch["inputs"].numel()
-
     def forward_backward(self, micro_batches) -> tuple[torch.Tensor, torch.Tensor]:
         """Accumulate the gradient of the global batch's mean token loss; returns (sum, tokens),
         both device tensors: nothing here waits for the device."""
@@ -292,7 +284,7 @@ class Trainer:
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
         data_time = time.perf_counter() - t0
-        processed = sum(self.processed_tokens(b) for b in micro_batches)  # host-side counts
+        processed = sum(processed_tokens(b, self.chat_data) for b in micro_batches)  # host-side
         with self.levers.step():
             loss_sum, n_tokens = self.forward_backward(micro_batches)
         # reduced over dp ranks: the loss, the trained and the processed token counts

@@ -160,9 +160,9 @@ MUTANTS = [
     ),
     Mutant.at(
         "sft_tokens_seen_count_padding", "an SFT run's tokens seen (and tok/s, MFU) count the "
-        "packing's padding as processed tokens", "torchllm.train:Trainer.processed_tokens",
-        "        if self.chat_data and \"positions\" in batch:",
-        "        if False:",
+        "packing's padding as processed tokens", "torchllm.data.packing.chat:processed_tokens",
+        "    if packed_chat and \"positions\" in batch:",
+        "    if False:",
         ("tests/test_chat_isolation.py::"
          "test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_alone",),
     ),

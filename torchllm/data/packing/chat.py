@@ -147,6 +147,15 @@ def unpadded_tokens(positions: torch.Tensor) -> torch.Tensor:
     return (positions > 0).sum() + starts.sum()
 
 
+def processed_tokens(batch: dict, packed_chat: bool) -> int:
+    """Input tokens the model processes in a micro-batch: all of them, but a packed chat
+    batch's padding (throughput, MFU and tokens seen count these; the loss's trained tokens,
+    e.g. assistant tokens only, are a figure of their own)."""
+    if packed_chat and "positions" in batch:
+        return int(unpadded_tokens(batch["positions"]))
+    return batch["inputs"].numel()
+
+
 def masked_batch(tokens: torch.Tensor, trained: torch.Tensor, positions: torch.Tensor):
     """The batch of whole windows [k, seq_len + 1]: targets are the next tokens where they
     are trained (assistant tokens), IGNORE elsewhere."""
