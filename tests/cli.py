@@ -10,9 +10,10 @@ run_train.sh's own launcher options: the config check before any rank starts, th
 (one process) the Trainer in the launcher's process, as NGPU=1 trains. `run_module` calls the
 module's `main(argv)`, which its `__main__` block (`exit_process(main())`) calls. What is left
 out is the interpreter start: ~4 CPU-s of imports a launch. The console is captured (stdout,
-stderr: the torchllm logger's handlers are made on them), `env` is set for the call only, the
-working directory is the repository root (run_train.sh's `cd`), and the process state a run
-changes (logging handlers, thread count, environment, argv) is put back afterwards.
+stderr: the torchllm logger's handlers are made on them; `stdin` is the input), `env` is set
+for the call only, the working directory is the repository root (run_train.sh's `cd`) or
+`cwd`, and the process state a run changes (logging handlers, thread count, environment, argv,
+stdin) is put back afterwards.
 """
 
 from __future__ import annotations
@@ -62,20 +63,24 @@ class _Console(io.StringIO):
 
 
 @contextlib.contextmanager
-def _as_a_process(argv0: str, args: list[str], env: dict | None):
-    """Captured console; env, cwd, argv, logging, threads and signals put back afterwards."""
+def _as_a_process(argv0: str, args: list[str], env: dict | None, cwd: str | Path | None = None,
+                  stdin: str | None = None):
+    """Captured console (`stdin`, if given: the text read from standard input); env,
+    cwd, argv, stdin, logging, threads and signals put back afterwards."""
     import signal
 
     saved_env = dict(os.environ)
-    saved_cwd, saved_argv = os.getcwd(), sys.argv
+    saved_cwd, saved_argv, saved_stdin = os.getcwd(), sys.argv, sys.stdin
     saved_threads = torch.get_num_threads()
     saved_sigterm, saved_sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     loggers = [logging.getLogger(n) for n in ("", "torch", "torchllm")]
     saved_logging = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
     out, err = _Console(sys.__stdout__), _Console(sys.__stderr__)
     os.environ.update({k: str(v) for k, v in (env or {}).items()})
-    os.chdir(REPO)
+    os.chdir(REPO if cwd is None else cwd)
     sys.argv = [argv0, *args]
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield out, err
@@ -87,7 +92,7 @@ def _as_a_process(argv0: str, args: list[str], env: dict | None):
             lg.handlers[:] = handlers
             lg.setLevel(level)
             lg.propagate = propagate
-        sys.argv = saved_argv
+        sys.argv, sys.stdin = saved_argv, saved_stdin
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
@@ -96,8 +101,8 @@ def _as_a_process(argv0: str, args: list[str], env: dict | None):
         signal.signal(signal.SIGINT, saved_sigint)
 
 
-def _called(argv0: str, main, args: list[str], env: dict | None) -> Ran:
-    with _as_a_process(argv0, args, env) as (out, err):
+def _called(argv0: str, main, args: list[str], env: dict | None, cwd=None, stdin=None) -> Ran:
+    with _as_a_process(argv0, args, env, cwd, stdin) as (out, err):
         try:
             code = main(args)
         except SystemExit as e:  # argparse's --help / usage errors
@@ -105,33 +110,39 @@ def _called(argv0: str, main, args: list[str], env: dict | None) -> Ran:
     return Ran([argv0, *args], 0 if code is None else int(code), out.getvalue(), err.getvalue())
 
 
-def _spawned(cmd: list[str], env: dict | None, timeout: float) -> Ran:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **{k: str(v) for k, v in
-                                                           (env or {}).items()}}
-    p = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
-                       timeout=timeout)
+def _spawned(cmd: list[str], env: dict | None, timeout: float, cwd=None, stdin=None) -> Ran:
+    where = REPO if cwd is None else Path(cwd)
+    full_env = {**os.environ, "PYTHONPATH": str(where), **{k: str(v) for k, v in
+                                                            (env or {}).items()}}
+    p = subprocess.run(cmd, cwd=where, env=full_env, capture_output=True, text=True,
+                       timeout=timeout, input=stdin)
     return Ran(cmd, p.returncode, p.stdout, p.stderr)
 
 
 def run_train(*overrides: str, config: str | Path = DEBUG_CONFIG, env: dict | None = None,
-              process: bool = False, timeout: float = 600) -> Ran:
+              process: bool = False, timeout: float = 600, cwd: str | Path | None = None,
+              stdin: str | None = None) -> Ran:
     """`CONFIG_FILE=config ./run_train.sh OVERRIDES` with NGPU=1 (in this process unless
-    `process`: then the script itself)."""
+    `process`: then the script itself), from `cwd` (default: this checkout; a copy of it, e.g. a
+    fresh clone: relative paths, the config and outputs/ resolve there), `stdin` its input."""
     if process:
         return _spawned(["./run_train.sh", *overrides],
-                        {"CONFIG_FILE": str(config), "NGPU": "1", **(env or {})}, timeout)
+                        {"CONFIG_FILE": str(config), "NGPU": "1", **(env or {})}, timeout, cwd,
+                        stdin)
     from torchllm.run import launch
 
     args = [*LAUNCH, "--", "--job.config_file", str(config), *overrides]
-    return _called("torchllm/run/__main__.py", launch.main, args, env)
+    return _called("torchllm/run/__main__.py", launch.main, args, env, cwd, stdin)
 
 
 def run_module(module: str, *args: str, env: dict | None = None, process: bool = False,
-               timeout: float = 600) -> Ran:
-    """`python -m MODULE ARGS` (in this process unless `process`)."""
+               timeout: float = 600, cwd: str | Path | None = None,
+               stdin: str | None = None) -> Ran:
+    """`python -m MODULE ARGS` (in this process unless `process`), from `cwd` (default: this
+    checkout), `stdin` its input."""
     if process:
-        return _spawned([sys.executable, "-m", module, *args], env, timeout)
+        return _spawned([sys.executable, "-m", module, *args], env, timeout, cwd, stdin)
     mod = importlib.import_module(module)
     if not hasattr(mod, "main"):  # a package: its __main__ module calls main()
         mod = importlib.import_module(f"{module}.__main__")
-    return _called(mod.__file__, mod.main, list(args), env)
+    return _called(mod.__file__, mod.main, list(args), env, cwd, stdin)

@@ -15,6 +15,9 @@ import pytest
 from conftest import REPO, tiny_args
 
 
+pytestmark = pytest.mark.e2e  # run_train.sh on a terminal: the launcher's process
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ngpu", [2, 1])
 def test_run_train_sh_draws_the_bar_on_a_pseudo_terminal(tmp_path, ngpu):

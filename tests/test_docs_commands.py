@@ -2,11 +2,14 @@
 
 A code block whose language is empty, sh, bash or shell holds commands, one per line (a trailing
 backslash continues a line; `# ...` is a comment). Syntax summaries go in ```text blocks and
-code in ```python / ```toml blocks. Each command runs, in document order, in a fresh copy of the
-repository with tiny settings appended (TINY below: the same flags a user would add, parsed by
-the same code); a command is skipped only for a reason in SKIP (network, more processes than
-this machine has, a server, a cluster). The README's commands are the newcomer path: fresh
-clone, set-up, train, generate, evaluate, export.
+code in ```python / ```toml blocks. Each command runs, in document order, in a fresh copy of
+the repository with tiny settings appended (TINY below: the same flags a user would add, parsed
+by the same code). A plain one-process `./run_train.sh` or `python -m torchllm.X` line runs in
+the test's process through tests/cli.py (what the command runs, minus an interpreter start: see
+in_process); pipelines, scripts, shell programs and several ranks run as processes. A command
+is skipped only for a reason in SKIP (network, more processes than this machine has, a server,
+a cluster). The README's commands are the newcomer path: fresh clone, set-up, train, generate,
+evaluate, export.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 
 import pytest
@@ -96,12 +99,10 @@ SKIP = {  # substring of the command -> why it does not run here
 # config under other layouts, and resuming a run under another data-parallel degree is refused
 # by design (the data order depends on it), so each launch gets a run name of its own.
 OWN_RUN = {"parallelism.md", "data.md"}  # data.md: runs on several prepared datasets
-# CPU seconds of one process of a program with TINY (else ~5: mostly Python and torch start-up).
-CPU_ESTIMATE = {"./run_train.sh": 10, "python benchmarks/bench_parallel.py": 22,
-                "python benchmarks/bench_throughput.py": 20,
-                "python benchmarks/bench_time_to_loss.py": 15,
-                "python -m torchllm.eval.harness": 13, "torchrun -m torchllm.eval.harness": 13,
-                "ls": 0, "cat": 0}
+# run_train.sh's variables that become launcher options: a line that sets one of them (but
+# CONFIG_FILE, and NGPU / NPROC = 1) runs the script itself.
+SCRIPT_ENV = {"NGPU", "NPROC", "LOG_RANK", "LOG_DIR", "NNODES", "NODE_RANK", "MASTER_ADDR",
+              "MASTER_PORT", "RDZV_ENDPOINT", "RDZV_ID"}
 # TORCHLLM_DOCS_TIMES=FILE: each command's CPU and wall seconds are appended to FILE.
 TIMES = os.environ.get("TORCHLLM_DOCS_TIMES")
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
@@ -196,6 +197,10 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
     # GPUs, clusters or the network (gpu.md and the GPU sections add most of those), and the
     # fault-tolerance benchmark (several launches killed and relaunched: minutes).
     assert len(skipped) <= 21, skipped
+    # The lines that run as processes (not in this process: see in_process) stay few: scripts,
+    # benchmarks, several ranks, shell programs. A new one is a new launch in the e2e tier.
+    launched = [c for _, _, c in found if not skip_reason(c) and in_process(c) is None]
+    assert len(launched) <= 15, launched
 
 
 def fresh_clone(dest: Path) -> Path:
@@ -252,25 +257,70 @@ def fixtures(clone: Path) -> None:
 
 def to_run(path: Path) -> list[tuple[int, str]]:
     """(line number, command) of the commands of a document that run here."""
-    readme = set() if path.name == "README.md" else {c for _, c in commands(REPO / "README.md")}
-    return [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)
-            # README's newcomer run trains it already, in the same clone
-            and not (cmd in readme and program(cmd) == "./run_train.sh")]
+    return [(n, cmd) for n, cmd in commands(path) if not skip_reason(cmd)]
 
 
-def estimated_cpu(path: Path, part: slice = slice(None)) -> int:
-    """Rough CPU seconds of a document's commands (longest documents start first)."""
-    return sum(CPU_ESTIMATE.get(program(cmd), 5) * processes(cmd)
-               for _, cmd in to_run(path)[part])
+def in_process(command: str) -> tuple | None:
+    """How a documented line runs in this process, through tests/cli.py, or None (a process):
+    `[VAR=value ...] ./run_train.sh ARGS` with one process -> ("train", CONFIG_FILE or the
+    script's default, the other variables, ARGS); `[VAR=value ...] python -m torchllm.X ARGS` ->
+    ("module", "torchllm.X", variables, ARGS). The same code the command runs, minus an
+    interpreter start. Pipelines, redirections, globs, several ranks, torchrun, scripts
+    (benchmarks/, scripts/) and shell programs stay processes."""
+    from cli import DEBUG_CONFIG
+
+    if any(c in command for c in "|&;<>$`*?(){}~"):
+        return None  # the shell's own syntax
+    words = shlex.split(command)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    if words[:1] == ["./run_train.sh"]:
+        config = env.pop("CONFIG_FILE", DEBUG_CONFIG)
+        for key in ("NGPU", "NPROC"):  # one process: the launcher trains in its own process
+            if env.get(key) == "1":
+                env.pop(key)
+        if SCRIPT_ENV & set(env):
+            return None
+        return "train", config, env, words[1:]
+    if words[:2] == ["python", "-m"] and words[2:3] and words[2].startswith("torchllm"):
+        return "module", words[2], env, words[3:]
+    return None
 
 
-def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tuple[str, str]]:
-    """Run a document's commands (`part` of those that run here) in order in `clone`; returns
+# What the documents' commands get, as the environment of a process or of a call in this one.
+ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+STDIN = "The meaning of life is\nPython\n"  # generate --interactive's prompts
+
+
+def run_command(full: str, clone: Path) -> tuple[int, str]:
+    """Run one command line (with its tiny settings) in `clone`: in this process if it can
+    (in_process), else as a process of bash; returns (exit code, console)."""
+    how = in_process(full)
+    if how is None:
+        env = {**os.environ, "PYTHONPATH": str(clone), **ENV}
+        proc = subprocess.run(["bash", "-c", full], cwd=clone, env=env, capture_output=True,
+                              text=True, timeout=600, input=STDIN)
+        return proc.returncode, proc.stdout + proc.stderr
+    from cli import run_module, run_train
+
+    kind, what, env, args = how
+    if kind == "train":
+        ran = run_train(*args, config=what, env={**ENV, **env}, cwd=clone, stdin=STDIN)
+    else:
+        ran = run_module(what, *args, env={**ENV, **env}, cwd=clone, stdin=STDIN)
+    return ran.returncode, ran.out
+
+
+def run_document(path: Path, clone: Path, done: dict | None = None) -> list[tuple[str, str]]:
+    """Run a document's commands (those that run here) in order in `clone`; a line
+    that an earlier document ran in the clone (in `done`) is not run again: its run and files
+    are there (README's newcomer run, which the docs' plain `./run_train.sh` trains). Returns
     (command, output) of each run."""
-    env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     ran = []
-    for n, cmd in to_run(path)[part]:
+    done = {} if done is None else done  # line -> the document that ran it
+    for n, cmd in to_run(path):
         extra = list(TINY[program(cmd)])
         if program(cmd) == "./run_train.sh":  # training reads the data and the tokenizer
             extra += [a for name, flags in OFFLINE.items() if name in cmd for a in flags]
@@ -279,54 +329,44 @@ def run_document(path: Path, clone: Path, part: slice = slice(None)) -> list[tup
             if (path.name, cmd) not in REPORT_READ:
                 extra.append("--metrics.report=false")
         full = cmd + " " + shlex.join(extra)
-        cpu = clone / f".cpu_{path.stem}"
-        timed = ["/usr/bin/time", "-f", "%U %S %e", "-o", str(cpu)] if TIMES else []
-        proc = subprocess.run([*timed, "bash", "-c", full], cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=600,
-                              input="The meaning of life is\nPython\n")
-        out = proc.stdout + proc.stderr
-        if TIMES:  # CPU seconds (user + system, with the command's children) and wall seconds
-            user, system, wall = cpu.read_text().split()[-3:]
+        if done.setdefault(cmd, path.name) != path.name:
+            continue
+        wall, times = time.perf_counter(), os.times()
+        code, out = run_command(full, clone)
+        if TIMES:  # CPU seconds (user + system, with a process's children) and wall seconds
+            after = os.times()
+            used = sum(after[:4]) - sum(times[:4])
             with open(TIMES, "a") as f:
-                f.write(f"{float(user) + float(system):7.1f} {float(wall):6.1f}  "
-                        f"{path.name}:{n}: {full}\n")
-        assert proc.returncode == 0, f"{path.name}:{n}: {full}\n{out[-4000:]}"
+                f.write(f"{used:7.1f} {time.perf_counter() - wall:6.1f}  "
+                        f"{'' if in_process(full) else '(process) '}{path.name}:{n}: {full}\n")
+        assert code == 0, f"{path.name}:{n}: {full}\n{out[-4000:]}"
         ran.append((cmd, out))
     return ran
 
 
 @pytest.fixture(scope="module")
 def newcomer(tmp_path_factory, request):
-    """README's commands, in order, in a fresh clone; and the selected docs/*.md there.
+    """README's commands, in order, in a fresh clone; then each selected docs/*.md's there.
 
-    README's first command trains outputs/debug_model, which the rest and the docs read. Then
-    README's other commands and the documents run two at a time, the longest first: each
-    document's commands in order, most of them one single-threaded process, so a second
-    document uses the second core. No two documents write the same run (own run names, or
-    OWN_RUN) or file.
+    README's first command trains outputs/debug_model, which the rest and the docs read. The
+    documents run one after the other, each document's commands in order, a command line that
+    an earlier document ran (its files are there) once. No two documents write the same run
+    (own run names, or OWN_RUN) or file.
     Returns (clone, README's (command, output) list, {doc: its exception or None})."""
     clone = fresh_clone(tmp_path_factory.mktemp("clone"))
     fixtures(clone)
-    readme = REPO / "README.md"
-    ran = run_document(readme, clone, slice(0, 1))
+    done: dict = {}
+    ran = run_document(REPO / "README.md", clone, done=done)
     selected = sorted({item.callspec.params["doc"] for item in request.session.items
                        if item.originalname == "test_documented_commands_run"})
-
-    def run(doc):
+    errors = {}
+    for doc in selected:
         try:
-            run_document(REPO / "docs" / doc, clone)
+            run_document(REPO / "docs" / doc, clone, done=done)
+            errors[doc] = None
         except BaseException as e:  # reported by that document's test
-            return e
-        return None
-
-    jobs = sorted([(estimated_cpu(readme, slice(1, None)), readme.name),
-                   *((estimated_cpu(REPO / "docs" / doc), doc) for doc in selected)],
-                  reverse=True)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # a pool starts its jobs in this order
-        docs = {doc: pool.submit(run_document, readme, clone, slice(1, None)) if doc == readme.name
-                else pool.submit(run, doc) for _, doc in jobs}
-        ran += docs.pop(readme.name).result()
-        return clone, ran, {doc: done.result() for doc, done in docs.items()}
+            errors[doc] = e
+    return clone, ran, errors
 
 
 @pytest.mark.slow

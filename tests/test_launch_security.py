@@ -107,6 +107,7 @@ def stop(proc) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the launcher's process and its workers' sockets
 def test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id(tmp_path):
     """2 ranks of ./run_train.sh, by default and with RDZV_ENDPOINT=127.0.0.1:PORT: every
     listening socket of the launcher and its workers is on 127.0.0.1 (torch's own TCPStore binds
@@ -157,13 +158,13 @@ def test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes(
     remote = ("--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.1.2.3:29555")
     args, local = rewritten(*remote, "--rdzv_id=secret")
     assert not local and args.local_addr is None and args.rdzv_id == "secret"
-    with pytest.raises(ConfigError, match="RDZV_ID is not set: a multi-node c10d rendezvous "
-                       "needs the same secret id on every node") as err:
+    with pytest.raises(ConfigError, match="RDZV_ID") as err:  # the variable to set
         rewritten(*remote)
     assert "\n" not in str(err.value)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # run_train.sh's NNODES / RDZV_ENDPOINT, through the launcher
 def test_several_nodes_without_rdzv_id_is_one_line_and_exit_2(tmp_path):
     env = {**os.environ, "NNODES": "2", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
            "PYTHONPATH": str(REPO)}
@@ -171,5 +172,5 @@ def test_several_nodes_without_rdzv_id_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(["./run_train.sh", *tiny_args(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("run_train: config error: RDZV_ID is not set"), proc.stderr
+    assert proc.stderr.startswith("run_train:") and "RDZV_ID" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
