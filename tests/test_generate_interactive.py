@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-import subprocess
 
 from torchllm.data.tokenizer import TiktokenTokenizer, readable
 from torchllm.eval.generation import generate, generate_stream
@@ -98,21 +97,15 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
     assert "--interactive" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_interactive_subprocess_streams_from_a_pipe(tmp_path):
-    """The documented command itself, prompts piped into stdin."""
-    import os
-    import sys
-
-    from conftest import REPO
+def test_interactive_subprocess_streams_from_a_pipe(tmp_path, monkeypatch):
+    """The documented command's main, prompts piped into its stdin (sys.stdin, not a stream
+    handed to main). The typed command itself runs in test_docs_commands.py (e2e)."""
+    from cli import run_module
     from test_eval_loading import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.generate", "--checkpoint", str(run_dir),
-         "--interactive", "--max-new-tokens", "4"],
-        input="Hello\n", capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
-    )
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    proc = run_module("torchllm.generate", "--checkpoint", str(run_dir), "--interactive",
+                      "--max-new-tokens", "4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("Hello") and proc.stdout.count("\n") >= 1
