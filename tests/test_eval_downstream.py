@@ -194,10 +194,8 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
                 assert p["mean_loss"] == pytest.approx(q["mean_loss"], rel=1e-5)
 
 
-def test_cli_prints_table_and_writes_json(tmp_path, capsys):
-    from test_eval_loading import write_run
-
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+def test_cli_prints_table_and_writes_json(tiny_run, tmp_path, capsys):
+    run_dir = tiny_run
     out = tmp_path / "core.json"
     assert downstream.main(["--checkpoint", str(run_dir), "--tasks", "copa:1,winogrande",
                             "--data-dir", evals_dir(), "--limit", "4", "--json", str(out)]) == 0

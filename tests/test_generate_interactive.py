@@ -23,6 +23,15 @@ def model():
     return build_model(Transformer, TINY).eval()
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run folder with one complete step (read by the CLI tests here)."""
+    from test_eval_loading import write_run
+
+    return write_run(tmp_path_factory.mktemp("interactive"), complete_steps=(1,),
+                     incomplete_steps=())[0]
+
+
 @pytest.mark.parametrize("sampling", [
     dict(temperature=0),
     dict(temperature=0.9, top_k=20, seed=3),
@@ -67,12 +76,9 @@ def test_streamed_text_waits_for_whole_characters():
     assert len(out.writes) > 3 and not any("\ufffd" in w for w in out.writes)
 
 
-def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
-    from test_eval_loading import write_run
-
+def test_interactive_cli_answers_each_stdin_line(run_dir, capsys):
     from test_generate import CANDIDATE_PROMPTS
 
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
 
     def answer(prompt: str) -> tuple[str, bool]:
@@ -97,13 +103,11 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
     assert "--interactive" in capsys.readouterr().err
 
 
-def test_interactive_subprocess_streams_from_a_pipe(tmp_path, monkeypatch):
+def test_interactive_subprocess_streams_from_a_pipe(run_dir, monkeypatch):
     """The documented command's main, prompts piped into its stdin (sys.stdin, not a stream
     handed to main). The typed command itself runs in test_docs_commands.py (e2e)."""
     from cli import run_module
-    from test_eval_loading import write_run
 
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
     proc = run_module("torchllm.generate", "--checkpoint", str(run_dir), "--interactive",
                       "--max-new-tokens", "4")
