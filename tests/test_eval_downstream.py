@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import subprocess
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -127,10 +126,12 @@ def test_fewshot_prompts_are_deterministic_and_exclude_the_row():
 
 def test_task_names_and_errors(tmp_path):
     assert parse_task("arc_easy", 2) == ("arc_easy", 2) and parse_task("copa:5", 0) == ("copa", 5)
-    with pytest.raises(ValueError, match="unknown task 'arc'; tasks are"):
+    with pytest.raises(ValueError) as e:  # the name refused, and the tasks there are
         parse_task("arc", 0)
-    with pytest.raises(ValueError, match="shot count after ':' must be an integer"):
+    assert "'arc'" in str(e.value) and all(name in str(e.value) for name in TASKS)
+    with pytest.raises(ValueError) as e:  # the entry, and what the part after ':' must be
         parse_task("copa:x", 0)
+    assert "'copa:x'" in str(e.value) and "integer" in str(e.value)
     (tmp_path / "copa.jsonl").write_text(json.dumps(
         {"premise": "It rained.", "choice1": "A.", "choice2": "B.", "question": "effect",
          "label": 1}) + "\n")
@@ -193,10 +194,8 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
                 assert p["mean_loss"] == pytest.approx(q["mean_loss"], rel=1e-5)
 
 
-def test_cli_prints_table_and_writes_json(tmp_path, capsys):
-    from test_eval_loading import write_run
-
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
+def test_cli_prints_table_and_writes_json(tiny_run, tmp_path, capsys):
+    run_dir = tiny_run
     out = tmp_path / "core.json"
     assert downstream.main(["--checkpoint", str(run_dir), "--tasks", "copa:1,winogrande",
                             "--data-dir", evals_dir(), "--limit", "4", "--json", str(out)]) == 0
@@ -235,8 +234,9 @@ def test_in_training_callback_logs_scalars(tmp_path, caplog):
     s = report.scalars
     assert s["downstream/core"] == pytest.approx(
         (s["downstream/copa/centered"] + s["downstream/sciq_lm/centered"]) / 2)
-    with pytest.raises(Exception, match="eval.tasks: unknown task 'nope'"):
+    with pytest.raises(Exception) as e:  # the key and the value
         Trainer(load_config(tiny_args(tmp_path, "--eval.tasks=nope", "--eval.tasks_freq=2")))
+    assert "eval.tasks" in str(e.value) and "'nope'" in str(e.value)
 
 
 # --- The CLI offline: default tasks, HellaSwag's local file, config overrides ---------------------
@@ -280,20 +280,17 @@ def local_copies(folder):
 
 @pytest.mark.slow
 def test_cli_runs_the_default_tasks_offline_with_a_local_hellaswag_file(tiny_run, tmp_path):
-    import os
-    import sys
-
-    from conftest import REPO
+    from cli import run_module
 
     data_dir = local_copies(tmp_path / "evals")
     rows = hellaswag_slice(data_dir / "hellaswag.jsonl", 7)
     out = tmp_path / "core.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1",
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.eval.downstream", "--checkpoint", str(tiny_run),
-         "--data-dir", str(data_dir), "--limit", "5", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=600)
+    # A process: HF_*_OFFLINE are read when datasets / huggingface_hub are imported, so an
+    # offline run must start clean (this process may have imported them online).
+    proc = run_module("torchllm.eval.downstream", "--checkpoint", str(tiny_run), "--data-dir",
+                      str(data_dir), "--limit", "5", "--json", str(out), process=True,
+                      env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                           "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(table_rows(proc.stdout)) == EXPECTED_DEFAULT, proc.stdout
     assert f"over {len(EXPECTED_DEFAULT)} tasks" in proc.stdout

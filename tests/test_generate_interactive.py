@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-import subprocess
 
 from torchllm.data.tokenizer import TiktokenTokenizer, readable
 from torchllm.eval.generation import generate, generate_stream
@@ -22,6 +21,15 @@ TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max
 @pytest.fixture(scope="module")
 def model():
     return build_model(Transformer, TINY).eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run folder with one complete step (read by the CLI tests here)."""
+    from test_eval_loading import write_run
+
+    return write_run(tmp_path_factory.mktemp("interactive"), complete_steps=(1,),
+                     incomplete_steps=())[0]
 
 
 @pytest.mark.parametrize("sampling", [
@@ -68,12 +76,9 @@ def test_streamed_text_waits_for_whole_characters():
     assert len(out.writes) > 3 and not any("\ufffd" in w for w in out.writes)
 
 
-def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
-    from test_eval_loading import write_run
-
+def test_interactive_cli_answers_each_stdin_line(run_dir, capsys):
     from test_generate import CANDIDATE_PROMPTS
 
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
 
     def answer(prompt: str) -> tuple[str, bool]:
@@ -98,21 +103,13 @@ def test_interactive_cli_answers_each_stdin_line(tmp_path, capsys):
     assert "--interactive" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_interactive_subprocess_streams_from_a_pipe(tmp_path):
-    """The documented command itself, prompts piped into stdin."""
-    import os
-    import sys
+def test_interactive_subprocess_streams_from_a_pipe(run_dir, monkeypatch):
+    """The documented command's main, prompts piped into its stdin (sys.stdin, not a stream
+    handed to main). The typed command itself runs in test_docs_commands.py (e2e)."""
+    from cli import run_module
 
-    from conftest import REPO
-    from test_eval_loading import write_run
-
-    run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.generate", "--checkpoint", str(run_dir),
-         "--interactive", "--max-new-tokens", "4"],
-        input="Hello\n", capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
-    )
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    proc = run_module("torchllm.generate", "--checkpoint", str(run_dir), "--interactive",
+                      "--max-new-tokens", "4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("Hello") and proc.stdout.count("\n") >= 1

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from torchllm.config import ConfigError, load_config
 from torchllm.models.lora import LoRALinear, check_lora, is_adapter_key
 from torchllm.train import Trainer
 
+from cli import run_train
 from conftest import REPO, build_model, tiny_args
 
 CONFIG = "train_configs/llama3_debug_sft_lora.toml"
@@ -72,17 +71,22 @@ def test_adapters_start_as_the_base_model_with_peft_init():
 
 
 def test_bad_lora_values_are_one_line_errors_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"^flag --lora.rank=0: lora.rank = 0: must be a positive integer$"):
+    with pytest.raises(ConfigError) as e:
         load_config(["--lora.enable", "--lora.rank=0"])
+    assert e.value.key == "lora.rank" and "--lora.rank=0" in str(e.value)
+    assert "\n" not in str(e.value)
     cfg = load_config(["--lora.enable", "--lora.target_modules=wq,q_proj"])
     with pytest.raises(ConfigError) as e:
         check_lora(cfg)
     assert e.value.key == "lora.target_modules" and "\n" not in str(e.value)
-    assert "no linear layer 'q_proj'" in str(e.value) and "allowed: wq, wk, wv, wo, w1" in str(
-        e.value)
+    # The value refused, and the layers allowed.
+    assert "'q_proj'" in str(e.value) and all(
+        name in str(e.value) for name in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
     gpt2 = load_config(["--lora.enable", "--model.name=gpt2", "--lora.target_modules=w3"])
-    with pytest.raises(ConfigError, match="gpt2 has no linear layer 'w3'"):
+    with pytest.raises(ConfigError) as e:
         check_lora(gpt2)
+    assert e.value.key == "lora.target_modules"
+    assert "gpt2" in str(e.value) and "'w3'" in str(e.value)
     from torchllm.train import main
 
     assert main(tiny_args(tmp_path, "--lora.enable", "--lora.target_modules=gate")) == 2
@@ -103,8 +107,7 @@ def test_lora_with_tp_pp_or_float8_stops_at_the_launcher(tmp_path, capsys, monke
     args = tiny_args(tmp_path, "--lora.enable", "--data.dataset=embedded", *flags)
     assert main(["--nproc_per_node=2", "--nnodes=1", "--standalone", "--", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"run_train: config error: lora.enable with {key} is not supported ")
-    assert "\n" not in err
+    assert "lora.enable" in err and key in err and "\n" not in err, err
 
 
 def train_losses(out: str) -> list[float]:
@@ -113,18 +116,17 @@ def train_losses(out: str) -> list[float]:
 
 
 def run_train_sh(tmp, name: str, *extra: str) -> list[float]:
-    env = {**os.environ, "CONFIG_FILE": CONFIG, "NGPU": "1", "OMP_NUM_THREADS": "1"}
+    """CONFIG_FILE=CONFIG ./run_train.sh ARGS (NGPU=1, in this process): its step losses, after
+    checking the header's LoRA line carries the rank, alpha and the two parameter counts."""
     args = lora_args(tmp, name, "--checkpoint.interval=2", *extra)
     args.remove(f"--job.config_file={REPO / CONFIG}")  # (CONFIG_FILE names it)
-    proc = subprocess.run(["./run_train.sh", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    header = re.sub(r"\s*\n(\[rank0\]:)?\s*", " ", out)  # (the header wraps its lines)
+    r = run_train(*args, config=CONFIG)
+    assert r.returncode == 0, r.out[-4000:]
+    header = re.sub(r"\s*\n(\[rank0\]:)?\s*", " ", r.out)  # (the header wraps its lines)
     trainable, total = expected_counts(tmp / "debug_model", rank=8)
-    assert (f"LoRA r=8 alpha=16 on wq, wk, wv, wo, w1, w2, w3: {trainable:,} of {total:,} params "
-            f"train ({100 * trainable / total:.2f}%)") in header, header[:3000]
-    return train_losses(proc.stdout)
+    (line,) = re.findall(r"LoRA r=8 alpha=16 [^(]*\(", header) or [header[:3000]]
+    assert "wq, wk, wv, wo, w1, w2, w3" in line and f"{trainable:,} of {total:,}" in line, line
+    return train_losses(r.stdout)
 
 
 def expected_counts(base_run, rank: int) -> tuple[int, int]:
@@ -300,7 +302,7 @@ def test_resume_with_other_lora_settings_is_one_line_naming_the_key(base_run, lo
         cfg = load_config(lora_args(base_run, "lora", "--training.steps=3", flag))
         with pytest.raises(ConfigError) as e:
             Trainer(cfg)
-        assert f"the checkpoint was saved with {key} = " in str(e.value), str(e.value)
+        assert f"{key} = " in str(e.value), str(e.value)  # the key, with its saved value
         assert "\n" not in str(e.value)
 
 

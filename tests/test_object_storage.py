@@ -300,8 +300,8 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
     """`prepare --out s3://...` writes what `--out DIR` writes; each rank's batches from
     shards:s3:// equal those from the disk copy, read as ranged GETs of just its windows; and
     ./run_train.sh trains on it with the losses of the same run on disk."""
+    from cli import run_train
     from test_data import assert_batches_equal, take
-    from test_data_kinds import run_train
 
     from torchllm import storage
     from torchllm.data import build_data
@@ -345,8 +345,9 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
         assert sum(windows) < sum((disk / n).stat().st_size for n in local_files) / 4
 
     args = ("--training.steps=3", "--data.tokenizer=auto", "--metrics.log_freq=1", *MODEL)
-    proc = run_train(tmp_path, f"--data.dataset=shards:{url}", "--job.run_name=on_s3", *args)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = run_train(*tiny_args(tmp_path, "--metrics.progress_bar=false"),
+                     f"--data.dataset=shards:{url}", "--job.run_name=on_s3", *args)
+    assert proc.returncode == 0, proc.out[-3000:]
     Trainer(tiny_config(tmp_path, f"--job.config_file={REPO}/train_configs/debug_model.toml",
                         f"--data.dataset=shards:{disk}", "--job.run_name=on_disk",
                         "--metrics.progress_bar=false", *args)).train()  # as run_train.sh

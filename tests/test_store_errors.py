@@ -11,11 +11,9 @@ The store is moto's server (tests/s3_server.py) behind a TCP proxy that this tes
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ from torchllm.checkpoint import Checkpointer, CheckpointSaveError
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.train import Trainer
 
-from conftest import REPO, SHARED, tiny_args, tiny_config
+from conftest import SHARED, tiny_args, tiny_config
 from s3_server import ENV, _bucket, _forget_clients, s3_endpoint  # noqa: F401 - fixture
 
 
@@ -142,10 +140,9 @@ def test_a_stalled_store_fails_the_save_in_time_and_continue_keeps_training(
     assert len(losses) == 3
     assert stall.took < 40, f"the stalled save took {stall.took:.0f}s"
     (line,) = [r.getMessage() for r in caplog.records if "could not be saved" in r.getMessage()]
-    assert "\n" not in line
-    assert line.startswith(f"checkpoint step 2 could not be saved to {remote}/step-2: ")
-    assert "(no answer within checkpoint.store_timeout_s = 2 s)" in line
-    assert "training continues" in line
+    assert "\n" not in line  # the step, its URL, the timeout's key and value, and what happens
+    assert "step 2" in line and f"{remote}/step-2" in line, line
+    assert "checkpoint.store_timeout_s = 2" in line and "continues" in line, line
     assert complete_steps(remote) == [1, 3]
 
 
@@ -180,9 +177,10 @@ def test_a_refusing_store_is_a_save_error_not_a_traceback(proxied, tmp_path, mon
     line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=10",
                                       capfd=capfd)
     assert took < 60, f"the refused save took {took:.0f}s"
-    assert (f"checkpoint step 2 could not be saved to {remote}/step-2: "
-            "EndpointConnectionError: Could not connect to the endpoint URL") in line, line
-    assert "checkpoint.on_save_error = 'continue' keeps training" in line, line
+    # The step, its URL, the store's error, and the key and value that would keep training.
+    assert "step 2" in line and f"{remote}/step-2" in line, line
+    assert "EndpointConnectionError" in line, line
+    assert "checkpoint.on_save_error = 'continue'" in line, line
 
 
 @pytest.mark.slow
@@ -197,8 +195,8 @@ def test_a_stalled_store_with_stop_exits_4_naming_the_url(proxied, tmp_path, mon
     line, took = stopped_by_the_store(tmp_path, remote, "--checkpoint.store_timeout_s=2",
                                       capfd=capfd)
     assert took < 60, f"the stalled save took {took:.0f}s"
-    assert f"checkpoint step 2 could not be saved to {remote}/step-2: " in line, line
-    assert "(no answer within checkpoint.store_timeout_s = 2 s)" in line, line
+    assert "step 2" in line and f"{remote}/step-2" in line, line
+    assert "checkpoint.store_timeout_s = 2" in line, line
     proxy.mode = "pass"  # the store answers again: step 1 is there, step 2 never completed
     assert complete_steps(remote) == [1]
 
@@ -257,9 +255,9 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
         trainer.train()
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith(f"checkpoint step 1 could not be saved to {disk / 'step-1'}: no space "
-                          f"left on {disk} ("), msg
-    assert re.search(r"\(it needs about [\d.]+ MB", msg), msg
+    # The step, its folder, the disk full ("no space left": ENOSPC's words), and the bytes needed.
+    assert "step 1" in msg and str(disk / "step-1") in msg, msg
+    assert f"no space left on {disk}" in msg and re.search(r"[\d.]+ MB", msg), msg
     assert list(disk.iterdir()) == []  # the partial step removed
 
 
@@ -277,8 +275,8 @@ def test_a_launch_on_a_full_disk_is_refused_before_step_1(small_disk, tmp_path, 
     out = capfd.readouterr()
     text = out.out + out.err
     (line,) = [x for x in text.splitlines() if "for one checkpoint" in x]
-    assert re.search(rf"no space left on {re.escape(str(disk))} for one checkpoint: it needs "
-                     r"about [\d.]+ MB \(model \+ optimizer state\), 1.0 MB free", line), line
+    assert f"no space left on {disk}" in line, line  # the disk, what a save needs, what is free
+    assert re.search(r"[\d.]+ MB", line) and "1.0 MB free" in line, line
     assert "step     1" not in text and "Traceback" not in text
 
 
@@ -291,9 +289,9 @@ def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path, monkeypatch, c
     args = ["--dataset", f"local:{SHARED / 'data' / 'tinyshakespeare.txt'}", "--tokenizer",
             "bytes", "--out", str(out), "--shard-tokens", "50000", "--workers", "1"]
     if mounted:
-        proc = subprocess.run([sys.executable, "-m", "torchllm.data.prepare", *args],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        from cli import run_module
+
+        proc = run_module("torchllm.data.prepare", *args)
         code, err = proc.returncode, proc.stderr
     else:
         from torchllm.data import prepare
@@ -308,8 +306,9 @@ def test_prepare_on_a_full_disk_is_one_line(small_disk, tmp_path, monkeypatch, c
     assert code == 1, err[-3000:]
     lines = [x for x in err.splitlines() if x.startswith("error:")]
     assert lines == [x for x in err.splitlines() if x.strip() and "tokenizing" not in x]
-    assert lines[0].startswith(f"error: no space left on {out} writing "), err
-    assert "needs ~0.00019 GiB per shard (--shard-tokens 50,000" in lines[0]
+    # The folder, the disk full ("no space left": ENOSPC's words), a shard's size and its flag.
+    assert f"no space left on {out}" in lines[0], err
+    assert "0.00019 GiB" in lines[0] and "--shard-tokens 50,000" in lines[0], lines[0]
     assert "Traceback" not in err
     assert not out.exists() and list(disk.iterdir()) == []
 
@@ -335,6 +334,6 @@ def test_torch_saves_errno_less_short_write_counts_as_a_full_disk(small_disk, tm
     with pytest.raises(CheckpointSaveError) as err:
         trainer.train()
     folder = tmp_path / "run" / "checkpoint"
-    assert str(err.value).startswith(
-        f"checkpoint step 1 could not be saved to {folder / 'step-1'}: no space left on {folder} "
-        "(RuntimeError: [enforce fail at inline_container.cc:"), str(err.value)
+    msg = str(err.value)  # the step, its folder, the disk full, and torch's own error
+    assert "step 1" in msg and str(folder / "step-1") in msg, msg
+    assert f"no space left on {folder}" in msg and "inline_container.cc" in msg, msg
