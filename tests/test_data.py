@@ -317,13 +317,14 @@ def test_bad_input_errors_name_the_problem(tmp_path, jsonl):
             build_data(cfg_for(tmp_path, dataset, *extra), tok, 0, 1)
         return str(e.value)
 
-    assert "no such file" in error(f"local:{tmp_path}/missing.jsonl")
+    assert_names(error(f"local:{tmp_path}/missing.jsonl"), f"local:{tmp_path}/missing.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
     assert "empty" in error(f"local:{tmp_path}/empty.jsonl")
     assert_names(error(f"local:{jsonl}", "--data.text_column=body"), "data.text_column", "'body'",
                  jsonl.name)
-    assert "is not known" in error("fineweb_edux")
-    assert "fewer than local_batch_size" in error(f"local:{jsonl}", "--training.seq_len=20000")
+    assert_names(error("fineweb_edux"), "'fineweb_edux'", "local:")  # the value, the kinds known
+    assert_names(error(f"local:{jsonl}", "--training.seq_len=20000"), "training.seq_len + 1 = 20001",
+                 "local_batch_size")  # the window, and the batch it cannot fill
     assert_names(error(f"shards:{tmp_path}"), tmp_path / "index.json")
 
     out = tmp_path / "shards"
