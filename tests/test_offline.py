@@ -76,7 +76,8 @@ def test_every_module_imports_without_the_optional_packages():
 def test_the_blocker_really_blocks():
     proc = run_offline("--data.dataset=fineweb_edu", "--training.device=cpu")
     assert proc.returncode == 2  # a one-line config error, not a traceback
-    assert_names(proc.stdout + proc.stderr, "fineweb_edu", "`datasets`", "shards:")  # and the way
+    assert_names(proc.stdout + proc.stderr, "data.dataset", "HuggingFaceFW/fineweb-edu", "`datasets`",
+                 "shards:")  # the key, the dataset it names, the package, what works offline
 
 
 @pytest.fixture(scope="module")
