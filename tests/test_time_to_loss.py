@@ -151,8 +151,7 @@ def test_nanogpt_missing_says_why(tmp_path):
     bench = benchmark_script("bench_time_to_loss")
     from benchlib import nanogpt  # on sys.path once the benchmark is loaded
     assert_names(bench.nanogpt_missing(None), "--nanogpt")
-    assert bench.nanogpt_missing(tmp_path) == (
-        f"--nanogpt {tmp_path} lacks {', '.join(nanogpt.NANOGPT_FILES)}")
+    assert_names(bench.nanogpt_missing(tmp_path), f"--nanogpt {tmp_path}", *nanogpt.NANOGPT_FILES)
     assert nanogpt.nanogpt_line("step 250: train loss 1.9637, val loss 2.0700\n") == (250, 2.07)
     assert nanogpt.nanogpt_line("iter 250: loss 1.9637, time 50.00ms, mfu 0.00%") is None
     assert bench.torchllm_line("[rank0]:20:14:53 validation step 600: loss 1.8755 | perplexity "
