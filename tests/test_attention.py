@@ -25,6 +25,8 @@ from torchllm.models.gpt2.model import GPT2
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 
+from messages import raises_naming
+
 
 def reference_attention(q, k, v, visible):
     """Per query, a softmax over the keys visible(b, i, j) says it sees; repeated KV heads."""
@@ -182,7 +184,8 @@ def test_attention_config_errors(tmp_path):
     cfg = load_config(tiny_args(tmp_path, "--model.name=gpt2", "--model.tie_embeddings=false",
                                 "--model.restart_positions_per_document=true",
                                 "--parallelism.tensor_parallel_degree=2"))
-    with pytest.raises(ConfigError, match="not supported for GPT-2"):
+    with raises_naming(ConfigError, "tensor_parallel_degree", "GPT-2",
+                       key="model.restart_positions_per_document"):
         build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
 
 

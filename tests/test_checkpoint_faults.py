@@ -17,6 +17,7 @@ from torchllm.metrics.guard import LossGuard, TrainingStopped
 from torchllm.train import Trainer, main
 
 from conftest import tiny_args, tiny_config
+from messages import assert_names, raises_naming
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run"]
 
@@ -44,7 +45,7 @@ def test_flipped_byte_in_a_shard_falls_back_and_names_the_file(tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="torchllm"):
         resumed = trainer(tmp_path)
     assert resumed.step == 2
-    assert f"file {shard} is corrupted: CRC-32" in caplog.text
+    assert_names(caplog.text, shard, "CRC-32")  # the file, and the check it failed
 
 
 def test_nonfinite_state_is_never_marked_complete_nor_counted(tmp_path, caplog):
@@ -58,7 +59,9 @@ def test_nonfinite_state_is_never_marked_complete_nor_counted(tmp_path, caplog):
     state["exp_avg"].view(-1)[0] = float("nan")
     with caplog.at_level(logging.ERROR, logger="torchllm"):
         t.checkpointer.save(3)
-    assert "not marked complete: 1 saved tensors hold NaN or inf" in caplog.text
+    said = next(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert_names(said, folder(tmp_path) / "step-3", "NaN")
+    assert "1" in said.replace(str(folder(tmp_path) / "step-3"), "")  # how many tensors
     state["exp_avg"].view(-1)[0] = 0.0
     with torch.no_grad():
         t.model.tok_embeddings.weight.view(-1)[0] = float("inf")
@@ -82,7 +85,8 @@ def test_disk_full_before_save_is_one_line_and_keeps_earlier(tmp_path, monkeypat
         t.checkpointer.save(5)
     msg = str(err.value)
     assert "\n" not in msg and str(folder(tmp_path) / "step-5") in msg
-    assert re.search(r"not enough free space .*needs about [\d.]+ MB; 1.0 KB free", msg), msg
+    assert_names(msg, "1.0 KB")  # what is free, and what the save needs:
+    assert re.search(r"\d[\d.]* MB", msg), msg
     assert not (folder(tmp_path) / "step-5").exists()
     assert complete_steps(folder(tmp_path)) == [2, 4]
 
@@ -105,7 +109,7 @@ def test_write_error_stops_with_exit_4_or_continues_and_retries(tmp_path, monkey
     assert main(args) == 4  # the first save (step 2) fails: the run stops non-zero
     out = capfd.readouterr()
     line = next(x for x in (out.out + out.err).splitlines() if "could not be saved" in x)
-    assert "No space left on device" in line and "partial folder removed" in line
+    assert_names(line, "step-2", "No space left on device", "removed")  # the step, the OS cause
     assert not (folder(tmp_path) / "step-2").exists()
     logging.getLogger("torchllm").handlers.clear()  # main() installed its console handler
     logging.getLogger("torchllm").propagate = True  # and stopped propagation to caplog
@@ -140,12 +144,14 @@ def test_flavor_change_names_parameter_and_both_shapes(tmp_path):
     with pytest.raises(ConfigError) as err:
         trainer(tmp_path, "--training.steps=1", "--model.dim=128")
     msg = str(err.value)
-    assert "model.tok_embeddings.weight saved [512, 256] vs expected [512, 128]" in msg
+    assert_names(msg, "model.tok_embeddings.weight", "[512, 256]", "[512, 128]")
+    assert msg.index("[512, 256]") < msg.index("[512, 128]")  # saved, then expected
     assert str(folder(tmp_path) / "step-1" / ".metadata") in msg
-    with pytest.raises(ConfigError) as err:  # a vocabulary change names the tokenizers instead
+    # A vocabulary change names the checkpoint, both row counts (600 pads to 640), the keys, and
+    # the way to grow a vocabulary.
+    with raises_naming(ConfigError, folder(tmp_path) / "step-1", "512", "640", "model.vocab_size",
+                       "checkpoint.initial_load_path"):
         trainer(tmp_path, "--training.steps=1", "--model.vocab_size=600")
-    assert "does not fit this model's vocabulary" in str(err.value)
-    assert "a run resumes with its own vocabulary" in str(err.value)
     with pytest.raises(ConfigError, match="unexpected: model.output.weight"):
         trainer(tmp_path, "--training.steps=1", "--model.tie_embeddings=true")
 
@@ -155,9 +161,14 @@ def test_config_changes_on_resume_are_listed_and_lr_can_come_from_config(tmp_pat
     trainer(tmp_path, *common).train()
     with caplog.at_level(logging.WARNING, logger="torchllm"):
         kept = trainer(tmp_path, *common, "--optimizer.lr=0.001", "--training.steps=8")
-    assert "resuming with 2 config change(s)" in caplog.text
-    assert "optimizer.lr: 0.0003 -> 0.001 (the checkpoint's value is kept" in caplog.text
-    assert "training.steps: 4 -> 8 (the new value applies)" in caplog.text
+    said = next(r.getMessage() for r in caplog.records if "optimizer.lr" in r.getMessage())
+    assert_names(said, "config.toml")  # the changes since the checkpoint's config (keys sorted)
+    lr = said[said.index("optimizer.lr"):said.index("training.steps")]
+    steps = said[said.index("training.steps"):]
+    # Each change names both values; the kept one names the key that applies the new value.
+    assert_names(lr, "0.0003", "0.001", "checkpoint.optimizer_hparams_from")
+    assert_names(steps, "4", "8")
+    assert "checkpoint.optimizer_hparams_from" not in steps
     # Oracle: a fresh run with the new config, its schedule stepped twice.
     fresh = Trainer(tiny_config(tmp_path / "fresh", "--optimizer.lr=0.001", "--training.steps=8"))
     fresh.lr_scheduler.step()
@@ -168,7 +179,8 @@ def test_config_changes_on_resume_are_listed_and_lr_can_come_from_config(tmp_pat
     assert new.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.optimizer.param_groups[0]["lr"])
     assert kept.optimizer.param_groups[0]["initial_lr"] == pytest.approx(3e-4)
     assert new.lr_scheduler.get_last_lr() == [g["lr"] for g in new.optimizer.param_groups]
-    with pytest.raises(ConfigError, match="global batch of 4 sequences, this config makes 2"):
+    with raises_naming(ConfigError, "training.global_batch_size = 4",  # the saved batch
+                       "checkpoint.allow_global_batch_change"):
         trainer(tmp_path, *common, "--training.local_batch_size=2")
     assert trainer(tmp_path, *common, "--training.local_batch_size=2",
                    "--checkpoint.allow_global_batch_change").step == 2

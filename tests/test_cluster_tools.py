@@ -14,6 +14,7 @@ import torch.distributed as dist
 from conftest import REPO, preloaded_forkserver
 from torchllm import models
 from torchllm.config import ConfigError, load_config
+from messages import assert_names
 
 
 def _first_collective_rank(rank: int, store_path: str, late_s: float, timeout_s: float, q):
@@ -60,7 +61,7 @@ def test_first_collective_passes_when_every_rank_joins(tmp_path):
 def test_first_collective_timeout_names_the_nccl_settings(tmp_path):
     out = run_two_ranks(tmp_path, late_s=4, timeout_s=1)
     message = out[0]
-    assert "did not complete in 1 s" in message and "rank 0 of 2" in message
+    assert_names(message, "1 s", "rank 0 of 2")  # the timeout, which rank of how many
     for var in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "env_check"):
         assert var in message
     assert out[1] == "ok"  # the late rank met rank 0's pending all-reduce
@@ -233,7 +234,7 @@ def test_dry_run_cli_prints_the_summary_and_json(tmp_path, capsys):
     assert main(["--job.config_file", str(REPO / "train_configs/llama3_1b.toml"),
                  "--world_size", "64", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "OK: world 64 (cuda) = replicate 1 x shard 64 x tp 1" in text
+    assert_names(text, "OK", "world 64", "replicate 1", "shard 64", "tp 1")  # the layout it checked
     assert json.loads(out.read_text())["comm_bytes_per_step"]["dp_shard"]["all_gather_bytes"] > 0
     # The same layout with a batch that cannot fit an 80 GB GPU: said, and exit code 1.
     assert main(["--job.config_file", str(REPO / "train_configs/llama3_1b.toml"),

@@ -8,6 +8,8 @@ import torch
 from torchllm.config import ConfigError
 from torchllm.device import resolve_device
 
+from messages import raises_naming
+
 
 def test_auto_device_refuses_a_local_rank_beyond_the_visible_gpus(monkeypatch):
     """4 processes on a 1-GPU machine: a clear error instead of 'invalid device ordinal'."""
@@ -17,7 +19,7 @@ def test_auto_device_refuses_a_local_rank_beyond_the_visible_gpus(monkeypatch):
     assert resolve_device("auto") == torch.device("cuda", 0)
     monkeypatch.setenv("LOCAL_RANK", "1")
     for name in ("auto", "cuda"):
-        with pytest.raises(ConfigError, match="LOCAL_RANK 1 but only 1 GPU"):
+        with raises_naming(ConfigError, "LOCAL_RANK 1", "1 GPU", "'cpu'", key="training.device"):
             resolve_device(name)
     assert resolve_device("cpu") == torch.device("cpu")
 

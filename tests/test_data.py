@@ -16,6 +16,7 @@ from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
 from conftest import REPO, TORCHRUN, shared_path, tiny_config
+from messages import assert_names, raises_naming
 
 
 class ByteTokenizer:
@@ -144,7 +145,7 @@ def test_resume_under_another_dp_degree_is_refused(tmp_path, jsonl):
     loader, _ = build_data(cfg, TOK, 0, 1)
     take(loader, 2)
     other, _ = build_data(cfg, TOK, 0, 2)
-    with pytest.raises(ConfigError, match="saved with data-parallel degree 1"):
+    with raises_naming(ConfigError, "degree 1", "degree 2", "checkpoint.exclude_from_loading"):
         other.load_state_dict(loader.state_dict())
 
 
@@ -316,13 +317,15 @@ def test_bad_input_errors_name_the_problem(tmp_path, jsonl):
             build_data(cfg_for(tmp_path, dataset, *extra), tok, 0, 1)
         return str(e.value)
 
-    assert "no such file" in error(f"local:{tmp_path}/missing.jsonl")
+    assert_names(error(f"local:{tmp_path}/missing.jsonl"), f"local:{tmp_path}/missing.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
     assert "empty" in error(f"local:{tmp_path}/empty.jsonl")
-    assert "'body' is not a column" in error(f"local:{jsonl}", "--data.text_column=body")
-    assert "is not known" in error("fineweb_edux")
-    assert "fewer than local_batch_size" in error(f"local:{jsonl}", "--training.seq_len=20000")
-    assert "index.json does not exist" in error(f"shards:{tmp_path}")
+    assert_names(error(f"local:{jsonl}", "--data.text_column=body"), "data.text_column", "'body'",
+                 jsonl.name)
+    assert_names(error("fineweb_edux"), "'fineweb_edux'", "local:")  # the value, the kinds known
+    assert_names(error(f"local:{jsonl}", "--training.seq_len=20000"), "training.seq_len + 1 = 20001",
+                 "local_batch_size")  # the window, and the batch it cannot fill
+    assert_names(error(f"shards:{tmp_path}"), tmp_path / "index.json")
 
     out = tmp_path / "shards"
     assert prepare_cli(["--dataset", f"local:{jsonl}", "--tokenizer", str(tmp_path / "no.model"),
@@ -335,17 +338,18 @@ def test_shard_header_and_vocab_are_checked(tmp_path, jsonl):
     assert prepare_cli(["--dataset", f"local:{jsonl}", "--tokenizer", str(sp), "--out", str(out),
                         "--shard-tokens", "500", "--val-tokens", "100", "--workers", "1"]) == 0
     cfg = cfg_for(tmp_path, f"shards:{out}")
-    with pytest.raises(ConfigError, match="32000-token vocab .* data.tokenizer has 259"):
+    with raises_naming(ConfigError, "index.json", "32000", "259", key="data.tokenizer"):
         build_data(cfg, TOK, 0, 1)
     tok = build_tokenizer(cfg, tmp_path)
     shard = out / "train_000001.bin"
     raw = bytearray(shard.read_bytes())
     raw[:8] = b"garbage!"
     shard.write_bytes(bytes(raw))
-    with pytest.raises(ConfigError, match="train_000001.bin has a corrupt header"):
+    with raises_naming(ConfigError, shard, "TLLMSHRD", "header"):  # the file, the magic it lacks
         build_data(cfg, tok, 0, 1)
     shard.write_bytes(b"TLLMSHRD" + bytes(raw[8:HEADER_BYTES]) + bytes(raw[HEADER_BYTES:-2]))
-    with pytest.raises(ConfigError, match="train_000001.bin has a corrupt header.*bytes on disk"):
+    # Two bytes short: the file, and its size on disk against the header's.
+    with raises_naming(ConfigError, shard, f"{shard.stat().st_size} bytes", "header"):
         build_data(cfg, tok, 0, 1)
 
 

@@ -16,6 +16,7 @@ from torchllm.data.chat.tokens import ChatTokenizer
 from torchllm.data.packing.chat import window_rows
 
 from conftest import shared_path, tiny_config
+from messages import assert_names, raises_naming
 
 CONV = [
     {"role": "system", "content": "You are terse."},
@@ -203,7 +204,7 @@ def test_chat_source_through_build_data(tmp_path, caplog):
     assert isinstance(tok, ChatTokenizer) and tok.vocab_size == 50257 + 6
     with caplog.at_level("INFO"):
         loader, _ = build_data(cfg, tok, 0, 1)
-    assert "18 conversations (tokens template)" in caplog.text and "0 truncated" in caplog.text
+    assert_names(caplog.text, "18 conversations", "tokens", "0 truncated")  # counts, template
     batch = next(iter(loader))
     for inputs, targets in zip(batch["inputs"], batch["targets"]):
         kept = targets != -100
@@ -215,11 +216,13 @@ def test_chat_source_through_build_data(tmp_path, caplog):
             for w in words.replace("<|assistant_end|>", " ").split())
         assert (targets[kept] == tok.added["<|assistant_end|>"]).sum() >= 1
     auto = tiny_config(tmp_path, f"--data.dataset=chat:{data}")
-    with pytest.raises(ConfigError, match="'auto' cannot be trained on conversations"):
+    with raises_naming(ConfigError, "data.tokenizer = 'auto'", key="data.tokenizer"):
         build_tokenizer(auto, tmp_path)
     bad = write_chat(tmp_path / "bad.jsonl", [[{"role": "robot", "content": "x"}]])
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{bad}", f"--data.tokenizer={tok_path}")
-    with pytest.raises(ConfigError, match=r"message 0 must be \{'role': one of system, user"):
+    # The file, the message, its role, and the roles allowed.
+    with raises_naming(ConfigError, "bad.jsonl", "message 0", "'robot'", "system", "user",
+                       "assistant"):
         build_data(cfg, build_tokenizer(cfg, tmp_path), 0, 1)
 
 
@@ -339,8 +342,8 @@ def test_generate_chat_needs_a_chat_tokenizer(tmp_path, capfd):
     # What works instead, for this checkpoint: --prompt, or a chat fine-tune from it; not a
     # training key that would not change this checkpoint.
     (line,) = [ln for ln in text.splitlines() if "error" in ln]
-    assert f"--chat: {run_dir} was not trained on conversations" in line
-    assert 'with --prompt "..." instead' in line and "a chat: source from it" in line
+    # The option and the checkpoint; what works instead: --prompt, or a chat: fine-tune from it.
+    assert_names(line, "--chat", run_dir, "--prompt", "chat:")
     assert f"--checkpoint.initial_load_path={run_dir}" in line
     assert "data.chat_tokens" not in text
     with pytest.raises(SystemExit):

@@ -18,6 +18,7 @@ from torchllm.data.sources.registry import PREFIXES
 from torchllm.run.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
+from messages import raises_naming
 
 SEQ = 32
 
@@ -57,7 +58,7 @@ def test_a_toy_source_packs_its_documents_into_the_windows(tmp_path, counting):
 
 
 def test_an_unregistered_source_is_not_known(tmp_path):
-    with pytest.raises(ConfigError, match="'counting:6' is not known; use one of .*'embedded'"):
+    with raises_naming(ConfigError, "'counting:6'", "'embedded'", key="data.dataset"):
         check_config(tiny_args(tmp_path, "--data.dataset=counting:6"), 1)
 
 

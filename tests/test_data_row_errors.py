@@ -14,6 +14,7 @@ from torchllm.data.chat.tokens import ChatTokenizer
 
 from conftest import tiny_config
 from test_data import TOK, corpus_texts
+from messages import assert_names
 
 
 def error_of(tmp_path, dataset, tok=TOK) -> str:
@@ -31,7 +32,7 @@ def test_a_jsonl_row_whose_text_is_not_a_string_is_named_by_file_and_line(tmp_pa
     lines[149] = json.dumps({"text": bad})
     rows.write_text("\n".join(lines) + "\n")
     error = error_of(tmp_path, f"local:{rows}")
-    assert f"{rows} line 150: 'text' is {shown}, not text" in error, error
+    assert_names(error, f"{rows} line 150", "'text'", shown)  # file and line, column, value
 
 
 def test_a_parquet_row_whose_text_is_null_is_named_by_file_and_row(tmp_path):
@@ -43,7 +44,7 @@ def test_a_parquet_row_whose_text_is_null_is_named_by_file_and_row(tmp_path):
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"text": texts}), path)
     error = error_of(tmp_path, f"local:{path}")
-    assert f"{path} row 7: 'text' is null, not text" in error, error
+    assert_names(error, f"{path} row 7", "'text'", "null")
 
 
 @pytest.mark.parametrize("content", ["", "\n\n"], ids=["empty", "blank"])

@@ -16,6 +16,7 @@ from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
 
 from conftest import build_model, shared_path
+from messages import assert_names, raises_naming
 
 TINY_EXAMPLES = [
     {"ind": 0, "activity_label": "Cooking", "ctx": "A man cracks two eggs into a bowl. He",
@@ -136,9 +137,9 @@ def test_bad_files_name_the_line(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:2: missing endings"):
         hellaswag.load_examples(str(bad))
     bad.write_text(json.dumps({**TINY_EXAMPLES[0], "label": 7}) + "\n")
-    with pytest.raises(ValueError, match="'label' = 7 is not in 0-3"):
+    with raises_naming(ValueError, "bad.jsonl", "'label' = 7", "0-3"):  # file, value, allowed
         hellaswag.load_examples(str(bad))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with raises_naming(FileNotFoundError, tmp_path / "missing.jsonl"):
         hellaswag.load_examples(str(tmp_path / "missing.jsonl"))
     assert len(hellaswag.load_examples(str(write_tiny_jsonl(tmp_path / "t.jsonl")), limit=2)) == 2
 
@@ -168,7 +169,7 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     assert hellaswag.main(["--checkpoint", str(run_dir), "--data", str(data), "--limit", "4",
                            "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "acc_norm" in printed and "random model scores ~0.25" in printed
+    assert_names(printed, "acc_norm", "0.25")  # the metric, and chance for 4 endings
     result = json.loads(out.read_text())
     assert result["n"] == 4 and len(result["predictions"]) == 4
     preds = result["predictions"]

@@ -20,6 +20,7 @@ from torchllm.checkpoint.layout import mark_complete
 from torchllm.eval.loading import load_for_inference
 
 from conftest import tiny_config
+from messages import raises_naming
 
 
 def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
@@ -62,9 +63,9 @@ def test_resolve_checkpoint_forms(run, tmp_path):
     with pytest.raises(FileNotFoundError, match="incomplete"):
         resolve_checkpoint(ckpt / "step-3")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint under"):
+    with raises_naming(FileNotFoundError, tmp_path / "empty", "step-<N>"):  # where, what it sought
         resolve_checkpoint(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
+    with raises_naming(FileNotFoundError, tmp_path / "missing", "folder"):
         resolve_checkpoint(tmp_path / "missing")
 
 

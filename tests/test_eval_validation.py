@@ -23,6 +23,8 @@ from torchllm.train import Trainer
 from conftest import REPO, TORCHRUN, build_model, tiny_args, tiny_config
 from test_eval_hellaswag import write_tiny_jsonl
 
+from messages import raises_naming
+
 
 def tiny_model():
     return build_model(Transformer, LlamaArgs(dim=32, n_layers=1, n_heads=2, vocab_size=64,
@@ -129,7 +131,8 @@ def test_validation_split_reads_that_hugging_face_split(tmp_path):
     held_out = "".join(trainer.tokenizer.decode(b["inputs"].flatten().tolist())
                        for b in trainer.val_loader)
     assert "apple" in held_out  # without the split key, validation is held out of training
-    with pytest.raises(ConfigError, match="validation.split = 'validation' applies to Hugging"):
+    with raises_naming(ConfigError, "validation.split = 'validation'", "hf:", "validation.dataset",
+                       key="validation.split"):
         Trainer(tiny_config(tmp_path / "e", "--validation.enable",
                             "--validation.split=validation"))
 

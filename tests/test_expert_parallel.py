@@ -14,6 +14,7 @@ from torchllm.parallel import build_parallel_dims
 from torchllm.parallel.expert_parallel import source_to_expert_order
 
 from conftest import tiny_config
+from messages import assert_names
 
 EP2 = "--parallelism.expert_parallel_degree=2"
 MOE = "--model.name=qwen3_moe"
@@ -30,25 +31,25 @@ def layout_error(tmp_path, world: int, *args) -> str:
 
 def test_ep_must_divide_dp_shard_times_cp(tmp_path):
     msg = layout_error(tmp_path, 6, MOE, EP2.replace("2", "4"))
-    assert "does not divide data_parallel_shard_degree (6)" in msg
+    assert_names(msg, "expert_parallel_degree = 4", "data_parallel_shard_degree (6)")
     # dp_replicate ranks are not borrowed: replicate=2 x shard=1 leaves nothing to split.
     msg = layout_error(tmp_path, 2, MOE, EP2, "--parallelism.data_parallel_replicate_degree=2",
                        "--parallelism.data_parallel_shard_degree=1")
-    assert "x context_parallel_degree (1) = 1" in msg
+    assert_names(msg, "data_parallel_shard_degree (1)", "context_parallel_degree (1)")
 
 
 def test_ep_needs_fsdp_no_tp_and_a_positive_degree(tmp_path):
-    assert "use dp_mode = 'fsdp'" in layout_error(tmp_path, 2, MOE, EP2,
-                                                 "--parallelism.dp_mode=ddp")
-    assert "tensor_parallel_degree = 2 is not supported" in layout_error(
-        tmp_path, 4, MOE, EP2, "--parallelism.tensor_parallel_degree=2")
-    assert "must be >= 1" in layout_error(tmp_path, 2, MOE, EP2.replace("2", "0"))
+    assert_names(layout_error(tmp_path, 2, MOE, EP2, "--parallelism.dp_mode=ddp"),
+                 "dp_mode = 'ddp'", "dp_mode = 'fsdp'")  # the value, and the one that works
+    assert_names(layout_error(tmp_path, 4, MOE, EP2, "--parallelism.tensor_parallel_degree=2"),
+                 "tensor_parallel_degree = 2")
+    assert_names(layout_error(tmp_path, 2, MOE, EP2.replace("2", "0")), "0", ">= 1")
 
 
 def test_ep_needs_experts_that_split_evenly(tmp_path):
-    assert "has no experts" in layout_error(tmp_path, 2, EP2)  # llama: dense
+    assert_names(layout_error(tmp_path, 2, EP2), "'llama3'", "qwen3_moe")  # dense; an MoE one
     msg = layout_error(tmp_path, 3, MOE, "--parallelism.expert_parallel_degree=3")
-    assert "does not divide the model's n_experts = 8" in msg  # the debug flavor's
+    assert_names(msg, "expert_parallel_degree = 3", "n_experts = 8")  # the debug flavor's
 
 
 def test_valid_layouts_resolve_efsdp(tmp_path):

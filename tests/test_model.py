@@ -11,6 +11,7 @@ from torchllm.models.llama.args import LlamaArgs, flavors
 from torchllm.models.llama.model import Transformer, apply_rope, rope_frequencies, rope_table
 
 from conftest import REPO, build_model
+from messages import raises_naming
 
 
 def build(args: LlamaArgs, seed: int = 0) -> Transformer:
@@ -55,7 +56,7 @@ def test_vocab_padding_multiple_and_pow2():
 
 def test_model_vocab_smaller_than_tokenizer_is_an_error():
     cfg = load_config(["--model.vocab_size=100"])
-    with pytest.raises(ValueError, match="smaller than the tokenizer's vocab"):
+    with raises_naming(ValueError, "model.vocab_size = 100", "512"):  # the value, the tokenizer's
         models.model_args(cfg, tokenizer_vocab_size=512)
 
 
@@ -236,5 +237,5 @@ def test_dropout_config_reaches_both_families_and_is_validated():
     for name in ("llama3", "gpt2"):
         cfg = load_config([f"--model.name={name}", "--model.dropout=0.1"])
         assert models.model_args(cfg).dropout == 0.1
-    with pytest.raises(ConfigError, match=r"model.dropout = 1.0: must be in \[0, 1\)"):
+    with raises_naming(ConfigError, "model.dropout = 1.0", "[0, 1)"):  # the value, the range
         load_config(["--model.dropout=1.0"])

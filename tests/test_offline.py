@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from conftest import REPO, shared_path
+from messages import assert_names, raises_naming
 
 BLOCKED = ("torchdata", "torchao", "datasets", "transformers")
 # Runs `torchllm.train.main(argv)` (or imports every module) with BLOCKED unimportable and the
@@ -75,7 +76,8 @@ def test_every_module_imports_without_the_optional_packages():
 def test_the_blocker_really_blocks():
     proc = run_offline("--data.dataset=fineweb_edu", "--training.device=cpu")
     assert proc.returncode == 2  # a one-line config error, not a traceback
-    assert "needs the `datasets` package" in proc.stdout + proc.stderr
+    assert_names(proc.stdout + proc.stderr, "data.dataset", "HuggingFaceFW/fineweb-edu", "`datasets`",
+                 "shards:")  # the key, the dataset it names, the package, what works offline
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,8 @@ def test_loader_without_torchdata_resumes_exactly(monkeypatch):
     from_torchdata.load_state_dict(torchdata_state)  # a run that saved with torchdata
     for a, b in zip(got + batches(from_torchdata, 4), expected + expected[3:]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with pytest.raises(ConfigError, match="data.num_workers = 2 needs torchdata"):
+    with raises_naming(ConfigError, "data.num_workers = 2", "torchdata", "data.num_workers = 0",
+                       key="data.num_workers"):
         loader.TrainLoader(_window_batches(), 0, 1, 2, 2, False)
 
 

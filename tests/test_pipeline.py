@@ -27,6 +27,8 @@ from torchllm.parallel.pipeline import (
 )
 from torchllm.train import Trainer
 
+from messages import raises_naming
+
 PP = "--parallelism.pipeline_parallel_degree=2"
 CP2 = "--parallelism.context_parallel_degree=2"
 UNTIED = "--model.tie_embeddings=false"  # a tied head cannot be split from the embedding
@@ -138,7 +140,8 @@ def test_bad_pp_layouts_fail_before_process_groups(tmp_path, extra, match):
 
 
 def test_unknown_schedules_name_the_ones_that_work(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="must be one of '1F1B' | 'Interleaved1F1B'"):
+    with raises_naming(ConfigError, "parallelism.pipeline_parallel_schedule", "'Looped'", "'1F1B'",
+                       "'Interleaved1F1B'"):
         tiny_config(tmp_path, PP, "--parallelism.pipeline_parallel_schedule=Looped")
     # A schedule this torch lacks (older versions had no ZBVZeroBubble): the ones it has.
     from torch.distributed.pipelining import schedules

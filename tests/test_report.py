@@ -12,6 +12,7 @@ from torchllm.train import Trainer, main
 
 from torchllm.config import load_config
 from conftest import tiny_args, tiny_config
+from messages import assert_names
 
 pytest.importorskip("matplotlib")
 
@@ -157,7 +158,8 @@ def test_next_lines_use_the_runs_local_eval_copies(tmp_path, capfd):
     for cli, line in zip((hellaswag, downstream), lines):
         assert cli.main(shlex.split(line)[3:]) == 2
         err = capfd.readouterr().err
-        assert f"checkpoint path {run} is not a folder" in err and "unrecognized" not in err
+        assert_names(err, run, "folder")  # the path given, and what it must be
+        assert "unrecognized" not in err  # the flag the line passes is the CLI's
     for where in (str(tmp_path / "missing.jsonl"), "Rowan/hellaswag"):
         cfg = tiny_config(tmp_path, f"--eval.hellaswag_data={where}")
         hub_hs, hub_tasks = evals_offline(cfg, "RUN", "")
@@ -209,7 +211,7 @@ def test_without_matplotlib_the_report_has_its_tables_and_says_why_no_plots(runs
     path, figures = write_report([runs["a"][0]], tmp_path / "out")
     text = path.read_text()
     assert figures == {} and not list((tmp_path / "out").glob("*.png"))
-    assert "no plots: matplotlib is not installed (pip install matplotlib)" in text
+    assert_names(text, "matplotlib", "pip install matplotlib")  # why no plots, and the fix
     assert "| final validation loss |" in text
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO, shared_path
 from test_bench import benchmark_script
+from messages import assert_names
 
 pytest.importorskip("transformers")  # the reference loop's model (imported here: it sets env)
 
@@ -77,9 +78,10 @@ def test_the_benchmark_runs_its_three_contenders_and_writes_the_table(tmp_path, 
     result = json.loads(out_json.read_text())
     rows = {row["contender"]: row for row in result["rows"]}
     assert set(rows) == {"reference", "same", "speedrun"}
-    assert result["skipped"] == {"nanogpt": "no --nanogpt DIR given (a checkout of "
-                                 "github.com/karpathy/nanoGPT)"}
-    assert "| nanogpt | skipped: no --nanogpt DIR given" in out_md.read_text()
+    assert list(result["skipped"]) == ["nanogpt"]  # why: the option to pass, and what it takes
+    assert_names(result["skipped"]["nanogpt"], "--nanogpt", "github.com/karpathy/nanoGPT")
+    (row,) = [ln for ln in out_md.read_text().splitlines() if ln.startswith("| nanogpt |")]
+    assert_names(row, "skipped", "--nanogpt")  # the table's row for it says so
     for name, row in rows.items():
         (curve,) = row["curves"]
         assert curve and curve[-1][1] == 4, (name, curve)  # validated at the (shortened) end
@@ -148,9 +150,8 @@ def test_nanogpt_contender_runs_its_train_py_on_its_prepared_data(tmp_path, monk
 def test_nanogpt_missing_says_why(tmp_path):
     bench = benchmark_script("bench_time_to_loss")
     from benchlib import nanogpt  # on sys.path once the benchmark is loaded
-    assert "no --nanogpt DIR given" in bench.nanogpt_missing(None)
-    assert bench.nanogpt_missing(tmp_path) == (
-        f"--nanogpt {tmp_path} lacks {', '.join(nanogpt.NANOGPT_FILES)}")
+    assert_names(bench.nanogpt_missing(None), "--nanogpt")
+    assert_names(bench.nanogpt_missing(tmp_path), f"--nanogpt {tmp_path}", *nanogpt.NANOGPT_FILES)
     assert nanogpt.nanogpt_line("step 250: train loss 1.9637, val loss 2.0700\n") == (250, 2.07)
     assert nanogpt.nanogpt_line("iter 250: loss 1.9637, time 50.00ms, mfu 0.00%") is None
     assert bench.torchllm_line("[rank0]:20:14:53 validation step 600: loss 1.8755 | perplexity "

@@ -15,6 +15,7 @@ from torchllm.data.tokenizer_json import HFTokenizer
 from torchllm.tools.train_tokenizer import main as tokenizer_cli
 
 from conftest import shared_path
+from messages import raises_naming
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +76,19 @@ def test_tokenizer_json_agrees_with_tiktoken(tmp_path, shakespeare):
 
 
 def test_bad_tokenizer_files_are_one_line_errors(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with raises_naming(ConfigError, tmp_path / "missing.model"):
         load_tokenizer(tmp_path / "missing.model")
     junk = tmp_path / "junk.model"
     junk.write_bytes(b"\x00\x01 not a model")
-    with pytest.raises(ConfigError, match="junk.model is not a SentencePiece model"):
+    with raises_naming(ConfigError, junk, "SentencePiece"):  # the file, what it should be
         load_tokenizer(junk)
     odd = tmp_path / "odd.tiktoken"
     odd.write_text("YQ== 0\nYg== 1\n")
-    with pytest.raises(ConfigError, match="has 2 BPE ranks"):
+    with raises_naming(ConfigError, odd, "2 BPE ranks"):  # the file, what it holds
         load_tokenizer(odd)
     bad_json = tmp_path / "tokenizer.json"
     bad_json.write_text("{}")
-    with pytest.raises(ConfigError, match="is not a tokenizer.json"):
+    with raises_naming(ConfigError, bad_json, "tokenizer.json"):
         load_tokenizer(bad_json)
 
 
