@@ -13,6 +13,7 @@ import pytest
 
 from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
+from cli import run_module
 from conftest import REPO, tiny_args
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -155,20 +156,21 @@ def test_a_launch_that_fails_at_start_up_frees_the_run_folder(tmp_path):
     # A folder without a checkpoint in it (a missing one is refused before the lock is taken;
     # the tokenizer is named, so nothing reads the folder before the Trainer does).
     (tmp_path / "not-a-checkpoint").mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
-         "--data.tokenizer=train",
-         f"--checkpoint.initial_load_path={tmp_path / 'not-a-checkpoint'}"],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    # In this process (atexit cannot run before the check below, as under os._exit): only what
+    # main() and the Trainer release on their way out frees the folder.
+    proc = run_module("torchllm.train", *tiny_args(tmp_path), "--job.run_name=r",
+                      "--data.tokenizer=train",
+                      f"--checkpoint.initial_load_path={tmp_path / 'not-a-checkpoint'}")
+    assert proc.returncode == 1, proc.out[-3000:]
     # The checkpoint is looked up after the run folder was prepared and its lock taken
     # (the run's config.toml is written only once a checkpoint loaded: none here).
-    assert "no complete checkpoint under" in proc.stderr
+    assert str(tmp_path / "not-a-checkpoint") in proc.stderr, proc.out[-3000:]
     assert (tmp_path / "r").is_dir() and not (tmp_path / "r" / "config.toml").exists()
     assert not (tmp_path / "r" / LOCK_NAME).exists()
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a real `python -m torchllm.train`: the test signals its process
 def test_sigterm_at_start_up_frees_the_run_folder(tmp_path):
     """torchrun stops the other ranks with SIGTERM when one fails at start-up (before training
     handles the signal): rank 0 dies of it as before, but frees the run folder first."""
