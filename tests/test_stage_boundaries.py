@@ -84,7 +84,8 @@ def test_shrinking_another_base_or_resuming_with_another_vocab_name_the_tokenize
     tok, _ = base_run(tmp_path)
     with pytest.raises(ConfigError) as e:
         next_stage(tmp_path, tok, "full", "--checkpoint.initial_load_model_only=false")
-    assert e.value.key == "checkpoint.initial_load_model_only" and \
+    # the checkpoint named, and the key (and value) that loads it
+    assert str(tmp_path / "base") in str(e.value) and \
         "checkpoint.initial_load_model_only = true" in str(e.value)
     # Another base vocabulary (a new 600-piece tokenizer, + chat tokens: 640 rows) cannot grow.
     with pytest.raises(ConfigError) as e:
@@ -92,13 +93,14 @@ def test_shrinking_another_base_or_resuming_with_another_vocab_name_the_tokenize
                             "--data.tokenizer=train", "--data.chat_tokens=true",
                             f"--checkpoint.initial_load_path={tmp_path / 'base'}"))
     # both tokenizers named, and the key to set
-    assert e.value.key == "data.tokenizer" and str(tok) in str(e.value) and "sp600" in str(e.value)
+    assert "data.tokenizer" in str(e.value) and str(tok) in str(e.value)
+    assert "sp600" in str(e.value)
     # The chat stage's vocabulary cannot shrink back to the base one.
     next_stage(tmp_path, tok, "mid", "--checkpoint.enable", "--training.steps=1").train()
     with pytest.raises(ConfigError) as e:
         Trainer(tiny_config(tmp_path, "--job.run_name=back", f"--data.tokenizer={tok}",
                             f"--checkpoint.initial_load_path={tmp_path / 'mid'}"))
-    assert e.value.key == "data.tokenizer" and str(tok) in str(e.value)
+    assert "data.tokenizer" in str(e.value) and str(tok) in str(e.value)
     assert "+ 6 chat tokens (518 ids, 576 rows)" in str(e.value)
     assert "did model.name" not in str(e.value)
     # Resuming the base run itself with chat tokens stays an error (a resume never grows).
@@ -107,7 +109,7 @@ def test_shrinking_another_base_or_resuming_with_another_vocab_name_the_tokenize
                             f"--data.tokenizer={tok}", "--data.chat_tokens=true",
                             "--training.steps=4"))
     # the keys that changed, and the way to grow it (a new run from this checkpoint)
-    assert e.value.key == "data.tokenizer" and "data.chat_tokens" in str(e.value)
+    assert "data.tokenizer" in str(e.value) and "data.chat_tokens" in str(e.value)
     assert "job.run_name" in str(e.value) and "checkpoint.initial_load_path" in str(e.value)
 
 
