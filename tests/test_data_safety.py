@@ -45,12 +45,13 @@ def test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds(tmp_p
     for i, text in enumerate(corpus_texts(30, seed=1)):
         (new / f"d{i:03d}.txt").write_text(text)
     assert run_prepare(new, out) == 2  # a used folder needs --overwrite
-    assert "already holds shards" in capfd.readouterr().err and snapshot(out) == before
+    err = capfd.readouterr().err
+    assert str(out) in err and "--overwrite" in err and snapshot(out) == before, err
 
     (new / "d999.txt").write_bytes(NOT_UTF8)  # late in the file list: fails halfway
     assert run_prepare(new, out, "--overwrite") == 2
     err = capfd.readouterr().err
-    assert f"{new / 'd999.txt'} is not UTF-8" in err and "Traceback" not in err
+    assert str(new / "d999.txt") in err and "UTF-8" in err and "Traceback" not in err
     assert snapshot(out) == before  # no new shard, no temporary folder left behind
 
     (new / "d999.txt").unlink()
@@ -102,14 +103,15 @@ def test_unreadable_local_files_are_named(tmp_path):
     for i, text in enumerate(corpus_texts(5)):
         (folder / f"{i}.txt").write_text(text)
     (folder / "4.txt").write_bytes(b"fine\n" + NOT_UTF8)
-    assert f"{folder / '4.txt'} is not UTF-8 text (line 2, byte 3" in error_of(
-        tmp_path, f"local:{folder}")
+    said = error_of(tmp_path, f"local:{folder}")
+    assert all(w in said for w in (str(folder / "4.txt"), "UTF-8", "line 2", "byte 3")), said
 
     rows = tmp_path / "rows.jsonl"
     lines = [json.dumps({"text": t}) for t in corpus_texts(300)]
     lines[199] = '{"text": broken'
     rows.write_text("\n".join(lines) + "\n")
-    assert f"{rows} line 200 is not valid JSON" in error_of(tmp_path, f"local:{rows}")
+    said = error_of(tmp_path, f"local:{rows}")
+    assert all(w in said for w in (str(rows), "line 200", "JSON")), said
 
 
 def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
@@ -121,16 +123,18 @@ def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}")
     tok = build_tokenizer(cfg, tmp_path)
     extra = f"--data.tokenizer={gpt2}"
-    assert f"{chat} line 200 is not valid JSON" in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in (str(chat), "line 200", "JSON")), said
 
     chat.write_text(json.dumps({"messages": "hello"}) + "\n")
-    assert "row 0: 'messages' must be a list of {'role', 'content'} messages, got str 'hello'" \
-        in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in ("row 0", "'messages'", "{'role', 'content'}", "'hello'")), said
     chat.write_text(json.dumps({"messages": ["hello"]}) + "\n")
-    assert "row 0: message 0 must be {'role'" in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in ("row 0", "message 0", "'role'")), said
     chat.write_bytes(good.encode() + b"\n" + b'{"messages": "' + NOT_UTF8 + b'"}\n')
-    assert f"chat:{chat}: {chat} is not UTF-8 text (line 2" in error_of(
-        tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in (f"chat:{chat}", "UTF-8", "line 2")), said
 
 
 def test_a_damaged_task_copy_names_the_task_and_path(tmp_path):
@@ -139,14 +143,15 @@ def test_a_damaged_task_copy_names_the_task_and_path(tmp_path):
     shutil.copytree(copa, damaged)
     arrow = next(damaged.glob("*.arrow"))
     arrow.write_bytes(arrow.read_bytes()[:500])
-    with pytest.raises(ValueError, match=f"task copa: the local copy {damaged} cannot be read "
-                                         r"\(ArrowInvalid"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert all(w in str(e.value) for w in ("copa", str(damaged), "ArrowInvalid")), str(e.value)
     shutil.rmtree(damaged)
     (tmp_path / "evals" / "copa.jsonl").write_text('{"premise": "x"}\n{bad\n')
-    with pytest.raises(ValueError, match=r"copa.jsonl cannot be read .*line 2 is not valid"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert "copa.jsonl" in str(e.value) and "line 2" in str(e.value), str(e.value)
     (tmp_path / "evals" / "copa.jsonl").write_text('{"premise": "x"}\n')
-    with pytest.raises(ValueError, match=r"task copa: row 0 does not have the task's columns "
-                                         r"\(KeyError: 'question'\)"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert all(w in str(e.value) for w in ("copa", "row 0", "'question'")), str(e.value)
