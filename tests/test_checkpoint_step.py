@@ -131,11 +131,12 @@ def test_a_pickle_index_is_refused_naming_the_conversion(trained, tmp_path):
     shutil.copytree(trained, run)
     pwned = tmp_path / "PWNED"
     index = poison_index(step2(run), pwned)
-    proc = run_module("torchllm.hf", "export", "--checkpoint", str(run), "--out",
-                      str(tmp_path / "x"))
-    refused(proc, str(index), "convert_legacy --checkpoint")
-    assert not pwned.exists() and not (tmp_path / "x").exists()
-    try:
+    try:  # hf export runs in this process too: what it reads must change no class either
+        proc = run_module("torchllm.hf", "export", "--checkpoint", str(run), "--out",
+                          str(tmp_path / "x"))
+        refused(proc, str(index), "convert_legacy --checkpoint")
+        assert "parent" not in PosixPath.__dict__, "hf export's read rewrote pathlib.PosixPath"
+        assert not pwned.exists() and not (tmp_path / "x").exists()
         with pytest.raises(UntrustedCheckpoint, match="convert_legacy"):
             open_checkpoint(run)
         assert "parent" not in PosixPath.__dict__, "the index rewrote pathlib.PosixPath"
