@@ -76,6 +76,11 @@ def _as_a_process(argv0: str, args: list[str], env: dict | None, cwd: str | Path
     loggers = [logging.getLogger(n) for n in ("", "torch", "torchllm")]
     saved_logging = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
     out, err = _Console(sys.__stdout__), _Console(sys.__stderr__)
+    # A fresh process's root logger has no handler: a warning no handler takes is printed on
+    # stderr (logging.lastResort). Under pytest the root logger has pytest's, so say it here too.
+    last_resort = logging.StreamHandler(err)
+    last_resort.setLevel(logging.WARNING)
+    loggers[0].addHandler(last_resort)
     os.environ.update({k: str(v) for k, v in (env or {}).items()})
     os.chdir(REPO if cwd is None else cwd)
     sys.argv = [argv0, *args]

@@ -1,7 +1,4 @@
 import dataclasses
-import os
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -10,7 +7,8 @@ from torchllm.config import ConfigError, JobConfig, help_text, load_config, to_t
 from torchllm.config.docs import render
 from torchllm.config.loader import parse_string
 
-from conftest import REPO
+from cli import run_module
+from conftest import REPO, tiny_args
 
 
 def write(tmp_path, text):
@@ -70,49 +68,54 @@ def test_optional_override_clears_value():
     assert cfg.model.vocab_size is None
 
 
+# What each message must carry: the key (and the flag or file that set it), the value, and what
+# is allowed or the key meant ("did you mean"), not its sentence.
 @pytest.mark.parametrize(
-    "argv, message",
+    "argv, carried",
     [
-        (["--training.lr=1"], "unknown key training.lr; did you mean optimizer.lr?"),
-        (["--optimizer.lrr=1"], "did you mean optimizer.lr?"),
-        (["--trainin.steps=1"], "unknown section [trainin]; did you mean [training]?"),
-        (["--training.steps=abc"], "training.steps = 'abc' must be an integer"),
-        (["--optimizer.lr=fast"], "must be a number"),
-        (["--job.deterministic=maybe"], "must be a boolean"),
-        (["--training.mixed_precision=fp16"], "must be one of 'auto' | 'bf16' | 'none'"),
-        (["steps=3"], "unexpected argument 'steps=3'"),
-        (["--training.steps=0"], "training.steps = 0: must be a positive integer"),
-        (["--lr_scheduler.min_lr_ratio=2"], "min_lr_ratio = 2.0: must be in [0, 1]"),
-        (["--job.config_file=/nonexistent/x.toml"], "/nonexistent/x.toml does not exist"),
-        (["--checkpoint.initial_load_in_hf"], "needs checkpoint.initial_load_path"),
-        (["--training.loss_chunk_tokens=0"], "loss_chunk_tokens = 0: must be a positive"),
+        (["--training.lr=1"], ("training.lr", "optimizer.lr")),
+        (["--optimizer.lrr=1"], ("optimizer.lrr", "optimizer.lr?")),
+        (["--trainin.steps=1"], ("[trainin]", "[training]")),
+        (["--training.steps=abc"], ("training.steps", "'abc'", "integer")),
+        (["--optimizer.lr=fast"], ("optimizer.lr", "'fast'", "number")),
+        (["--job.deterministic=maybe"], ("job.deterministic", "'maybe'", "boolean")),
+        (["--training.mixed_precision=fp16"], ("training.mixed_precision", "'fp16'",
+                                               "'auto' | 'bf16' | 'none'")),
+        (["steps=3"], ("'steps=3'", "--section.key=value")),
+        (["--training.steps=0"], ("training.steps = 0", "positive")),
+        (["--lr_scheduler.min_lr_ratio=2"], ("lr_scheduler.min_lr_ratio = 2.0", "[0, 1]")),
+        (["--job.config_file=/nonexistent/x.toml"], ("/nonexistent/x.toml", "job.config_file")),
+        (["--checkpoint.initial_load_in_hf"], ("checkpoint.initial_load_in_hf",
+                                               "checkpoint.initial_load_path")),
+        (["--training.loss_chunk_tokens=0"], ("training.loss_chunk_tokens = 0", "positive")),
     ],
 )
-def test_cli_errors_name_flag_key_and_fix(argv, message):
+def test_cli_errors_name_flag_key_and_fix(argv, carried):
     with pytest.raises(ConfigError) as e:
         load_config(argv)
-    assert message in str(e.value)
+    assert all(c in str(e.value) for c in carried), (carried, str(e.value))
+    assert "\n" not in str(e.value)
     if argv[0].startswith("--") and "config_file" not in argv[0]:
         assert f"flag {argv[0]}" in str(e.value)
 
 
 @pytest.mark.parametrize(
-    "text, message",
+    "text, carried",
     [
-        ("[training]\nlr = 1\n", "unknown key training.lr; did you mean optimizer.lr?"),
-        ("[trainig]\nsteps = 1\n", "did you mean [training]?"),
-        ('[training]\nsteps = "ten"\n', "training.steps = 'ten' must be int"),
-        ("[training]\nsteps = true\n", "must be int"),
-        ("[training]\nmax_norm = \"big\"\n", "must be float"),
-        ("steps = 3\n", "top-level key 'steps' must be a [section] table"),
-        ("[training\n", "invalid TOML"),
+        ("[training]\nlr = 1\n", ("training.lr", "optimizer.lr")),
+        ("[trainig]\nsteps = 1\n", ("[trainig]", "[training]")),
+        ('[training]\nsteps = "ten"\n', ("training.steps", "'ten'", "int")),
+        ("[training]\nsteps = true\n", ("training.steps", "True", "int")),
+        ("[training]\nmax_norm = \"big\"\n", ("training.max_norm", "'big'", "float")),
+        ("steps = 3\n", ("'steps'", "[section]")),
+        ("[training\n", ("TOML", "line 1")),
     ],
 )
-def test_toml_errors_name_file_and_key(tmp_path, text, message):
+def test_toml_errors_name_file_and_key(tmp_path, text, carried):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as e:
         load_config([f"--job.config_file={path}"])
-    assert message in str(e.value)
+    assert all(c in str(e.value) for c in carried), (carried, str(e.value))
     assert path in str(e.value)
 
 
@@ -120,8 +123,9 @@ def test_empty_run_name_in_a_file_is_unset_but_on_the_command_line_an_error(tmp_
     # config.toml files of earlier runs say run_name = "" (unset: the config file's stem).
     path = write(tmp_path, '[job]\nrun_name = ""\n')
     assert load_config([f"--job.config_file={path}"]).job.run_name is None
-    with pytest.raises(ConfigError, match="job.run_name = '': must be one folder name"):
+    with pytest.raises(ConfigError) as e:
         load_config(["--job.run_name="])
+    assert "job.run_name = ''" in str(e.value) and "folder name" in str(e.value)
 
 
 def test_toml_int_accepted_for_float(tmp_path):
@@ -152,11 +156,9 @@ def test_docs_config_md_is_current():
 
 
 def test_train_help_lists_sections():
-    out = subprocess.run(
-        [sys.executable, "-m", "torchllm.train", "--help"], capture_output=True, text=True,
-        cwd=REPO, check=True,
-    ).stdout
-    assert "[optimizer]" in out and "--optimizer.lr" in out
+    r = run_module("torchllm.train", "--help")
+    assert r.returncode == 0, r.out[-3000:]
+    assert "[optimizer]" in r.stdout and "--optimizer.lr" in r.stdout
 
 
 def test_every_shipped_config_loads():
@@ -204,28 +206,29 @@ def test_every_float_key_refuses_nan_and_inf(tmp_path):
     assert [k for k, f, _ in keys if f.metadata.get("allowed") is None] == []
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--optimizer.beta1=2", "optimizer.beta1 = 2.0: must be in [0, 1)"),
-    ("--optimizer.beta2=1", "optimizer.beta2 = 1.0: must be in [0, 1)"),
-    ("--optimizer.eps=0", "optimizer.eps = 0.0: must be > 0 and finite"),
-    ("--optimizer.lr=inf", "optimizer.lr = inf: must be > 0 and finite"),
-    ("--optimizer.lr=0", "optimizer.lr = 0.0: must be > 0 and finite"),
-    ("--optimizer.weight_decay=-0.1", "optimizer.weight_decay = -0.1: must be >= 0 and finite"),
-    ("--optimizer.muon_momentum=1", "optimizer.muon_momentum = 1.0: must be in [0, 1)"),
-    ("--training.max_norm=nan", "training.max_norm = nan: must be a finite number (<= 0 "
-                                "disables clipping)"),
-    ("--model.rope_theta=0", "model.rope_theta = 0.0: must be > 0 and finite"),
-    ("--eval.top_p=0", "eval.top_p = 0.0: must be in (0, 1]"),
-    ("--lr_scheduler.decay_ratio=0", "lr_scheduler.decay_ratio = 0.0: must be in (0, 1]"),
-    ("--data.sources=embedded=inf", "data.sources[0].weight = inf (embedded): must be > 0"),
-    ("--data.sources=embedded=1,embedded=nan", "data.sources[1].weight = nan (embedded)"),
-    ("--data.sources=embedded=1e308,embedded=1e308", "data.sources: the weights [1e+308, "
-                                                     "1e+308] sum to inf"),
+# key = value, and what is allowed (the range; or what the value means)
+@pytest.mark.parametrize("flag, carried", [
+    ("--optimizer.beta1=2", ("optimizer.beta1 = 2.0", "[0, 1)")),
+    ("--optimizer.beta2=1", ("optimizer.beta2 = 1.0", "[0, 1)")),
+    ("--optimizer.eps=0", ("optimizer.eps = 0.0", "> 0 and finite")),
+    ("--optimizer.lr=inf", ("optimizer.lr = inf", "> 0 and finite")),
+    ("--optimizer.lr=0", ("optimizer.lr = 0.0", "> 0 and finite")),
+    ("--optimizer.weight_decay=-0.1", ("optimizer.weight_decay = -0.1", ">= 0 and finite")),
+    ("--optimizer.muon_momentum=1", ("optimizer.muon_momentum = 1.0", "[0, 1)")),
+    ("--training.max_norm=nan", ("training.max_norm = nan", "finite", "<= 0 disables")),
+    ("--model.rope_theta=0", ("model.rope_theta = 0.0", "> 0 and finite")),
+    ("--eval.top_p=0", ("eval.top_p = 0.0", "(0, 1]")),
+    ("--lr_scheduler.decay_ratio=0", ("lr_scheduler.decay_ratio = 0.0", "(0, 1]")),
+    ("--data.sources=embedded=inf", ("data.sources[0].weight = inf", "(embedded)", "> 0")),
+    ("--data.sources=embedded=1,embedded=nan", ("data.sources[1].weight = nan", "(embedded)")),
+    ("--data.sources=embedded=1e308,embedded=1e308", ("data.sources", "[1e+308, 1e+308]",
+                                                      "inf")),
 ])
-def test_float_ranges_name_key_value_and_allowed(flag, message):
+def test_float_ranges_name_key_value_and_allowed(flag, carried):
     with pytest.raises(ConfigError) as e:
         load_config([flag])
-    assert message in str(e.value) and f"flag {flag}" in str(e.value)
+    assert all(c in str(e.value) for c in carried), (carried, str(e.value))
+    assert f"flag {flag}" in str(e.value)
 
 
 def test_float_range_edges_that_mean_off_are_accepted():
@@ -236,13 +239,9 @@ def test_float_range_edges_that_mean_off_are_accepted():
 
 
 def test_bad_float_is_exit_2_through_the_entry_point(tmp_path):
-    from conftest import tiny_args
-
-    proc = subprocess.run([sys.executable, "-m", "torchllm.train",
-                           *tiny_args(tmp_path, "--optimizer.lr=inf")], cwd=REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 2, proc.stderr
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
-    assert len(lines) == 1 and "optimizer.lr = inf: must be > 0 and finite" in lines[0], lines
+    proc = run_module("torchllm.train", *tiny_args(tmp_path, "--optimizer.lr=inf"))
+    assert proc.returncode == 2, proc.out[-3000:]
+    lines = proc.out.strip().splitlines()
+    # one line naming the key, the value and what is allowed
+    assert len(lines) == 1 and all(w in lines[0] for w in ("optimizer.lr", "inf", "> 0")), lines
     assert not (tmp_path / "default").exists()  # refused before the run folder was made

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +13,8 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.eval.downstream import load_tasks
 
-from conftest import REPO, shared_path, tiny_args, tiny_config
+from cli import run_module
+from conftest import shared_path, tiny_args, tiny_config
 from test_data import TOK, corpus_texts, write_jsonl
 
 NOT_UTF8 = "café au lait".encode("latin-1")
@@ -46,12 +45,13 @@ def test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds(tmp_p
     for i, text in enumerate(corpus_texts(30, seed=1)):
         (new / f"d{i:03d}.txt").write_text(text)
     assert run_prepare(new, out) == 2  # a used folder needs --overwrite
-    assert "already holds shards" in capfd.readouterr().err and snapshot(out) == before
+    err = capfd.readouterr().err
+    assert str(out) in err and "--overwrite" in err and snapshot(out) == before, err
 
     (new / "d999.txt").write_bytes(NOT_UTF8)  # late in the file list: fails halfway
     assert run_prepare(new, out, "--overwrite") == 2
     err = capfd.readouterr().err
-    assert f"{new / 'd999.txt'} is not UTF-8" in err and "Traceback" not in err
+    assert str(new / "d999.txt") in err and "UTF-8" in err and "Traceback" not in err
     assert snapshot(out) == before  # no new shard, no temporary folder left behind
 
     (new / "d999.txt").unlink()
@@ -62,36 +62,32 @@ def test_prepare_into_a_used_folder_keeps_the_old_shards_until_it_succeeds(tmp_p
     assert index["dataset"] == f"local:{new}"
 
 
-@pytest.mark.slow
 def test_training_refuses_a_shard_not_listed_in_the_index(tmp_path):
     out = tmp_path / "shards"
     assert run_prepare(write_jsonl(tmp_path / "c.jsonl", corpus_texts()), out) == 0
     (out / "train_000099.bin").write_bytes((out / "train_000000.bin").read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "torchllm.train",
-                           *tiny_args(tmp_path, f"--data.dataset=shards:{out}")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    proc = run_module("torchllm.train", *tiny_args(tmp_path, f"--data.dataset=shards:{out}"))
+    assert proc.returncode == 2, proc.out[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and f"{out / 'train_000099.bin'} is not listed in" in errors[0]
-    assert "Traceback" not in proc.stderr
+    # one line naming the shard and the index that does not list it
+    assert len(errors) == 1 and str(out / "train_000099.bin") in errors[0] \
+        and str(out / "index.json") in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.out
 
 
-@pytest.mark.slow
 def test_sft_data_without_an_assistant_turn_stops_at_start(tmp_path):
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"hi {i}"}]})
         + "\n" for i in range(20)))
     gpt2 = shared_path("tokenizers", "gpt2", "gpt2.tiktoken")
-    proc = subprocess.run([sys.executable, "-m", "torchllm.train", *tiny_args(
-        tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    proc = run_module("torchllm.train", *tiny_args(
+        tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}"))
+    assert proc.returncode == 2, proc.out[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and f"chat:{chat}: no training window has a target" in errors[0]
-    assert "0 of 20 conversations" in errors[0] and "step" not in proc.stderr
+    # one line naming the data, how many conversations have a reply, and what to check
+    assert len(errors) == 1 and f"chat:{chat}" in errors[0], proc.stderr[-2000:]
+    assert "0 of 20" in errors[0] and "'role'" in errors[0] and "step" not in proc.stderr
 
 
 def error_of(tmp_path, dataset, tok=TOK, *extra):
@@ -107,14 +103,15 @@ def test_unreadable_local_files_are_named(tmp_path):
     for i, text in enumerate(corpus_texts(5)):
         (folder / f"{i}.txt").write_text(text)
     (folder / "4.txt").write_bytes(b"fine\n" + NOT_UTF8)
-    assert f"{folder / '4.txt'} is not UTF-8 text (line 2, byte 3" in error_of(
-        tmp_path, f"local:{folder}")
+    said = error_of(tmp_path, f"local:{folder}")
+    assert all(w in said for w in (str(folder / "4.txt"), "UTF-8", "line 2", "byte 3")), said
 
     rows = tmp_path / "rows.jsonl"
     lines = [json.dumps({"text": t}) for t in corpus_texts(300)]
     lines[199] = '{"text": broken'
     rows.write_text("\n".join(lines) + "\n")
-    assert f"{rows} line 200 is not valid JSON" in error_of(tmp_path, f"local:{rows}")
+    said = error_of(tmp_path, f"local:{rows}")
+    assert all(w in said for w in (str(rows), "line 200", "JSON")), said
 
 
 def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
@@ -126,16 +123,18 @@ def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}")
     tok = build_tokenizer(cfg, tmp_path)
     extra = f"--data.tokenizer={gpt2}"
-    assert f"{chat} line 200 is not valid JSON" in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in (str(chat), "line 200", "JSON")), said
 
     chat.write_text(json.dumps({"messages": "hello"}) + "\n")
-    assert "row 0: 'messages' must be a list of {'role', 'content'} messages, got str 'hello'" \
-        in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in ("row 0", "'messages'", "{'role', 'content'}", "'hello'")), said
     chat.write_text(json.dumps({"messages": ["hello"]}) + "\n")
-    assert "row 0: message 0 must be {'role'" in error_of(tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in ("row 0", "message 0", "'role'")), said
     chat.write_bytes(good.encode() + b"\n" + b'{"messages": "' + NOT_UTF8 + b'"}\n')
-    assert f"chat:{chat}: {chat} is not UTF-8 text (line 2" in error_of(
-        tmp_path, f"chat:{chat}", tok, extra)
+    said = error_of(tmp_path, f"chat:{chat}", tok, extra)
+    assert all(w in said for w in (f"chat:{chat}", "UTF-8", "line 2")), said
 
 
 def test_a_damaged_task_copy_names_the_task_and_path(tmp_path):
@@ -144,14 +143,15 @@ def test_a_damaged_task_copy_names_the_task_and_path(tmp_path):
     shutil.copytree(copa, damaged)
     arrow = next(damaged.glob("*.arrow"))
     arrow.write_bytes(arrow.read_bytes()[:500])
-    with pytest.raises(ValueError, match=f"task copa: the local copy {damaged} cannot be read "
-                                         r"\(ArrowInvalid"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert all(w in str(e.value) for w in ("copa", str(damaged), "ArrowInvalid")), str(e.value)
     shutil.rmtree(damaged)
     (tmp_path / "evals" / "copa.jsonl").write_text('{"premise": "x"}\n{bad\n')
-    with pytest.raises(ValueError, match=r"copa.jsonl cannot be read .*line 2 is not valid"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert "copa.jsonl" in str(e.value) and "line 2" in str(e.value), str(e.value)
     (tmp_path / "evals" / "copa.jsonl").write_text('{"premise": "x"}\n')
-    with pytest.raises(ValueError, match=r"task copa: row 0 does not have the task's columns "
-                                         r"\(KeyError: 'question'\)"):
+    with pytest.raises(ValueError) as e:
         load_tasks(["copa"], 0, str(tmp_path / "evals"))
+    assert all(w in str(e.value) for w in ("copa", "row 0", "'question'")), str(e.value)

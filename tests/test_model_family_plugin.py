@@ -5,13 +5,12 @@ export loads in transformers' LlamaForCausalLM with our logits (the independent 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from cli import run_module
 from conftest import REPO, tiny_args
 
 transformers = pytest.importorskip("transformers")
@@ -19,11 +18,10 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 512  # data.tokenizer_vocab_size of tiny_args
 
 
-def _run(args: list[str], cwd) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def _run(module: str, *args: str) -> None:
+    """`python -m MODULE ARGS` (in this process: tests/cli.py; tests/ is on sys.path)."""
+    proc = run_module(module, *args)
+    assert proc.returncode == 0, proc.out[-4000:]
 
 
 @pytest.fixture
@@ -41,13 +39,13 @@ def toy_importable(monkeypatch):
 
 @pytest.mark.slow
 def test_toy_family_trains_exports_and_loads_in_transformers(tmp_path, toy_importable):
-    _run(["torchllm.train", *tiny_args(tmp_path, "--job.custom_import=toy_family",
-                                       "--model.name=toy_llama", "--checkpoint.enable",
-                                       "--job.run_name=run", "--training.steps=2")], tmp_path)
+    _run("torchllm.train", *tiny_args(tmp_path, "--job.custom_import=toy_family",
+                                      "--model.name=toy_llama", "--checkpoint.enable",
+                                      "--job.run_name=run", "--training.steps=2"))
     out = tmp_path / "hf"
     # A checkpoint's config never imports code: the user's command names the family's module.
-    _run(["torchllm.hf", "export", "--checkpoint", str(tmp_path / "run"),
-          "--out", str(out), "--job.custom_import=toy_family"], tmp_path)
+    _run("torchllm.hf", "export", "--checkpoint", str(tmp_path / "run"), "--out", str(out),
+         "--job.custom_import=toy_family")
 
     from torchllm.eval.generation import generate
     from torchllm.eval.loading import load_for_inference
