@@ -88,8 +88,11 @@ def rank_pid(marker: str, rank: int) -> int | None:
 def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_signal(tmp_path):
     args = [f"--job.dump_folder={tmp_path}", "--training.steps=100000", *TINY]
     log = open(tmp_path / "out.txt", "w")
-    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 2),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    tmp = tmp_path / "tmp"  # the launch's TMPDIR: torchrun's tee folder goes, even on a failure
+    tmp.mkdir()
+    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO,
+                            env=env(tmp_path, 2, TMPDIR=str(tmp)), stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
                  what="step 2")
@@ -110,6 +113,7 @@ def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_si
     assert code == 1, out[-3000:]
     assert launcher_lines(out, "rank 1", "SIGKILL"), out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchelastic_")]
 
 
 def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):

@@ -113,7 +113,8 @@ MUTANTS = [
         "torchrun_tee_left", "torchrun's tee folder is left under TMPDIR",
         "torchllm.run.launch:main", "    if args.log_dir is None:  # torchrun's tee files",
         "    if False:  # torchrun's tee files",
-        ("tests/test_train.py::test_run_train_sh_end_to_end",),
+        ("tests/test_launch_path.py::"
+         "test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_signal",),
     ),
     Mutant.at(
         "no_bar_through_launcher", "run_train.sh on a terminal draws no progress bar",
