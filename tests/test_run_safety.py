@@ -105,8 +105,11 @@ def test_a_trainer_that_fails_to_build_gives_back_what_it_took(tmp_path):
 
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9 " * 100)  # latin-1, not UTF-8: build_data fails
     assert not torch.are_deterministic_algorithms_enabled()
+    # A bytes tokenizer: no 'auto' one is trained on the file (failing there, before the
+    # Trainer takes the lock and sets the seed).
     with pytest.raises(Exception, match="bad.txt"):
         Trainer(tiny_config(tmp_path, "--job.run_name=r", "--job.deterministic",
+                            "--data.tokenizer=bytes",
                             f"--data.dataset=local:{tmp_path / 'bad.txt'}"))
     assert not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
