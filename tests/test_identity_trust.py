@@ -70,6 +70,8 @@ def test_a_file_url_to_another_runs_folder_is_refused_before_anything_runs(victi
     line = refused(run_train(tmp_path, "--job.run_name=thief", victim["data"],
                              "--training.steps=8", f"--checkpoint.folder={url}"),
                    "checkpoint.folder", url)
+    # the launcher's own config check (not a rank's refusal of the steps it found there)
+    assert line.startswith("run_train: config error:"), line
     assert "checkpoint.initial_load_path" in line  # the key that reads another run's step
     assert snapshot(victim["folder"]) == before  # nothing resumed, written or pruned
     assert not (tmp_path / "thief" / "checkpoint").exists()
