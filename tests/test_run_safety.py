@@ -18,6 +18,7 @@ from torchllm.config.loader import field_types
 from torchllm.run.failures import failure_report, summary
 from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
+from cli import run_module, run_train
 from conftest import REPO, tiny_args, tiny_config
 
 
@@ -37,6 +38,7 @@ time.sleep(120)
 
 
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path, log_text):
+    # a process: the lock's subject is another live (then killed) process holding it
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO,
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -103,8 +105,11 @@ def test_a_trainer_that_fails_to_build_gives_back_what_it_took(tmp_path):
 
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9 " * 100)  # latin-1, not UTF-8: build_data fails
     assert not torch.are_deterministic_algorithms_enabled()
+    # A bytes tokenizer: no 'auto' one is trained on the file (failing there, before the
+    # Trainer takes the lock and sets the seed).
     with pytest.raises(Exception, match="bad.txt"):
         Trainer(tiny_config(tmp_path, "--job.run_name=r", "--job.deterministic",
+                            "--data.tokenizer=bytes",
                             f"--data.dataset=local:{tmp_path / 'bad.txt'}"))
     assert not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
@@ -250,21 +255,20 @@ def test_config_docs_list_the_allowed_values():
 
 
 def test_launcher_config_error_is_one_line_before_torchrun(tmp_path):
-    env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
-    for flag, message in [
-        ("--compile.backend=inductr", "compile.backend = 'inductr' must be one of"),
-        ("--parallelism.tensor_parallel_degree=2", "tp=2 = 2, but the world size is 1"),
+    for flag, named in [
+        ("--compile.backend=inductr", ("compile.backend", "'inductr'", "'inductor'")),
+        ("--parallelism.tensor_parallel_degree=2", ("tp=2", "world size is 1")),
         # a missing local file is named before any rank starts (a fresh clone without ../shared)
         (f"--data.dataset=local:{tmp_path}/gone.txt",
-         f"data.dataset = 'local:{tmp_path}/gone.txt': no such file"),
+         ("data.dataset", f"local:{tmp_path}/gone.txt")),
     ]:
-        proc = subprocess.run(["./run_train.sh", *tiny_args(tmp_path), flag], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stdout == ""
-        lines = proc.stderr.strip().splitlines()
+        r = run_train(*tiny_args(tmp_path), flag)
+        assert r.returncode == 2, r.out
+        assert r.stdout == ""
+        lines = r.stderr.strip().splitlines()
+        # the launcher's own line (not a rank's failure): before any rank started
         assert len(lines) == 1 and lines[0].startswith("run_train: config error: "), lines
-        assert message in lines[0]
+        assert all(n in lines[0] for n in named), (named, lines[0])
 
 
 def test_one_ctrl_c_delivered_twice_is_one_stop_request():
@@ -321,21 +325,20 @@ def test_run_name_is_one_folder_name_and_other_runs_survive(tmp_path):
     snapshot = neighbour(dump)
     before = snapshot()
     for name in BAD_RUN_NAMES:
-        with pytest.raises(ConfigError, match=r"job.run_name = .*: must be one folder name: "
-                                              r"not empty, no '/'") as e:
+        with pytest.raises(ConfigError) as e:
             tiny_config(dump, f"--job.run_name={name}", "--job.overwrite")
-        assert e.value.key == "job.run_name" and "\n" not in str(e.value)
+        assert e.value.key == "job.run_name" and repr(name) in str(e.value), e.value
+        assert "\n" not in str(e.value)
         # The real entry point: exit 2, nothing deleted, nothing made outside the dump folder.
         assert main(tiny_args(dump, f"--job.run_name={name}", "--job.overwrite")) == 2, name
         assert snapshot() == before, name
         assert sorted(os.listdir(tmp_path)) == ["sub"] and os.listdir(tmp_path / "sub") == [
             "dump"]
-    with pytest.raises(ConfigError, match="job.run_name = 'tb' is the first folder of "
-                                          "metrics.tb_folder"):
+    with pytest.raises(ConfigError, match="job.run_name.*'tb'.*metrics.tb_folder"):
         tiny_config(dump, "--job.run_name=tb")
     stem = tmp_path / "...toml"  # the run name defaults to the config file's stem: '..'
     stem.write_text("")
-    with pytest.raises(ConfigError, match=r"the run name '\.\.' \(the stem of job.config_file"):
+    with pytest.raises(ConfigError, match=r"'\.\.'.*job.config_file"):
         tiny_config(dump, f"--job.config_file={stem}")
     assert tiny_config(dump, "--job.run_name=r.1_x").job.run_name == "r.1_x"
 
@@ -347,21 +350,19 @@ def test_folder_keys_stay_below_their_folder(tmp_path, key, where):
     for value in ["..", "", ".", "../x", "a/../../x", "/tmp/elsewhere", "./"]:
         with pytest.raises(ConfigError) as e:
             tiny_config(tmp_path, f"--{key}={value}")
-        assert e.value.key == key
-        assert f"{key} = {value!r}: must be a relative path below {where}" in str(e.value)
+        assert e.value.key == key and repr(value) in str(e.value), e.value
+        assert where in str(e.value), e.value  # what it must stay below
     assert tiny_config(tmp_path, f"--{key}=a/b").value(key) == "a/b"
 
 
 def test_launcher_refuses_a_bad_run_name_in_one_line(tmp_path):
     snapshot = neighbour(tmp_path)
     before = snapshot()
-    env = {**os.environ, "NGPU": "1", "PYTHONPATH": str(REPO)}
-    for cmd in (["./run_train.sh"], [sys.executable, "-m", "torchllm.train"]):
-        proc = subprocess.run([*cmd, *tiny_args(tmp_path, "--job.run_name=..", "--job.overwrite")],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr
-        lines = (proc.stdout + proc.stderr).strip().splitlines()
-        assert len(lines) == 1 and "job.run_name = '..': must be one folder name" in lines[0]
+    args = tiny_args(tmp_path, "--job.run_name=..", "--job.overwrite")
+    for r in (run_train(*args), run_module("torchllm.train", *args)):
+        assert r.returncode == 2, r.out
+        lines = r.out.strip().splitlines()
+        assert len(lines) == 1 and "job.run_name" in lines[0] and "'..'" in lines[0], lines
         assert snapshot() == before
 
 
