@@ -172,6 +172,7 @@ def test_resumed_run_keeps_its_recorded_precision(fresh, probe, caplog):
     assert precision.resolve_bf16("auto", "cpu")[0] is False
     precision.cpu_native_bf16.cache_clear()
     probe.calls[:] = []
+    caplog.clear()  # the first run's precision line too, when an earlier test left INFO on
     with caplog.at_level(logging.INFO, logger="torchllm"):
         resumed = Trainer(tiny_config(fresh, *args, "--training.steps=3"))
     resumed.close()
