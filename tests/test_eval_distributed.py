@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import pytest
 
 import numpy as np
@@ -16,7 +14,7 @@ from torchllm.eval import hellaswag
 from torchllm.eval.in_training import HeldOutBatches
 from torchllm.eval.validation import validate
 
-from conftest import SHARED, preloaded_forkserver
+from conftest import SHARED, spawn_gloo
 from test_eval_hellaswag import tiny_model, tokenizer, write_tiny_jsonl  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
@@ -30,17 +28,12 @@ def val_loader(rank: int, world: int) -> HeldOutBatches:
     return HeldOutBatches(windows, 12, VAL_BATCH, rank, world)
 
 
-def _worker(rank: int, world: int, tmp: str, tokenizer_path: str, examples: list[dict]) -> None:
+def _worker(rank: int, tmp, world: int, tokenizer_path: str, examples: list[dict]) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
-                            world_size=world)
-    try:
-        model, tokenizer = tiny_model(max_seq_len=384), SentencePieceTokenizer(tokenizer_path)
-        result = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)
-        val = validate(model, val_loader(rank, world), VAL_STEPS, CPU)
-        torch.save({"hellaswag": vars(result), "val": val}, f"{tmp}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model, tokenizer = tiny_model(max_seq_len=384), SentencePieceTokenizer(tokenizer_path)
+    result = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)
+    val = validate(model, val_loader(rank, world), VAL_STEPS, CPU)
+    torch.save({"hellaswag": vars(result), "val": val}, f"{tmp}/rank{rank}.pt")
 
 
 @pytest.mark.slow
@@ -51,8 +44,7 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
         examples += hellaswag.load_examples(str(real), limit=4)
     # An odd count, 2 per batch: rank 1 runs one discarded batch so that both ranks run the
     # same number of forward passes (5 examples: 2 batches on rank 0, 1 + 1 on rank 1).
-    mp.start_processes(_worker, args=(2, str(tmp_path), str(tokenizer.path), examples), nprocs=2,
-                       start_method=preloaded_forkserver())
+    spawn_gloo(_worker, tmp_path, 2, str(tokenizer.path), examples)
 
     model = tiny_model(max_seq_len=384)
     single = hellaswag.evaluate(model, tokenizer, examples, CPU, batch_size=2)

@@ -7,15 +7,13 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from torchllm.eval import downstream
 from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 
-from conftest import preloaded_forkserver, shared_path, tiny_args
+from conftest import shared_path, spawn_gloo, tiny_args
 from test_eval_hellaswag import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
@@ -158,19 +156,14 @@ def test_every_local_task_loads_with_its_row_count():
     assert chance("mc", arc) == pytest.approx(sum(1 / it.num_options for it in arc) / len(arc))
 
 
-def _worker(rank, world, tmp, tok_path, tasks):
+def _worker(rank, tmp, tok_path, tasks):
     from torchllm.data.tokenizer import SentencePieceTokenizer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
-                            world_size=world)
-    try:
-        result = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN),
-                                     SentencePieceTokenizer(tok_path), tasks, CPU, limit=5,
-                                     seed=3, batch_size=2)
-        torch.save(result.to_json(), f"{tmp}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    result = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN),
+                                 SentencePieceTokenizer(tok_path), tasks, CPU, limit=5,
+                                 seed=3, batch_size=2)
+    torch.save(result.to_json(), f"{tmp}/rank{rank}.pt")
 
 
 @pytest.mark.slow
@@ -178,8 +171,7 @@ def test_two_ranks_equal_one_process(tmp_path, tokenizer):
     tasks = {name: (short_rows(name, 12, tokenizer, 200), shots)
              for name, shots in (("arc_easy", 1), ("winogrande", 2), ("sciq_lm", 0))}
     # 5 rows, 2 per batch: rank 1 gets 2 rows and runs one discarded dummy batch.
-    mp.start_processes(_worker, args=(2, str(tmp_path), str(tokenizer.path), tasks), nprocs=2,
-                       start_method=preloaded_forkserver())
+    spawn_gloo(_worker, tmp_path, str(tokenizer.path), tasks)
     single = downstream.evaluate(tiny_model(max_seq_len=MAX_LEN), tokenizer, tasks, CPU,
                                  limit=5, seed=3, batch_size=2).to_json()
     for rank in range(2):
