@@ -8,6 +8,7 @@ process started (its command line, sys.argv, pid)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,21 +35,35 @@ def env(tmp_path, ngpu: int, **extra: str) -> dict:
             "TORCHLLM_TEST_WORKER_PROBE": str(tmp_path / "probe"), **extra}
 
 
-def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits_0(tmp_path):
-    args = [f"--job.dump_folder={tmp_path}", "--job.run_name=r", "--training.steps=100000",
-            "--checkpoint.enable", "--checkpoint.interval=100000", *TINY]
-    log = open(tmp_path / "out.txt", "w")
-    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=env(tmp_path, 1),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+@contextlib.contextmanager
+def running(cmd: list[str], **popen):
+    """`cmd` started from the repository root; killed on the way out if it is still running
+    (a failed assertion must not leave a launch behind)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, text=True, **popen)
     try:
-        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
-                 what="step 2")
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=300)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def training(tmp_path, args: list[str], env_: dict):
+    """./run_train.sh ARGS, its console in tmp_path/out.txt, running until its step 2."""
+    with open(tmp_path / "out.txt", "w") as log, running(
+            ["./run_train.sh", *args], env=env_, stdout=log, stderr=subprocess.STDOUT) as proc:
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
+                 what="step 2")
+        yield proc
+
+
+def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits_0(tmp_path):
+    args = [f"--job.dump_folder={tmp_path}", "--job.run_name=r", "--training.steps=100000",
+            "--checkpoint.enable", "--checkpoint.interval=100000", *TINY]
+    with training(tmp_path, args, env(tmp_path, 1)) as proc:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=300)
     out = (tmp_path / "out.txt").read_text()
     assert code == 0, out[-3000:]
     probe = json.loads((tmp_path / "probe.0.json").read_text())
@@ -87,15 +102,9 @@ def rank_pid(marker: str, rank: int) -> int | None:
 
 def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_signal(tmp_path):
     args = [f"--job.dump_folder={tmp_path}", "--training.steps=100000", *TINY]
-    log = open(tmp_path / "out.txt", "w")
     tmp = tmp_path / "tmp"  # the launch's TMPDIR: torchrun's tee folder goes, even on a failure
     tmp.mkdir()
-    proc = subprocess.Popen(["./run_train.sh", *args], cwd=REPO,
-                            env=env(tmp_path, 2, TMPDIR=str(tmp)), stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 300,
-                 what="step 2")
+    with training(tmp_path, args, env(tmp_path, 2, TMPDIR=str(tmp))) as proc:
         probes = [json.loads((tmp_path / f"probe.{r}.json").read_text()) for r in (0, 1)]
         for probe in probes:  # torchrun's `python -u -m torchllm.train ARGS`, its agent here
             assert probe["argv"][1:4] == ["-u", "-m", "torchllm.train"], probe
@@ -105,10 +114,6 @@ def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_si
         assert rank1 == probes[1]["pid"], (rank1, probes)
         os.kill(rank1, signal.SIGKILL)
         code = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     out = (tmp_path / "out.txt").read_text()
     assert code == 1, out[-3000:]
     assert launcher_lines(out, "rank 1", "SIGKILL"), out[-3000:]
@@ -118,24 +123,20 @@ def test_two_ranks_are_torchrun_workers_and_a_killed_rank_1_is_named_with_its_si
 
 def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
     work = tmp_path / "work"
-    proc = subprocess.Popen(
+    with running(
         [sys.executable, "benchmarks/bench_parallel.py", "--config",
          "train_configs/debug_model.toml", "--matrix", "ddp", "--nproc", "2", "--steps", "100000",
          "--warmup", "2", "--json", str(tmp_path / "res.json"), "--work_dir", str(work),
          "--training.seq_len=32", "--training.local_batch_size=2",
          "--data.tokenizer_vocab_size=512", "--training.device=cpu"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ) as proc:
         rank1 = wait_for(lambda: rank_pid(str(work), 1), 300, what="the benchmark's rank 1")
         cmdline = Path(f"/proc/{rank1}/cmdline").read_bytes().split(b"\0")
         assert cmdline[1:4] == [b"-u", b"-m", b"benchlib.worker"], cmdline  # torchrun's start
         os.kill(rank1, signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, out[-3000:]
     (row,) = json.loads((tmp_path / "res.json").read_text())["rows"]
     assert row["status"] == "failed" and "rank 1" in row["reason"], row
