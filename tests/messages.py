@@ -36,3 +36,15 @@ def raises_naming(exc_type, *things, key: str | None = None, one_line: bool = Fa
         assert getattr(info.value, "key", None) == key, (info.value, getattr(info.value, "key", None))
     if one_line:
         assert "\n" not in str(info.value), str(info.value)
+
+
+def refused(ran, *things) -> str:
+    """A command (tests/cli.py's Ran, or subprocess's CompletedProcess) refused in one line:
+    exit 2, no traceback, and a console line naming every one of `things` (each compared as
+    str()); returns that line."""
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if all(str(t) in line for t in things)]
+    assert lines, f"no line names {[str(t) for t in things]}:\n{out[-3000:]}"
+    return lines[0]

@@ -22,8 +22,9 @@ from torchllm.checkpoint.integrity import folder_checksums
 from torchllm.checkpoint.layout import MARKER
 from torchllm.train import Trainer
 
-from cli import Ran, run_module
+from cli import run_module
 from conftest import REPO, tiny_config
+from messages import refused
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
         "--training.steps=2"]
@@ -47,16 +48,6 @@ def reseal(step: Path) -> None:
     record = json.loads((step / MARKER).read_text())
     record["files"] = folder_checksums(step)
     (step / MARKER).write_text(json.dumps(record))
-
-
-def refused(proc: Ran, *words: str) -> str:
-    """Exit 2 and one line carrying every word (file, value, command); returns that line."""
-    out = proc.out
-    assert proc.returncode == 2, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    lines = [line for line in out.splitlines() if all(w in line for w in words)]
-    assert lines, out[-3000:]
-    return lines[0]
 
 
 def edit_index(step: Path, change) -> None:

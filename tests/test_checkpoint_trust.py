@@ -41,6 +41,7 @@ from torchllm.train import Trainer
 
 import cli
 from conftest import tiny_args, tiny_config
+from messages import refused
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
         "--training.steps=2"]
@@ -182,22 +183,12 @@ def run_train(root: Path, *extra: str) -> cli.Ran:
     return cli.run_train(*tiny_args(root, *CKPT, "--metrics.progress_bar=false", *extra))
 
 
-def refused_naming(r: cli.Ran, path: Path, *carries: str) -> None:
-    """The command failed (exit 2) in one line naming `path` and each of `carries` (the command
-    that converts an index, the value refused, the check that failed), no traceback."""
-    assert r.returncode == 2, r.out[-3000:]
-    lines = [line for line in r.out.splitlines()
-             if str(path) in line and all(c in line for c in carries)]
-    assert lines, r.out[-3000:]
-    assert "Traceback" not in r.out, r.out[-3000:]
-
-
 @pytest.mark.slow
 def test_generate_and_export_refuse_a_metadata_that_runs_code(run, tmp_path):
     marker = tmp_path / "PWNED"
     metadata = poison_metadata(step_of(run), marker)
-    refused_naming(generate(run), metadata, CONVERT)
-    refused_naming(export(run), metadata, CONVERT)
+    refused(generate(run), metadata, CONVERT)
+    refused(export(run), metadata, CONVERT)
     assert not (run / "hf").exists()
     assert not marker.exists()
 
@@ -208,7 +199,7 @@ def test_run_train_sh_resume_refuses_a_checkpoint_that_runs_code(run, tmp_path, 
     marker = tmp_path / "PWNED"
     step = step_of(run)
     path = (poison_metadata if entry == "metadata" else poison_pickled_state)(step, marker)
-    refused_naming(run_train(run, "--training.steps=4"), path,
+    refused(run_train(run, "--training.steps=4"), path,
                    CONVERT if entry == "metadata" else "train_state.json")
     assert not marker.exists()
     assert not (run / "run" / "checkpoint" / "step-4").exists()
@@ -220,7 +211,7 @@ def test_initial_load_path_refuses_a_metadata_that_runs_code(run, tmp_path):
     metadata = poison_metadata(step_of(run), marker)
     fresh = tmp_path / "fresh"
     shutil.copytree(run / "run" / "data", fresh / "run" / "data")  # its tokenizer, cached
-    refused_naming(run_train(fresh, f"--checkpoint.initial_load_path={step_of(run)}"),
+    refused(run_train(fresh, f"--checkpoint.initial_load_path={step_of(run)}"),
                    metadata, CONVERT)
     assert not marker.exists()
 
@@ -229,7 +220,7 @@ def test_initial_load_path_refuses_a_metadata_that_runs_code(run, tmp_path):
 def test_generate_and_export_refuse_a_flipped_byte(run):
     shard = flip_a_byte(step_of(run))
     for r in (generate(run), export(run)):
-        refused_naming(r, shard, "CRC-32")  # the check that failed
+        refused(r, shard, "CRC-32")  # the check that failed
     assert not (run / "hf").exists()
 
 

@@ -21,6 +21,7 @@ from torchllm.train import main
 
 import cli
 from conftest import tiny_args
+from messages import refused
 from s3_server import s3, s3_endpoint  # noqa: F401 - fixtures
 
 CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--data.tokenizer=bytes",
@@ -30,15 +31,6 @@ CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--data.tokenizer=byte
 def run_train(root: Path, *extra: str) -> cli.Ran:
     """./run_train.sh (NGPU=1, in this process: tests/cli.py) on the tiny config."""
     return cli.run_train(*tiny_args(root, *CKPT, *extra))
-
-
-def refused(r: cli.Ran, *named: str) -> str:
-    """Exit 2 with one error line naming everything in `named`; that line."""
-    assert r.returncode == 2, r.out[-3000:]
-    lines = [line for line in r.out.splitlines() if all(n in line for n in named)]
-    assert lines, r.out[-3000:]
-    assert "Traceback" not in r.out, r.out[-3000:]
-    return lines[0]
 
 
 def snapshot(folder) -> dict[str, bytes]:
