@@ -3,12 +3,14 @@
 
     run_train(*overrides, config=..., env=...)   # ./run_train.sh with NGPU=1
     run_module("torchllm.eval.loss", *args)     # python -m torchllm.eval.loss ARGS
+    run_script("benchmarks/x.py", *args)        # python benchmarks/x.py ARGS
     run_train(..., process=True)                 # the same, as a new process (e2e tests)
 
 In this process, `run_train` calls what `./run_train.sh` execs, `torchllm.run.launch.main`, with
 run_train.sh's own launcher options: the config check before any rank starts, the run lock, and
 (one process) the Trainer in the launcher's process, as NGPU=1 trains. `run_module` calls the
-module's `main(argv)`, which its `__main__` block (`exit_process(main())`) calls. What is left
+module's `main(argv)`, which its `__main__` block (`exit_process(main())`) calls; `run_script`
+runs the file as `__main__` (runpy), its folder first on sys.path as Python puts it. What is left
 out is the interpreter start: ~4 CPU-s of imports a launch. The console is captured (stdout,
 stderr: the torchllm logger's handlers are made on them; `stdin` is the input), `env` is set
 for the call only, the working directory is the repository root (run_train.sh's `cd`) or
@@ -24,6 +26,7 @@ import importlib
 import io
 import logging
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +154,29 @@ def run_module(module: str, *args: str, env: dict | None = None, process: bool =
     if not hasattr(mod, "main"):  # a package: its __main__ module calls main()
         mod = importlib.import_module(f"{module}.__main__")
     return _called(mod.__file__, mod.main, list(args), env, cwd, stdin)
+
+
+def run_script(script: str | Path, *args: str, env: dict | None = None, process: bool = False,
+               timeout: float = 600, cwd: str | Path | None = None,
+               stdin: str | None = None) -> Ran:
+    """`python SCRIPT ARGS` (in this process unless `process`), from `cwd` (default: this
+    checkout), `stdin` its input. sys.path and the modules the script imports from its own
+    folder (e.g. benchmarks/benchlib) are put back afterwards, as a process would leave them."""
+    if process:
+        return _spawned([sys.executable, str(script), *args], env, timeout, cwd, stdin)
+    path = (REPO if cwd is None else Path(cwd)) / script
+    folder = str(path.parent.resolve())
+
+    def main(argv: list[str]) -> int:
+        before, saved_path = set(sys.modules), list(sys.path)
+        sys.path.insert(0, folder)
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        finally:
+            sys.path[:] = saved_path  # (a script may add folders of its own)
+            for name in set(sys.modules) - before:
+                if (getattr(sys.modules[name], "__file__", None) or "").startswith(folder):
+                    del sys.modules[name]
+        return 0
+
+    return _called(str(script), main, list(args), env, cwd, stdin)

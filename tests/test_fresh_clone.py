@@ -1,7 +1,12 @@
 """Every shipped config from a fresh clone, offline: a copy of the checkout's files with no
 `../shared` beside it and an empty Hugging Face cache, each `train_configs/*.toml` launched
-through `./run_train.sh` as README shows it (shortened to 2 steps on tiny shapes). Local
-configs train and save; Hub configs fail at once with one line that says how to work offline.
+as README shows it (shortened to 2 steps on tiny shapes). Local configs train and save; Hub
+configs fail at once with one line that says how to work offline.
+
+What starts as `./run_train.sh` itself: the first run (debug_model, README's command) and the
+Hub configs (their offline check switches huggingface_hub's process-wide settings, and its
+timing is the test's). The other local configs run in this process from the clone
+(tests/cli.py's run_train: what the script execs, its relative paths resolved in the clone).
 
 The Hub endpoint is a name that never resolves (RFC 2606 .invalid; HF_ENDPOINT), so the test
 behaves the same with or without network.
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from cli import run_train
 from conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -58,12 +64,20 @@ def clone(tmp_path_factory) -> Path:
 
 
 def launch(clone: Path, config: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    """`./run_train.sh ARGS` in the clone, a process with no Hugging Face settings but a Hub
+    that never answers and an empty cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http"))}
     env.update(CONFIG_FILE=f"train_configs/{config}.toml", NGPU="1", PYTHONPATH=str(clone),
                HF_ENDPOINT="https://hub.invalid", HF_HOME=str(clone.parent / "hf_home"),
                **env_extra)
     return subprocess.run(["./run_train.sh", *args], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=900)
+
+
+def train_here(clone: Path, config: str, *args: str):
+    """The same command in this process, from the clone (a local config reads no Hub)."""
+    return run_train(*args, config=f"train_configs/{config}.toml", cwd=clone,
+                     env={"HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "1"})
 
 
 def test_every_shipped_config_is_covered(clone):
@@ -84,7 +98,7 @@ def pretrained(clone) -> Path:
 @pytest.mark.parametrize("config", ["qwen3_debug", "qwen3_moe_debug", "speedrun_shakespeare_cpu",
                                     "llama3_debug_midtrain", "llama3_debug_sft_lora"])
 def test_local_config_trains_from_a_fresh_clone(clone, pretrained, config):
-    proc = launch(clone, config, *TINY, *LOCAL[config])
+    proc = train_here(clone, config, *TINY, *LOCAL[config])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert re.search(r"step +2", out), out[-2000:]
@@ -116,7 +130,7 @@ def offline_seconds(clone) -> float:
 def test_hub_config_fails_offline_in_one_line(clone, config, request, offline_seconds):
     if config == "llama3_debug_sft":  # stage 3 starts from stage 2, which starts from stage 1
         request.getfixturevalue("pretrained")
-        assert (clone / "outputs" / "debug_midtrain").is_dir() or launch(
+        assert (clone / "outputs" / "debug_midtrain").is_dir() or train_here(
             clone, "llama3_debug_midtrain", *TINY).returncode == 0
     start = time.perf_counter()
     proc = launch(clone, config, *TINY)

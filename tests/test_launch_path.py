@@ -145,23 +145,56 @@ def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
     assert any(row["reason"] in line for line in out.splitlines()), out[-3000:]
 
 
-def test_the_tests_in_process_launch_is_what_run_train_sh_runs(tmp_path):
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory):
+    """`./run_train.sh` as README shows it (the default config, 5 steps, saving), the script
+    itself as a process, its console not on a terminal and its TMPDIR a folder of its own:
+    (the run's folder, the Ran)."""
+    from cli import run_train
+
+    folder = tmp_path_factory.mktemp("typed")
+    (folder / "tmp").mkdir()  # torchrun's temporary files go here, and must not stay
+    ran = run_train("--training.steps=5", f"--job.dump_folder={folder}", "--metrics.log_freq=1",
+                    "--checkpoint.enable", env={"TMPDIR": folder / "tmp"}, process=True,
+                    timeout=300)
+    return folder, ran
+
+
+def losses(out: str) -> list[float]:
+    return [float(x) for x in re.findall(r" step +\d+/\d+ \| loss ([0-9.]+)", out)]
+
+
+def test_run_train_sh_end_to_end(typed):
+    folder, proc = typed
+    out = proc.out
+    assert proc.returncode == 0, out
+    # `./run_train.sh > out.txt` keeps the step lines: they are on stdout.
+    assert "step     5/5" in proc.stdout and "done: step 5/5, 5 steps" in proc.stdout
+    assert "| loss " not in proc.stderr and "\x1b[K" not in out  # not a terminal: no bar
+    assert (folder / "debug_model" / "config.toml").is_file()
+    log = (folder / "debug_model" / "train.log").read_text()
+    assert log.startswith("==== launch ") and "step     5/5" in log
+    assert "![loss](loss.png)" in (folder / "debug_model" / "report" / "report.md").read_text()
+    assert list((folder / "tmp").iterdir()) == []  # no torchelastic_* tee folder left
+    found = losses(proc.stdout)
+    assert len(found) == 5 and found[-1] < found[0]
+
+
+def test_the_tests_in_process_launch_is_what_run_train_sh_runs(typed, tmp_path):
     """tests/cli.py's run_train (what most tests call) against ./run_train.sh itself: the same
     losses, files and exit codes, for a run and for a config error."""
     from cli import run_train
 
-    from conftest import tiny_args
-
-    def losses(out: str) -> list[str]:
-        return re.findall(r" step +\d+/\d+ \| loss ([0-9.]+)", out)
-
-    typed = run_train(*tiny_args(tmp_path / "typed"), "--checkpoint.enable", process=True)
-    called = run_train(*tiny_args(tmp_path / "called"), "--checkpoint.enable")
+    folder, typed = typed
+    called = run_train("--training.steps=5", f"--job.dump_folder={tmp_path}",
+                       "--metrics.log_freq=1", "--checkpoint.enable")
     assert typed.returncode == called.returncode == 0, (typed.out[-2000:], called.out[-2000:])
-    assert losses(typed.stdout) == losses(called.stdout) and len(losses(typed.stdout)) == 4
-    steps = sorted(p.name for p in (tmp_path / "typed/debug_model/checkpoint").iterdir())
-    assert steps == sorted(p.name for p in (tmp_path / "called/debug_model/checkpoint").iterdir())
+    assert losses(typed.stdout) == losses(called.stdout) and len(losses(typed.stdout)) == 5
+    steps = sorted(p.name for p in (folder / "debug_model/checkpoint").iterdir())
+    assert steps == sorted(p.name for p in (tmp_path / "debug_model/checkpoint").iterdir())
+    assert steps
     bad = ["--training.steps=four"]
-    typed, called = (run_train(*tiny_args(tmp_path / "bad"), *bad, process=p) for p in (1, 0))
+    typed, called = (run_train(f"--job.dump_folder={tmp_path / 'bad'}", *bad, process=p)
+                     for p in (1, 0))
     assert typed.returncode == called.returncode == 2
     assert "training.steps" in typed.stderr and "training.steps" in called.stderr

@@ -1,15 +1,12 @@
-"""What a launch exposes on the network: a single-node ./run_train.sh listens on loopback only
-(torchrun's rendezvous store, the workers' store, gloo), and its rendezvous id is random unless
-RDZV_ID gives one; several nodes without RDZV_ID are refused."""
+"""What a launch exposes on the network: its rendezvous id is random unless RDZV_ID gives one, a
+single-node launch (--standalone, or a loopback endpoint) is rewritten to listen on loopback
+(torchrun's rendezvous store, the workers' store, gloo), and several nodes without RDZV_ID are
+refused. (A running 2-rank launch's sockets, all on 127.0.0.1: test_launcher.py.)"""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import signal
-import socket
 import subprocess
-import time
 
 import pytest
 
@@ -17,118 +14,6 @@ from conftest import REPO, tiny_args
 from s3_server import free_port
 from torchllm.config import ConfigError
 from torchllm.run.launch import secure_rendezvous
-
-
-def _hex_addr(field: str) -> tuple[str, int]:
-    """A /proc/net/tcp{,6} 'ADDR:PORT' (little-endian hex words) as (ip, port)."""
-    addr, port = field.split(":")
-    raw = bytes.fromhex(addr)
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(raw)), int(port, 16)
-
-
-def listening() -> dict[str, tuple[str, int]]:
-    """{socket inode: (ip, port)} of every listening TCP socket of this network namespace."""
-    out = {}
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(name) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A":  # TCP_LISTEN
-                    out[fields[9]] = _hex_addr(fields[1])
-    return out
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def socket_inodes(pids: list[int]) -> set[str]:
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    return inodes
-
-
-def run_listeners(proc, timeout=240) -> set[tuple[str, int]]:
-    """The listening sockets of `proc`'s process tree once both ranks train (step 2 logged)."""
-    end, out = time.monotonic() + timeout, ""
-    while "step     2/" not in out:
-        assert proc.poll() is None and time.monotonic() < end, out[-3000:]
-        time.sleep(0.3)
-        out = proc.log.read_text()
-    mine = socket_inodes(tree(proc.pid))
-    return {addr for inode, addr in listening().items() if inode in mine}
-
-
-def start(tmp_path, name, **env):
-    log = tmp_path / f"{name}.log"
-    env = {**os.environ, "NGPU": "2", "PYTHONPATH": str(REPO), **env}
-    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RDZV_ID"):
-        env.pop(key, None)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            ["./run_train.sh", *tiny_args(tmp_path, f"--job.run_name={name}",
-                                          "--training.steps=100000",
-                                          "--training.local_batch_size=2",
-                                          "--metrics.progress_bar=false")],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    proc.log = log
-    return proc
-
-
-def stop(proc) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0, proc.log.read_text()[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.e2e  # the launcher's process and its workers' sockets
-def test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id(tmp_path):
-    """2 ranks of ./run_train.sh, by default and with RDZV_ENDPOINT=127.0.0.1:PORT: every
-    listening socket of the launcher and its workers is on 127.0.0.1 (torch's own TCPStore binds
-    every interface), and the rendezvous is not under the old fixed id `torchllm`."""
-    import torch.distributed as dist
-
-    endpoint = {"RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
-    for name, env in (("standalone", {}), ("endpoint", endpoint)):
-        proc = start(tmp_path, name, **env)
-        try:
-            found = run_listeners(proc)
-            assert found, "no listener found: the run's sockets were not read"
-            assert {ip for ip, _ in found} == {"127.0.0.1"}, (name, found)
-            if env:  # the rendezvous store at the endpoint: the old guessable key is absent
-                port = int(env["RDZV_ENDPOINT"].rsplit(":", 1)[1])
-                assert ("127.0.0.1", port) in found
-                client = dist.TCPStore("127.0.0.1", port, is_master=False)
-                assert not client.check(["torch.rendezvous.torchllm"])
-        finally:
-            if proc.poll() is None:
-                stop(proc)
 
 
 def test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes():
@@ -153,6 +38,7 @@ def test_the_rendezvous_id_is_random_unless_given_and_required_on_several_nodes(
     one_node = ("--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29555")
     (c, local_c), (d, _) = rewritten(*one_node), rewritten(*one_node)
     assert local_c and c.rdzv_id != d.rdzv_id and len(c.rdzv_id) == 32
+    assert c.local_addr == "127.0.0.1"  # the workers' store, too, on loopback
     given, local = rewritten(*one_node, "--rdzv_id=mine")
     assert given.rdzv_id == "mine"
     remote = ("--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.1.2.3:29555")

@@ -1,8 +1,14 @@
 """run_train.sh as a scheduler and a user meet it, with real torchrun launches (tiny settings):
-a failure on one rank is printed once on the console; SIGTERM saves and exits 0; a second launch
-into a running run's folder is refused; workers die with their torchrun; a dead run's lock is
-taken over."""
+a failure on one rank is printed once on the console; a single-node launch listens on loopback
+only; SIGTERM saves and exits 0; a second launch into a running run's folder is refused; workers
+die with their torchrun; a dead run's lock is taken over.
 
+Three 2-rank launches in all: the rank-1 failure; one run shared by the loopback and SIGTERM
+tests (`two_ranks`: its sockets read, then stopped); the run whose torchrun is killed. The
+second and third launches into that run's folder are the launcher's checks before any rank
+starts, called in this process (tests/cli.py's run_train: what the script execs)."""
+
+import ipaddress
 import json
 import os
 import re
@@ -11,6 +17,7 @@ import subprocess
 
 import pytest
 
+from cli import run_train
 from conftest import REPO, tiny_args, wait_for
 
 pytestmark = pytest.mark.slow
@@ -23,8 +30,9 @@ def launcher_lines(out: str, *words: str) -> list[str]:
 
 
 def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None, env=None):
-    env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": log_rank, "PYTHONPATH": str(REPO),
-           **(env or {})}
+    mine = ("RDZV_ID", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # the launcher's defaults
+    env = {**{k: v for k, v in os.environ.items() if k not in mine}, "NGPU": str(ngpu),
+           "LOG_RANK": log_rank, "PYTHONPATH": str(REPO), **(env or {})}
     cmd = ["./run_train.sh", *tiny_args(tmp_path, "--training.local_batch_size=2",
                                         "--metrics.progress_bar=false"), *extra]
     if wait:
@@ -58,19 +66,103 @@ def test_an_error_on_rank_1_is_printed_once_on_rank_0s_console(tmp_path):
     assert "torchllm/metrics/writers.py" in error["extraInfo"]["py_callstack"]
 
 
-@pytest.mark.e2e
-def test_sigterm_reaches_every_worker_which_save_and_exit_0(tmp_path):
+def _hex_addr(field: str) -> tuple[str, int]:
+    """A /proc/net/tcp{,6} 'ADDR:PORT' (little-endian hex words) as (ip, port)."""
+    addr, port = field.split(":")
+    raw = bytes.fromhex(addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw)), int(port, 16)
+
+
+def listening() -> dict[str, tuple[str, int]]:
+    """{socket inode: (ip, port)} of every listening TCP socket of this network namespace."""
+    out = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    out[fields[9]] = _hex_addr(fields[1])
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def socket_inodes(pids: list[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """A 2-rank ./run_train.sh as a user starts it on one node (no rendezvous settings), saving
+    only when stopped, running at its step 2. The tests below read it in order (its sockets,
+    then a SIGTERM); one run alone starts it too, and whatever is left running is killed."""
+    tmp_path = tmp_path_factory.mktemp("two_ranks")
     log = open(tmp_path / "out.txt", "w")
     proc = launch(tmp_path, "--job.run_name=r", "--training.steps=10000", "--checkpoint.enable",
                   "--checkpoint.interval=100000", ngpu=2, wait=False, out=log)
-    wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text(), 240,
-             what="step 2", every=0.5)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0, (tmp_path / "out.txt").read_text()
-    out = (tmp_path / "out.txt").read_text()
+    proc.folder = tmp_path
+    try:
+        wait_for(lambda: "step     2/" in (tmp_path / "out.txt").read_text() or proc.poll(), 240,
+                 what="step 2", every=0.5)
+        assert proc.poll() is None, (tmp_path / "out.txt").read_text()[-3000:]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.e2e  # the launcher's process and its workers' sockets
+def test_a_single_node_launch_listens_on_loopback_only(two_ranks):
+    """Every listening socket of the launcher and its workers is on 127.0.0.1 (torch's own
+    TCPStore binds every interface). (The id: a random one unless RDZV_ID gives one, and a
+    given endpoint's launch is rewritten the same way: test_launch_security.py.)"""
+    mine = socket_inodes(tree(two_ranks.pid))
+    found = {addr for inode, addr in listening().items() if inode in mine}
+    assert found, "no listener found: the run's sockets were not read"
+    assert {ip for ip, _ in found} == {"127.0.0.1"}, found
+
+
+@pytest.mark.e2e
+def test_sigterm_reaches_every_worker_which_save_and_exit_0(two_ranks):
+    two_ranks.send_signal(signal.SIGTERM)
+    out_file = two_ranks.folder / "out.txt"
+    assert two_ranks.wait(timeout=120) == 0, out_file.read_text()[-3000:]
+    out = out_file.read_text()
     assert launcher_lines(out, "SIGTERM"), out  # said by the launcher, naming the signal
     assert "Traceback" not in out and "SignalException" not in out
-    (step_dir,) = (tmp_path / "r" / "checkpoint").iterdir()
+    (step_dir,) = (two_ranks.folder / "r" / "checkpoint").iterdir()
     assert (step_dir / "COMPLETE").is_file()  # both ranks saved the same step
 
 
@@ -89,11 +181,13 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
         # Paused, it still holds the lock (a live pid) without training on while the second
         # launch starts; it runs again before torchrun dies.
         os.kill(worker, signal.SIGSTOP)
-        try:
-            second = launch(tmp_path, "--job.run_name=r", "--training.steps=1")
+        try:  # (the launcher's check, before any rank starts: in this process)
+            second = run_train(*tiny_args(tmp_path, "--training.local_batch_size=2",
+                                          "--metrics.progress_bar=false"),
+                               "--job.run_name=r", "--training.steps=1")
         finally:
             os.kill(worker, signal.SIGCONT)
-        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.returncode == 2, second.out
         # one line: the folder in use, and the process that holds it
         assert any(re.search(rf"\bpid {worker}\b", line)
                    for line in launcher_lines(second.stderr, str(tmp_path / "r"))), second.stderr
@@ -111,8 +205,10 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
 
     wait_for(gone, timeout=30, what="the orphaned worker to die", every=0.5)
     assert lock.exists()  # left behind by the killed run
-    third = launch(tmp_path, "--job.run_name=r", "--training.steps=1", "--job.overwrite")
-    out = third.stdout + third.stderr
+    third = run_train(*tiny_args(tmp_path, "--training.local_batch_size=2",
+                                 "--metrics.progress_bar=false"),
+                      "--job.run_name=r", "--training.steps=1", "--job.overwrite")
+    out = third.out
     assert third.returncode == 0, out
     # the stale lock taken over, and the dead process it named
     assert any(str(lock) in line and re.search(rf"\b{worker}\b", line)

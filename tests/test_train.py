@@ -7,7 +7,6 @@ from torchllm.config import ConfigError
 from torchllm.optim import lr_factor, param_groups
 from torchllm.train import Trainer, main
 
-from cli import run_train
 from conftest import tiny_args, tiny_config
 
 
@@ -223,25 +222,3 @@ def test_main_writes_config_and_reports_bad_flags(tmp_path, caplog):
     assert main(tiny_args(tmp_path, "--training.steps=2", "--job.run_name=r")) == 0
     assert "[training]\nsteps = 2" in (tmp_path / "r" / "config.toml").read_text()
     assert main(tiny_args(tmp_path, "--training.lr=1")) == 2
-
-
-@pytest.mark.slow
-@pytest.mark.e2e  # the script itself, as a process: its stdout/stderr split, TMPDIR left clean
-def test_run_train_sh_end_to_end(tmp_path):
-    (tmp_path / "tmp").mkdir()  # torchrun's temporary files go here, and must not stay
-    proc = run_train("--training.steps=5", f"--job.dump_folder={tmp_path}",
-                     "--metrics.log_freq=1", env={"TMPDIR": tmp_path / "tmp"}, process=True,
-                     timeout=300)
-    out = proc.out
-    assert proc.returncode == 0, out
-    # `./run_train.sh > out.txt` keeps the step lines: they are on stdout.
-    assert "step     5/5" in proc.stdout and "done: step 5/5, 5 steps" in proc.stdout
-    assert "| loss " not in proc.stderr and "\x1b[K" not in out  # not a terminal: no bar
-    assert (tmp_path / "debug_model" / "config.toml").is_file()
-    log = (tmp_path / "debug_model" / "train.log").read_text()
-    assert log.startswith("==== launch ") and "step     5/5" in log
-    assert "![loss](loss.png)" in (tmp_path / "debug_model" / "report" / "report.md").read_text()
-    assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_* tee folder left
-    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines()
-              if "| loss " in line]
-    assert len(losses) == 5 and losses[-1] < losses[0]

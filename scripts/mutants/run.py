@@ -48,6 +48,14 @@ MUTANTS = [
          "tests/test_runlock.py::test_a_takeover_judged_on_an_earlier_read_leaves_the_new_lock"),
     ),
     Mutant.at(
+        "zombie_holds_the_lock", "an exited, unreaped process (a zombie: its pid still answers) "
+        "counts as the live holder of a run folder, which then can never be resumed",
+        "torchllm.run.runlock:pid_alive",
+        '    if fields is not None and fields[0] in ("Z", "X"):\n',
+        "    if False:\n",
+        ("tests/test_runlock.py::test_a_lock_held_by_a_zombie_is_taken_over",),
+    ),
+    Mutant.at(
         "one_process_through_torchrun", "NGPU=1 still starts torchrun's agent and a second "
         "interpreter (torch and torchllm imported again) instead of training in the launcher",
         "torchllm.run.launch:main",
@@ -136,8 +144,7 @@ MUTANTS = [
         "torchllm.run.launch:main",
         "        with loopback_stores() if local else contextlib.nullcontext():",
         "        with contextlib.nullcontext():",
-        ("tests/test_launch_security.py::"
-         "test_a_single_node_launch_listens_on_loopback_only_with_a_random_rendezvous_id",),
+        ("tests/test_launcher.py::test_a_single_node_launch_listens_on_loopback_only",),
     ),
     Mutant.at(
         "launch_fixed_rendezvous_id",

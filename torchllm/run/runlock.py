@@ -45,25 +45,36 @@ class RunLockedError(ConfigError):
     """Another live run holds the run folder."""
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None if not running/knowable."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third on (state, ppid, ...), or None if unreadable."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 22; the command name (field 2) may hold spaces, so split after its closing ')'.
-    return stat.rsplit(")", 1)[1].split()[19]
+    # The command name (field 2) may hold spaces, so split after its closing ')'.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None if not running/knowable."""
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[19]  # field 22
 
 
 def pid_alive(pid: int, start_time: str | None) -> bool:
-    """Whether `pid` still names the process that took the lock (same start time, if recorded)."""
+    """Whether `pid` still names the process that took the lock (same start time, if recorded).
+    A zombie has exited: it holds nothing, though its pid answers until its parent reaps it
+    (an orphaned worker in a container whose first process never reaps stays one)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # alive, owned by someone else
-    now = process_start_time(pid)
+    fields = _stat_fields(pid)
+    if fields is not None and fields[0] in ("Z", "X"):
+        return False
+    now = None if fields is None else fields[19]
     return start_time is None or now is None or now == start_time
 
 
