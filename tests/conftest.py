@@ -184,6 +184,28 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def tb_scalars(folder: Path, tag: str = "loss/avg") -> dict[int, float]:
+    """{step: value} of a scalar in a run's TensorBoard folder, as the viewer shows it after
+    relaunches: a later events file replaces the steps from its first one on. The files are
+    taken in the order they were written (their first event's time): TensorBoard takes them in
+    name order, which two writers of one process in the same second get wrong once its
+    unpadded writer counter gains a digit (`...vm.123.10` before `...vm.123.9`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = []
+    for path in Path(folder).glob("events.out.tfevents.*"):
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        if tag in events.Tags()["scalars"]:
+            files.append((events.FirstEventTimestamp(), path.name, events.Scalars(tag)))
+    values: dict[int, float] = {}
+    for _, _, scalars in sorted(files, key=lambda f: f[:2]):
+        first = scalars[0].step
+        values = {step: v for step, v in values.items() if step < first}
+        values.update((e.step, e.value) for e in scalars)
+    return dict(sorted(values.items()))
+
+
 def shared_path(*parts: str) -> Path:
     """A file in ../shared, or skip the test with the reason when it is absent."""
     path = SHARED.joinpath(*parts)

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint import open_checkpoint
 from torchllm.train import Trainer
 
-from conftest import REPO, TORCHRUN, tiny_args, tiny_config
+from conftest import REPO, TORCHRUN, tb_scalars, tiny_args, tiny_config
 from messages import assert_names
 
 pytestmark = pytest.mark.slow
@@ -52,9 +51,7 @@ def torchrun_jobs(path: Path, jobs: list[dict]) -> str:
 
 
 def tb_losses(tmp_path, run: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(tmp_path / "tb" / run), size_guidance={"scalars": 0})
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars("loss/avg")]
+    return list(tb_scalars(tmp_path / "tb" / run).items())
 
 
 def assert_same_tensors(got: dict, expected: dict) -> None:

@@ -197,11 +197,9 @@ def run_train_sh(tmp: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def tb_losses(tmp: Path, run: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from conftest import tb_scalars
 
-    events = EventAccumulator(str(tmp / "tb" / run), size_guidance={"scalars": 0})
-    events.Reload()
-    return {e.step: e.value for e in events.Scalars("loss/avg")}
+    return tb_scalars(tmp / "tb" / run)
 
 
 def resume_data(tmp: Path) -> str:

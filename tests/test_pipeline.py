@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tb_scalars, tiny_config
 from test_context_parallel import DOCS, fill, write_short_docs
 from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
 from torchllm import models
@@ -323,12 +323,8 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, cap
     assert losses == pytest.approx(refs["plain"]["loss"][5:], rel=1e-4), (losses, refs)
 
 
-def tb_scalars(tmp, run: str, tag: str) -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tmp / "tb" / run), size_guidance={"scalars": 0})
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(tag)]
+def run_scalars(tmp, run: str, tag: str) -> list[tuple[int, float]]:
+    return list(tb_scalars(tmp / "tb" / run, tag).items())
 
 
 @pytest.mark.slow
@@ -341,6 +337,6 @@ def test_pp_validation_loss_matches_single_process(reference, two_process, name)
     if not (tmp / "tb" / "val_single").exists():
         Trainer(tiny_config(tmp, *COMMON, *VALIDATION, "--job.run_name=val_single")).train()
     for tag in ("val/loss", "loss/avg"):
-        single, pp = tb_scalars(tmp, "val_single", tag), tb_scalars(tmp, f"val_{name}", tag)
+        single, pp = run_scalars(tmp, "val_single", tag), run_scalars(tmp, f"val_{name}", tag)
         assert [s for s, _ in pp] == [s for s, _ in single] and len(single) >= 3, (tag, pp)
         assert [v for _, v in pp] == pytest.approx([v for _, v in single], rel=1e-4), tag

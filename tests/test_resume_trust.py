@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchllm.checkpoint import complete_steps
 from torchllm.checkpoint.step import read_marker
@@ -19,7 +18,7 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.train import Trainer, main
 
-from conftest import shared_path, tiny_args, tiny_config
+from conftest import shared_path, tb_scalars, tiny_args, tiny_config
 from messages import assert_names, raises_naming
 
 CKPT = ("--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -40,9 +39,7 @@ def folder(root: Path) -> Path:
 def tb_losses(root: Path) -> dict[int, float]:
     """The loss of every step in the run's TensorBoard events, a relaunch's replacing the
     earlier launch's at the steps both logged."""
-    events = EventAccumulator(str(root / "tb" / "run"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {e.step: e.value for e in events.Scalars("loss/avg")}
+    return tb_scalars(root / "tb" / "run")
 
 
 @pytest.mark.slow
