@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path, PurePosixPath
 
-from torchllm.storage import Location, missing_package
+from torchllm.storage import Location, as_location, is_url, missing_package
 
 NAME_ALLOWED = ("one folder name: not empty, no '/' or '\\', not '.' or '..' (leave it unset "
                 "for the config file's name)")
@@ -40,7 +40,7 @@ def tensorboard_folder(cfg, run_name: str) -> Path:
 def checkpoint_folder(run_dir: Location, folder: str) -> Location:
     """`checkpoint.folder`: a URL is used as is (less a trailing '/'), a relative path lies under
     the run folder."""
-    return folder.rstrip("/") if "://" in folder else Path(run_dir) / folder
+    return as_location(folder) if is_url(folder) else Path(run_dir) / folder
 
 
 @dataclasses.dataclass(frozen=True)
