@@ -184,6 +184,15 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter in /proc/PID/stat (R, S, T, Z: a zombie, ...); None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]  # (the command name before it may hold spaces)
+
+
 def tb_scalars(folder: Path, tag: str = "loss/avg") -> dict[int, float]:
     """{step: value} of a scalar in a run's TensorBoard folder, as the viewer shows it after
     relaunches: a later events file replaces the steps from its first one on. The files are

@@ -38,6 +38,12 @@ def raises_naming(exc_type, *things, key: str | None = None, one_line: bool = Fa
         assert "\n" not in str(info.value), str(info.value)
 
 
+def launcher_lines(out: str, *words: str) -> list[str]:
+    """The launcher's console lines (`run_train:`) that name every one of `words`."""
+    return [line for line in out.splitlines()
+            if line.startswith("run_train:") and all(w in line for w in words)]
+
+
 def refused(ran, *things) -> str:
     """A command (tests/cli.py's Ran, or subprocess's CompletedProcess) refused in one line:
     exit 2, no traceback, and a console line naming every one of `things` (each compared as

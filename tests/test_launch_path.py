@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, wait_for
+from messages import launcher_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -78,12 +79,6 @@ def test_one_process_trains_in_the_launchers_process_and_sigterm_saves_and_exits
     assert "Traceback" not in out, out[-3000:]
     (step_dir,) = (tmp_path / "r" / "checkpoint").iterdir()
     assert (step_dir / "COMPLETE").is_file()
-
-
-def launcher_lines(out: str, *words: str) -> list[str]:
-    """The launcher's console lines (`run_train:`) that name every one of `words`."""
-    return [line for line in out.splitlines()
-            if line.startswith("run_train:") and all(w in line for w in words)]
 
 
 def rank_pid(marker: str, rank: int) -> int | None:

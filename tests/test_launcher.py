@@ -18,23 +18,23 @@ import subprocess
 import pytest
 
 from cli import run_train
-from conftest import REPO, tiny_args, wait_for
+from conftest import REPO, process_state, tiny_args, wait_for
+from messages import launcher_lines
 
 pytestmark = pytest.mark.slow
 
 
-def launcher_lines(out: str, *words: str) -> list[str]:
-    """The launcher's console lines (`run_train:`) that name every one of `words`."""
-    return [line for line in out.splitlines()
-            if line.startswith("run_train:") and all(w in line for w in words)]
+def args(tmp_path, *extra: str) -> list[str]:
+    """run_train.sh's overrides for these tests' runs under `tmp_path`."""
+    return [*tiny_args(tmp_path, "--training.local_batch_size=2", "--metrics.progress_bar=false"),
+            *extra]
 
 
 def launch(tmp_path, *extra, ngpu=1, log_rank="0", wait=True, out=None, env=None):
     mine = ("RDZV_ID", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # the launcher's defaults
     env = {**{k: v for k, v in os.environ.items() if k not in mine}, "NGPU": str(ngpu),
            "LOG_RANK": log_rank, "PYTHONPATH": str(REPO), **(env or {})}
-    cmd = ["./run_train.sh", *tiny_args(tmp_path, "--training.local_batch_size=2",
-                                        "--metrics.progress_bar=false"), *extra]
+    cmd = ["./run_train.sh", *args(tmp_path, *extra)]
     if wait:
         return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=300)
@@ -182,9 +182,7 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
         # launch starts; it runs again before torchrun dies.
         os.kill(worker, signal.SIGSTOP)
         try:  # (the launcher's check, before any rank starts: in this process)
-            second = run_train(*tiny_args(tmp_path, "--training.local_batch_size=2",
-                                          "--metrics.progress_bar=false"),
-                               "--job.run_name=r", "--training.steps=1")
+            second = run_train(*args(tmp_path, "--job.run_name=r", "--training.steps=1"))
         finally:
             os.kill(worker, signal.SIGCONT)
         assert second.returncode == 2, second.out
@@ -195,19 +193,12 @@ def test_one_run_per_folder_and_workers_die_with_torchrun(tmp_path):
         first.send_signal(signal.SIGKILL)  # torchrun dies without passing anything on
         first.wait()
 
-    def gone():
-        try:
-            os.kill(worker, 0)
-            # A zombie is dead too (its parent is gone; init reaps it soon).
-            return open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-        except (ProcessLookupError, FileNotFoundError):
-            return True
-
-    wait_for(gone, timeout=30, what="the orphaned worker to die", every=0.5)
+    # (a zombie is dead too: its parent is gone, and it holds no lock)
+    wait_for(lambda: process_state(worker) in (None, "Z"), timeout=30,
+             what="the orphaned worker to die", every=0.5)
     assert lock.exists()  # left behind by the killed run
-    third = run_train(*tiny_args(tmp_path, "--training.local_batch_size=2",
-                                 "--metrics.progress_bar=false"),
-                      "--job.run_name=r", "--training.steps=1", "--job.overwrite")
+    third = run_train(*args(tmp_path, "--job.run_name=r", "--training.steps=1",
+                            "--job.overwrite"))
     out = third.out
     assert third.returncode == 0, out
     # the stale lock taken over, and the dead process it named

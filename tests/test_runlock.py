@@ -15,7 +15,7 @@ import pytest
 from torchllm.run.runlock import LOCK_NAME, RunLock, RunLockedError
 
 from cli import run_module
-from conftest import REPO, tiny_args, wait_for
+from conftest import REPO, process_state, tiny_args, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -138,13 +138,7 @@ def test_a_lock_held_by_a_zombie_is_taken_over(tmp_path):
         "import os, sys; from torchllm.run.runlock import RunLock; "
         "RunLock(sys.argv[1], stale_s=600).acquire(); os._exit(0)"), str(tmp_path)], env=ENV)
     try:
-        def zombie():
-            try:
-                return open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-            except OSError:
-                return False
-
-        wait_for(zombie, 60, what="the lock holder to exit")
+        wait_for(lambda: process_state(holder.pid) == "Z", 60, what="the lock holder to exit")
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == holder.pid
         lock = RunLock(tmp_path, stale_s=600)
         lock.acquire()  # not "in use by another run"
