@@ -111,14 +111,14 @@ def test_hellaswag_offline_fails_at_once_saying_so(checkpoint):
                    env=ENV)
     assert r.returncode == 2, r.out[-3000:]
     # the probe (3 s), then the local cache only: no retries of an unreachable Hub
-    assert f"{UNREACHABLE} did not answer within 3 s" in r.out, r.out[-3000:]
+    assert f"{UNREACHABLE} could not be reached (Connection refused)" in r.out, r.out[-3000:]
 
 
 def test_downstream_offline_fails_at_once_naming_the_fetch_command(checkpoint, tmp_path):
     r = run_module("torchllm.eval.downstream", "--checkpoint", str(checkpoint), "--tasks",
                    "copa", "--data-dir", str(tmp_path), "--limit", "2", env=ENV)
     assert r.returncode == 2, r.out[-3000:]
-    assert f"{UNREACHABLE} did not answer within 3 s" in r.out, r.out[-3000:]
+    assert f"{UNREACHABLE} could not be reached (Connection refused)" in r.out, r.out[-3000:]
     assert "python -m torchllm.eval.fetch" in r.out
 
 
@@ -153,7 +153,7 @@ def test_one_command_prepares_the_eval_data_the_evals_read_offline(checkpoint, t
     # A task to download, offline: at once, naming --from.
     r = run_module("torchllm.eval.fetch", "--out", str(evals), "--tasks", "copa", env=ENV)
     assert r.returncode == 2 and "--from copa=" in r.stderr, r.out
-    assert f"{UNREACHABLE} did not answer within 3 s" in r.stderr, r.out
+    assert f"{UNREACHABLE} could not be reached (Connection refused)" in r.stderr, r.out
 
 
 def test_the_shipped_sft_config_on_a_small_chat_file_warns(tmp_path):

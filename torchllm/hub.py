@@ -18,7 +18,7 @@ import urllib.parse
 OFFLINE_HINT = ("offline? set HF_HUB_OFFLINE=1 (only files already in the Hugging Face cache "
                 "are used; no network wait)")
 _TRUE = {"1", "true", "yes", "on"}
-_state: dict[str, bool] = {}
+_state: dict[str, bool | str] = {}
 
 
 def offline_by_env() -> bool:
@@ -37,8 +37,11 @@ def hub_reachable(timeout: float = 3.0) -> bool:
             try:
                 with socket.create_connection((url.hostname, port), timeout=timeout):
                     _state["reachable"] = True
-            except OSError:
+            except OSError as e:  # said as it was: a timeout, or a refusal at once
                 _state["reachable"] = False
+                _state["why"] = (f"did not answer within {timeout:g} s"
+                                 if isinstance(e, TimeoutError) else
+                                 f"could not be reached ({e.strerror or e})")
     return _state["reachable"]
 
 
@@ -59,7 +62,7 @@ def set_offline() -> None:
 
 def prepare_hub() -> bool:
     """Call before a Hub lookup; returns True when it will run offline (by the environment,
-    or because the Hub did not answer within 3 s)."""
+    or because the Hub could not be reached: no answer within 3 s, or refused at once)."""
     if offline_by_env():
         return True
     if not hub_reachable():
@@ -71,9 +74,9 @@ def prepare_hub() -> bool:
 def offline_note(offline: bool) -> str:
     """The hint to add to a failed lookup's message."""
     if offline and not _state.get("reachable", True):
-        return (f" (the Hub at {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} did "
-                "not answer within 3 s, so only the local cache was searched; set "
-                "HF_HUB_OFFLINE=1 to skip this check)")
+        return (f" (the Hub at {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} "
+                f"{_state.get('why', 'could not be reached')}, so only the local cache was "
+                "searched; set HF_HUB_OFFLINE=1 to skip this check)")
     if offline:
         return " (HF_HUB_OFFLINE is set: only the local Hugging Face cache was searched)"
     return f" ({OFFLINE_HINT})"

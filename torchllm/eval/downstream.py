@@ -75,6 +75,12 @@ def encode_options(tokenizer: Tokenizer, item: Item,
             for i in range(item.num_options)]
 
 
+def unsigned_zero(value: float, digits: int) -> float:
+    """`value`, with a value that rounds to zero at `digits` decimals as +0.0 (a table of
+    centered accuracies printed -0.0000 for a task a hair below chance)."""
+    return round(value, digits) + 0.0 if round(value, digits) == 0 else value
+
+
 @dataclass
 class TaskResult:
     name: str
@@ -108,12 +114,15 @@ class DownstreamResult:
         return out
 
     def table(self) -> str:
+        """The console's table (a centered accuracy that rounds to zero prints 0.0000, not
+        -0.0000)."""
         lines = [f"{'task':<16}{'type':<8}{'shots':>6}{'n':>7}{'acc':>8}{'chance':>8}"
                  f"{'centered':>10}"]
         for t in self.tasks.values():
             lines.append(f"{t.name:<16}{t.kind:<8}{t.shots:>6}{t.n:>7}{t.acc:>8.4f}"
-                         f"{t.chance:>8.3f}{t.centered:>10.4f}")
-        lines.append(f"CORE (mean centered accuracy over {len(self.tasks)} tasks): {self.core:.4f}"
+                         f"{t.chance:>8.3f}{unsigned_zero(t.centered, 4):>10.4f}")
+        lines.append(f"CORE (mean centered accuracy over {len(self.tasks)} tasks): "
+                     f"{unsigned_zero(self.core, 4):.4f}"
                      "   (0 = random guessing)")
         return "\n".join(lines)
 
