@@ -25,10 +25,20 @@
 # in the launcher's own process, without torchrun's agent), prints a failure on any rank once
 # (the first error, or a killed rank with its signal), and exits 0 when SIGTERM/SIGINT stopped
 # the run and every worker saved and exited cleanly.
+#
+# Paths (CONFIG_FILE, --section.key=value, and the paths inside the TOML: dump_folder, local:
+# datasets, initial_load_path, ...) resolve against the directory you run it from, like any
+# command; the script does not change directory. CONFIG_FILE may also name a shipped config
+# relative to this clone (train_configs/x.toml) when no such file is where you stand.
 set -euo pipefail
-cd "$(dirname "$0")"
+here="$(cd "$(dirname "$0")" && pwd)"
 
-CONFIG_FILE=${CONFIG_FILE:-"./train_configs/debug_model.toml"}
+CONFIG_FILE=${CONFIG_FILE:-"$here/train_configs/debug_model.toml"}
+if [[ "$CONFIG_FILE" != /* && ! -e "$CONFIG_FILE" && -e "$here/$CONFIG_FILE" ]]; then
+    CONFIG_FILE="$here/$CONFIG_FILE"
+fi
+# This clone's torchllm, wherever it is run from (as `cd` into it gave before).
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # Processes per node: NGPU, else NPROC, else "devices" (the launcher counts the CUDA devices, or
 # 1 without any, in the process that runs torchrun: no separate Python start just to count them).
 NGPU=${NGPU:-${NPROC:-devices}}

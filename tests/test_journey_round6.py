@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import run_train
+from cli import DEBUG_CONFIG, run_train
 from conftest import REPO, tiny_args
 
 import torchllm.hub as hub
@@ -67,3 +67,46 @@ def test_an_offline_hub_is_described_as_it_answered(fresh_probe, monkeypatch):
     monkeypatch.setattr(socket, "create_connection", times_out)
     assert not hub.hub_reachable()
     assert "did not answer within 3 s" in hub.offline_note(True)
+
+
+def write_user_dir(tmp_path: Path) -> Path:
+    """A user's own working directory outside the clone: a TOML and a text folder of theirs."""
+    import pydoc_data.topics
+
+    user = tmp_path / "work"
+    (user / "data").mkdir(parents=True)
+    (user / "data" / "x.txt").write_text("\n\n".join(pydoc_data.topics.topics.values()))
+    (user / "my.toml").write_text(
+        '[job]\ndump_folder = "./outputs"\nrun_name = "mine"\n\n'
+        '[data]\ndataset = "local:data/x.txt"\ntokenizer_vocab_size = 512\n')
+    return user
+
+
+@pytest.mark.e2e
+def test_paths_resolve_where_the_user_stands_not_in_the_clone(tmp_path):
+    import os
+    import subprocess
+
+    user = write_user_dir(tmp_path)
+    before = set((REPO / "outputs").glob("*")) if (REPO / "outputs").is_dir() else set()
+    p = subprocess.run(
+        [str(REPO / "run_train.sh"), "--training.device=cpu", "--model.flavor=debug",
+         "--training.steps=2", "--training.seq_len=32", "--training.local_batch_size=2",
+         "--metrics.report=false", "--training.mixed_precision=none",
+         "--checkpoint.enable=true", "--checkpoint.interval=2"],
+        cwd=user, env={**os.environ, "CONFIG_FILE": "my.toml", "NGPU": "1"},
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert (user / "outputs" / "mine" / "checkpoint" / "step-2").is_dir(), os.listdir(user)
+    after = set((REPO / "outputs").glob("*")) if (REPO / "outputs").is_dir() else set()
+    assert after == before, f"the run wrote into the clone: {after - before}"
+
+
+def test_a_path_not_found_names_where_it_looked(tmp_path):
+    user = write_user_dir(tmp_path)
+    r = run_train(*tiny_args(tmp_path, "--data.dataset=local:my_texts/"),
+                  config=REPO / DEBUG_CONFIG, cwd=user)
+    assert r.returncode == 2, r.out[-3000:]
+    assert str(user / "my_texts") in r.out, r.out[-2000:]
+    r = run_train(config="nope.toml", cwd=user)
+    assert r.returncode == 2 and str(user / "nope.toml") in r.out, r.out[-2000:]

@@ -86,6 +86,15 @@ def parent_of(location: Location) -> Location:
     return location.rstrip("/").rsplit("/", 1)[0] if is_url(location) else Path(location).parent
 
 
+def shown(location: Location) -> str:
+    """A location as a message names it: a URL or absolute path as given, a relative path with
+    what it resolved to (`my_texts/ (= /home/me/work/my_texts, from the current directory)`),
+    so a "not found" says where it looked."""
+    if is_url(location) or Path(location).is_absolute():
+        return str(location)
+    return f"{location} (= {Path(location).absolute()}, from the current directory)"
+
+
 def missing_package(url: str) -> str | None:
     """One line naming the package to install when `url`'s protocol is not importable."""
     problem = _missing(url.split("://", 1)[0])

@@ -24,4 +24,19 @@ MUTANTS = [
         "    return value\n",
         (f"{ROUND6}test_a_centered_accuracy_a_hair_below_chance_prints_as_zero",),
     ),
+    Mutant(
+        "run_train_sh_changes_directory",
+        "run_train.sh changes into the clone, so the user's relative paths resolve there",
+        "run_train.sh",
+        'here="$(cd "$(dirname "$0")" && pwd)"\n',
+        'here="$(cd "$(dirname "$0")" && pwd)"\ncd "$here"\n',
+        (f"{ROUND6}test_paths_resolve_where_the_user_stands_not_in_the_clone",),
+    ),
+    Mutant.at(
+        "not_found_names_no_path", "a relative path not found is named without where it looked",
+        "torchllm.storage:shown",
+        '    return f"{location} (= {Path(location).absolute()}, from the current directory)"\n',
+        "    return str(location)\n",
+        (f"{ROUND6}test_a_path_not_found_names_where_it_looked",),
+    ),
 ]

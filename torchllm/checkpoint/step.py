@@ -38,7 +38,7 @@ from torchllm.checkpoint.integrity import check_files
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
 from torchllm.log import logger
-from torchllm.storage import Location, as_location, join, parent_of, storage_for
+from torchllm.storage import Location, as_location, join, parent_of, shown, storage_for
 
 
 class MarkerError(ValueError):
@@ -82,11 +82,12 @@ def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Locat
     if step_of(path) is not None:
         if not store.is_file(join(path, MARKER)):
             if not store.is_dir(path):
-                raise FileNotFoundError(f"checkpoint path {path} is not a folder")
-            raise FileNotFoundError(f"checkpoint {path} is incomplete (no {MARKER} marker)")
+                raise FileNotFoundError(f"checkpoint path {shown(path)} is not a folder")
+            raise FileNotFoundError(f"checkpoint {shown(path)} is incomplete (no {MARKER} "
+                                    "marker)")
         return path
     if not store.is_dir(path):
-        raise FileNotFoundError(f"checkpoint path {path} is not a folder")
+        raise FileNotFoundError(f"checkpoint path {shown(path)} is not a folder")
     for folder in (path, join(path, folder_name)):
         steps = complete_steps(folder)
         if steps:

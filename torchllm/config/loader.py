@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from torchllm.config.job_config import ConfigError, JobConfig
+from torchllm.storage import shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -213,7 +214,8 @@ def parse_cli(argv: list[str]) -> list[tuple[str, str, str, str]]:
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (set by --job.config_file)")
+        raise ConfigError(f"config file {shown(path)} does not exist (set by "
+                          "--job.config_file, or CONFIG_FILE for run_train.sh)")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -109,7 +109,7 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
                               f"more than {hf_dir}'s vocab_size = {hf_vocab}", "data.tokenizer")
         info["tokenizer"] = record = tokenizer_record(tokenizer)
         if found is not None:  # named as it will be: the finished seed's copy, absolute (a
-            # run from the seed may start in another directory: run_train.sh changes to its own)
+            # run from the seed may start in another directory)
             data = dataclasses.replace(data, tokenizer=str(out.absolute() / found[0].name))
             record["name"] = data.tokenizer
     model = cfg.model

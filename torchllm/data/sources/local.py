@@ -14,6 +14,7 @@ from torchllm.data.content import files_identity
 from torchllm.data.sources.base import CorpusSource
 from torchllm.data.sources.registry import register
 from torchllm.data.sources.rows import load_streaming, stream_texts
+from torchllm.storage import shown
 
 
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -28,7 +29,8 @@ def local_files(location: str) -> list[str]:
         files = sorted(glob.glob(location)) if glob.has_magic(location) else [location]
     if not files or not all(Path(f).is_file() for f in files):
         raise ConfigError(f"data.dataset = 'local:{location}': no such file or no "
-                          f"{'/'.join(LOCAL_BUILDERS)} files there", "data.dataset")
+                          f"{'/'.join(LOCAL_BUILDERS)} files there: {shown(location)}",
+                          "data.dataset")
     suffixes = {Path(f).suffix for f in files}
     if not suffixes <= set(LOCAL_BUILDERS):
         raise ConfigError(
