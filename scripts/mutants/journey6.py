@@ -39,4 +39,20 @@ MUTANTS = [
         "    return str(location)\n",
         (f"{ROUND6}test_a_path_not_found_names_where_it_looked",),
     ),
+    Mutant.at(
+        "relayout_refused",
+        "a resume on another data-parallel degree cannot continue the global batch order",
+        "torchllm.data.loader:TrainLoader._relayout",
+        "        windows = int(dataset_state[\"yielded\"]) * batch * int(state[\"dp_degree\"])\n",
+        "        return False\n",
+        (f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly",),
+    ),
+    Mutant.at(
+        "extra_rank_starts_its_data_fresh",
+        "a rank the checkpoint holds no data position for reads the data from its beginning",
+        "torchllm.checkpoint.resume.restore:StepLoader._wanted",
+        "                wanted[\"dataloader_dp0\"] = state\n",
+        "                continue\n",
+        (f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly",),
+    ),
 ]

@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
 
 
 def _stateful_loader_class():
@@ -73,18 +74,25 @@ class TrainLoader:
         state = (self.loader.state_dict() if self.stateful
                  else {"dataset_state": self.dataset.state_dict()})
         return {"dp_rank": self.dp_rank, "dp_degree": self.dp_degree,
-                "num_workers": self.num_workers, "loader": state}
+                "num_workers": self.num_workers,
+                "batch_size": getattr(self.dataset, "batch_size", None), "loader": state}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore; the next `iter(loader)` continues right after the last saved batch."""
+        """Restore; the next `iter(loader)` continues right after the last saved batch (on
+        another data-parallel layout: at the same place in the global batch order)."""
         saved = (state.get("dp_degree"), state.get("dp_rank"), state.get("num_workers"))
+        if saved[2] == self.num_workers and (saved[0], saved[1]) != (self.dp_degree,
+                                                                     self.dp_rank):
+            if self._relayout(state):
+                return
         if saved != (self.dp_degree, self.dp_rank, self.num_workers):
             raise ConfigError(
                 f"the data loader state was saved with data-parallel degree {saved[0]}, rank "
                 f"{saved[1]}, data.num_workers {saved[2]}; this run has degree {self.dp_degree}, "
                 f"rank {self.dp_rank}, num_workers {self.num_workers}. Resume with the same "
                 "parallelism and data.num_workers, or add 'dataloader' to "
-                "checkpoint.exclude_from_loading to start the data order afresh"
+                "checkpoint.exclude_from_loading to start the data order afresh (the batches "
+                "trained so far are then read again)"
             )
         if self.stateful:
             self.loader.load_state_dict(state["loader"])
@@ -98,3 +106,30 @@ class TrainLoader:
                 "checkpoint.exclude_from_loading to start the data order afresh"
             )
         self.dataset.load_state_dict(state["loader"]["dataset_state"])
+
+    def _relayout(self, state: dict) -> bool:
+        """Continue the global batch order from a position saved on another data-parallel
+        layout; False when it cannot be (the caller refuses in one line).
+
+        Batch n of rank r reads windows [(n * degree + r) * batch, ...) of one order that does
+        not depend on the layout (data/windows.py, data/mixture.py), so `yielded` batches of
+        `batch` sequences on `degree` ranks are the first yielded * batch * degree windows of
+        that order, whoever read them: this layout continues at that window. It needs the
+        position to be the dataset's count alone (no loader workers, no streamed source) and
+        the count to fall on a batch of this layout."""
+        dataset_state = state.get("loader", {}).get("dataset_state")
+        batch = state.get("batch_size")
+        mine = getattr(self.dataset, "batch_size", None)
+        if self.num_workers or not isinstance(dataset_state, dict) or \
+                set(dataset_state) != {"yielded"} or not isinstance(batch, int) or not mine:
+            return False
+        windows = int(dataset_state["yielded"]) * batch * int(state["dp_degree"])
+        per_batch = mine * self.dp_degree
+        if windows % per_batch:
+            return False
+        self.dataset.load_state_dict({"yielded": windows // per_batch})
+        if self.dp_rank == 0:
+            logger.info("data order continued on another layout: saved on %d data-parallel "
+                        "ranks x %d sequences, now %d x %d, from sequence %d of the global "
+                        "order", state["dp_degree"], batch, self.dp_degree, mine, windows)
+        return True

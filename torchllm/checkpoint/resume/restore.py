@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.index import untrusted_cause
 from torchllm.checkpoint.integrity import check_files, describe_failure
+from torchllm.checkpoint.layout import step_of
 from torchllm.checkpoint.step import Step
 from torchllm.checkpoint.resume.hparams import apply_hparams, config_changes, current_lr
 from torchllm.checkpoint.stage.vocab_resize import full_templates, grow_vocab, plan_growth
@@ -43,6 +44,10 @@ class StepLoader:
         self.optimizer, self.lr_scheduler, self.hparams = optimizer, lr_scheduler, hparams
         self.run_info = run_info or {}
         self.loaded: Step | None = None  # the step `load` opened last
+        # Saved states read into another key's object: a rank the checkpoint has no data
+        # position for (more data-parallel ranks than it was saved with) reads rank 0's, and
+        # the loader continues the global batch order from it (data/loader.py).
+        self.read_as: dict[str, str] = {}
 
     def load(self, path: Location, exclude: list[str], resume: bool) -> str | None:
         """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
@@ -78,7 +83,7 @@ class StepLoader:
             if fresh:
                 sds["model"].update(fresh)
             for key, sd in sds.items():
-                self.states[key].load_state_dict(sd)
+                self.states[self.read_as.get(key, key)].load_state_dict(sd)
         except ConfigError as e:
             misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001
@@ -184,21 +189,21 @@ class StepLoader:
         for key, state in self.states.items():
             kind = "dataloader" if key == self.dataloader_key else "rng" if key == self.rng_key else key
             if kind in exclude:
+                if kind == "dataloader" and "dataloader" in self.cfg.exclude_from_loading:
+                    logger.warning(
+                        "not loading the data position of %s (checkpoint.exclude_from_loading): "
+                        "the data order restarts from its first batch, so the %s global batches "
+                        "trained before it are read again", path, step_of(path) or "")
                 continue
             if key in present:
                 wanted[key] = state
             elif kind == "model":
                 raise ConfigError(f"checkpoint {path} holds no model weights")
-            elif kind == "dataloader" and any(k.startswith("dataloader_dp") for k in present):
-                saved = sorted(k for k in present if k.startswith("dataloader_dp"))
-                raise ConfigError(
-                    f"checkpoint {path} holds the data-loader positions of {len(saved)} "
-                    f"data-parallel ranks ({', '.join(saved)}), not of this rank's "
-                    f"{self.dataloader_key}: resuming with another data-parallel degree cannot "
-                    "continue the same data order; add 'dataloader' to "
-                    "checkpoint.exclude_from_loading to restart the data order instead",
-                    "checkpoint.exclude_from_loading",
-                )
+            elif kind == "dataloader" and "dataloader_dp0" in present:
+                # Saved with fewer data-parallel ranks: every rank's position counts the same
+                # batches, so rank 0's places this rank in the same global batch order.
+                wanted["dataloader_dp0"] = state
+                self.read_as["dataloader_dp0"] = key
             elif kind != "rng":
                 logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
         return wanted
