@@ -38,6 +38,7 @@ from benchlib.report import (console_table, failure_reason, render_markdown,  # 
                              summarize)
 from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # noqa: E402
                                build_matrix, parse_list)
+from benchlib.rounds import MIN_ROUNDS, combine, load_average, sitting_peak  # noqa: E402
 from benchlib.worker import PROFILED_STEPS  # noqa: E402
 from torchllm.config import ConfigError  # noqa: E402
 from torchllm.run.launch import check_config  # noqa: E402
@@ -59,6 +60,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--json", required=True, help="output JSON; the markdown goes beside it (.md)")
     p.add_argument("--nproc", type=int, default=torch.cuda.device_count() or 2,
                    help="ranks per variant (default: the GPU count, else 2 CPU ranks)")
+    p.add_argument("--repeats", type=int, default=MIN_ROUNDS,
+                   help=f"rounds of the whole matrix, interleaved (default {MIN_ROUNDS}): each "
+                        "row is the median round, with the spread and the load")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per variant")
     p.add_argument("--work_dir", default=None,
                    help="where the runs write logs and per-rank JSON "
@@ -69,6 +73,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"unknown option {bad[0]}; config overrides look like --section.key=value")
     if not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1 (at least {MIN_ROUNDS} for figures to publish)")
     if args.steps < 1 or args.warmup < PROFILED_STEPS:
         p.error(f"--steps must be >= 1 and --warmup >= {PROFILED_STEPS}")
     try:
@@ -107,6 +113,7 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
         return {**row, "status": "failed", "reason": str(e)[:300]}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", WORKER, str(run_dir), *config_args]
+    load = load_average()
     print(f"[bench] {variant.name}: {' '.join(cmd[1:])}", flush=True)
     log_path = run_dir / "log.txt"
     # Its own session, so that a timeout stops torchrun's workers too, not only torchrun.
@@ -125,21 +132,51 @@ def run_variant(variant: Variant, args, overrides: list[str], out_dir: Path) -> 
     ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
     if rc != 0 or len(ranks) != args.nproc:
         return {**row, "status": "failed", "reason": failure_reason(log, rc), "log": str(log_path)}
-    return {**row, **summarize(ranks, args.warmup)}
+    r0 = min(ranks, key=lambda r: r["rank"])
+    return {**row, **summarize(ranks, args.warmup), "load": load,
+            "dtype": r0.get("dtype"), "threads": r0.get("threads")}
+
+
+def sitting_peaks(rows: list[list[dict]]) -> dict[tuple[str, int], float]:
+    """{(dtype, threads): FLOP/s} for the CPU rows' dtypes and thread counts, measured now."""
+    wanted = {(r["dtype"], r["threads"]) for runs in rows for r in runs
+              if r["status"] == "ok" and r.get("device") == "cpu" and r.get("dtype")}
+    return {(d, t): sitting_peak(getattr(torch, d), t)["flops"] for d, t in sorted(wanted)}
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     json_path = Path(args.json)
     out_dir = Path(args.work_dir or Path("outputs") / "bench" / json_path.stem)
-    rows = [run_variant(v, args, overrides, out_dir) for v in args.variants]
+    # Rounds interleaved (a, b, a, b, ...): a burst of load hits every variant, not one. The
+    # CPU peak MFU divides by is measured in this sitting, right after the rounds.
+    before = {"load": load_average()}
+    runs: list[list[dict]] = [[] for _ in args.variants]
+    for _ in range(args.repeats):
+        for i, v in enumerate(args.variants):
+            runs[i].append(run_variant(v, args, overrides, out_dir))
+    peaks = sitting_peaks(runs)
+    rows = [combine(r, peaks) for r in runs]
     result = {
         "command": f"{COMMAND} " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": args.config, "overrides": overrides, "nproc": args.nproc,
-        "steps": args.steps, "warmup": args.warmup,
+        "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
         "host": {"machine": platform.machine(), "processor": platform.processor(),
-                 "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+                 "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+                 "torch": torch.__version__,
+                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                 "load_before": before["load"], "load_after": load_average(),
+                 "cpu_peak_flops": {f"{d}/{t} threads": f for (d, t), f in peaks.items()}},
         "rows": rows,
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)

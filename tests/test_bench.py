@@ -153,7 +153,8 @@ def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "res.json"
     argv = ["--config", "train_configs/debug_model.toml",
             "--matrix", "ddp,fsdp2,hsdp,pp", "--float8", "off,tensorwise", "--steps", "2",
-            "--warmup", "2", "--nproc", "2", "--json", str(out), "--work_dir", str(tmp_path / "w"),
+            "--warmup", "2", "--nproc", "2", "--repeats", "1", "--json", str(out),
+            "--work_dir", str(tmp_path / "w"),
             "--training.seq_len=32", "--training.local_batch_size=2",
             "--data.tokenizer_vocab_size=512", "--training.device=cpu",
             "--training.mixed_precision=none"]  # layouts compared in fp32 (auto: bf16 here)
@@ -270,3 +271,38 @@ def test_attention_benchmark_prints_and_writes_its_table(tmp_path, monkeypatch, 
         assert all(len(r[k]) == 2 and min(r[k]) > 0 for k in r if k.endswith("_ms"))
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 3 and printed[1].startswith("fp32") and printed[2].startswith("bf16")
+
+
+def test_rounds_are_interleaved_and_a_row_is_their_median_with_the_spread_and_load(
+        tmp_path, monkeypatch, capsys):
+    """Each variant runs in every round, the rounds interleaved (a burst of load hits every
+    variant); a row is the median round's, with every round's tokens/s, the spread and the load
+    around each run; MFU on CPU divides by a peak measured in this sitting."""
+    import bench_parallel
+
+    order, speeds = [], {"ddp": iter([900.0, 1000.0, 1300.0]), "fsdp2": iter([500.0, 450.0, 520.0])}
+
+    def fake_run(variant, args, overrides, out_dir):
+        order.append(variant.name)
+        tps = next(speeds[variant.name])
+        return {"variant": variant.name, "status": "ok", "device": "cpu", "dtype": "float32",
+                "threads": 1, "tokens_per_s": tps, "tokens_per_s_device": tps / 2,
+                "step_time_median_s": 1000 / tps, "step_time_p90_s": 1000 / tps,
+                "flops_per_token": 1e6, "final_loss": 1.0, "load": 0.5, "per_rank": [
+                    {"state_total_bytes": 1, "rss_peak_bytes": 1}], "estimate": {"peak_bytes": 1}}
+
+    monkeypatch.setattr(bench_parallel, "run_variant", fake_run)
+    monkeypatch.setattr(bench_parallel, "sitting_peak",
+                        lambda dtype, threads: {"flops": 1e10})
+    out = tmp_path / "r.json"
+    code = bench_parallel.main(["--config", str(REPO / "train_configs/debug_model.toml"),
+                                "--matrix", "ddp,fsdp2", "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    assert order == ["ddp", "fsdp2"] * 3
+    result = json.loads(out.read_text())
+    assert result["repeats"] == 3 and result["host"]["load_before"] is not None
+    ddp = {r["variant"]: r for r in result["rows"]}["ddp"]
+    assert ddp["tokens_per_s"] == 1000.0 and ddp["tokens_per_s_rounds"] == [900.0, 1000.0, 1300.0]
+    assert ddp["spread_pct"] == pytest.approx(40.0) and ddp["load"] == [0.5] * 3
+    assert ddp["mfu_pct"] == pytest.approx(100 * 500.0 * 1e6 / 1e10)
+    assert ddp["peak_source"] == "measured in this sitting"

@@ -73,6 +73,7 @@ TINY = {
     "cat": [],
     "python benchmarks/bench_parallel.py": ["--matrix", "ddp", "--ac", "none", "--compile",
                                             "off", "--float8", "off", "--steps", "1",
+                                            "--repeats", "1",
                                             "--warmup", "2", "--model.flavor=debug",
                                             "--data.tokenizer_vocab_size=512",
                                             "--training.seq_len=32",

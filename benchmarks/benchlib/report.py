@@ -111,6 +111,8 @@ COLUMNS = [
     ("status", lambda r: r["status"]),
     ("tok/s/dev", lambda r: f"{r['tokens_per_s_device']:,.0f}"),
     ("tok/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+    ("rounds", lambda r: str(r.get("rounds", 1))),
+    ("spread %", lambda r: f"{r['spread_pct']:.0f}" if "spread_pct" in r else "-"),
     ("step med ms", lambda r: f"{1000 * r['step_time_median_s']:.1f}"),
     ("step p90 ms", lambda r: f"{1000 * r['step_time_p90_s']:.1f}"),
     ("MFU %", lambda r: f"{r['mfu_pct']:.1f}" if "mfu_pct" in r else "-"),

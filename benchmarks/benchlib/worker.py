@@ -93,6 +93,9 @@ def result(trainer: Trainer, rec: StepRecorder, world_size: int) -> dict:
         "tokens_per_step": trainer.global_batch * tcfg.seq_len,
         "flops_per_token": trainer.flops_per_token,
         "peak_flops": trainer.peak_flops,
+        "dtype": str(trainer.peak.cpu.dtype).removeprefix("torch.")
+        if getattr(trainer.peak, "cpu", None) is not None else None,
+        "threads": torch.get_num_threads(),
         # A CPU peak measured on a busy machine gives no MFU in the tables (flops.CPUPeak).
         "peak_quiet": getattr(trainer.peak.cpu, "quiet", True),
         "state_bytes": rec.state_bytes,

@@ -55,4 +55,21 @@ MUTANTS = [
         "                continue\n",
         (f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly",),
     ),
+    Mutant(
+        "bench_rounds_back_to_back",
+        "bench_parallel runs a variant's rounds back to back, so a burst of load hits one variant",
+        "benchmarks/bench_parallel.py",
+        "    for _ in range(args.repeats):\n        for i, v in enumerate(args.variants):\n",
+        "    for i, v in enumerate(args.variants):\n        for _ in range(args.repeats):\n",
+        ("tests/test_bench.py::"
+         "test_rounds_are_interleaved_and_a_row_is_their_median_with_the_spread_and_load",),
+    ),
+    Mutant.at(
+        "bench_row_is_the_last_round", "a benchmark row reports its last round, not the median",
+        "benchmarks.benchlib.rounds:combine",
+        '           "tokens_per_s": statistics.median(speeds),\n',
+        '           "tokens_per_s": speeds[-1],\n',
+        ("tests/test_bench.py::"
+         "test_rounds_are_interleaved_and_a_row_is_their_median_with_the_spread_and_load",),
+    ),
 ]
