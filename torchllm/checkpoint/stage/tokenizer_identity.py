@@ -14,7 +14,6 @@ torchllm/run/tokenizer.py.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from torchllm.config.job_config import ConfigError
@@ -36,18 +35,23 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     as export writes them); None when it has neither. ConfigError for other added tokens."""
     from torchllm.data.chat.tokens import ADDED_TOKENS
     from torchllm.data.tokenizer import load_tokenizer
+    from torchllm.hf.reading import has_file, hf_store, read_json
 
-    folder = Path(folder)
-    found = [folder / name for name in HF_TOKENIZER_FILES if (folder / name).is_file()]
+    store = hf_store(folder)  # plain files only, no link followed, bounded reads
+    found = [Path(store.where(n)) for n in HF_TOKENIZER_FILES if has_file(store, n)]
     if not found:
         return None
     if found[0].name == "tokenizer.json":
         return found[0], False
-    config = folder / "tokenizer_config.json"
-    decoder = json.loads(config.read_text()).get("added_tokens_decoder", {}) \
-        if config.is_file() else {}
+    config = store.where("tokenizer_config.json")
+    decoder = read_json(store, "tokenizer_config.json").get("added_tokens_decoder", {}) \
+        if has_file(store, "tokenizer_config.json") else {}
     size = load_tokenizer(found[0]).vocab_size
-    added = {int(i): t.get("content") for i, t in decoder.items() if int(i) >= size}
+    try:
+        added = {int(i): t.get("content") for i, t in decoder.items() if int(i) >= size}
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(f"{config}: added_tokens_decoder must map token ids to token objects "
+                          "(as transformers saves it)", "data.tokenizer") from None
     if not added:
         return found[0], False
     if added != {size + i: name for i, name in enumerate(ADDED_TOKENS)}:
@@ -63,7 +67,11 @@ def hf_record(folder: str | Path) -> dict | None:
     found = hf_folder_tokenizer(folder)
     if found is None:
         return None
-    return {"name": str(found[0]), "base_sha256": sha256_of(found[0]), "chat_tokens": found[1]}
+    from torchllm.hf.reading import hf_store, tokenizer_bytes
+
+    data = tokenizer_bytes(hf_store(folder), found[0].name)  # bounded, no link followed
+    return {"name": str(found[0]), "base_sha256": hashlib.sha256(data).hexdigest(),
+            "chat_tokens": found[1]}
 
 
 def tokenizer_record(tokenizer, new: bool = False) -> dict:
