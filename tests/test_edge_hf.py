@@ -69,9 +69,14 @@ def test_an_index_naming_a_shard_outside_the_folder_is_refused(source, tmp_path,
 
 
 def test_a_linked_shard_or_config_is_refused_not_followed(source, tmp_path):
-    hf = hf_folder(tmp_path, source)
-    (hf / "model.safetensors").symlink_to(tmp_path / "secret" / "model.safetensors")
+    hf = hf_folder(tmp_path, source, "model-00001-of-00001.safetensors")
+    shard = hf / "model-00001-of-00001.safetensors"  # listed in the index, a link
+    shard.symlink_to(tmp_path / "secret" / "model.safetensors")
     out = tmp_path / "seeds" / "step-0"
+    refused(run_module("torchllm.hf", *import_args(tmp_path, hf, out)), shard, "link")
+    shard.unlink()
+    (hf / INDEX).unlink()
+    (hf / "model.safetensors").symlink_to(tmp_path / "secret" / "model.safetensors")
     refused(run_module("torchllm.hf", *import_args(tmp_path, hf, out)),
             hf / "model.safetensors", "link")
     (hf / "model.safetensors").unlink()
