@@ -97,6 +97,18 @@ def test_initial_load_in_hf_refuses_a_shard_outside_the_folder(source, tmp_path)
     refused(ran, hf / INDEX, "'../secret/model.safetensors'")
 
 
+def test_initial_load_in_hf_refuses_a_linked_tokenizer_file(source, tmp_path):
+    """The folder's tokenizer (data.tokenizer = 'auto' takes it) is read through the store too."""
+    hf = hf_folder(tmp_path, source)
+    (hf / "model.safetensors").write_bytes((tmp_path / "secret" / "model.safetensors").read_bytes())
+    tokenizer_json(tmp_path / "secret" / "tokenizer.json")
+    (hf / "tokenizer.json").symlink_to(tmp_path / "secret" / "tokenizer.json")
+    ran = run_train(*tiny_args(tmp_path, *FAMILY, f"--checkpoint.initial_load_path={hf}",
+                               "--checkpoint.initial_load_in_hf", f"--model.vocab_size={VOCAB}",
+                               "--training.steps=1"))
+    refused(ran, hf / "tokenizer.json", "link")
+
+
 NESTED = "[" * 100_000 + "]" * 100_000
 
 

@@ -42,7 +42,7 @@ MUTANTS = [
     Mutant.at(
         "hf_added_tokens_decoder_traceback", "a tokenizer_config.json whose added_tokens_decoder "
         "is no object is an AttributeError traceback",
-        "torchllm.checkpoint.stage.tokenizer_identity:hf_folder_tokenizer",
+        "torchllm.checkpoint.stage.tokenizer_identity:_hf_folder_tokenizer",
         "    except (AttributeError, TypeError, ValueError):\n", "    except KeyError:\n",
         (T + "test_a_garbage_tokenizer_config_is_named",),
     ),
@@ -51,6 +51,13 @@ MUTANTS = [
         "traceback (exit 1)", "torchllm.hf.load:load_initial_weights",
         "    except (OSError, ValueError) as e:", "    except KeyError as e:",
         (T + "test_initial_load_in_hf_refuses_a_shard_outside_the_folder",),
+    ),
+    Mutant.at(
+        "hf_folder_tokenizer_traceback", "a linked tokenizer file in initial_load_in_hf's folder "
+        "is a traceback (exit 1) on the training path",
+        "torchllm.checkpoint.stage.tokenizer_identity:hf_folder_tokenizer",
+        "    except (OSError, ValueError) as e:", "    except KeyError as e:",
+        (T + "test_initial_load_in_hf_refuses_a_linked_tokenizer_file",),
     ),
     Mutant.at(
         "export_complex_weights", "hf export writes a complex64 / int8 tensor silently",

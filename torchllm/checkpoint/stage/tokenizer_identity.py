@@ -32,7 +32,17 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     """(tokenizer file, whether the 6 chat tokens follow its vocabulary) of a Hugging Face model
     folder: its tokenizer.json (added tokens are inside), else its tokenizer.model (SentencePiece
     or tiktoken; chat tokens when tokenizer_config.json adds torchllm's 6 after the vocabulary,
-    as export writes them); None when it has neither. ConfigError for other added tokens."""
+    as export writes them); None when it has neither. ConfigError for other added tokens, and
+    for a file the folder's store refuses (a link, too large, not JSON: torchllm/hf/reading.py)."""
+    try:
+        return _hf_folder_tokenizer(folder)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # one line naming the file, exit 2 (not a traceback)
+        raise ConfigError(str(e), "checkpoint.initial_load_path") from None
+
+
+def _hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     from torchllm.data.chat.tokens import ADDED_TOKENS
     from torchllm.data.tokenizer import load_tokenizer
     from torchllm.hf.reading import has_file, hf_store, read_json
