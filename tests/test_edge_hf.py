@@ -133,10 +133,12 @@ def test_an_oversized_index_is_refused_before_it_is_read(source, tmp_path, monke
 
 
 def tokenizer_json(path: Path) -> None:
-    from tokenizers import Tokenizer, models as tok_models
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3}
-    Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>")).save(str(path))
+    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()  # a token a word: texts have many
+    tok.save(str(path))
 
 
 @pytest.mark.parametrize("kind,config", [
