@@ -17,6 +17,7 @@ from mutants import tools
 from mutants import journey
 from mutants import ft
 from mutants import journey6
+from mutants import edge_hf
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -34,5 +35,6 @@ MUTANTS = [
     *journey.MUTANTS,
     *ft.MUTANTS,
     *journey6.MUTANTS,
+    *edge_hf.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -25,6 +25,7 @@ from torchllm.hf.files import replace_dir, save_safetensors, temp_sibling
 from torchllm.hf.folder import EXPORT_FILE, write_hf_weights
 from torchllm.hf.peft_names import adapter_config, peft_adapter, peft_weights
 from torchllm.hf.tokenizer import write_tokenizer
+from torchllm.hf.validate import check_export_dtypes
 from torchllm.log import logger
 from torchllm.models.lora import is_adapter_key, plain_weights
 from torchllm.storage import is_url, join, storage_for
@@ -100,7 +101,9 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
                           "found); pass --vocab-size")
     args = models.model_args(cfg, vocab)
-    weights = plain_weights(reader.weights(), cfg, merge=lora == "merge", vocab=vocab)
+    weights = reader.weights()
+    check_export_dtypes(weights, step_path)  # real floats only, before any merge or cast
+    weights = plain_weights(weights, cfg, merge=lora == "merge", vocab=vocab)
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
     if saved_vocab != args.vocab_size:
         raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "

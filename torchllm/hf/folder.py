@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from torchllm.hf.files import save_safetensors
+from torchllm.hf.reading import INDEX, has_file, hf_store, load_shard, read_json, shard_names
 from torchllm.hf.validate import check_hf_config, check_tensors
 
 WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
 # What an export writes: --overwrite replaces a folder holding only these.
 EXPORT_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
                          r"model\.safetensors\.index\.json|tokenizer\.model|tokenizer(_config)?\.json")
@@ -31,47 +31,43 @@ def parse_size(text: str) -> int:
 
 
 
-def read_hf_config(hf_dir: str | Path) -> dict:
-    path = Path(hf_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {hf_dir} is not a Hugging Face model "
-                                "folder")
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as e:  # (UnicodeDecodeError too)
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} is not a JSON object (a Hugging Face config)")
+def read_hf_config(hf_dir) -> dict:
+    """config.json of the folder (a path or its Store; read through the store: no link, at
+    most reading.JSON_MAX bytes), checked to describe plain float weights."""
+    store = hf_store(hf_dir)
+    path = store.where("config.json")
+    if not has_file(store, "config.json"):
+        raise FileNotFoundError(f"{path} does not exist: {store.root} is not a Hugging Face "
+                                "model folder")
+    config = read_json(store, "config.json")
     check_hf_config(config, path)  # no quantization_config, a positive integer vocab_size
     return config
 
 
-def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors`, or of every shard listed in its index."""
-    from safetensors.torch import load_file
-
-    hf_dir = Path(hf_dir)
-    if (hf_dir / INDEX).is_file():
-        try:
-            shards = sorted(set(json.loads((hf_dir / INDEX).read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{hf_dir / INDEX} is not a safetensors index (a JSON object with "
-                             f"a 'weight_map'): {type(e).__name__}: {e}") from None
-    elif (hf_dir / WEIGHTS).is_file():
+def read_hf_weights(hf_dir) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors`, or of every shard listed in its index (each a plain
+    name inside the folder, read through its Store: reading.py)."""
+    store = hf_store(hf_dir)
+    if has_file(store, INDEX):
+        shards = shard_names(store)  # each a plain name inside the folder
+    elif has_file(store, WEIGHTS):
         shards = [WEIGHTS]
     else:
-        raise FileNotFoundError(f"{hf_dir} has neither {WEIGHTS} nor {INDEX} (only safetensors "
-                                "weights are read)")
+        raise FileNotFoundError(f"{store.root} has neither {WEIGHTS} nor {INDEX} (only "
+                                "safetensors weights are read)")
     weights = {}
     for shard in shards:
-        path = hf_dir / shard
+        path = store.where(shard)
         try:
-            tensors = load_file(str(path))
+            tensors = load_shard(store, shard)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path} does not exist (listed in {hf_dir / INDEX})") from None
+            raise FileNotFoundError(f"{path} does not exist (listed in "
+                                    f"{store.where(INDEX)})") from None
+        except OSError:  # Confined: a link, a FIFO, a folder
+            raise
         except Exception as e:  # noqa: BLE001 - SafetensorError: truncated, empty, not one
             raise ValueError(f"{path} is not a readable safetensors file ({e}; "
-                             f"{path.stat().st_size} bytes): re-download it") from None
+                             f"{store.size(shard)} bytes): re-download it") from None
         check_tensors(tensors, path)  # float dtypes, finite values
         weights.update(tensors)
     return weights

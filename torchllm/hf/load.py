@@ -9,7 +9,6 @@ it, written beside the output and renamed when complete.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import torch
@@ -22,35 +21,39 @@ from torchllm.checkpoint.stage.tokenizer_identity import hf_record
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
+from torchllm.hf.reading import has_file, hf_store, tokenizer_bytes
 from torchllm.hf.validate import (
     ReadTracker, check_all_read, check_cast, check_converted, check_shapes, expected_shapes,
 )
 from torchllm.log import logger
 from torchllm.models.contract import LanguageModel
+from torchllm.store import Store
 
 
-def convert_from_hf(hf_dir: str | Path, adapter, args) -> dict[str, torch.Tensor]:
-    """A HF folder's weights as the state dict of the torchllm model `args` describes."""
+def convert_from_hf(hf_dir, adapter, args) -> dict[str, torch.Tensor]:
+    """A HF folder's weights (a path, or its Store: every file read through it) as the state
+    dict of the torchllm model `args` describes."""
+    hf_dir = hf_store(hf_dir)
     hf_config = read_hf_config(hf_dir)
     if adapter_for_hf(hf_config) is not adapter:
-        raise ConfigError(f"{hf_dir} holds a {hf_config['model_type']!r} model, not a "
+        raise ConfigError(f"{hf_dir.root} holds a {hf_config['model_type']!r} model, not a "
                           f"{adapter.model_type!r} one; set model.name to match")
     try:
         adapter.check(hf_config, args)
     except KeyError as e:
-        raise ValueError(f"{Path(hf_dir) / 'config.json'} lacks {e.args[0]!r}, which a "
+        raise ValueError(f"{hf_dir.where('config.json')} lacks {e.args[0]!r}, which a "
                          f"{adapter.model_type} config has") from None
     vocab = hf_config["vocab_size"]  # a positive int (read_hf_config), <= args' (adapter.check)
     weights = read_hf_weights(hf_dir)  # float dtypes, finite values
     weights = ReadTracker(getattr(adapter, "hf_names", lambda w: w)(weights))
-    check_shapes(weights, expected_shapes(adapter, args, vocab), Path(hf_dir), vocab)
+    check_shapes(weights, expected_shapes(adapter, args, vocab), hf_dir.root, vocab)
     try:
         converted = adapter.from_hf(weights, args)
     except KeyError as e:
-        raise ValueError(f"{hf_dir}: the weights lack {e.args[0]!r}, which its config "
+        raise ValueError(f"{hf_dir.root}: the weights lack {e.args[0]!r}, which its config "
                          "implies") from None
-    check_all_read(weights, Path(hf_dir))
-    check_converted(converted, adapter, args, Path(hf_dir))
+    check_all_read(weights, hf_dir.root)
+    check_converted(converted, adapter, args, hf_dir.root)
     return converted
 
 
@@ -63,19 +66,20 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
         raise ValueError(f"{out}: the output folder must be named step-<N> (e.g. .../step-0)")
     refuse_step_folder(out, overwrite)
     cfg = load_config(list(overrides))
+    hf_dir = hf_store(hf_dir)  # the folder, opened once: every file read through it
     hf_vocab = read_hf_config(hf_dir)["vocab_size"]  # checked: a positive int
     args = models.model_args(cfg, hf_vocab)
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
-    check_cast(weights, dtype, Path(hf_dir))  # before anything is written
+    check_cast(weights, dtype, hf_dir.root)  # before anything is written
     save_seed_checkpoint(weights, out, step,
                          lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, hf_vocab))
-    logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir, cfg.model.name,
-                cfg.model.flavor, hf_vocab, args.vocab_size, out)
+    logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir.root,
+                cfg.model.name, cfg.model.flavor, hf_vocab, args.vocab_size, out)
     return out
 
 
-def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int) -> dict:
+def _seed_config_and_tokenizer(hf_dir: Store, out: Path, tmp: Path, cfg, hf_vocab: int) -> dict:
     """Into the seed checkpoint `out` (being written in `tmp`): the HF folder's tokenizer files
     (else the config's named tokenizer) and the config.toml naming it, as training writes them,
     so generate reads the seed like a run's step and a stage from it takes its tokenizer
@@ -91,22 +95,22 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     info, data = {}, cfg.data
     if found is not None:
         file, chat = found
-        for name in (file.name, "tokenizer_config.json"):
-            if (Path(hf_dir) / name).is_file():
-                shutil.copyfile(Path(hf_dir) / name, tmp / name)
+        for name in (file.name, "tokenizer_config.json"):  # bounded, no link followed
+            if has_file(hf_dir, name):
+                (tmp / name).write_bytes(tokenizer_bytes(hf_dir, name))
         if named:
             logger.info("recorded %s's own tokenizer %s (not the config's data.tokenizer = %r)",
-                        hf_dir, file.name, cfg.data.tokenizer)
+                        hf_dir.root, file.name, cfg.data.tokenizer)
         data = dataclasses.replace(data, tokenizer=str(tmp / file.name), chat_tokens=chat)
     elif not named:
         logger.warning("%s has no tokenizer.json or tokenizer.model and the config names none: "
                        "the seed records no tokenizer (name it in data.tokenizer to use the "
-                       "seed)", hf_dir)
+                       "seed)", hf_dir.root)
     if found is not None or named:
         tokenizer = build_tokenizer(dataclasses.replace(cfg, data=data), tmp, train=False)
         if tokenizer.vocab_size > hf_vocab:
             raise ConfigError(f"the tokenizer {data.tokenizer} has {tokenizer.vocab_size} ids, "
-                              f"more than {hf_dir}'s vocab_size = {hf_vocab}", "data.tokenizer")
+                              f"more than {hf_dir.root}'s vocab_size = {hf_vocab}", "data.tokenizer")
         info["tokenizer"] = record = tokenizer_record(tokenizer)
         if found is not None:  # named as it will be: the finished seed's copy, absolute (a
             # run from the seed may start in another directory)
@@ -119,16 +123,17 @@ def _seed_config_and_tokenizer(hf_dir, out: Path, tmp: Path, cfg, hf_vocab: int)
     return info
 
 
-def load_hf_weights(model: LanguageModel, hf_dir: str | Path) -> None:
+def load_hf_weights(model: LanguageModel, hf_dir) -> None:
     """Initialize a (possibly sharded) model in place from a HF folder.
 
     Every rank reads the full tensors (safetensors maps them lazily) and keeps its own shards.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    hf_dir = hf_store(hf_dir)  # the folder, opened once: every file read through it
     adapter = adapter_for_hf(read_hf_config(hf_dir))
     if not isinstance(model, adapter.model_cls):
-        raise ConfigError(f"{hf_dir} holds a {adapter.model_type!r} model but the run builds a "
+        raise ConfigError(f"{hf_dir.root} holds a {adapter.model_type!r} model but the run builds a "
                           f"{type(model).__name__}; set model.name to match")
     weights = convert_from_hf(hf_dir, adapter, model.args)
     options = StateDictOptions(full_state_dict=True, strict=True)
@@ -139,6 +144,13 @@ def load_initial_weights(model: LanguageModel, hf_dir: str | Path, tokenizer: di
     """A run's initial weights from a Hugging Face folder (checkpoint.initial_load_in_hf), once
     the folder's tokenizer is the run's (`tokenizer`: the run's tokenizer record; the
     checkpoint reader's one identity check)."""
-    check_same_tokenizer(hf_record(hf_dir), tokenizer,
-                         f"the Hugging Face folder {hf_dir}", "initial load")
-    load_hf_weights(model, hf_dir)
+    hf_dir = hf_store(hf_dir)
+    try:
+        check_same_tokenizer(hf_record(hf_dir), tokenizer,
+                             f"the Hugging Face folder {hf_dir.root}", "initial load")
+        load_hf_weights(model, hf_dir)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # the folder's files: one line, exit 2 (not a traceback)
+        raise ConfigError(f"checkpoint.initial_load_path = {hf_dir.root} (a Hugging Face "
+                          f"folder): {e}", "checkpoint.initial_load_path") from None

@@ -68,6 +68,19 @@ def check_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
                              f"of {tensor.numel()}: the weights are corrupt; re-download them")
 
 
+def check_export_dtypes(weights: dict[str, torch.Tensor], step) -> None:
+    """Every tensor a checkpoint (at `step`) gives an export has a float dtype: a complex,
+    quantized (qint8) or integer one is no weight transformers loads (and a cast to --dtype
+    would drop its imaginary part or scale silently)."""
+    allowed = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+    for name, tensor in weights.items():
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"checkpoint {step}: tensor {name} is "
+                             f"{str(tensor.dtype).removeprefix('torch.')}: an export writes only "
+                             f"real float weights ({allowed}); a complex, quantized or integer "
+                             "tensor is not a model weight")
+
+
 def expected_shapes(adapter, args, vocab: int) -> dict[str, tuple[int, ...]]:
     """The Hugging Face tensors (names and shapes) a model with `args` and `vocab` rows maps to
     (the family's to_hf applied to the model's parameters on the meta device)."""

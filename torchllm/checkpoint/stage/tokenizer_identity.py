@@ -14,7 +14,6 @@ torchllm/run/tokenizer.py.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from torchllm.config.job_config import ConfigError
@@ -33,21 +32,36 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     """(tokenizer file, whether the 6 chat tokens follow its vocabulary) of a Hugging Face model
     folder: its tokenizer.json (added tokens are inside), else its tokenizer.model (SentencePiece
     or tiktoken; chat tokens when tokenizer_config.json adds torchllm's 6 after the vocabulary,
-    as export writes them); None when it has neither. ConfigError for other added tokens."""
+    as export writes them); None when it has neither. ConfigError for other added tokens, and
+    for a file the folder's store refuses (a link, too large, not JSON: torchllm/hf/reading.py)."""
+    try:
+        return _hf_folder_tokenizer(folder)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # one line naming the file, exit 2 (not a traceback)
+        raise ConfigError(str(e), "checkpoint.initial_load_path") from None
+
+
+def _hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     from torchllm.data.chat.tokens import ADDED_TOKENS
     from torchllm.data.tokenizer import load_tokenizer
+    from torchllm.hf.reading import has_file, hf_store, read_json
 
-    folder = Path(folder)
-    found = [folder / name for name in HF_TOKENIZER_FILES if (folder / name).is_file()]
+    store = hf_store(folder)  # plain files only, no link followed, bounded reads
+    found = [Path(store.where(n)) for n in HF_TOKENIZER_FILES if has_file(store, n)]
     if not found:
         return None
     if found[0].name == "tokenizer.json":
         return found[0], False
-    config = folder / "tokenizer_config.json"
-    decoder = json.loads(config.read_text()).get("added_tokens_decoder", {}) \
-        if config.is_file() else {}
+    config = store.where("tokenizer_config.json")
+    decoder = read_json(store, "tokenizer_config.json").get("added_tokens_decoder", {}) \
+        if has_file(store, "tokenizer_config.json") else {}
     size = load_tokenizer(found[0]).vocab_size
-    added = {int(i): t.get("content") for i, t in decoder.items() if int(i) >= size}
+    try:
+        added = {int(i): t.get("content") for i, t in decoder.items() if int(i) >= size}
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(f"{config}: added_tokens_decoder must map token ids to token objects "
+                          "(as transformers saves it)", "data.tokenizer") from None
     if not added:
         return found[0], False
     if added != {size + i: name for i, name in enumerate(ADDED_TOKENS)}:
@@ -63,7 +77,11 @@ def hf_record(folder: str | Path) -> dict | None:
     found = hf_folder_tokenizer(folder)
     if found is None:
         return None
-    return {"name": str(found[0]), "base_sha256": sha256_of(found[0]), "chat_tokens": found[1]}
+    from torchllm.hf.reading import hf_store, tokenizer_bytes
+
+    data = tokenizer_bytes(hf_store(folder), found[0].name)  # bounded, no link followed
+    return {"name": str(found[0]), "base_sha256": hashlib.sha256(data).hexdigest(),
+            "chat_tokens": found[1]}
 
 
 def tokenizer_record(tokenizer, new: bool = False) -> dict:
