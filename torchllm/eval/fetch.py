@@ -43,7 +43,7 @@ def present(out: Path, task: str) -> bool:
     return (out / name).is_dir() or (out / f"{name}.jsonl").is_file()
 
 
-def staging(out: Path, task: str) -> Path:
+def staging_folder(out: Path, task: str) -> Path:
     """A new hidden folder in `out` (the same filesystem: its contents rename into place)."""
     return Path(tempfile.mkdtemp(prefix=f".{local_name(task)}.", suffix=".staging", dir=out))
 
@@ -76,21 +76,21 @@ def from_file(out: Path, task: str, path: Path) -> str:
         raise ValueError(f"--from {task}={path}: no such file")
     if path.suffix != ".jsonl":
         raise ValueError(f"--from {task}={path}: give a .jsonl file (one JSON row a line)")
-    stage = staging(out, task)
+    staging = staging_folder(out, task)
     try:
-        shutil.copyfile(path, stage / f"{local_name(task)}.jsonl")
-        items = load_items(task, str(stage), hub=False)  # checked as an eval reads it
+        shutil.copyfile(path, staging / f"{local_name(task)}.jsonl")
+        items = load_items(task, str(staging), hub=False)  # checked as an eval reads it
         if task == "hellaswag":  # lm-eval's prompt (hellaswag_local) reads these too
-            with open(stage / "hellaswag.jsonl", encoding="utf-8") as f:
+            with open(staging / "hellaswag.jsonl", encoding="utf-8") as f:
                 first = json.loads(next(line for line in f if line.strip()))
             missing = [k for k in ("activity_label", "ctx_a", "ctx_b") if k not in first]
             if missing:
                 raise ValueError(f"--from hellaswag={path}: its rows lack {', '.join(missing)} "
                                  "(the official hellaswag_val.jsonl has them; the harness's "
                                  "hellaswag_local reads them)")
-        target = install(out, task, stage / f"{local_name(task)}.jsonl")
+        target = install(out, task, staging / f"{local_name(task)}.jsonl")
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return f"{task}: {len(items)} rows from {path} -> {target}"
 
 
@@ -109,19 +109,19 @@ def from_hub(out: Path, task: str, offline: bool) -> str:
                          f"loaded ({type(e).__name__}: {first}){offline_note(offline)}; run "
                          f"this command on a machine with network and copy {out}, or pass "
                          f"--from {task}=FILE.jsonl") from None
-    stage = staging(out, task)
+    staging = staging_folder(out, task)
     try:
         if task == "hellaswag":  # the official jsonl format, which every HellaSwag reader takes
-            new = stage / "hellaswag.jsonl"
+            new = staging / "hellaswag.jsonl"
             with open(new, "w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(dict(row)) + "\n")
         else:
-            new = stage / local_name(task)
+            new = staging / local_name(task)
             rows.save_to_disk(str(new))
         target = install(out, task, new)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return f"{task}: {len(rows)} rows from {path} -> {target}"
 
 
