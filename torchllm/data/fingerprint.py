@@ -23,10 +23,11 @@ num_workers and prefetch_factor (the same batches), validation.enable / freq / s
 (when, not what), validation.steps and validation.max_tokens (how many of the same validation
 windows are read, a budget that may follow the run's length; the config-change warning names
 them). The holdout is recorded as it applies: a dedicated validation.dataset holds nothing out
-of the training data (data.training_data_config), so data.val_fraction and data.val_documents
+of the training data (torchllm.data.training_data_config), so data.val_fraction and data.val_documents
 are then 0, and a validation.dataset equal to data.dataset is recorded as "" (the held-out
 split). A record written before `reads` (a field missing) is not compared: that checkpoint
 resumes as before, its config changes named by the resume's warning.
+
 `changes(saved, now)` says what differs, in words; checkpoint.on_data_change decides what a
 resume does about it (torchllm.checkpoint.resume.loading; docs/checkpointing.md).
 """
