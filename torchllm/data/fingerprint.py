@@ -11,12 +11,32 @@ a different order. The fingerprint holds each of them:
                       torchllm.data.content): a full content hash of its files (local:, chat:,
                       shards:), its text, or a streamed dataset's name, subset and split
     seq_len, seed, shuffle_windows, tokenizer_sha256
+    reads             {config key: value} of the settings that choose which of those tokens
+                      train and which validate (READS: the text or conversation column, how
+                      chats are laid out, how much is held out, what validation reads instead)
+
+Each data/validation key, decided (docs/data.md#loaders-and-exact-resume has the list):
+data.dataset / sources (`sources`), shuffle_windows, hf_subset / hf_split (in a Hub source's
+`content`), tokenizer / tokenizer_vocab_size / tokenizer_train_chars / chat_tokens (the
+tokenizer's SHA-256 and the vocabulary check, checkpoint/stage), READS below; not recorded:
+num_workers and prefetch_factor (the same batches), validation.enable / freq / stop_at_loss
+(when, not what), validation.steps and validation.max_tokens (how many of the same validation
+windows are read, a budget that may follow the run's length; the config-change warning names
+them). The holdout is recorded as it applies: a dedicated validation.dataset holds nothing out
+of the training data (torchllm.data.training_data_config), so data.val_fraction and data.val_documents
+are then 0, and a validation.dataset equal to data.dataset is recorded as "" (the held-out
+split). A record written before `reads` (a field missing) is not compared: that checkpoint
+resumes as before, its config changes named by the resume's warning.
 
 `changes(saved, now)` says what differs, in words; checkpoint.on_data_change decides what a
 resume does about it (torchllm.checkpoint.resume.loading; docs/checkpointing.md).
 """
 
 from __future__ import annotations
+
+# The settings that choose which tokens train and validate (module doc), by config key.
+READS = ("data.text_column", "data.chat_column", "data.chat_packing", "data.val_fraction",
+         "data.val_documents", "validation.dataset", "validation.split")
 
 
 def data_fingerprint(job_config, tokenizer_sha256: str | None) -> dict:
@@ -32,7 +52,23 @@ def data_fingerprint(job_config, tokenizer_sha256: str | None) -> dict:
     content = parse_data(dcfg).content_identity()
     return {"sources": sources, "mixture": bool(dcfg.sources), "content": content,
             "seq_len": job_config.training.seq_len, "seed": job_config.job.seed,
-            "shuffle_windows": dcfg.shuffle_windows, "tokenizer_sha256": tokenizer_sha256}
+            "shuffle_windows": dcfg.shuffle_windows, "tokenizer_sha256": tokenizer_sha256,
+            "reads": reads(job_config)}
+
+
+def reads(job_config) -> dict:
+    """READS' values as they apply: the holdout a dedicated validation.dataset zeroes, and
+    validation.dataset "" when validation reads the held-out split (module doc)."""
+    from torchllm.data import dedicated_validation, training_data_config
+
+    applied = training_data_config(job_config)
+    out = {}
+    for key in READS:
+        section, name = key.split(".")
+        out[key] = getattr(getattr(applied, section), name)
+    if not dedicated_validation(job_config):
+        out["validation.dataset"] = ""
+    return out
 
 
 def differ(saved: str, now: str) -> bool:
@@ -64,4 +100,8 @@ def changes(saved: dict, now: dict) -> list[str]:
             if key == "tokenizer_sha256":
                 a, b = (str(v)[:12] if v else v for v in (a, b))
             out.append(f"{name} {a} -> {b}")
+    was, now_reads = saved.get("reads"), now.get("reads") or {}
+    if isinstance(was, dict):  # absent: a record from before `reads`, not compared
+        out += [f"{key} {was.get(key)!r} -> {now_reads.get(key)!r}" for key in READS
+                if key in was and was[key] != now_reads.get(key)]
     return out

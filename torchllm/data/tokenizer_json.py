@@ -37,7 +37,7 @@ class HFTokenizer:
                 raise ConfigError(f"tokenizer file {path} is not a tokenizer.json: {e}") from None
             cfg_file = path.with_name("tokenizer_config.json")
             if cfg_file.is_file():
-                config, template_file = json.loads(cfg_file.read_text()), cfg_file
+                config, template_file = read_config(cfg_file), cfg_file
         else:
             from torchllm.hub import offline_note, prepare_hub
 
@@ -62,6 +62,10 @@ class HFTokenizer:
     def _special(self, configured, names, what: str) -> int:
         if isinstance(configured, dict):
             configured = configured.get("content")
+        if configured is not None and not isinstance(configured, str):
+            raise ConfigError(f"{self.chat_template_file}: {what.lower()}_token is "
+                              f"{configured!r}, not a token's text (e.g. \"<s>\"); fix it or "
+                              "remove it (the usual names are then looked for)", "data.tokenizer")
         for name in ([configured] if configured else []) + list(names):
             tid = self.tok.token_to_id(name)
             if tid is not None:
@@ -74,6 +78,23 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def read_config(path: Path) -> dict:
+    """A tokenizer_config.json beside a tokenizer.json: a JSON object, else a ConfigError
+    naming the file (one line; a config is data from whoever published the tokenizer)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise ConfigError(f"{path} is not a JSON tokenizer config ({reason}); fix it, or remove "
+                          "it to use the tokenizer without it (BOS/EOS from the usual token "
+                          "names, no chat template)", "data.tokenizer") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object of "
+                          "settings (bos_token, eos_token, chat_template, ...); fix it, or remove "
+                          "it to use the tokenizer without it", "data.tokenizer")
+    return config
 
 
 def _from_hub(name: str, offline: bool):

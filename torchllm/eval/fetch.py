@@ -13,14 +13,22 @@ have instead of the Hub (a .jsonl with the Hub dataset's columns; HellaSwag: the
 hellaswag_val.jsonl): its rows are checked as the task reads them, then copied. A task already
 in the folder is kept (`--force` fetches it again). Offline, a task to fetch from the Hub is one
 line naming it and `--from`, at once (no ~25 s of retries).
+
+What a fetch writes replaces the task's older copy whatever its form (`<task>/` or
+`<task>.jsonl`: the evals read the folder first, so a new file beside an old folder would never
+be read): the new copy is written whole into a hidden staging folder in `<out>`, then the older
+copies are moved aside there and the new one renamed into place (`install`). A fetch that fails
+before the rename leaves the older copy as it was; the staging folder is removed either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from torchllm.eval.tasks import DEFAULT_TASKS, LOCAL_NAME, TASKS, load_items
@@ -35,14 +43,40 @@ def present(out: Path, task: str) -> bool:
     return (out / name).is_dir() or (out / f"{name}.jsonl").is_file()
 
 
+def staging_folder(out: Path, task: str) -> Path:
+    """A new hidden folder in `out` (the same filesystem: its contents rename into place)."""
+    return Path(tempfile.mkdtemp(prefix=f".{local_name(task)}.", suffix=".staging", dir=out))
+
+
+def install(out: Path, task: str, new: Path) -> Path:
+    """Put `new` (`<task>.jsonl` or `<task>/`, written whole in its staging folder) in `out` as
+    the task's only copy: every older copy (either form; a link is moved, never followed) is
+    moved aside into the staging folder first, put back if the rename fails, and goes with the
+    staging folder. Returns the installed path."""
+    name, target = local_name(task), out / new.name
+    aside = []
+    try:
+        for old in (out / name, out / f"{name}.jsonl"):
+            if os.path.lexists(old):
+                moved = new.parent / f"older-{old.name}"
+                os.replace(old, moved)
+                aside.append((moved, old))
+        os.replace(new, target)
+    except OSError as e:
+        for moved, old in reversed(aside):
+            os.replace(moved, old)
+        raise ValueError(f"{task}: cannot put the new copy at {target} ({e.strerror or e}); "
+                         "the older copy is kept") from None
+    return target
+
+
 def from_file(out: Path, task: str, path: Path) -> str:
     """Copy `path` as `<out>/<task>.jsonl` once its rows read as the task's (ValueError if not)."""
     if not path.is_file():
         raise ValueError(f"--from {task}={path}: no such file")
     if path.suffix != ".jsonl":
         raise ValueError(f"--from {task}={path}: give a .jsonl file (one JSON row a line)")
-    staging = out / f".{local_name(task)}.staging"
-    staging.mkdir(parents=True, exist_ok=True)
+    staging = staging_folder(out, task)
     try:
         shutil.copyfile(path, staging / f"{local_name(task)}.jsonl")
         items = load_items(task, str(staging), hub=False)  # checked as an eval reads it
@@ -54,10 +88,10 @@ def from_file(out: Path, task: str, path: Path) -> str:
                 raise ValueError(f"--from hellaswag={path}: its rows lack {', '.join(missing)} "
                                  "(the official hellaswag_val.jsonl has them; the harness's "
                                  "hellaswag_local reads them)")
-        (staging / f"{local_name(task)}.jsonl").replace(out / f"{local_name(task)}.jsonl")
+        target = install(out, task, staging / f"{local_name(task)}.jsonl")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return f"{task}: {len(items)} rows from {path} -> {out / (local_name(task) + '.jsonl')}"
+    return f"{task}: {len(items)} rows from {path} -> {target}"
 
 
 def from_hub(out: Path, task: str, offline: bool) -> str:
@@ -75,14 +109,19 @@ def from_hub(out: Path, task: str, offline: bool) -> str:
                          f"loaded ({type(e).__name__}: {first}){offline_note(offline)}; run "
                          f"this command on a machine with network and copy {out}, or pass "
                          f"--from {task}=FILE.jsonl") from None
-    if task == "hellaswag":  # the official jsonl format, which every HellaSwag reader takes
-        target = out / "hellaswag.jsonl"
-        with open(target, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(dict(row)) + "\n")
-    else:
-        target = out / local_name(task)
-        rows.save_to_disk(str(target))
+    staging = staging_folder(out, task)
+    try:
+        if task == "hellaswag":  # the official jsonl format, which every HellaSwag reader takes
+            new = staging / "hellaswag.jsonl"
+            with open(new, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(dict(row)) + "\n")
+        else:
+            new = staging / local_name(task)
+            rows.save_to_disk(str(new))
+        target = install(out, task, new)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return f"{task}: {len(rows)} rows from {path} -> {target}"
 
 
@@ -140,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for task in tasks:
             if task not in todo:
                 print(f"{task}: already in {out} (--force fetches it again)")
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # OSError: a disk full or unwritable --out
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"evals read it with --data-dir {out} (or eval.tasks_data_dir = \"{out}\")")

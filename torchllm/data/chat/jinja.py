@@ -31,7 +31,8 @@ def template_of(config: dict) -> str | None:
     """The chat template of a tokenizer_config.json (a string, or the "default" of a list)."""
     template = config.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default")
     return template if isinstance(template, str) and template.strip() else None
 

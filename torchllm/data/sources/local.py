@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -21,13 +23,27 @@ LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet":
 
 
 def local_files(location: str) -> list[str]:
-    """The data files a local: spec names (a file, a glob or a folder), sorted."""
+    """The data files a local: spec names (a file, a glob or a folder), sorted: regular files
+    only, checked by stat before anything opens one (a FIFO would block the reader), and in a
+    folder nothing a link leads to outside it (a link is named, never followed out)."""
     path = Path(location)
     if path.is_dir():
-        files = sorted(str(p) for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
+        files = folder_files(location, path)
     else:
         files = sorted(glob.glob(location)) if glob.has_magic(location) else [location]
-    if not files or not all(Path(f).is_file() for f in files):
+    present = []
+    for f in files:
+        try:
+            mode = os.stat(f).st_mode
+        except OSError:
+            continue  # missing (or a dangling link): the line below
+        if not stat.S_ISREG(mode):
+            raise ConfigError(
+                f"data.dataset = 'local:{location}': {f} is {_kind(mode)}, not a regular file; "
+                "a local: source reads regular files only: remove it or move it out of the way",
+                "data.dataset")
+        present.append(f)
+    if not files or len(present) != len(files):
         raise ConfigError(f"data.dataset = 'local:{location}': no such file or no "
                           f"{'/'.join(LOCAL_BUILDERS)} files there: {shown(location)}",
                           "data.dataset")
@@ -46,6 +62,30 @@ def local_files(location: str) -> list[str]:
             f"source reads one kind: name one with a glob (e.g. 'local:{location.rstrip('/')}"
             f"/*{first}'), or list each kind in [[data.sources]] (docs/data.md)", "data.dataset")
     return files
+
+
+def folder_files(location: str, folder: Path) -> list[str]:
+    """The data files under `folder` (sorted); a link anywhere in it that leads outside it is a
+    ConfigError naming the link (links to folders are listed, never walked)."""
+    root, files = folder.resolve(), []
+    for top, dirs, names in os.walk(folder):  # followlinks=False
+        for name in (*names, *dirs):
+            entry = Path(top) / name
+            if entry.is_symlink() and not Path(os.path.realpath(entry)).is_relative_to(root):
+                raise ConfigError(
+                    f"data.dataset = 'local:{location}': {entry} is a link to "
+                    f"{os.path.realpath(entry)}, outside the folder; a local: folder reads only "
+                    "what is inside it: copy the file in (or name it in data.dataset / "
+                    "[[data.sources]]) and remove the link", "data.dataset")
+        files += [str(Path(top) / n) for n in names if Path(n).suffix in LOCAL_BUILDERS]
+    return sorted(files)
+
+
+def _kind(mode: int) -> str:
+    """What a stat mode that is not a regular file's is, in words."""
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a folder" if stat.S_ISDIR(mode) else "not a file")
 
 
 class LocalReading:
