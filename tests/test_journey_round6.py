@@ -147,3 +147,31 @@ def test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly
     assert set(got) == set(want) == set(range(1, 7)), got
     for step in range(3, 7):  # the weights differ by summation order only
         assert got[step] == pytest.approx(want[step], rel=1e-4), (step, got, want)
+
+
+def test_a_healed_groups_summary_counts_this_launchs_tokens(tmp_path):
+    """A replica group that heals takes the live group's token count (its whole run) during
+    its first step: the end-of-run block counts the tokens this launch's steps trained."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import tiny_config
+    from torchllm.checkpoint.state import TrainState
+    from torchllm.report.hook import RunReport
+
+    cfg = tiny_config(tmp_path, "--checkpoint.enable=false", "--metrics.enable_tensorboard=false")
+    state = TrainState()
+    trainer = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=state, step=0,
+                              device=torch.device("cpu"), header="", evaluator=None,
+                              metrics=SimpleNamespace(is_log_step=lambda step: False))
+    hook = RunReport.from_trainer(trainer)
+    hook.on_train_start(trainer)
+    state.tokens_seen = 90_000  # healed: the live group's count arrives with its state
+    for step in (13, 14):
+        state.tokens_seen += 512
+        trainer.step = step
+        hook.on_step_end(trainer, step, {"loss": 3.0, "tokens": 512})
+    block = hook.end_block(trainer, elapsed=2.0, report=None)
+    assert "1,024 tokens (512 tok/s)" in block and "(1,024 in this launch)" in block, block
+    assert "91,024 seen in all" in block, block

@@ -72,4 +72,12 @@ MUTANTS = [
         ("tests/test_bench.py::"
          "test_rounds_are_interleaved_and_a_row_is_their_median_with_the_spread_and_load",),
     ),
+    Mutant.at(
+        "healed_summary_counts_the_run",
+        "a healed replica group's end-of-run block counts the live group's tokens as its own",
+        "torchllm.report.hook:RunReport.end_block",
+        "        tokens = self.launch_tokens\n",
+        "        tokens = trainer.train_state.tokens_seen\n",
+        (f"{ROUND6}test_a_healed_groups_summary_counts_this_launchs_tokens",),
+    ),
 ]

@@ -58,7 +58,9 @@ class RunReport(Callback):
     # -- events --------------------------------------------------------------------------
     def on_train_start(self, trainer) -> None:
         self.start = time.perf_counter()
-        self.tokens_before = trainer.train_state.tokens_seen
+        # This launch's tokens are its steps' own: a replica group that heals from a live one
+        # takes that group's token count (its whole run so far) during its first step.
+        self.launch_tokens = 0
         if self.rank0:
             info = self._info()
             info.update(header=getattr(trainer, "header", ""), hardware=hardware(trainer.device))
@@ -68,6 +70,7 @@ class RunReport(Callback):
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
         self.losses.append(metrics["loss"])
+        self.launch_tokens += int(metrics.get("tokens", 0))
         evaluator = trainer.evaluator
         if evaluator is not None and getattr(evaluator, "last_val", None):
             self.last_val = evaluator.last_val
@@ -139,7 +142,7 @@ class RunReport(Callback):
 
     def end_block(self, trainer, elapsed: float, report: Path | None) -> str:
         cfg, run = self.cfg, self.run_dir
-        tokens = trainer.train_state.tokens_seen - self.tokens_before
+        tokens = self.launch_tokens
         losses = self.losses
         lines = [
             f"done: step {trainer.step}/{cfg.training.steps}, {len(losses)} steps in "
