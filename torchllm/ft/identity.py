@@ -118,8 +118,8 @@ def refusal(there: dict | None, here: dict, lighthouse: str) -> str | None:
     if not what:
         return None
     more = f" and {len(what) - SHOWN} more" if len(what) > SHOWN else ""
-    return (f"fault tolerance: {who} joined this quorum at the lighthouse {lighthouse}, but is "
-            f"not of this run (replica group {here['replica']} of run {here['run']!r}): "
+    return (f"fault tolerance: {who}, in this quorum at the lighthouse {lighthouse}, is not of "
+            f"this run and config (replica group {here['replica']} of run {here['run']!r}): "
             f"{'; '.join(what[:SHOWN])}{more} (the peer's -> this group's). Replica groups heal "
             "from and average with groups of their own run and config only: launch every group "
             "of a run with the same config (scripts/ft_local.sh does), and give each run its own "
