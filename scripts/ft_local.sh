@@ -50,23 +50,27 @@ if lighthouse_up; then
     owner_pid=""; owner=""
     [ ! -f "$record" ] || IFS=$'\t' read -r owner_pid owner <"$record" || true
     if [ -n "$owner_pid" ] && kill -0 "$owner_pid" 2>/dev/null && [ "$owner" != "$run_label" ]; then
-        echo "ft_local: the lighthouse at $TORCHFT_LIGHTHOUSE serves another run ($owner, lighthouse pid $owner_pid; its record $record), not this one ($run_label): replica groups train only with groups of their own run; unset TORCHFT_LIGHTHOUSE (each run has a port of its own) or set it to a free port" >&2
+        echo "ft_local: the lighthouse at $TORCHFT_LIGHTHOUSE serves another run ($owner;" \
+             "lighthouse pid $owner_pid, its record $record), not this one ($run_label):" \
+             "replica groups train only with groups of their own run; unset TORCHFT_LIGHTHOUSE" \
+             "(each run has a port of its own) or set it to a free port" >&2
         exit 2
     fi
     if [ -n "$owner_pid" ] && [ "$owner" = "$run_label" ]; then
         echo "ft_local: reusing this run's lighthouse at $TORCHFT_LIGHTHOUSE (pid $owner_pid)"
     else
-        echo "ft_local: reusing the lighthouse at $TORCHFT_LIGHTHOUSE (not started here: at their first quorum the groups refuse peers of another run)"
+        echo "ft_local: reusing the lighthouse at $TORCHFT_LIGHTHOUSE (not started by" \
+             "ft_local.sh: at their first quorum the groups refuse peers of another run)"
     fi
 else
     torchft_lighthouse --min_replicas 1 --bind "127.0.0.1:$port" \
         --heartbeat_timeout_ms "${FT_HEARTBEAT_TIMEOUT_MS:-5000}" \
         --join_timeout_ms "${FT_JOIN_TIMEOUT_MS:-60000}" >"$log_dir/lighthouse.log" 2>&1 &
     lighthouse_pid=$!
+    mkdir -p "$records"  # recorded before it answers: a call that finds it finds its run too
+    printf '%s\t%s\n' "$lighthouse_pid" "$run_label" >"$record"
     for _ in $(seq 100); do lighthouse_up && break; sleep 0.1; done
     lighthouse_up || { echo "ft_local: the lighthouse did not start (see $log_dir/lighthouse.log)" >&2; exit 1; }
-    mkdir -p "$records"
-    printf '%s\t%s\n' "$lighthouse_pid" "$run_label" >"$record"
     echo "ft_local: lighthouse on 127.0.0.1:$port (pid $lighthouse_pid) for run $run_label"
 fi
 

@@ -107,12 +107,13 @@ def _ft_local(tmp_path, name: str, env: dict, *extra: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_ft_local_does_not_reuse_the_lighthouse_of_another_run(tmp_path):
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+    port = free_port()
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}",
            "FT_LIGHTHOUSE_RECORDS": str(tmp_path / "records"), "FT_REPLICAS": "0"}
     # Run alpha's group 0 waits for group 1 (min_replica_size 2) at alpha's lighthouse.
     alpha = _ft_local(tmp_path, "alpha", env, "--fault_tolerance.min_replica_size=2")
     try:
-        wait_for(lambda: any((tmp_path / "records").glob("*")), 120, what="alpha's lighthouse")
+        wait_for(lambda: _answers(port), 120, what="alpha's lighthouse")
         beta = _ft_local(tmp_path, "beta", env)
         out = beta.communicate(timeout=120)[0].decode(errors="replace")
         assert beta.returncode == 2, out
