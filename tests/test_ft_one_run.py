@@ -24,7 +24,11 @@ pytest.importorskip("torchft")
 
 ARGS = ("--data.tokenizer=bytes", "--validation.enable=false", "--eval.sample_freq=0",
         "--checkpoint.enable=false", "--training.steps=3")
-GPT2 = f"--data.tokenizer={shared_path('tokenizers', 'gpt2', 'gpt2.tiktoken')}"
+
+
+def gpt2() -> str:
+    """Another tokenizer than ARGS' bytes (skips without the shared test data)."""
+    return f"--data.tokenizer={shared_path('tokenizers', 'gpt2', 'gpt2.tiktoken')}"
 
 
 def lighthouse(port: int) -> subprocess.Popen:
@@ -89,7 +93,7 @@ def test_two_runs_on_one_lighthouse_refuse_each_other_naming_the_runs(tmp_path):
 def test_a_group_of_another_seed_tokenizer_and_width_is_refused_on_both_sides(tmp_path):
     # Same run name; group 1 differs in seed, tokenizer and model width (issues 9 and 13: they
     # trained apart, or died of a gloo abort / a timeout naming nothing).
-    ran = two_groups(tmp_path, (), ("--job.seed=7", GPT2, "--model.dim=128"))
+    ran = two_groups(tmp_path, (), ("--job.seed=7", gpt2(), "--model.dim=128"))
     for code, out in ran:
         assert code == 2, out[-4000:]
         line = refusal_line(out)
@@ -160,7 +164,7 @@ def test_identity_records_name_each_difference_and_travel_as_plain_bytes(tmp_pat
     from torchllm.ft.identity import decode, encode, group_record, refusal
 
     a = _trainer(tmp_path / "a")
-    b = _trainer(tmp_path / "b", "--job.seed=7", GPT2, "--model.dim=128")
+    b = _trainer(tmp_path / "b", "--job.seed=7", gpt2(), "--model.dim=128")
     try:
         here, there = group_record(a, "alpha"), group_record(b, "beta")
         same = group_record(_close(_trainer(tmp_path / "c")), "alpha")
