@@ -27,21 +27,21 @@ MUTANTS = [
         "groups of two runs with the same config train as one (the run's name is not compared)",
         "torchllm.ft.identity:differences",
         '    if there["run"] != here["run"]:\n', "    if False:\n",
-        (RUNS, RECORDS),
+        (RECORDS, RUNS),
     ),
     Mutant.at(
         "ft_seed_not_compared",
         "a group started with another job.seed heals and trains beside its peers",
         "torchllm.ft.identity:group_record",
         'if k != "tokenizer_sha256"}', 'if k not in ("tokenizer_sha256", "seed")}',
-        (FIELDS, RECORDS),
+        (RECORDS, FIELDS),
     ),
     Mutant.at(
         "ft_tokenizer_not_compared",
         "a group with another tokenizer heals and trains beside its peers (loss 6.33 beside 3.31)",
         "torchllm.ft.identity:differences",
         '    if there["tokenizer"] != here["tokenizer"]:\n', "    if False:\n",
-        (FIELDS, RECORDS),
+        (RECORDS, FIELDS),
     ),
     Mutant.at(
         "ft_model_shape_not_compared",
@@ -49,7 +49,7 @@ MUTANTS = [
         "torchllm.ft.identity:group_record",
         '"model.name": cfg.model.name, **_flat("model", trainer.model_args),',
         '"model.name": cfg.model.name,',
-        (FIELDS, RECORDS),
+        (RECORDS, FIELDS),
     ),
     Mutant.at(
         "ft_only_the_lower_group_refuses",
