@@ -6,7 +6,8 @@ Tensors travel as local tensors (an FSDP2 group's rank sends its own shard to th
 the receiving group, whose layout is the same), and go back into the receiver's own tensors.
 The data position is the peer's count of batches read: each group reads its own part of the data
 (its replica id), so the receiver continues its own part at the same count. torchft moves this
-over HTTP between the groups' processes (torch's pickle): the groups trust each other.
+over HTTP between the groups' processes (torch's pickle): the groups trust each other, and only
+after their identity records agreed that they are of one run and config (identity.py).
 """
 
 from __future__ import annotations

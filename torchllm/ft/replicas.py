@@ -1,7 +1,8 @@
 """The training loop's view of fault tolerance: one small object with four calls.
 
     replicas.begin_step()          this step's quorum: which replica groups train it (a group
-                                   that is behind heals from a live peer here, before its batch)
+                                   that is behind heals from a live peer here, before its batch;
+                                   a peer of another run or config is refused first, identity.py)
     replicas.average(stats, model) gradients and the loss averaged over the live groups, then
                                    the groups agree to commit; False: a group died during the
                                    step, which then runs again on the next batches
