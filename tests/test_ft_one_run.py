@@ -200,3 +200,15 @@ def test_a_heal_into_another_width_is_refused_naming_the_weight(tmp_path):
         other.close()
     assert_names(str(e.value), "256", "128", "model")
     assert "\n" not in str(e.value)
+
+
+def test_every_group_of_a_run_names_the_run_not_its_folder(tmp_path):
+    from torchllm.ft import replica_run
+    from torchllm.ft.rundir import group_run
+
+    for name in ("alpha", "beta-replica1"):  # (a run may end in what a folder adds)
+        for r in (0, 1):
+            cfg = replica_run(load_config(tiny_args(
+                tmp_path, "--fault_tolerance.enable", "--fault_tolerance.group_size=2",
+                f"--fault_tolerance.replica_id={r}", f"--job.run_name={name}")))
+            assert cfg.job.run_name == f"{name}-replica{r}" and group_run(cfg) == name

@@ -104,6 +104,6 @@ MUTANTS = [
         "    return name[:-len(suffix)] if cfg.fault_tolerance.enable and name.endswith(suffix) "
         "else name\n",
         "    return name\n",
-        (ACCEPTANCE,),
+        (T + "test_every_group_of_a_run_names_the_run_not_its_folder", ACCEPTANCE),
     ),
 ]
