@@ -6,14 +6,18 @@
 # Each group is one ./run_train.sh launch (its NGPU ranks) with --fault_tolerance.enable,
 # --fault_tolerance.replica_id=R and --fault_tolerance.group_size=N_GROUPS; its output goes to
 # $FT_LOG_DIR/replica_R.log (and its exit code to replica_R.code). The lighthouse listens on
-# 127.0.0.1 only (torchft_lighthouse binds every interface, [::]:29510, unless told otherwise);
-# when one already answers at $TORCHFT_LIGHTHOUSE, it is reused.
+# 127.0.0.1 only (torchft_lighthouse binds every interface, [::]:29510, unless told otherwise),
+# on the run's own port (python -m torchllm.ft: from the run's name and dump folder) unless
+# $TORCHFT_LIGHTHOUSE names one. When one already answers there it is reused, unless this script
+# started it for another run (its record, $FT_LIGHTHOUSE_RECORDS/PORT, names the run): refused.
 #
 # Environment (all optional):
 #   FT_REPLICAS            which replica ids to start (default: 0 .. N_GROUPS-1); to relaunch a
 #                          dead group beside running ones: FT_REPLICAS=1 scripts/ft_local.sh 2 ...
 #   FT_LOG_DIR             where the groups' logs go (default: ./outputs/ft_local)
-#   TORCHFT_LIGHTHOUSE     the lighthouse's address (default http://localhost:29510)
+#   TORCHFT_LIGHTHOUSE     the lighthouse's address (default: the run's, http://localhost:PORT)
+#   FT_LIGHTHOUSE_RECORDS  where the run of each lighthouse started here is recorded (default:
+#                          ${TMPDIR:-/tmp}/torchllm-ft-lighthouses-$UID)
 #   FT_HEARTBEAT_TIMEOUT_MS  how long a silent group stays in the quorum (default 5000): the
 #                          survivors' pause after a group dies
 #   FT_JOIN_TIMEOUT_MS     how long a quorum waits for groups that heartbeat but have not
@@ -27,22 +31,47 @@ if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 groups=$1; shift
-export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-http://localhost:29510}
+# The run's default lighthouse address and its label (name and dump folder), as run_train.sh's
+# config file and these overrides give them; a config error is one line and exit 2.
+run=$(python -m torchllm.ft --job.config_file "${CONFIG_FILE:-./train_configs/debug_model.toml}" "$@") \
+    || exit $?
+run_label=$(tail -n 1 <<<"$run")
+export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-$(tail -n 2 <<<"$run" | head -n 1)}
 log_dir=${FT_LOG_DIR:-./outputs/ft_local}
 mkdir -p "$log_dir"
 port=${TORCHFT_LIGHTHOUSE##*:}; port=${port%%/*}
+records=${FT_LIGHTHOUSE_RECORDS:-${TMPDIR:-/tmp}/torchllm-ft-lighthouses-$(id -u)}
+record="$records/$port"  # "PID<tab>RUN" of the lighthouse this script started on that port
 
 lighthouse_up() { python -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 1).close()" 2>/dev/null; }
 
 lighthouse_pid=""
-if ! lighthouse_up; then
+if lighthouse_up; then
+    owner_pid=""; owner=""
+    [ ! -f "$record" ] || IFS=$'\t' read -r owner_pid owner <"$record" || true
+    if [ -n "$owner_pid" ] && kill -0 "$owner_pid" 2>/dev/null && [ "$owner" != "$run_label" ]; then
+        echo "ft_local: the lighthouse at $TORCHFT_LIGHTHOUSE serves another run ($owner;" \
+             "lighthouse pid $owner_pid, its record $record), not this one ($run_label):" \
+             "replica groups train only with groups of their own run; unset TORCHFT_LIGHTHOUSE" \
+             "(each run has a port of its own) or set it to a free port" >&2
+        exit 2
+    fi
+    if [ -n "$owner_pid" ] && [ "$owner" = "$run_label" ]; then
+        echo "ft_local: reusing this run's lighthouse at $TORCHFT_LIGHTHOUSE (pid $owner_pid)"
+    else
+        echo "ft_local: reusing the lighthouse at $TORCHFT_LIGHTHOUSE (not started by" \
+             "ft_local.sh: at their first quorum the groups refuse peers of another run)"
+    fi
+else
     torchft_lighthouse --min_replicas 1 --bind "127.0.0.1:$port" \
         --heartbeat_timeout_ms "${FT_HEARTBEAT_TIMEOUT_MS:-5000}" \
         --join_timeout_ms "${FT_JOIN_TIMEOUT_MS:-60000}" >"$log_dir/lighthouse.log" 2>&1 &
     lighthouse_pid=$!
+    mkdir -p "$records"  # recorded before it answers: a call that finds it finds its run too
+    printf '%s\t%s\n' "$lighthouse_pid" "$run_label" >"$record"
     for _ in $(seq 100); do lighthouse_up && break; sleep 0.1; done
     lighthouse_up || { echo "ft_local: the lighthouse did not start (see $log_dir/lighthouse.log)" >&2; exit 1; }
-    echo "ft_local: lighthouse on 127.0.0.1:$port (pid $lighthouse_pid)"
+    echo "ft_local: lighthouse on 127.0.0.1:$port (pid $lighthouse_pid) for run $run_label"
 fi
 
 pids=()
@@ -68,5 +97,8 @@ for r in $replicas; do
     [ "$c" -le "$code" ] || code=$c
     i=$((i + 1))
 done
-[ -z "$lighthouse_pid" ] || kill "$lighthouse_pid" 2>/dev/null || true
+if [ -n "$lighthouse_pid" ]; then
+    kill "$lighthouse_pid" 2>/dev/null || true
+    rm -f "$record"
+fi
 exit "$code"

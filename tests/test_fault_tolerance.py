@@ -229,7 +229,8 @@ def _replicas(live: int, committed: int, rank: int = 0):
     r = object.__new__(ReplicaGroups)
     r.manager, r.min_replica_size, r.committed_here = _Manager(live, rank), 2, committed
     r.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 4})()})()
-    r.quorum_id, r.members, r.pg, r.group_rank, r.group_world = 1, [0], None, 0, 1
+    r.quorum_id, r.members, r.group_rank, r.group_world = 1, [0], 0, 1
+    r.pg = type("P", (), {"refusal": None})()  # every peer agreed on the run (identity.py)
     return r
 
 

@@ -156,16 +156,16 @@ class Trainer:
         self.callbacks = build_callbacks(CALLBACKS, self)
         stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
         tokenizer = run.tokenizer_record
+        # What each checkpoint records and replica groups compare (torchllm/ft/identity.py); the
+        # data fingerprint says what the data position means (a resume compares it).
+        self.run_info = {"config_toml": to_toml(cfg), "global_batch_size": global_batch,
+                         "precision": self.precision, "tokenizer": tokenizer,
+                         "data": data_fingerprint(cfg, tokenizer["base_sha256"])}
         self.checkpointer = self.replicas.gate(Checkpointer(  # FT: the lowest live group saves
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
             device=self.device, others={"loss_guard": self.guard, **stateful},
-            run_info={"config_toml": to_toml(cfg), "global_batch_size": global_batch,
-                      "precision": self.precision, "tokenizer": tokenizer,
-                      # What the data position means: a resume compares it (on_data_change).
-                      "data": data_fingerprint(cfg, tokenizer["base_sha256"])},
-            load_hf=load_initial_weights, fresh=cfg.job.overwrite,
-        ))
+            run_info=self.run_info, load_hf=load_initial_weights, fresh=cfg.job.overwrite))
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.

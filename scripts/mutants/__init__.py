@@ -19,6 +19,7 @@ from mutants import ft
 from mutants import journey6
 from mutants import edge_hf
 from mutants import edge_data
+from mutants import edge_ft
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -38,5 +39,6 @@ MUTANTS = [
     *journey6.MUTANTS,
     *edge_hf.MUTANTS,
     *edge_data.MUTANTS,
+    *edge_ft.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

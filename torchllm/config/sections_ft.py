@@ -1,8 +1,8 @@
 """The [fault_tolerance] section: replica groups that keep training when one dies (torchft).
 
 Kept apart from sections.py (one table, its checks beside it). The lighthouse's address is not a
-key: torchft reads it from TORCHFT_LIGHTHOUSE (default http://localhost:29510), a launcher
-variable like NGPU (docs/fault_tolerance.md).
+key: torchft reads it from TORCHFT_LIGHTHOUSE (default: the run's own port, ft/lighthouse.py), a
+launcher variable like NGPU (docs/fault_tolerance.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Tensors travel as local tensors (an FSDP2 group's rank sends its own shard to th
 the receiving group, whose layout is the same), and go back into the receiver's own tensors.
 The data position is the peer's count of batches read: each group reads its own part of the data
 (its replica id), so the receiver continues its own part at the same count. torchft moves this
-over HTTP between the groups' processes (torch's pickle): the groups trust each other.
+over HTTP between the groups' processes (torch's pickle): the groups trust each other, and only
+after their identity records agreed that they are of one run and config (identity.py).
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ class HealState:
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
         own = self.model.state_dict()
-        if set(own) != set(sd["model"]):
-            raise RuntimeError("fault tolerance: the peer's model has other weights than this "
-                               f"group's ({sorted(set(own) ^ set(sd['model']))[:4]}): the groups "
-                               "must run the same model config")
+        if problem := _other_model(own, sd["model"]):
+            raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}; "
+                              "replica groups must run the same model config (model.*)",
+                              "fault_tolerance.enable")
         for name, tensor in own.items():
             _local(tensor).copy_(sd["model"][name])
         for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
@@ -88,6 +89,18 @@ class HealState:
             obj.load_state_dict(sd["others"][key])
         self.restart_data()
         self.healed_at = self.train_state.step
+
+
+def _other_model(own: dict, theirs: dict) -> str | None:
+    """How the peer's weights differ from this group's (names, then shapes), or None."""
+    if set(own) != set(theirs):
+        return (f"the peer's model has other weights than this group's "
+                f"({', '.join(sorted(set(own) ^ set(theirs))[:4])})")
+    for name, tensor in own.items():
+        mine, peer = tuple(_local(tensor).shape), tuple(getattr(theirs[name], "shape", ()))
+        if mine != peer:
+            return f"weight {name} is {list(peer)} in the peer's model, {list(mine)} here"
+    return None
 
 
 def _shard_like_params(optimizer) -> None:

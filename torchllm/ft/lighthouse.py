@@ -1,27 +1,43 @@
 """Where the torchft lighthouse is, and the one-line refusal when it cannot be reached.
 
 The lighthouse decides each step's quorum (which replica groups train it). Its address comes from
-TORCHFT_LIGHTHOUSE, torchft's own variable (a launcher variable, like NGPU), default
-http://localhost:29510.
+TORCHFT_LIGHTHOUSE, torchft's own variable (a launcher variable, like NGPU); unset, it is the
+run's own: http://localhost:PORT, PORT in PORTS from a hash of the run's name and dump folder, so
+two runs on one machine never share a lighthouse by default (their groups would refuse each
+other at their first quorum, torchllm/ft/identity.py).
+
+    python -m torchllm.ft [--section.key=value ...]      (torchllm/ft/__main__.py)
+
+prints the run's default address and its label (two lines; scripts/ft_local.sh asks).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 from torchllm.config.job_config import ConfigError
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
-DEFAULT_LIGHTHOUSE = "http://localhost:29510"
-START_ONE = ("start one with `torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:29510` (or run "
-             "the groups through scripts/ft_local.sh, which starts it)")
+PORTS = range(29600, 32600)  # below Linux's ephemeral ports (32768-), above torchrun's 29500
 
 
-def lighthouse_address(environ) -> str:
-    return environ.get(LIGHTHOUSE_ENV) or DEFAULT_LIGHTHOUSE
+def run_label(run: str, dump_folder) -> str:
+    """The run a lighthouse serves, in one line: its name and its dump folder."""
+    return f"{run} in {Path(dump_folder).resolve()}"
+
+
+def default_address(run: str, dump_folder) -> str:
+    digest = hashlib.blake2b(run_label(run, dump_folder).encode(), digest_size=8).digest()
+    return f"http://localhost:{PORTS[int.from_bytes(digest, 'big') % len(PORTS)]}"
+
+
+def lighthouse_address(environ, run: str, dump_folder) -> str:
+    return environ.get(LIGHTHOUSE_ENV) or default_address(run, dump_folder)
 
 
 def import_torchft():
@@ -51,11 +67,11 @@ def check_torchft() -> None:
             "fault_tolerance.enable") from e
 
 
-def check_lighthouse(address: str, timeout_s: float = 2.0) -> None:
+def check_lighthouse(address: str, default: str, timeout_s: float = 2.0) -> None:
     """Refuse (ConfigError, one line) when nothing listens at the lighthouse's address."""
     url = urlparse(address if "://" in address else f"http://{address}")
-    where = f"{LIGHTHOUSE_ENV}={address}" if address != DEFAULT_LIGHTHOUSE else \
-        f"{address} (the default; set {LIGHTHOUSE_ENV} for another)"
+    where = f"{LIGHTHOUSE_ENV}={address}" if address != default else \
+        f"{address} (this run's default; set {LIGHTHOUSE_ENV} for another)"
     if not url.hostname or url.port is None:
         raise ConfigError(f"fault_tolerance.enable: the lighthouse address {where} is not "
                           "http://HOST:PORT", "fault_tolerance.enable")
@@ -64,12 +80,34 @@ def check_lighthouse(address: str, timeout_s: float = 2.0) -> None:
     except OSError as e:
         raise ConfigError(
             f"fault_tolerance.enable: no torchft lighthouse reachable at {where} ({e.strerror or e}"
-            f"); {START_ONE}", "fault_tolerance.enable") from None
+            f"); start one with `torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:{url.port}` "
+            "(or run the groups through scripts/ft_local.sh, which starts it)",
+            "fault_tolerance.enable") from None
 
 
-def check_fault_tolerance(cfg, environ) -> None:
-    """The launcher's and the trainer's pre-flight check (value checks ran at config load)."""
+def check_fault_tolerance(cfg, environ, run: str | None = None) -> None:
+    """The launcher's and the trainer's pre-flight check (value checks ran at config load).
+    `run`: the run's name (default job.run_name's; a replica group's cfg names its folder)."""
     if not cfg.fault_tolerance.enable:
         return
+    from torchllm.config import paths
+
+    run = run or paths.run_name(cfg.job)
     check_torchft()
-    check_lighthouse(lighthouse_address(environ))
+    check_lighthouse(lighthouse_address(environ, run, cfg.job.dump_folder),
+                     default_address(run, cfg.job.dump_folder))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The run's default lighthouse address and label (module doc); a config error: exit 2."""
+    from torchllm.config import load_config, paths
+
+    try:
+        cfg = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    run = paths.run_name(cfg.job)
+    print(default_address(run, cfg.job.dump_folder))
+    print(run_label(run, cfg.job.dump_folder))
+    return 0

@@ -1,7 +1,8 @@
 """The training loop's view of fault tolerance: one small object with four calls.
 
     replicas.begin_step()          this step's quorum: which replica groups train it (a group
-                                   that is behind heals from a live peer here, before its batch)
+                                   that is behind heals from a live peer here, before its batch;
+                                   a peer of another run or config is refused first, identity.py)
     replicas.average(stats, model) gradients and the loss averaged over the live groups, then
                                    the groups agree to commit; False: a group died during the
                                    step, which then runs again on the next batches
@@ -23,8 +24,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from torchllm.config.job_config import ConfigError
 from torchllm.ft.heal import HealState
+from torchllm.ft.identity import checked_gloo, group_record
 from torchllm.ft.lighthouse import check_fault_tolerance, import_torchft, lighthouse_address
+from torchllm.ft.rundir import group_run
 from torchllm.log import logger
 
 STARTUP_WAIT_S = 60.0  # a group finding fewer than min_replica_size live groups at launch waits
@@ -62,8 +66,9 @@ class ReplicaGroups(SingleGroup):
     """One replica group of `group_size`, kept in step with the live others by torchft."""
 
     def __init__(self, ftcfg, group_rank: int, group_world: int, group_batch: int,
-                 timeout_s: float = 60.0):
+                 run: str, lighthouse: str, timeout_s: float = 60.0):
         torchft = import_torchft()
+        self.run = run  # the run's name: only groups of this run (and config) are peers
         self.replica_id, self.group_size = ftcfg.replica_id, ftcfg.group_size
         self.min_replica_size = ftcfg.min_replica_size
         self.group_rank, self.group_world, self.group_batch = group_rank, group_world, group_batch
@@ -75,7 +80,9 @@ class ReplicaGroups(SingleGroup):
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self.store.port
         timeout = timedelta(seconds=timeout_s)
-        self.pg = torchft.ProcessGroupGloo(timeout=timeout)
+        # Each new quorum's groups exchange identity records first (identity.py).
+        self.pg = checked_gloo(timeout)
+        self.pg.lighthouse = lighthouse
         self.transport = _Transport(timeout=timeout, num_chunks=0)
         self.manager = torchft.Manager(
             pg=self.pg, load_state_dict=None, state_dict=None,
@@ -88,7 +95,7 @@ class ReplicaGroups(SingleGroup):
             init_sync=False,
             timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
             rank=group_rank, world_size=group_world, store_addr=store_addr,
-            store_port=store_port, lighthouse_addr=lighthouse_address(os.environ),
+            store_port=store_port, lighthouse_addr=lighthouse,
             replica_id=f"torchllm_replica_{self.replica_id}",
             max_retries=20,  # consecutive steps that could not commit: then the run fails
             checkpoint_transport=self.transport,
@@ -113,6 +120,7 @@ class ReplicaGroups(SingleGroup):
         t = trainer
         self.heal = HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader,
                               t.train_state, others, restart_batches)
+        self.pg.record = group_record(t, self.run)  # what this group's peers must agree on
         self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
                                             self.heal.state_dict)
         self.manager.load_state_dict({"step": t.step, "batches_committed": t.step})
@@ -122,6 +130,8 @@ class ReplicaGroups(SingleGroup):
         while True:
             healed_before = self.heal.healed_at
             self.manager.start_quorum()  # blocks for the quorum; heals this group if behind
+            if self.pg.refusal:  # a peer of another run or config: no heal, no step (exit 2)
+                raise ConfigError(self.pg.refusal, "fault_tolerance.enable")
             self._note_quorum(healed_before)
             live = self.manager.num_participants()
             if live >= self.min_replica_size:
@@ -249,7 +259,9 @@ def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
     """The run's replica groups: a no-op SingleGroup unless fault_tolerance.enable."""
     if not cfg.fault_tolerance.enable:
         return SingleGroup()
-    check_fault_tolerance(cfg, os.environ)
+    run = group_run(cfg)  # (cfg names this group's folder, <run>-replica<R>)
+    check_fault_tolerance(cfg, os.environ, run)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return ReplicaGroups(cfg.fault_tolerance, rank, world, group_batch)
+    return ReplicaGroups(cfg.fault_tolerance, rank, world, group_batch, run,
+                         lighthouse_address(os.environ, run, cfg.job.dump_folder))

@@ -19,3 +19,10 @@ def replica_run(cfg):
         return cfg
     name = f"{paths.run_name(cfg.job)}-replica{ft.replica_id}"
     return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_name=name))
+
+
+def group_run(cfg) -> str:
+    """The run a replica group belongs to: its folder's name (replica_run's) less `-replica<R>`."""
+    name = paths.run_name(cfg.job)
+    suffix = f"-replica{cfg.fault_tolerance.replica_id}"
+    return name[:-len(suffix)] if cfg.fault_tolerance.enable and name.endswith(suffix) else name
