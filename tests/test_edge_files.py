@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -119,20 +120,21 @@ def test_the_report_refuses_a_link_fifo_or_huge_file_in_the_run_folder(made_run,
 
 @pytest.mark.slow
 def test_a_runs_own_writes_follow_no_planted_link(tmp_path):
-    """The run folder holds links at the temp names of the run's config.toml, report/run.json
-    and report.md (as a folder made by someone else may): a run with the report on writes none
-    of their targets, and leaves its files in place of the links."""
+    """The run folder holds links at the temp names of the run's config.toml, report/run.json,
+    report.md and lock (as a folder made by someone else may): a run with the report on writes
+    none of their targets, and leaves its files in place of the links."""
     run = tmp_path / "run"
     (run / "report").mkdir(parents=True)
+    lock_tmp = f"run.lock.new.{socket.gethostname()}.{os.getpid()}"  # rank 0 runs in here
     targets = {name: tmp_path / f"target{i}" for i, name in enumerate(
-        (".config.toml.tmp", "report/run.tmp", "report/report.md.tmp"))}
+        (".config.toml.tmp", "report/run.tmp", "report/report.md.tmp", lock_tmp))}
     for name, target in targets.items():
         target.write_text("theirs")
         os.symlink(target, run / name)
     ran = run_train(*tiny_args(tmp_path, "--job.run_name=run", "--training.steps=2",
                                "--metrics.report=true"))
     assert ran.returncode == 0, ran.out[-3000:]
-    assert [t.read_text() for t in targets.values()] == ["theirs"] * 3
+    assert {n: t.read_text() for n, t in targets.items()} == dict.fromkeys(targets, "theirs")
     for name in ("config.toml", "report/run.json", "report/report.md"):
         assert (run / name).is_file() and not (run / name).is_symlink(), name
     assert json.loads((run / "report" / "run.json").read_text())["launches"] == 1
@@ -200,9 +202,13 @@ def test_a_resume_stops_at_a_step_holding_a_link_without_falling_back(root, tmp_
 
 @pytest.mark.slow
 def test_a_resume_ignores_step_folders_whose_names_are_not_canonical(root, caplog):
-    """Empty `step-04`, `step-004` and `step-٤` (Arabic-Indic four) beside the complete
-    `step-4`: the resume continues from step 4, deletes none of them, and names each."""
-    planted = [step(root, 4).with_name(name) for name in ("step-04", "step-004", "step-\u0664")]
+    """Empty `step-04`, `step-004`, `step-٤` (Arabic-Indic four) and other scripts' fours
+    beside the complete `step-4`: the resume continues from step 4, deletes none of them, and
+    names each. (Parsed as step 4, the one listed last decided step 4's state: with eight of
+    them, step-4 is rarely last, whatever order the file system lists them in.)"""
+    fours = ("step-04", "step-004", "step-0004", "step-\u0664", "step-\u06f4", "step-\u096a",
+             "step-\u09ea", "step-\uff14")
+    planted = [step(root, 4).with_name(name) for name in fours]
     for folder in planted:
         folder.mkdir()
     ran = run_train(*tiny_args(root, *CKPT, "--training.steps=6"))

@@ -76,7 +76,7 @@ def test_the_run_writes_a_report_whose_plots_are_the_events_values(runs):
     final_val = events["val/loss"][6]
     assert f"| final validation loss | {final_val:.4f} (step 6) |" in text
     assert "| steps | 6 / 6 |" in text and "![loss](loss.png)" in text
-    assert "run a\n  config" in text  # the run header
+    assert "    run a\n      config" in text  # the run header (an indented code block)
 
     _, figures = write_report([run], tmp_path_out := run / "redrawn")
     assert (tmp_path_out / "report.md").is_file()

@@ -269,10 +269,10 @@ class LocalStorage(FsspecStorage):
     def write_durably(self, location: Location, text: str) -> None:
         """A temp file, fsync'd, renamed over `location`, then the folder fsync'd: after a crash
         `location` holds its old content or all of `text`, never an empty or partial file. The
-        temp file is created new (`_create_new`): a link planted at its name is never followed."""
+        temp file is created new (`create_new`): a link planted at its name is never followed."""
         path = Path(location)
         tmp = path.parent / f".{path.name}.tmp"
-        with os.fdopen(_create_new(tmp), "w") as f:
+        with os.fdopen(create_new(tmp), "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -315,7 +315,7 @@ class LocalStorage(FsspecStorage):
         return shutil.disk_usage(folder).free
 
 
-def _create_new(path: Path) -> int:
+def create_new(path: Path) -> int:
     """A write descriptor of a file created new at `path` (O_EXCL | O_NOFOLLOW: whatever is at
     that name, a link included, is never written through). An entry already there (a temp file
     left by a crash, or a planted link) is unlinked first: the entry itself, not its target."""
