@@ -227,7 +227,7 @@ def test_mixture_and_eval_scalars_get_their_plots_and_tables(tmp_path):
         "hellaswag/acc_norm": Series(np.array([20, 30]), np.array([0.26, 0.31])),
         "downstream/core": Series(np.array([30]), np.array([0.05])),
     })
-    figures = render([run], tmp_path / "out")
+    figures = render([run])
     assert set(figures) == {"mixture.png", "evals.png"}
     x, y = line(figures["mixture.png"], "data/source1/fraction")
     assert x.tolist() == [10, 20, 30] and y.tolist() == [0.3, 0.29, 0.3]

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from torchllm.checkpoint.index import UntrustedCheckpoint
 from torchllm.checkpoint.layout import MARKER
 from torchllm.storage import Location, as_location, iter_chunks, name_of, parent_of, storage_for
-from torchllm.store import NOT_REGULAR, Store
+from torchllm.store import NOT_REGULAR, Confined, Store
 
 CHUNK = 16 << 20
 # The most a step's small files may hold before they are read (Step.open reads them whole).
@@ -33,6 +33,8 @@ def step_store(path: Location) -> Store:
     """The step folder `path` as a Store, its entries checked: UnsafeStepEntry (one line naming
     the entry) for a link, FIFO or other non-regular entry in it. Links are never followed."""
     store = Store(path)
+    if store.remote:  # an object store has no links or FIFOs (and one listing is enough)
+        return store
     for name, kind in sorted(store.entries().items()):
         if kind not in ("file", "folder"):
             raise UnsafeStepEntry(
@@ -52,8 +54,12 @@ def read_step_folder(path: Location, names: tuple[str, ...]
     read: dict[str, bytes | OSError] = {}
     for name in names:
         if name in sizes:
+            most = MAX_READ.get(name)
             try:
-                read[name] = store.read_bytes(name, max_bytes=MAX_READ.get(name))
+                if most is not None and sizes[name] > most:  # as listed: no request more
+                    raise Confined(f"{store.where(name)} is {sizes[name]:,} bytes, more than "
+                                   f"the {most:,} allowed")
+                read[name] = store.read_bytes(name, max_bytes=None if store.remote else most)
             except OSError as e:
                 read[name] = e
     return sizes, read
