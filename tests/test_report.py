@@ -76,7 +76,7 @@ def test_the_run_writes_a_report_whose_plots_are_the_events_values(runs):
     final_val = events["val/loss"][6]
     assert f"| final validation loss | {final_val:.4f} (step 6) |" in text
     assert "| steps | 6 / 6 |" in text and "![loss](loss.png)" in text
-    assert "run a\n  config" in text  # the run header
+    assert "    run a\n      config" in text  # the run header (an indented code block)
 
     _, figures = write_report([run], tmp_path_out := run / "redrawn")
     assert (tmp_path_out / "report.md").is_file()
@@ -227,7 +227,7 @@ def test_mixture_and_eval_scalars_get_their_plots_and_tables(tmp_path):
         "hellaswag/acc_norm": Series(np.array([20, 30]), np.array([0.26, 0.31])),
         "downstream/core": Series(np.array([30]), np.array([0.05])),
     })
-    figures = render([run], tmp_path / "out")
+    figures = render([run])
     assert set(figures) == {"mixture.png", "evals.png"}
     x, y = line(figures["mixture.png"], "data/source1/fraction")
     assert x.tolist() == [10, 20, 30] and y.tolist() == [0.3, 0.29, 0.3]

@@ -277,14 +277,15 @@ class LocalStorage(FsspecStorage):
 
     def write_durably(self, location: Location, text: str) -> None:
         """A temp file, fsync'd, renamed over `location`, then the folder fsync'd: after a crash
-        `location` holds its old content or all of `text`, never an empty or partial file."""
+        `location` holds its old content or all of `text`, never an empty or partial file. The
+        temp file is created new (`create_new`): a link planted at its name is never followed."""
         path = Path(location)
         tmp = path.parent / f".{path.name}.tmp"
-        with open(tmp, "w") as f:
+        with os.fdopen(create_new(tmp), "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        tmp.replace(path)
+        tmp.replace(path)  # replaces a link at `path` itself, never what it points to
         fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)  # the rename itself
@@ -321,6 +322,18 @@ class LocalStorage(FsspecStorage):
         while not folder.exists():
             folder = folder.parent
         return shutil.disk_usage(folder).free
+
+
+def create_new(path: Path) -> int:
+    """A write descriptor of a file created new at `path` (O_EXCL | O_NOFOLLOW: whatever is at
+    that name, a link included, is never written through). An entry already there (a temp file
+    left by a crash, or a planted link) is unlinked first: the entry itself, not its target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o644)
 
 
 LOCAL = ""  # _storage_of's key for local paths (a file:// URL is an fsspec location like s3://)

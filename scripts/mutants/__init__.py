@@ -20,6 +20,7 @@ from mutants import journey6
 from mutants import edge_hf
 from mutants import edge_data
 from mutants import edge_ft
+from mutants import edge_files
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -40,5 +41,6 @@ MUTANTS = [
     *edge_hf.MUTANTS,
     *edge_data.MUTANTS,
     *edge_ft.MUTANTS,
+    *edge_files.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -8,6 +8,12 @@
                                   step-<N>/NONFINITE  instead of COMPLETE: it holds NaN/inf
                                   abandoned-<time>/step-<M>/  moved aside by a load_step going back
 
+Step folder names are canonical: `step-<N>` with N in ASCII digits and no leading zero
+(`step-4`, never `step-04`, `step-004` or another script's digits); any other `step-...` entry,
+and an entry named like a step that is not a folder (a link), is ignored with a warning, never
+loaded and never deleted. A deletion removes the entry scanned by its exact name (through
+torchllm.store: a link is unlinked, never followed).
+
 A folder without COMPLETE is a save that crashed, is still being written or holds non-finite
 values: it is never loaded and never counted for retention (a resume deletes the ones without
 either marker). `<checkpoint.folder>` may be an fsspec URL (s3://bucket/prefix): every function
@@ -30,14 +36,17 @@ import time
 import torch
 
 from torchllm.log import logger
-from torchllm.storage import Location, as_location, join, name_of, storage_for
+from torchllm.storage import Location, as_location, join, name_of, parent_of, storage_for
+from torchllm.store import Store
 
 # Dtypes a checkpoint's weights can be exported in (checkpoint.export_dtype, convert, hf).
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 MARKER = "COMPLETE"
 NONFINITE = "NONFINITE"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Canonical step folder names only: one name per step (the cleanup deletes the name it scanned).
+_STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)", re.ASCII)
+_warned: set[tuple[str, str]] = set()  # (folder, entry) already warned about
 
 
 def step_dir(folder: Location, step: int) -> Location:
@@ -45,7 +54,7 @@ def step_dir(folder: Location, step: int) -> Location:
 
 
 def step_of(path: Location) -> int | None:
-    match = _STEP_DIR.match(name_of(as_location(path)))
+    match = _STEP_DIR.fullmatch(name_of(as_location(path)))
     return int(match.group(1)) if match else None
 
 
@@ -87,9 +96,11 @@ def mark_nonfinite(path: Location, what: str) -> None:
 def delete_step(path: Location) -> None:
     """Delete a step folder (or prefix), its marker first: a step that is only partly deleted
     never looks complete."""
-    store, path = storage_for(path), as_location(path)
-    store.remove_file(join(path, MARKER))
-    store.remove_tree(path)
+    path = as_location(path)
+    parent, name = Store(parent_of(path)), name_of(path)
+    if parent.kind(name) == "folder" or parent.remote:
+        parent.remove(f"{name}/{MARKER}")
+    parent.remove(name)  # this entry only: a link is unlinked, never followed
 
 
 def move_aside(folder: Location, after_step: int,
@@ -113,12 +124,40 @@ def scan_steps(folder: Location) -> dict[int, str]:
     listing (one LIST request on an object store)."""
     folder = as_location(folder)
     out = {}
-    for name, files in storage_for(folder).scan(folder).items():
+    for name, files in _scan(folder).items():
         step = step_of(name)
-        if step is not None:
-            out[step] = ("complete" if MARKER in files else
-                         "nonfinite" if NONFINITE in files else "partial")
+        if step is None:
+            if name.startswith("step-"):
+                _warn_once(folder, name, "its name is not a step folder's (step-<N>: ASCII "
+                                         "digits, no leading zero)")
+            continue
+        if files is None:
+            _warn_once(folder, name, "it is not a folder (a link is never followed)")
+            continue
+        out[step] = ("complete" if MARKER in files else
+                     "nonfinite" if NONFINITE in files else "partial")
     return out
+
+
+def _scan(folder: Location) -> dict[str, set[str] | None]:
+    """{entry: the names in it} of every subfolder of `folder` (None for an entry that is no
+    folder: a link, a FIFO; a file is left out), links never followed."""
+    store = Store(folder)
+    if store.remote:
+        return store.storage.scan(folder)
+    out: dict[str, set[str] | None] = {}
+    for name, kind in store.entries().items():
+        if kind == "folder":
+            out[name] = set(store.entries(name))
+        elif kind != "file":
+            out[name] = None
+    return out
+
+
+def _warn_once(folder: Location, name: str, why: str) -> None:
+    if (str(folder), name) not in _warned:
+        _warned.add((str(folder), name))
+        logger.warning("ignoring %r in %s: %s; it is never loaded or deleted", name, folder, why)
 
 
 def warn_unusable(folder: Location, steps: dict[int, str]) -> None:
@@ -126,7 +165,10 @@ def warn_unusable(folder: Location, steps: dict[int, str]) -> None:
     for step, state in sorted(steps.items()):
         child = step_dir(folder, step)
         if state == "nonfinite":
-            what = storage_for(child).read_bytes(join(child, NONFINITE)).decode().strip()
+            try:
+                what = repr(Store(child).read_text(NONFINITE, max_bytes=4096).strip())
+            except (OSError, UnicodeDecodeError) as e:
+                what = f"its {NONFINITE} marker cannot be read: {e}"
             logger.warning("ignoring checkpoint %s: it holds non-finite values (%s)", child, what)
         elif state == "partial":
             logger.warning("ignoring incomplete checkpoint %s (no %s marker); deleting it", child,

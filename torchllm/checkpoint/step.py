@@ -34,7 +34,7 @@ from torchllm.checkpoint.index import (
     dcp_reader,
     decode_index,
 )
-from torchllm.checkpoint.integrity import check_files
+from torchllm.checkpoint.integrity import check_files, read_step_folder
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
 from torchllm.log import logger
@@ -139,9 +139,10 @@ class Step:
     def open(cls, path: Location) -> Step:
         """The step folder `path` as it is, read once (its marker, index and config): the
         marker parsed (MarkerError) and the index checked against the marker's files
-        (CorruptCheckpoint, UntrustedCheckpoint); the files' checksums are `verify`'s."""
+        (CorruptCheckpoint, UntrustedCheckpoint; integrity.UnsafeStepEntry for a link, FIFO
+        or other non-regular entry in the folder); the files' checksums are `verify`'s."""
         path = as_location(path)
-        present, read = storage_for(path).read_folder(path, (MARKER, INDEX, CONFIG))
+        present, read = read_step_folder(path, (MARKER, INDEX, CONFIG))  # no link, no FIFO
         where = f"{path}/{INDEX}"
         marker = parse_marker(read.get(MARKER, OSError("missing")), f"{path}/{MARKER}")
         sizes = _recorded_sizes(marker, present, f"{path}/{MARKER}")

@@ -211,12 +211,16 @@ def parse_cli(argv: list[str]) -> list[tuple[str, str, str, str]]:
     return overrides
 
 
-def load_toml(path: str | Path) -> dict:
+def load_toml(path: str | Path, text: str | None = None) -> dict:
+    """The TOML file `path` (or, given, its `text`, already read by the caller: a run folder's
+    file read through its torchllm.store.Store)."""
     path = Path(path)
-    if not path.is_file():
+    if text is None and not path.is_file():
         raise ConfigError(f"config file {shown(path)} does not exist (set by "
                           "--job.config_file, or CONFIG_FILE for run_train.sh)")
     try:
+        if text is not None:
+            return tomllib.loads(text)
         with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
@@ -242,10 +246,12 @@ def import_custom(module: str | None) -> None:
 CODE_KEYS = {("job", "custom_import")}
 
 
-def load_config(argv: list[str] | None = None, file_runs_code: bool = True) -> JobConfig:
+def load_config(argv: list[str] | None = None, file_runs_code: bool = True,
+                file_text: str | None = None) -> JobConfig:
     """Defaults, then the TOML file named by --job.config_file, then the other CLI overrides.
     `file_runs_code=False`: the file is a checkpoint's (data): its CODE_KEYS are dropped, with
-    one warning; the command line's still apply."""
+    one warning; the command line's still apply. `file_text`: that file's text, already read
+    (confined and bounded) by the caller; the path only names it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = parse_cli(argv)
     cfg = JobConfig()
@@ -255,7 +261,7 @@ def load_config(argv: list[str] | None = None, file_runs_code: bool = True) -> J
             cfg.job.config_file = value
     if cfg.job.config_file:
         path = cfg.job.config_file
-        for section, table in load_toml(path).items():
+        for section, table in load_toml(path, file_text).items():
             if not isinstance(table, dict):
                 raise ConfigError(
                     f"config file {path}: top-level key {section!r} must be a [section] table"

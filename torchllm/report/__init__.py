@@ -14,38 +14,51 @@ from pathlib import Path
 from torchllm.log import logger
 from torchllm.report.events import RunData, load_run
 from torchllm.report.markdown import render_markdown
-from torchllm.report.plots import render
+from torchllm.report.plots import png, render
+from torchllm.store import Store
 
 REPORT = "report.md"
 
 
-def default_out(run_dirs: list[Path]) -> Path:
-    """RUN/report for one run; DUMP/reports/<a>_vs_<b>... beside the first run for several."""
+def _out_store(run_dirs: list[Path], out: str | Path | None) -> tuple[Path, str]:
+    """(the Store root, the report folder's name below it; "" for the root itself): the
+    folder the user named (--out), else RUN/report for one run and DUMP/reports/<a>_vs_<b>...
+    beside the first run for several, through its parent (a run folder, the dump folder), so that
+    a link planted at `report` (or `reports/...`) is refused, never followed."""
+    if out is not None:
+        return Path(out), ""
     if len(run_dirs) == 1:
-        return run_dirs[0] / "report"
-    return run_dirs[0].parent / "reports" / "_vs_".join(p.name for p in run_dirs)
+        return run_dirs[0], "report"
+    return run_dirs[0].parent, "reports/" + "_vs_".join(p.name for p in run_dirs)
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
                  command: str = "python -m torchllm.report") -> tuple[Path, dict]:
     """Write report.md and the plots; (path of report.md, {plot file: Figure}). ValueError for
-    a folder that is not a run; without matplotlib, report.md without plots (and a warning)."""
+    a folder that is not a run, torchllm.store.Confined (an OSError naming it) for a link, FIFO
+    or oversized file where the run's files are read or the report is written; without
+    matplotlib, report.md without plots (and a warning).
+
+    Every file is written through a Store of the report folder's parent: a new temporary file
+    (exclusive, no link followed) renamed into place."""
     dirs = [Path(d) for d in run_dirs]
     runs: list[RunData] = [load_run(d) for d in dirs]
     names = [r.name for r in runs]
     for r in runs:  # the same name twice (two dump folders): tell them apart by path
         if names.count(r.name) > 1:
             r.name = str(r.run_dir)
-    out_dir = Path(out) if out is not None else default_out(dirs)
+    root, folder = _out_store(dirs, out)
+    store = Store(root)
+
+    def name(file: str) -> str:
+        return f"{folder}/{file}" if folder else file
+
     try:
-        figures, note = render(runs, out_dir), ""
+        figures, note = render(runs), ""
     except ImportError as e:  # matplotlib missing: the tables still, and one line saying so
-        out_dir.mkdir(parents=True, exist_ok=True)
         figures, note = {}, str(e)
         logger.warning("report: %s", note)
-    path = out_dir / REPORT
+    for file, fig in figures.items():
+        store.write_bytes(name(file), png(fig))
     text = render_markdown(runs, list(figures), command, note)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path, figures
+    return Path(store.write_text(name(REPORT), text)), figures

@@ -19,14 +19,15 @@ def main(argv: list[str] | None = None) -> int:
                                       "DUMP/reports/<a>_vs_<b> for several)")
     args = parser.parse_args(argv)
     from torchllm.report import write_report
+    from torchllm.report.markdown import one_line
 
     try:
         path, figures = write_report(args.runs, args.out,
                                      "python -m torchllm.report " + " ".join(argv))
-    except ValueError as e:
-        print(f"report: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # not a run, or a link / FIFO / oversized file in it
+        print(f"report: {one_line(e)}", file=sys.stderr)
         return 2
-    print(f"wrote {path} ({len(figures)} plots: {', '.join(figures)})")
+    print(f"wrote {one_line(path)} ({len(figures)} plots: {', '.join(figures)})")
     return 0
 
 

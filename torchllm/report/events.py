@@ -5,6 +5,11 @@ A run folder (`job.dump_folder/<run name>`) holds `config.toml` (the effective c
 wall time, validation losses). Its TensorBoard events sit in `job.dump_folder/<metrics.tb_folder>/
 <run name>` (`rank_0/` under `metrics.rank_0_only = false`). A resumed run's later launch hides
 what an earlier one logged after its checkpoint (TensorBoard's purge, honoured here too).
+
+A run folder may be someone else's: its files are read through a torchllm.store.Store of it
+(a link or FIFO among config.toml, report/run.json and the events files is refused, naming
+it: `Confined`; each read bounded by MAX_BYTES), and what they say is data (the config never
+imports code; the text is escaped where the report shows it: markdown.one_line).
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from torchllm.config import ConfigError, JobConfig, load_config
+from torchllm.store import NOT_REGULAR, Confined, Store
 
 RUN_INFO = "run.json"  # in RUN/report/
 TOKENS_TAG = "progress/tokens_seen"  # written by the report hook on logging/validation steps
+INFO_NAME = f"report/{RUN_INFO}"  # in the run folder
+MAX_BYTES = 16 << 20  # config.toml, run.json: larger is no file a run wrote
+EVENTS = "events.out.tfevents."
 
 
 @dataclass
@@ -65,7 +74,13 @@ def tensorboard_dir(run_dir: Path, cfg: JobConfig | None) -> Path:
 
 def read_events(folder: Path) -> tuple[dict[str, Series], dict[str, list[tuple[int, str]]]]:
     """Every scalar series and text tag in a TensorBoard folder (purged steps dropped)."""
-    if not folder.is_dir() or not any(folder.glob("events.out.tfevents.*")):
+    if not folder.is_dir():
+        return {}, {}
+    entries = Store(folder).entries()
+    for name, kind in sorted(entries.items()):  # the accumulator opens them by path
+        if name.startswith(EVENTS) and kind != "file":
+            raise Confined(f"{folder / name} is {NOT_REGULAR.get(kind, 'a folder')}")
+    if not any(name.startswith(EVENTS) for name in entries):
         return {}, {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -96,18 +111,40 @@ def load_run(run_dir: str | Path) -> RunData:
     if not run_dir.is_dir():
         raise ValueError(f"run folder {run_dir} does not exist (pass job.dump_folder/<run name>, "
                          "e.g. outputs/debug_model)")
+    store = Store(run_dir)
     cfg = None
-    if (run_dir / "config.toml").is_file():
+    text = read_if_there(store, "config.toml")
+    if text is not None:
         try:
             cfg = load_config([f"--job.config_file={run_dir / 'config.toml'}"],
-                              file_runs_code=False)  # a run folder's config is data
+                              file_runs_code=False, file_text=text)  # a run folder's: data
         except ConfigError:
             cfg = None  # written by another version: the report goes on without it
     tb_dir = tensorboard_dir(run_dir, cfg)
     scalars, texts = read_events(tb_dir)
-    info_path = run_dir / "report" / RUN_INFO
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    text = read_if_there(store, INFO_NAME)
+    try:
+        info = json.loads(text) if text is not None else {}
+    except ValueError as e:
+        raise ValueError(f"{store.where(INFO_NAME)} is no JSON record ({e})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{store.where(INFO_NAME)} holds no JSON object (the report hook "
+                         "writes one)")
     if cfg is None and not scalars:
         raise ValueError(f"{run_dir} holds no config.toml and no TensorBoard events (looked in "
                          f"{tb_dir}): is it a torchllm run folder?")
     return RunData(run_dir.name, run_dir, cfg, scalars, texts, info, tb_dir)
+
+
+def read_if_there(store: Store, name: str) -> str | None:
+    """The text of the run folder's file `name` (None when absent), read through its Store:
+    Confined (one line naming it) for a link, FIFO or folder, or a file over MAX_BYTES;
+    ValueError for one that is no UTF-8 text."""
+    try:
+        data = store.read_bytes(name, max_bytes=MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{store.where(name)} is no UTF-8 text") from None

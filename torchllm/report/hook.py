@@ -2,7 +2,9 @@
 
 - On logging and validation steps it adds `progress/tokens_seen` to TensorBoard (the report
   draws loss against tokens).
-- Rank 0 keeps `RUN/report/run.json` (the header, hardware, wall time over all launches) and,
+- Rank 0 keeps `RUN/report/run.json` (the header, hardware, wall time over all launches; read
+  and written through a torchllm.store.Store of the run folder: a link there is never
+  followed, and replaced by the new file) and,
   when the loop ends (also after an error), writes `RUN/report/report.md` and its plots
   (`metrics.report`); a report that cannot be written is one warning, never a failed run.
 - When the loop ends without an error, every rank logs the end-of-run block: steps, tokens,
@@ -27,7 +29,9 @@ from torchllm.config.paths import checkpoint_folder, tensorboard_folder
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.ranks import rank, world_size
-from torchllm.report.events import RUN_INFO, TOKENS_TAG
+from torchllm.report.events import INFO_NAME, MAX_BYTES, TOKENS_TAG
+from torchllm.report.markdown import one_line
+from torchllm.store import Store
 
 
 def hardware(device: torch.device) -> str:
@@ -48,8 +52,7 @@ class RunReport(Callback):
 
     def __init__(self, trainer):
         self.cfg, self.run_dir = trainer.cfg, Path(trainer.run_dir)
-        self.report_dir = self.run_dir / "report"
-        self.info_path = self.report_dir / RUN_INFO
+        self.store = Store(self.run_dir)  # report/run.json, report.md and the plots
         self.rank0 = rank() == 0
         self.error: BaseException | None = None
         self.losses: list[float] = []
@@ -98,30 +101,33 @@ class RunReport(Callback):
 
     # -- pieces --------------------------------------------------------------------------
     def _info(self) -> dict:
+        """What run.json holds ({} when absent, unreadable, a link, oversized, or no record)."""
         try:
-            return json.loads(self.info_path.read_text())
-        except (OSError, ValueError):
+            info = json.loads(self.store.read_bytes(INFO_NAME, max_bytes=MAX_BYTES))
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as e:
+            logger.warning("report: ignoring %s (%s); it is written again", INFO_NAME,
+                           one_line(e))
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def _write_info(self, info: dict) -> None:
         try:
-            self.report_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.info_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(info, indent=1))
-            tmp.replace(self.info_path)
+            self.store.write_text(INFO_NAME, json.dumps(info, indent=1))
         except OSError as e:
-            logger.warning("could not write %s: %s", self.info_path, e)
+            logger.warning("could not write %s: %s", self.store.where(INFO_NAME), one_line(e))
 
     def write_report(self) -> Path | None:
         from torchllm.report import write_report
 
         t0 = time.perf_counter()
         try:
-            path, figures = write_report([self.run_dir], self.report_dir,
+            path, figures = write_report([self.run_dir],  # RUN/report, via the run's Store
                                          command="the run's report hook (metrics.report)")
         except Exception as e:  # noqa: BLE001 - a report never fails the run
             logger.warning("report not written (%s: %s); python -m torchllm.report %s retries",
-                           type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+                           type(e).__name__, one_line(e),
                            self.run_dir)
             return None
         logger.debug("report written in %.1fs (%d plots)", time.perf_counter() - t0, len(figures))

@@ -1,10 +1,16 @@
 """report.md: the summary table, the differences between runs, each run's header, the plots,
-the evaluation tables and the last samples."""
+the evaluation tables and the last samples.
+
+Text taken from a run folder (run.json's fields, config values, TensorBoard tags and samples,
+folder names) is data: a line of it never starts a line of report.md and carries no control
+character (`one_line` escapes them, `\n` shown as the two characters); a table cell escapes
+`|`; a header or sample block is an indented code block, every line of it indented."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import unicodedata
 
 import numpy as np
 
@@ -13,12 +19,38 @@ from torchllm.metrics.progress import format_duration
 from torchllm.report.events import TOKENS_TAG, RunData
 
 EVAL_PREFIXES = ("hellaswag/", "downstream/")
-FENCE = "`" * 3
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+INDENT = " " * 4  # an indented code block: no fence its text could close
+
+
+def one_line(value) -> str:
+    """`str(value)` as one line of plain characters: control, format and line/paragraph
+    separator characters (newlines, ESC, U+2028, bidirectional overrides) written as escapes."""
+    out = []
+    for ch in str(value):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+            out.append(_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100
+                                            else f"\\u{ord(ch):04x}"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def inline(value) -> str:
+    """Text from a file inside a line of markdown: one line, no backtick (inline code)."""
+    return one_line(value).replace("`", "'")
+
+
+def code_block(text) -> str:
+    """Text from a file as an indented code block: every line indented, each `one_line`."""
+    return "\n".join(INDENT + one_line(line) for line in str(text).splitlines() or [""])
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     cells = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+    return "\n".join("| " + " | ".join(one_line(c).replace("|", "\\|") for c in row) + " |"
                      for row in cells)
 
 
@@ -46,12 +78,13 @@ def summary_rows(run: RunData) -> dict[str, str]:
     loss = sc.get("loss/avg")
     tokens = sc.get(TOKENS_TAG)
     mem = next((sc[t] for t in ("memory/max_active_gib", "memory/rss_gib") if t in sc), None)
-    checkpoints = info.get("checkpoint") or "–"
+    checkpoints = str(info.get("checkpoint") or "–")
     no_val = "none yet" if run.cfg is not None and run.cfg.validation.enable else "off"
     return {
         "steps": _steps(run),
         "tokens seen": f"{int(tokens.values[-1]):,}" if tokens is not None else "–",
-        "wall time": format_duration(info["wall_s"]) if "wall_s" in info else "–",
+        "wall time": (format_duration(info["wall_s"]) if isinstance(info.get("wall_s"),
+                      (int, float)) else "–"),
         "final train loss": _num(loss.last()[1]) if loss is not None else "–",
         "final validation loss": (f"{_num(val.last()[1])} (step {val.last()[0]})"
                                   if val is not None else no_val),
@@ -60,7 +93,7 @@ def summary_rows(run: RunData) -> dict[str, str]:
         "tokens/s (median)": _num(_median(run, "throughput/tokens_per_s"), "{:,.0f}"),
         "MFU % (median)": _num(_median(run, "perf/mfu_pct"), "{:.1f}"),
         "peak memory GiB": _num(float(mem.values.max()) if mem is not None else None, "{:.2f}"),
-        "hardware": info.get("hardware", "–"),
+        "hardware": str(info.get("hardware", "–")),
         "checkpoint": checkpoints,
     }
 
@@ -100,7 +133,7 @@ def _cell(key: str, value) -> str:
 
 def header_text(run: RunData) -> str:
     if run.info.get("header"):
-        return run.info["header"]
+        return str(run.info["header"])
     if run.cfg is None:
         return f"run {run.name}: (no config.toml)"
     changes = config_changes(run.cfg)
@@ -128,9 +161,9 @@ def last_samples(run: RunData) -> list[tuple[str, int, str]]:
 
 def render_markdown(runs: list[RunData], plots: list[str], command: str, note: str = "") -> str:
     names = [r.name for r in runs]
-    title = " vs ".join(names)
+    title = inline(" vs ".join(names))
     lines = [f"# Report: {title}", "",
-             f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`.", ""]
+             f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{inline(command)}`.", ""]
     columns = [summary_rows(r) for r in runs]
     lines += ["## Summary", "",
               _table(["", *names], [[key, *(c[key] for c in columns)] for key in columns[0]]),
@@ -147,8 +180,9 @@ def render_markdown(runs: list[RunData], plots: list[str], command: str, note: s
         lines += [f"![{p.removesuffix('.png')}]({p})" for p in plots]
         lines.append("")
     for run in runs:
-        lines += [f"## Run {run.name}", "", f"Folder `{run.run_dir}`, TensorBoard `{run.tb_dir}`.",
-                  "", "```", header_text(run), "```", ""]
+        lines += [f"## Run {inline(run.name)}", "",
+                  f"Folder `{inline(run.run_dir)}`, TensorBoard `{inline(run.tb_dir)}`.",
+                  "", code_block(header_text(run)), ""]
         evals = eval_rows(run)
         if evals:
             lines += ["### Evaluations", "",
@@ -157,6 +191,5 @@ def render_markdown(runs: list[RunData], plots: list[str], command: str, note: s
         if samples:
             lines += ["### Last samples", ""]
             for tag, step, text in samples:
-                body = text.strip().replace(FENCE, "'" * 3)
-                lines += [f"step {step} ({tag}):", "", FENCE, body, FENCE, ""]
+                lines += [f"step {step} ({inline(tag)}):", "", code_block(text.strip()), ""]
     return "\n".join(lines)

@@ -9,8 +9,8 @@ logged step.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
-from pathlib import Path
 
 from torchllm.report.events import RunData
 
@@ -106,18 +106,23 @@ def draw(plot: Plot, runs: list[RunData]):
     return fig
 
 
-def render(runs: list[RunData], out_dir: Path) -> dict[str, object]:
-    """Draw every plot some run has data for into out_dir; {file name: Figure}. ImportError
-    (with MISSING's advice) without matplotlib."""
+def render(runs: list[RunData]) -> dict[str, object]:
+    """Draw every plot some run has data for; {file name: Figure}. ImportError (with MISSING's
+    advice) without matplotlib."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ImportError(MISSING) from None
-    out_dir.mkdir(parents=True, exist_ok=True)
     figures = {}
     for plot in PLOTS:
         fig = draw(plot, runs)
         if fig is not None:
-            fig.savefig(out_dir / plot.file, dpi=100)
             figures[plot.file] = fig
     return figures
+
+
+def png(fig) -> bytes:
+    """The figure as PNG bytes (written through the report folder's Store)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()

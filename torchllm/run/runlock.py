@@ -15,7 +15,10 @@ A lock left behind is stale, and is taken over with a warning, when
 Otherwise the launch fails at start with a `RunLockedError` naming the holder. Of several launches
 that find one stale lock, exactly one takes it over (`RunLock._take_over`); the others find its
 new lock and fail. A lock file that is not a JSON object with a host and a positive integer pid
-fails the launch too: "unreadable lock file X: delete it if no run uses this folder".
+fails the launch too: "unreadable lock file X: delete it if no run uses this folder"; so does
+a lock that is a symbolic link or no regular file (it is read with O_NOFOLLOW, never waited on,
+at most MAX_LOCK_BYTES), and the file written before the link is created new (a link planted at
+its name is never written through: storage.create_new).
 
 `set_parent_death_signal()` asks Linux to SIGKILL this process when its parent (torchrun) dies,
 so orphaned workers never write on beside a relaunch.
@@ -30,14 +33,17 @@ import json
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
 
 from torchllm.config import ConfigError
 from torchllm.log import logger
+from torchllm.storage import create_new
 
 LOCK_NAME = "run.lock"
+MAX_LOCK_BYTES = 1 << 16  # a lock is a short JSON record
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -111,11 +117,17 @@ class RunLock:
         """The lock's contents (as holder()) and identity (as _identity), read from one open file.
         Raises RunLockedError if it is not a JSON object with a host and a positive integer pid
         (the lock is written whole, so that is no lock being written: see the module docstring)."""
-        try:
-            with open(self.path, "rb") as f:
-                st, raw = os.fstat(f.fileno()), f.read()
+        try:  # no link followed, no FIFO waited on, at most MAX_LOCK_BYTES read
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None, None
+        except OSError as e:  # ELOOP: a symbolic link
+            raise RunLockedError(f"unreadable lock file {self.path} ({e.strerror}: a link is "
+                                 "never followed): delete it if no run uses this folder",
+                                 "job.run_name") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            raw = f.read(MAX_LOCK_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
         try:
             info = json.loads(raw)
         except ValueError:
@@ -191,7 +203,8 @@ class RunLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         }
         tmp = self.path.with_name(f"{LOCK_NAME}.new.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_text(json.dumps(info))
+        with os.fdopen(create_new(tmp), "w") as f:  # a link planted at its name: not followed
+            f.write(json.dumps(info))
         try:
             os.link(tmp, self.path)
         except FileExistsError:

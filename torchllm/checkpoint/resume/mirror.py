@@ -21,7 +21,7 @@ from pathlib import Path
 from torchllm.storage import Location, join, storage_for
 
 CHUNK = 16 << 20
-_RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+_RANK_FILE = re.compile(r"__(0|[1-9][0-9]*)_[0-9]+\.distcp", re.ASCII)  # canonical only
 
 
 def done_future(value=None) -> Future:
@@ -44,7 +44,7 @@ class Mirror:
         """The files of `local` this rank wrote (rank 0: also the metadata)."""
         names = []
         for f in sorted(local.iterdir()):
-            match = _RANK_FILE.match(f.name)
+            match = _RANK_FILE.fullmatch(f.name)
             if (match and int(match.group(1)) == self.rank) or (
                     self.rank == 0 and f.name == ".metadata"):
                 names.append(f.name)

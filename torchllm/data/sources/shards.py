@@ -36,7 +36,7 @@ MAGIC = b"TLLMSHRD"
 VERSION = 1
 HEADER_BYTES = 256
 INDEX = "index.json"
-SHARD_FILE = re.compile(r"(train|val)_(\d{6}\.bin|docs\.npy)")  # the files prepare writes
+SHARD_FILE = re.compile(r"(train|val)_([0-9]{6}\.bin|docs\.npy)", re.ASCII)  # what prepare writes
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
