@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 from functools import lru_cache
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -35,12 +37,14 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from torchllm.checkpoint.legacy_pickle import looks_like_pickle, refused_what
 from torchllm.config.job_config import ConfigError
 from torchllm.storage import Location, storage_for
 
 INDEX = ".metadata"
 FORMAT = "torchllm-dcp-index/1"
 CONVERT = "python -m torchllm.checkpoint.convert_legacy --checkpoint {path}"
+INDEX_CAP = 1 << 30  # bytes: an index past this is refused before it is read
 
 
 class CorruptCheckpoint(ValueError):
@@ -57,6 +61,18 @@ class UntrustedCheckpoint(ConfigError):
         super().__init__(message, "checkpoint")
 
 
+class UntrustedRead(UntrustedCheckpoint, CheckpointException):
+    """An UntrustedCheckpoint found by a DCP read (`step.Step.load`): one line, and still the
+    CheckpointException (every rank's failures) that DCP's read raises."""
+
+    def __init__(self, message: str, failures: dict):
+        UntrustedCheckpoint.__init__(self, message)
+        self._failures = failures
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 def legacy_refusal(where: str, step: Location) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
         f"{where} is not a checkpoint file torchllm trusts: it is no JSON index (a pickle, as an "
@@ -67,7 +83,13 @@ def legacy_refusal(where: str, step: Location) -> UntrustedCheckpoint:
 # ------------------------------------------------------------------------ the JSON encoding
 
 _KINDS = (torch.dtype, torch.layout, torch.memory_format)
-_CONSTANTS = {str(v): v for v in vars(torch).values() if isinstance(v, _KINDS)}
+# The dtypes a checkpoint's tensors may have: plain numbers (no quantized or bit types).
+STORED_DTYPES = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and (
+    d.is_floating_point or d in (torch.complex64, torch.complex128, torch.bool, torch.uint8,
+                                 torch.int8, torch.int16, torch.int32, torch.int64))}
+_CONSTANTS = {str(v): v for v in vars(torch).values() if isinstance(v, _KINDS)
+              and (not isinstance(v, torch.dtype) or v in STORED_DTYPES)}
+MAX_INT = 2**63 - 1  # the largest size or offset a tensor (int64) can have
 
 
 def encode_index(md: Metadata) -> str:
@@ -104,8 +126,8 @@ def _need(ok: bool, what: str) -> None:
 
 
 def _ints(value, what: str) -> list[int]:
-    _need(isinstance(value, list) and all(type(v) is int and v >= 0 for v in value),
-          f"{what} is not a list of non-negative integers")
+    _need(isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_INT for v in value),
+          f"{what} is not a list of integers from 0 to 2**63 - 1")
     return value
 
 
@@ -141,8 +163,10 @@ def _storage(entry) -> tuple[MetadataIndex, _StorageInfo]:
     offset, index = entry.get("offset"), entry.get("index")
     name, at, length = entry.get("file"), entry.get("at"), entry.get("length")
     transforms = entry.get("transforms")
-    _need(isinstance(name, str) and type(at) is int and type(length) is int,
-          f"the storage entry of {fqn!r} has no file, offset and length")
+    _need(isinstance(name, str) and type(at) is int and type(length) is int
+          and 0 <= at <= MAX_INT and 0 <= length <= MAX_INT,
+          f"the storage entry of {fqn!r} has no file, offset and length (integers from 0 to "
+          "2**63 - 1)")
     _need(index is None or type(index) is int, f"the storage entry of {fqn!r}: bad index")
     _need(transforms is None or (isinstance(transforms, list)
                                  and all(isinstance(t, str) for t in transforms)),
@@ -156,8 +180,11 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
     """The `Metadata` a JSON index records. UntrustedCheckpoint for a pickle (an older
     torchllm's); CorruptCheckpoint (one line naming `where`) for anything else that is not
     exactly what `encode_index` writes."""
-    if data.lstrip()[:1] != b"{":  # not JSON: DCP's own pickle, as torchllm wrote it before
-        raise legacy_refusal(where, step)
+    if data.lstrip()[:1] != b"{":
+        if looks_like_pickle(data):  # DCP's own pickle, as torchllm wrote it before
+            raise legacy_refusal(where, step)
+        raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: it is neither a JSON "
+                                f"index nor a pickle (it starts with {data[:8]!r})")
     try:
         record = json.loads(data.decode())
         _need(isinstance(record, dict) and record.get("format") == FORMAT,
@@ -181,6 +208,40 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
                                                  else None))
     except (_Bad, ValueError, UnicodeDecodeError) as e:
         raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: {e}") from None
+    except RecursionError:
+        raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: it is nested too "
+                                "deeply (an index is a few levels deep)") from None
+
+
+def read_index(step: Location, sizes: dict[str, int]) -> Metadata:
+    """The step's index, read bounded: refused (CorruptCheckpoint) before reading when COMPLETE
+    records none, records more than INDEX_CAP bytes, or the file is not the size recorded;
+    then decoded (`decode_index`) and each tensor's bytes checked against the step's."""
+    from torchllm.store import Store
+
+    where = f"{step}/{INDEX}"
+    if INDEX not in sizes:
+        raise CorruptCheckpoint(f"checkpoint {step} has no readable index ({where})")
+    if sizes[INDEX] > INDEX_CAP:
+        raise CorruptCheckpoint(f"checkpoint index {where} is {sizes[INDEX]:,} bytes, more than "
+                                f"the {INDEX_CAP:,} an index may have")
+    try:
+        data = Store(step).read_bytes(INDEX, max_bytes=sizes[INDEX])
+    except OSError as e:
+        raise CorruptCheckpoint(f"checkpoint {step} has no readable index ({e})") from None
+    if len(data) != sizes[INDEX]:
+        raise CorruptCheckpoint(f"file {where} has {len(data)} bytes, {sizes[INDEX]} when saved")
+    metadata = decode_index(data, where, step)
+    total = sum(sizes.values())
+    for fqn, meta in metadata.state_dict_metadata.items():
+        if isinstance(meta, TensorStorageMetadata):
+            need = math.prod(meta.size) * meta.properties.dtype.itemsize
+            if need > total:
+                raise CorruptCheckpoint(
+                    f"checkpoint index {where}: tensor {fqn!r} of size {list(meta.size)} "
+                    f"({meta.properties.dtype}) needs {need:,} bytes, more than the step's "
+                    f"{total:,}")
+    return metadata
 
 
 # ------------------------------------------------------------------------ writing
@@ -249,11 +310,14 @@ def load_value(data: bytes, where: str):
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
-        raise UntrustedCheckpoint(
-            f"{where} is not a checkpoint file torchllm trusts: a stored value "
-            f"{first[0] if first else 'needs an unsafe global'} (checkpoints are data, never "
-            "code; see docs/checkpointing.md, What is trusted)") from None
+        raise untrusted(where, "a stored value", e) from None
+
+
+def untrusted(where: str, what: str, error: BaseException) -> UntrustedCheckpoint:
+    """The refusal of a value or chunk PyTorch's weights_only loader would not build."""
+    return UntrustedCheckpoint(
+        f"{where} is not a checkpoint file torchllm trusts: {what} {refused_what(error)} "
+        "(checkpoints are data, never code; see docs/checkpointing.md, What is trusted)")
 
 
 class DataPlanner(DefaultLoadPlanner):
@@ -289,6 +353,23 @@ class StepReader:
         self._index.storage_meta = StorageMeta(save_id=self._index.storage_meta.save_id,
                                                load_id=self.load_id)
         return self._index
+
+    def _slice_file(self, file, sinfo):
+        self._reading = sinfo  # the entry whose bytes are read now (named if refused)
+        return super()._slice_file(file, sinfo)
+
+    def read_data(self, plan, planner):
+        """DCP's read; a tensor chunk weights_only refuses (a pickle that names code):
+        UntrustedCheckpoint naming the file and the entry."""
+        self._reading = None
+        try:
+            return super().read_data(plan, planner)
+        except pickle.UnpicklingError as e:
+            info = self._reading
+            fqn = next((i.fqn for i, s in self.storage_data.items() if s is info), "?")
+            name = info.relative_path if info is not None else "?"
+            where = f"{self.fs.concat_path(self.path, name)} (tensor {fqn})"
+            raise untrusted(where, "a tensor chunk", e) from None
 
 
 class _LocalReader(StepReader, FileSystemReader):
