@@ -131,14 +131,19 @@ def swap_in(step: Path, new: Path) -> None:
 
 
 def finish_swaps(folder: Path) -> None:
-    """A conversion interrupted between its two renames: the complete new step moved in."""
+    """What a conversion cut short left in `folder`: the complete new step moved in (stopped
+    between its two renames), then every `step-N.converting` / `step-N.legacy` beside a
+    complete `step-N` removed (a new step half written, or the old one set aside)."""
     for entry in sorted(folder.glob(f"step-*{CONVERTING}")):
         step = entry.with_name(entry.name[: -len(CONVERTING)])
         if step_of(step) is not None and not step.exists() and (entry / MARKER).is_file() \
                 and step.with_name(step.name + OLD).is_dir():
             entry.rename(step)
             _fsync_folder(folder)
-            Store(folder).remove(step.name + OLD)
+    for entry in sorted([*folder.glob(f"step-*{CONVERTING}"), *folder.glob(f"step-*{OLD}")]):
+        step = entry.with_name(entry.name[: -len(entry.suffix)])
+        if step_of(step) is not None and (step / MARKER).is_file():
+            Store(folder).remove(entry.name)
 
 
 def convert_step(step: Path) -> bool:
