@@ -127,13 +127,19 @@ def _need(ok: bool, what: str) -> None:
 
 def _ints(value, what: str) -> list[int]:
     _need(isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_INT for v in value),
-          f"{what} is not a list of integers from 0 to 2**63 - 1")
+          f"{what} {_shown(value)} is not a list of integers from 0 to 2**63 - 1")
     return value
+
+
+def _shown(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _constant(name, kind: type, what: str):
     value = _CONSTANTS.get(name) if isinstance(name, str) else None
-    _need(isinstance(value, kind), f"{what} {name!r} is not a torch {kind.__name__}")
+    _need(isinstance(value, kind), f"{what} {_shown(name)} is not a torch {kind.__name__}"
+          + (" of plain numbers (no quantized type)" if kind is torch.dtype else ""))
     return value
 
 
