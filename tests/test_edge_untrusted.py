@@ -291,8 +291,8 @@ def test_a_deeply_nested_marker_is_a_damaged_one(run):
 
 def test_an_index_is_read_no_further_than_its_recorded_size(run):
     """A 64 MB sparse `.metadata` (COMPLETE records 80 KB), then a COMPLETE recording 3 GB:
-    refused before reading, one line naming the file and its size; neither is called a pickle
-    nor advised to convert_legacy (which would read it)."""
+    refused before reading, one line naming the file and its size; then 4 KB of zeros (resealed):
+    a damaged index. None is called a pickle nor advised to convert_legacy."""
     index = step(run, 4) / INDEX
     os.truncate(index, 64 << 20)
     line = refused(export(run), index, "67,108,864")
@@ -301,6 +301,10 @@ def test_an_index_is_read_no_further_than_its_recorded_size(run):
     record["files"][INDEX]["bytes"] = 3 * 10**9
     (step(run, 4) / MARKER).write_text(json.dumps(record))
     line = refused(export(run), index, "3,000,000,000")
+    assert "convert_legacy" not in line
+    index.write_bytes(bytes(4096))  # the recorded size, zeros: no pickle
+    reseal(step(run, 4))
+    line = refused(export(run), index, "neither")
     assert "convert_legacy" not in line
     assert not (run / "hf").exists()
 

@@ -185,8 +185,7 @@ class Step:
         through `weights_only` (index.DataPlanner)."""
         reader = dcp_reader(self.path, self.metadata)
         try:
-            dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader),
-                     no_dist=no_dist)
+            dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), no_dist=no_dist)
         except CheckpointException as e:  # a refusal, on every rank: one line, not DCP's dump
             if cause := untrusted_cause(e):
                 raise UntrustedRead(cause, e.failures) from None
