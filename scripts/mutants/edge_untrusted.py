@@ -77,7 +77,7 @@ MUTANTS = [
     Mutant.at(
         "index_read_unbounded",
         "the index is read whole whatever COMPLETE recorded (a 3 GB sparse file: 3.4 GB read)",
-        "torchllm.checkpoint.index:read_index",
+        "torchllm.checkpoint.index_read:read_index",
         "max_bytes=sizes[INDEX])",
         "max_bytes=None)",
         (T + "test_an_index_is_read_no_further_than_its_recorded_size",),
@@ -85,7 +85,7 @@ MUTANTS = [
     Mutant.at(
         "index_cap_ignored",
         "a COMPLETE recording a 3 GB index is believed and the file read up to it",
-        "torchllm.checkpoint.index:read_index",
+        "torchllm.checkpoint.index_read:read_index",
         "    if sizes[INDEX] > INDEX_CAP:\n",
         "    if False:\n",
         (T + "test_an_index_is_read_no_further_than_its_recorded_size",),

@@ -35,12 +35,12 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchllm.checkpoint.index import (
     INDEX,
-    INDEX_CAP,
     DataPlanner,
     dcp_reader,
     dcp_writer,
     untrusted_cause,
 )
+from torchllm.checkpoint.index_read import INDEX_CAP
 from torchllm.checkpoint.integrity import check_files, describe_failure, folder_checksums
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.legacy_pickle import LegacyRefused, legacy_index, legacy_state

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import pickle
 from functools import lru_cache
 
@@ -44,7 +43,6 @@ from torchllm.storage import Location, storage_for
 INDEX = ".metadata"
 FORMAT = "torchllm-dcp-index/1"
 CONVERT = "python -m torchllm.checkpoint.convert_legacy --checkpoint {path}"
-INDEX_CAP = 1 << 30  # bytes: an index past this is refused before it is read
 
 
 class CorruptCheckpoint(ValueError):
@@ -217,37 +215,6 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
     except RecursionError:
         raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: it is nested too "
                                 "deeply (an index is a few levels deep)") from None
-
-
-def read_index(step: Location, sizes: dict[str, int]) -> Metadata:
-    """The step's index, read bounded: refused (CorruptCheckpoint) before reading when COMPLETE
-    records none, records more than INDEX_CAP bytes, or the file is not the size recorded;
-    then decoded (`decode_index`) and each tensor's bytes checked against the step's."""
-    from torchllm.store import Store
-
-    where = f"{step}/{INDEX}"
-    if INDEX not in sizes:
-        raise CorruptCheckpoint(f"checkpoint {step} has no readable index ({where})")
-    if sizes[INDEX] > INDEX_CAP:
-        raise CorruptCheckpoint(f"checkpoint index {where} is {sizes[INDEX]:,} bytes, more than "
-                                f"the {INDEX_CAP:,} an index may have")
-    try:
-        data = Store(step).read_bytes(INDEX, max_bytes=sizes[INDEX])
-    except OSError as e:
-        raise CorruptCheckpoint(f"checkpoint {step} has no readable index ({e})") from None
-    if len(data) != sizes[INDEX]:
-        raise CorruptCheckpoint(f"file {where} has {len(data)} bytes, {sizes[INDEX]} when saved")
-    metadata = decode_index(data, where, step)
-    total = sum(sizes.values())
-    for fqn, meta in metadata.state_dict_metadata.items():
-        if isinstance(meta, TensorStorageMetadata):
-            need = math.prod(meta.size) * meta.properties.dtype.itemsize
-            if need > total:
-                raise CorruptCheckpoint(
-                    f"checkpoint index {where}: tensor {fqn!r} of size {list(meta.size)} "
-                    f"({meta.properties.dtype}) needs {need:,} bytes, more than the step's "
-                    f"{total:,}")
-    return metadata
 
 
 # ------------------------------------------------------------------------ writing

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from torchllm.checkpoint.index import (
     INDEX,
@@ -35,9 +34,9 @@ from torchllm.checkpoint.index import (
     DataPlanner,
     UntrustedRead,
     dcp_reader,
-    read_index,
     untrusted_cause,
 )
+from torchllm.checkpoint.index_read import read_index
 from torchllm.checkpoint.integrity import check_files
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
