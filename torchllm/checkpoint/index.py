@@ -8,10 +8,13 @@ from a closed set of field types (anything else: `CorruptCheckpoint`, one line n
 file), and `StepReader` hands DCP the index that `step.Step` already read and checked, so DCP
 never opens `.metadata` itself. Non-tensor values (RNG states, torchllm's JSON states) are
 stored by DCP with torch.save and read back by `DataPlanner` with PyTorch's maintained
-`weights_only` unpickler (plus NumPy's array for NumPy's RNG state), never a plain one.
+`weights_only` unpickler (plus NumPy's array for NumPy's RNG state), never a plain one; a
+tensor chunk or value it refuses stops the read with `UntrustedRead`, one line naming the
+file, the entry and the global (`StepReader.read_data`, `load_value`).
 
-An index written by torchllm before this (a pickle) is refused in one line naming
-`convert_legacy`, the one-time conversion a user runs on a checkpoint they trust.
+An index written by torchllm before this (a pickle: only a file that starts like one) is
+refused in one line naming `convert_legacy`, the one-time conversion, which reads it through an
+allow-list (legacy_pickle.py). The read itself is bounded (index_read.py).
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ class UntrustedRead(UntrustedCheckpoint, CheckpointException):
 def legacy_refusal(where: str, step: Location) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
         f"{where} is not a checkpoint file torchllm trusts: it is no JSON index (a pickle, as an "
-        "older torchllm wrote it, is never read: it can run code); if you trust this "
-        f"checkpoint, convert it once with: {CONVERT.format(path=step)}")
+        "older torchllm wrote it, is never read here: it can run code); if this is an older "
+        f"torchllm's checkpoint, convert it once with: {CONVERT.format(path=step)} (it checks "
+        "the CRC-32s and builds DCP's index classes and plain values only)")
 
 
 # ------------------------------------------------------------------------ the JSON encoding
