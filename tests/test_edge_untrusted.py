@@ -312,15 +312,16 @@ def test_an_index_is_read_no_further_than_its_recorded_size(run):
 FIELDS = {
     "nested": (None, "nested too deeply"),
     "size": (lambda t: t.update(size=[2**70]), str(2**70)),
+    "bytes": (lambda t: t.update(size=[2**40, 2**40]), str([2**40, 2**40])),
     "qint8": (lambda t: t.update(dtype="torch.qint8"), "torch.qint8"),
 }
 
 
 @pytest.mark.parametrize("field", list(FIELDS))
 def test_index_fields_beyond_what_a_checkpoint_holds_are_one_line(run, field):
-    """An index field nested 200,000 deep, a tensor size of 2**70, a torch.qint8 weight: `hf
-    export` refuses in one line naming the index and the value (were tracebacks: RecursionError,
-    an overflow, an INTERNAL ASSERT)."""
+    """An index field nested 200,000 deep, a tensor size of 2**70 or of 2**40 x 2**40 (more
+    bytes than the step has), a torch.qint8 weight: `hf export` refuses in one line naming the
+    index and the value (were tracebacks: RecursionError, overflows, an INTERNAL ASSERT)."""
     change, named = FIELDS[field]
     newest = step(run, 4)
     fqn = a_weight(newest)

@@ -107,12 +107,12 @@ MUTANTS = [
         (T + "test_index_fields_beyond_what_a_checkpoint_holds_are_one_line[nested]",),
     ),
     Mutant.at(
-        "index_size_unbounded",
-        "a tensor size of 2**70 reaches torch.Size (an overflow traceback)",
-        "torchllm.checkpoint.index:_ints",
-        "0 <= v <= MAX_INT for v in value",
-        "0 <= v for v in value",
-        (T + "test_index_fields_beyond_what_a_checkpoint_holds_are_one_line[size]",),
+        "tensor_bytes_unchecked",
+        "a tensor size of 2**40 x 2**40 in the index reaches torch.empty (an overflow traceback)",
+        "torchllm.checkpoint.index_read:read_index",
+        "            if need > total:\n",
+        "            if False:\n",
+        (T + "test_index_fields_beyond_what_a_checkpoint_holds_are_one_line[bytes]",),
     ),
     Mutant.at(
         "index_takes_quantized_dtypes",
