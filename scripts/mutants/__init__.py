@@ -21,6 +21,7 @@ from mutants import edge_hf
 from mutants import edge_data
 from mutants import edge_ft
 from mutants import edge_files
+from mutants import edge_untrusted
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -42,5 +43,6 @@ MUTANTS = [
     *edge_data.MUTANTS,
     *edge_ft.MUTANTS,
     *edge_files.MUTANTS,
+    *edge_untrusted.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -8,10 +8,13 @@ from a closed set of field types (anything else: `CorruptCheckpoint`, one line n
 file), and `StepReader` hands DCP the index that `step.Step` already read and checked, so DCP
 never opens `.metadata` itself. Non-tensor values (RNG states, torchllm's JSON states) are
 stored by DCP with torch.save and read back by `DataPlanner` with PyTorch's maintained
-`weights_only` unpickler (plus NumPy's array for NumPy's RNG state), never a plain one.
+`weights_only` unpickler (plus NumPy's array for NumPy's RNG state), never a plain one; a
+tensor chunk or value it refuses stops the read with `UntrustedRead`, one line naming the
+file, the entry and the global (`StepReader.read_data`, `load_value`).
 
-An index written by torchllm before this (a pickle) is refused in one line naming
-`convert_legacy`, the one-time conversion a user runs on a checkpoint they trust.
+An index written by torchllm before this (a pickle: only a file that starts like one) is
+refused in one line naming `convert_legacy`, the one-time conversion, which reads it through an
+allow-list (legacy_pickle.py). The read itself is bounded (index_read.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from functools import lru_cache
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -35,6 +39,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from torchllm.checkpoint.legacy_pickle import looks_like_pickle, refused_what
 from torchllm.config.job_config import ConfigError
 from torchllm.storage import Location, storage_for
 
@@ -57,17 +62,36 @@ class UntrustedCheckpoint(ConfigError):
         super().__init__(message, "checkpoint")
 
 
+class UntrustedRead(UntrustedCheckpoint, CheckpointException):
+    """An UntrustedCheckpoint found by a DCP read (`step.Step.load`): one line, and still the
+    CheckpointException (every rank's failures) that DCP's read raises."""
+
+    def __init__(self, message: str, failures: dict):
+        UntrustedCheckpoint.__init__(self, message)
+        self._failures = failures
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 def legacy_refusal(where: str, step: Location) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
         f"{where} is not a checkpoint file torchllm trusts: it is no JSON index (a pickle, as an "
-        "older torchllm wrote it, is never read: it can run code); if you trust this "
-        f"checkpoint, convert it once with: {CONVERT.format(path=step)}")
+        "older torchllm wrote it, is never read here: it can run code); if this is an older "
+        f"torchllm's checkpoint, convert it once with: {CONVERT.format(path=step)} (it checks "
+        "the CRC-32s and builds DCP's index classes and plain values only)")
 
 
 # ------------------------------------------------------------------------ the JSON encoding
 
 _KINDS = (torch.dtype, torch.layout, torch.memory_format)
-_CONSTANTS = {str(v): v for v in vars(torch).values() if isinstance(v, _KINDS)}
+# The dtypes a checkpoint's tensors may have: plain numbers (no quantized or bit types).
+STORED_DTYPES = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and (
+    d.is_floating_point or d in (torch.complex64, torch.complex128, torch.bool, torch.uint8,
+                                 torch.int8, torch.int16, torch.int32, torch.int64))}
+_CONSTANTS = {str(v): v for v in vars(torch).values() if isinstance(v, _KINDS)
+              and (not isinstance(v, torch.dtype) or v in STORED_DTYPES)}
+MAX_INT = 2**63 - 1  # the largest size or offset a tensor (int64) can have
 
 
 def encode_index(md: Metadata) -> str:
@@ -104,14 +128,20 @@ def _need(ok: bool, what: str) -> None:
 
 
 def _ints(value, what: str) -> list[int]:
-    _need(isinstance(value, list) and all(type(v) is int and v >= 0 for v in value),
-          f"{what} is not a list of non-negative integers")
+    _need(isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_INT for v in value),
+          f"{what} {_shown(value)} is not a list of integers from 0 to 2**63 - 1")
     return value
+
+
+def _shown(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _constant(name, kind: type, what: str):
     value = _CONSTANTS.get(name) if isinstance(name, str) else None
-    _need(isinstance(value, kind), f"{what} {name!r} is not a torch {kind.__name__}")
+    _need(isinstance(value, kind), f"{what} {_shown(name)} is not a torch {kind.__name__}"
+          + (" of plain numbers (no quantized type)" if kind is torch.dtype else ""))
     return value
 
 
@@ -141,8 +171,10 @@ def _storage(entry) -> tuple[MetadataIndex, _StorageInfo]:
     offset, index = entry.get("offset"), entry.get("index")
     name, at, length = entry.get("file"), entry.get("at"), entry.get("length")
     transforms = entry.get("transforms")
-    _need(isinstance(name, str) and type(at) is int and type(length) is int,
-          f"the storage entry of {fqn!r} has no file, offset and length")
+    _need(isinstance(name, str) and type(at) is int and type(length) is int
+          and 0 <= at <= MAX_INT and 0 <= length <= MAX_INT,
+          f"the storage entry of {fqn!r} has no file, offset and length (integers from 0 to "
+          "2**63 - 1)")
     _need(index is None or type(index) is int, f"the storage entry of {fqn!r}: bad index")
     _need(transforms is None or (isinstance(transforms, list)
                                  and all(isinstance(t, str) for t in transforms)),
@@ -156,8 +188,11 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
     """The `Metadata` a JSON index records. UntrustedCheckpoint for a pickle (an older
     torchllm's); CorruptCheckpoint (one line naming `where`) for anything else that is not
     exactly what `encode_index` writes."""
-    if data.lstrip()[:1] != b"{":  # not JSON: DCP's own pickle, as torchllm wrote it before
-        raise legacy_refusal(where, step)
+    if data.lstrip()[:1] != b"{":
+        if looks_like_pickle(data):  # DCP's own pickle, as torchllm wrote it before
+            raise legacy_refusal(where, step)
+        raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: it is neither a JSON "
+                                f"index nor a pickle (it starts with {data[:8]!r})")
     try:
         record = json.loads(data.decode())
         _need(isinstance(record, dict) and record.get("format") == FORMAT,
@@ -181,6 +216,9 @@ def decode_index(data: bytes, where: str, step: Location) -> Metadata:
                                                  else None))
     except (_Bad, ValueError, UnicodeDecodeError) as e:
         raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: {e}") from None
+    except RecursionError:
+        raise CorruptCheckpoint(f"checkpoint index {where} cannot be used: it is nested too "
+                                "deeply (an index is a few levels deep)") from None
 
 
 # ------------------------------------------------------------------------ writing
@@ -249,11 +287,14 @@ def load_value(data: bytes, where: str):
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
-        raise UntrustedCheckpoint(
-            f"{where} is not a checkpoint file torchllm trusts: a stored value "
-            f"{first[0] if first else 'needs an unsafe global'} (checkpoints are data, never "
-            "code; see docs/checkpointing.md, What is trusted)") from None
+        raise untrusted(where, "a stored value", e) from None
+
+
+def untrusted(where: str, what: str, error: BaseException) -> UntrustedCheckpoint:
+    """The refusal of a value or chunk PyTorch's weights_only loader would not build."""
+    return UntrustedCheckpoint(
+        f"{where} is not a checkpoint file torchllm trusts: {what} {refused_what(error)} "
+        "(checkpoints are data, never code; see docs/checkpointing.md, What is trusted)")
 
 
 class DataPlanner(DefaultLoadPlanner):
@@ -289,6 +330,23 @@ class StepReader:
         self._index.storage_meta = StorageMeta(save_id=self._index.storage_meta.save_id,
                                                load_id=self.load_id)
         return self._index
+
+    def _slice_file(self, file, sinfo):
+        self._reading = sinfo  # the entry whose bytes are read now (named if refused)
+        return super()._slice_file(file, sinfo)
+
+    def read_data(self, plan, planner):
+        """DCP's read; a tensor chunk weights_only refuses (a pickle that names code):
+        UntrustedCheckpoint naming the file and the entry."""
+        self._reading = None
+        try:
+            return super().read_data(plan, planner)
+        except pickle.UnpicklingError as e:
+            info = self._reading
+            fqn = next((i.fqn for i, s in self.storage_data.items() if s is info), "?")
+            name = info.relative_path if info is not None else "?"
+            where = f"{self.fs.concat_path(self.path, name)} (tensor {fqn})"
+            raise untrusted(where, "a tensor chunk", e) from None
 
 
 class _LocalReader(StepReader, FileSystemReader):

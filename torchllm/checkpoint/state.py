@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from torchllm.checkpoint.index import CONVERT, UntrustedCheckpoint
+from torchllm.checkpoint.index import CONVERT, STORED_DTYPES, UntrustedCheckpoint
 
 
 class ModelState:
@@ -80,8 +80,9 @@ class JSONState:
                 f"you trust the checkpoint, convert it once with: {CONVERT.format(path='STEP')}")
         try:
             value = decode(json.loads(sd["json"]))
-        except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{where} cannot be read ({e})") from None
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:  # RecursionError too
+            raise ValueError(f"{where} cannot be read ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
         self.obj.load_state_dict(value)
 
 
@@ -124,8 +125,8 @@ def encode(value):
 
 def _dtype(name) -> torch.dtype:
     value = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype")
+    if not isinstance(value, torch.dtype) or value not in STORED_DTYPES:
+        raise ValueError(f"{name!r} is not a torch dtype of plain numbers")
     return value
 
 
@@ -150,7 +151,10 @@ def decode(value):
     if kind == "tensor":
         return torch.tensor(v, dtype=_dtype(value["dtype"])).reshape(value["shape"])
     if kind == "ndarray":
-        return np.array(v, dtype=np.dtype(str(value["dtype"]))).reshape(value["shape"])
+        dtype = np.dtype(str(value["dtype"]))
+        if dtype.kind not in "biufc":
+            raise ValueError(f"{value['dtype']!r} is not a NumPy dtype of plain numbers")
+        return np.array(v, dtype=dtype).reshape(value["shape"])
     raise ValueError(f"unknown value kind {kind!r}")
 
 

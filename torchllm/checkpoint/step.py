@@ -25,15 +25,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from torchllm.checkpoint.index import (
     INDEX,
     CorruptCheckpoint,
     DataPlanner,
+    UntrustedRead,
     dcp_reader,
-    decode_index,
+    untrusted_cause,
 )
+from torchllm.checkpoint.index_read import read_index
 from torchllm.checkpoint.integrity import check_files, read_step_folder
 from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
@@ -66,6 +69,8 @@ def parse_marker(data: bytes | OSError, where) -> dict:
     except ValueError as e:  # empty, cut short, or not text at all
         what = "empty" if not data.strip() else f"damaged (not a JSON record: {e})"
         raise MarkerError(f"marker {where} is {what}") from None
+    except RecursionError:
+        raise MarkerError(f"marker {where} is damaged (nested too deeply)") from None
     if not isinstance(record, dict) or "step" not in record:
         raise MarkerError(f"marker {where} is damaged (no step record in it)")
     return record
@@ -142,18 +147,11 @@ class Step:
         (CorruptCheckpoint, UntrustedCheckpoint; integrity.UnsafeStepEntry for a link, FIFO
         or other non-regular entry in the folder); the files' checksums are `verify`'s."""
         path = as_location(path)
-        present, read = read_step_folder(path, (MARKER, INDEX, CONFIG))  # no link, no FIFO
-        where = f"{path}/{INDEX}"
+        present, read = read_step_folder(path, (MARKER, CONFIG))  # no link, no FIFO
         marker = parse_marker(read.get(MARKER, OSError("missing")), f"{path}/{MARKER}")
         sizes = _recorded_sizes(marker, present, f"{path}/{MARKER}")
-        data = read.get(INDEX)
-        if not isinstance(data, bytes) or INDEX not in sizes:
-            raise CorruptCheckpoint(f"checkpoint {path} has no readable index ({where})")
-        if len(data) != sizes[INDEX]:
-            raise CorruptCheckpoint(f"file {where} has {len(data)} bytes, {sizes[INDEX]} when "
-                                    "saved")
-        metadata = decode_index(data, where, path)
-        _check_reads(where, metadata, sizes)
+        metadata = read_index(path, sizes)  # bounded by the recorded size
+        _check_reads(f"{path}/{INDEX}", metadata, sizes)
         config = read.get(CONFIG)
         return cls(path, marker, metadata, config.decode() if isinstance(config, bytes) else None)
 
@@ -187,7 +185,12 @@ class Step:
         """DCP's load into `state_dict` (in place), from the checked index; stored values
         through `weights_only` (index.DataPlanner)."""
         reader = dcp_reader(self.path, self.metadata)
-        dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), no_dist=no_dist)
+        try:
+            dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), no_dist=no_dist)
+        except CheckpointException as e:  # a refusal, on every rank: one line, not DCP's dump
+            if cause := untrusted_cause(e):
+                raise UntrustedRead(cause, e.failures) from None
+            raise
 
     def tensors(self, prefix: str = "model.", what: str | None = None) -> dict[str, torch.Tensor]:
         """Every tensor whose flattened key starts with `prefix`, as plain CPU tensors keyed by

@@ -125,6 +125,10 @@ class StepLoader:
                 f"checkpoint {where} does not fit this model (saved shapes in "
                 f"{where}/.metadata): {mismatch}; did model.name or model.flavor change?",
                 "model.flavor")
+        if kinds := dtype_mismatch(step.metadata, sds):
+            raise ConfigError(f"checkpoint {where}/.metadata records {kinds}, which cannot "
+                              "hold its values: the step is not this model's (replace it with "
+                              "one from a trusted source)", "checkpoint")
         return sds, grow, fresh
 
     def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
@@ -219,6 +223,28 @@ def _flat_tensors(obj, prefix: str) -> dict[str, torch.Tensor]:
             out.update(_flat_tensors(v, f"{prefix}.{k}"))
         return out
     return {}
+
+
+def _kind(dtype: torch.dtype) -> str:
+    return "complex" if dtype.is_complex else "floating-point" if dtype.is_floating_point \
+        else "bool" if dtype == torch.bool else "integer"
+
+
+def dtype_mismatch(metadata: Metadata, states: dict[str, dict]) -> str | None:
+    """The first saved tensor whose dtype is of another kind (complex, floating-point,
+    integer, bool) than the tensor it would load into: a complex64 weight for a float32
+    parameter would lose its imaginary part, a float for an integer its fraction."""
+    saved = metadata.state_dict_metadata
+    for name, t in (kv for key, sd in states.items() for kv in _flat_tensors(sd, key).items()):
+        md = saved.get(name)
+        if isinstance(md, TensorStorageMetadata) and type(t) in (torch.Tensor, torch.nn.Parameter,
+                                                                 DTensor):
+            was, now = md.properties.dtype, t.dtype
+            if _kind(was) != _kind(now) and not (_kind(now) == "floating-point"
+                                                 and _kind(was) in ("integer", "bool")):
+                return f"{name} as {str(was).removeprefix('torch.')} ({_kind(was)}), for a " \
+                       f"{str(now).removeprefix('torch.')} tensor"
+    return None
 
 
 def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int = 4) -> str | None:
