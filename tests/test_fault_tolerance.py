@@ -196,11 +196,11 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     g0, g1 = steps_of(logs / "replica_0.log"), steps_of(relaunch_logs / "replica_1.log")
     assert sorted(g1) == list(range(healed, STEPS + 1))
     assert [g1[s] for s in g1] == [g0[s] for s in g1]
-    # Its summary counts what this launch trained (batch 4 x seq 32 a step), not the run's
-    # count the heal brought.
+    # Its summary counts the steps this launch trained (a step: 2 groups x batch 4 x seq 32,
+    # the run's tokens per step, as tokens_seen counts them), not the count the heal brought.
     done = re.search(r"done: step \d+/\d+, (\d+) steps in [\d.]+s, ([\d,]+) tokens", log1)
     assert done and int(done[1]) == len(g1), log1[-2000:]
-    assert int(done[2].replace(",", "")) == len(g1) * 4 * 32, done[0]
+    assert int(done[2].replace(",", "")) == len(g1) * 2 * 4 * 32, done[0]
     # Both end with the same weights and optimizer state, tensor by tensor.
     from torchllm.checkpoint import open_checkpoint
 
