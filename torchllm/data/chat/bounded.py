@@ -16,8 +16,8 @@ operation that can build a large string, list or integer is capped before it bui
                  render's RENDER_CHARS (limits.count_output): doubling a value in a loop stops
     globals      range (the sandbox's, 100,000 items), dict, namespace, cycler, joiner (no lipsum)
 
-Nothing runs at compile time: each filter and test takes the context (`pass_context`), which
-jinja2's constant folding never calls, so `{{ 'x'|center(3000000000) }}` reaches the capped
+Nothing runs at compile time: each filter and test takes the context, and jinja2's constant
+folding calls none that does, so `{{ 'x'|center(3000000000) }}` reaches the capped
 filter when rendered, inside the time limit, not in `from_string`.
 """
 
@@ -28,11 +28,12 @@ import operator
 import types
 from collections.abc import Mapping
 
-from jinja2 import pass_context
+from jinja2 import Environment
 from jinja2.compiler import CodeGenerator
 from jinja2.defaults import DEFAULT_FILTERS, DEFAULT_TESTS
 from jinja2.filters import make_attrgetter
-from jinja2.runtime import markup_join, str_join
+from jinja2.nodes import EvalContext
+from jinja2.runtime import Context, markup_join, str_join
 from jinja2.sandbox import (ImmutableSandboxedEnvironment, SandboxedEscapeFormatter,
                             SandboxedFormatter)
 from jinja2.utils import _PassArg
@@ -153,20 +154,28 @@ TEST_GUARDS = {"lower": _text("the lower test"), "upper": _text("the upper test"
 
 
 def _bounded(name: str, func, guard):
-    """`func` (a filter or test) behind `guard`, taking the context (never constant-folded)."""
+    """`func` (a filter or test) behind `guard`, its result's size checked."""
     kind = _PassArg.from_obj(func)
 
-    @pass_context
-    def call(context, *args, **kwargs):
+    def call(first, *args, **kwargs):
+        # `first`: what jinja2 passes as the filter declares it takes (the context; when
+        # folded, what `func` takes: an eval context, the environment, the value itself).
+        if kind is None and not isinstance(first, (Context, EvalContext)):
+            args, first = (first, *args), None
+        environment = first if isinstance(first, Environment) else getattr(
+            first, "environment", None)
         if guard is not None:
-            changed = guard(context.environment, *args, **kwargs)
+            changed = guard(environment, *args, **kwargs)
             if changed is not None:
                 args, kwargs = changed
-        lead = {_PassArg.context: (context,), _PassArg.eval_context: (context.eval_ctx,),
-                _PassArg.environment: (context.environment,)}.get(kind, ())
+        lead = {_PassArg.context: (first,), _PassArg.environment: (environment,),
+                _PassArg.eval_context: (getattr(first, "eval_ctx", first),)}.get(kind, ())
         return checked_result(name, func(*lead, *args, **kwargs))
 
     call.__name__ = call.__qualname__ = f"bounded_{name}"
+    # jinja2 folds a filter or test of constants (`'x'|center(3000000000)`) when it compiles the
+    # template (from_string: no time limit there) unless it takes the context: each takes it.
+    call.jinja_pass_arg = _PassArg.context
     return call
 
 
@@ -177,7 +186,13 @@ def checked_result(what: str, result):
 
 
 def _width(what):
-    return lambda s, width, *rest, **kwargs: checked_int(f"{what}'s width", width)
+    def guard(s, width, *rest, **kwargs):
+        checked_int(f"{what}'s width", width)
+    return guard
+
+
+def _to_bytes(n, length=1, *args, **kwargs):
+    checked_int("to_bytes' length", length)
 
 
 def _method_join(s, iterable):
@@ -302,8 +317,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             return None
         owner, name = getattr(value, "__self__", None), value.__name__
         if isinstance(owner, int) and not isinstance(owner, bool) and name == "to_bytes":
-            return _guarded_method(value, lambda n, length=1, *a, **k: checked_int(
-                "to_bytes' length", length))
+            return _guarded_method(value, _to_bytes)
         if not isinstance(owner, (str, bytes)):
             return None
         if name in ("format", "format_map") and isinstance(owner, str):
