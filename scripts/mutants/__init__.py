@@ -16,6 +16,7 @@ from mutants import run
 from mutants import tools
 from mutants import journey
 from mutants import ft
+from mutants import edge_chat
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -32,5 +33,6 @@ MUTANTS = [
     *tools.MUTANTS,
     *journey.MUTANTS,
     *ft.MUTANTS,
+    *edge_chat.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
