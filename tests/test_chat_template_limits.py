@@ -187,6 +187,7 @@ GROWTH = {
     "batch": ("{{ [1]|batch(100000, 0)|list|length }}", "batch"),
     "slice": ("{{ [1]|slice(100000)|list|length }}", "slice"),
     "sum_of_lists": ("{{ ([[0] * 1000] * 100)|sum(start=[])|length }}", "'+'"),
+    "range": ("{{ range(1000000)|length }}", "100000"),  # the sandbox's (was a traceback)
 }
 
 
