@@ -1,5 +1,6 @@
 """Mutants of the bounded chat template environment (torchllm/data/chat/bounded.py, limits.py;
-issue 61 item 5): constant folding, a filter's cap, str.format, `~`, `%`, counted output."""
+issue 61 item 5): constant folding, a filter's cap, str.format, `~`, `%`, counted output, the
+sum of what a render builds."""
 
 from __future__ import annotations
 
@@ -57,5 +58,13 @@ MUTANTS = [
         "torchllm.data.chat.bounded:BoundedEnvironment.counted_output",
         "        count_output(text_size(value))\n", "        text_size(value)\n",
         (GROWTH + "[set_block]", GROWTH + "[macro]"),
+    ),
+    Mutant.at(
+        "chat_template_built_not_summed", "what a render builds is capped value by value but "
+        "not in all (values kept in a loop add up to gigabytes)",
+        "torchllm.data.chat.limits:count_built",
+        "    if built + size > RENDER_BUILT:\n", "    if False:\n",
+        (T + "test_values_kept_add_up_to_at_most_the_built_limit[list]",
+         T + "test_values_kept_add_up_to_at_most_the_built_limit[str]"),
     ),
 ]

@@ -39,7 +39,7 @@ from jinja2.sandbox import (ImmutableSandboxedEnvironment, SandboxedEscapeFormat
 from jinja2.utils import _PassArg
 from markupsafe import Markup
 
-from torchllm.data.chat.limits import checked_binop, count_output
+from torchllm.data.chat.limits import checked_binop, count_built, count_output
 from torchllm.data.chat.sizes import (checked_int, percent_size, refuse_over, spec_size,
                                       text_size)
 
@@ -182,6 +182,7 @@ def _bounded(name: str, func, guard):
 def checked_result(what: str, result):
     if isinstance(result, (str, bytes, list, tuple)):
         refuse_over(what, len(result))
+        count_built(result)
     return result
 
 
@@ -308,7 +309,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         for item in items:
             size += text_size(item)
             refuse_over("'~'", size)
-        return markup_join(items) if eval_ctx.autoescape else str_join(items)
+        return checked_result("'~'", markup_join(items) if eval_ctx.autoescape else
+                              str_join(items))
 
     def wrap_str_format(self, value):
         """A str's or bytes' method, read by the template: format / format_map with the

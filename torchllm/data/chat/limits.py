@@ -21,6 +21,7 @@ import time
 RENDER_SECONDS = 5.0  # per render of one conversation (prefix); a real template takes ms
 RENDER_CHARS = 16 << 20  # characters a render may produce (and any one operation may build)
 POW_BITS = 4096  # the largest integer `**` or `*` may build, in bits
+RENDER_BUILT = 1 << 30  # bytes all the values a render builds (each capped above) may add up to
 
 
 class RenderTimeout(BaseException):
@@ -80,7 +81,7 @@ class _Watchdog:
 
 _WATCHDOG = _Watchdog()
 os.register_at_fork(after_in_child=_WATCHDOG.reset)
-_RENDER = threading.local()  # .produced: characters this thread's render has produced so far
+_RENDER = threading.local()  # .produced / .built: this thread's render's characters / bytes
 
 
 def count_output(size: int) -> None:
@@ -100,6 +101,20 @@ def _async_raise(tid: int, exc) -> None:
                                                ctypes.py_object(exc) if exc else None)
 
 
+def count_built(value) -> None:
+    """A value a capped operation built (a string: 1 or 4 bytes a character, a list or tuple: 8
+    an item); RenderLimit once this thread's render has built more than RENDER_BUILT bytes in
+    all (values each within the caps, kept: `[ns.v, [i] * 10**7]` in a loop)."""
+    built = getattr(_RENDER, "built", None)
+    if built is None or not isinstance(value, (str, bytes, list, tuple)):
+        return
+    size = len(value) * (8 if isinstance(value, (list, tuple)) else
+                         1 if isinstance(value, bytes) or value.isascii() else 4)
+    _RENDER.built = built + size
+    if built + size > RENDER_BUILT:
+        raise RenderLimit(f"the values it built add up to more than {RENDER_BUILT:,} bytes")
+
+
 def limited(render) -> str:
     """`render()` (an iterator of text pieces: a Jinja template's generate) joined, within
     RENDER_SECONDS and RENDER_CHARS; RenderLimit otherwise."""
@@ -107,7 +122,7 @@ def limited(render) -> str:
     pieces, size = [], 0
     try:
         try:
-            _RENDER.produced = 0
+            _RENDER.produced = _RENDER.built = 0
             _WATCHDOG.start(seconds)
             for piece in render():
                 size += len(piece)
@@ -116,7 +131,7 @@ def limited(render) -> str:
                 pieces.append(piece)
         finally:
             _WATCHDOG.stop()
-            _RENDER.produced = None
+            _RENDER.produced = _RENDER.built = None
     except RenderTimeout:
         raise RenderLimit(f"it ran longer than {seconds:g} s") from None
     return "".join(pieces)
@@ -147,4 +162,6 @@ def checked_binop(operator: str, left, right, compute):
         if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > POW_BITS:
             raise RenderLimit(f"'**' would build an integer of about "
                               f"{right * abs(left).bit_length():,} bits (at most {POW_BITS})")
-    return compute(left, right)
+    result = compute(left, right)
+    count_built(result)
+    return result
