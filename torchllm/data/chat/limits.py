@@ -2,7 +2,8 @@
 it): a time limit per render, a limit on the text a render produces (its output, and every
 `{{ }}` inside macros and `{% set %}` blocks), and size caps on whatever builds a large value in
 one C call, which no time limit can interrupt: the operators here (`*`, `+`, `%`, `**`), every
-filter, test and method a template can call (chat/bounded.py, with sizes from chat/sizes.py).
+filter, test and method a template can call (chat/bounded.py, with sizes from chat/sizes.py);
+and what those build in one render adds up to at most RENDER_BUILT bytes.
 
 The time limit: a watchdog thread (one per process, started on first use) raises
 `RenderTimeout` in a thread whose render passed its deadline (CPython's
