@@ -45,11 +45,10 @@ def _compile(source: str, origin: str = "the tokenizer's chat_template"):
     every operation that can build a large value capped (chat/bounded.py, chat/limits.py)."""
     try:
         from jinja2.exceptions import TemplateError
-
-        from torchllm.data.chat.bounded import BoundedEnvironment
     except ImportError:
         raise ConfigError("the tokenizer has a Jinja chat template: `pip install jinja2` to "
                           "render it", "data.tokenizer") from None
+    from torchllm.data.chat.bounded import BoundedEnvironment
 
     def raise_exception(message):
         raise TemplateError(message)
