@@ -22,6 +22,7 @@ from mutants import edge_data
 from mutants import edge_ft
 from mutants import edge_files
 from mutants import edge_untrusted
+from mutants import edge_chat
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -44,5 +45,6 @@ MUTANTS = [
     *edge_ft.MUTANTS,
     *edge_files.MUTANTS,
     *edge_untrusted.MUTANTS,
+    *edge_chat.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -251,9 +251,9 @@ MUTANTS = [
     Mutant.at(
         "chat_template_operators_unchecked",
         "`'x' * 10**9` in a chat template builds a gigabyte in one C call",
-        "torchllm.data.chat.jinja:_compile.Limited",
-        "        intercepted_binops = frozenset([\"*\", \"**\"])\n",
-        "        intercepted_binops = frozenset()\n",
+        "torchllm.data.chat.bounded:BoundedEnvironment",
+        "    intercepted_binops = frozenset([\"*\", \"**\", \"+\", \"%\"])\n",
+        "    intercepted_binops = frozenset()\n",
         ("tests/test_chat_template_limits.py::test_one_operator_building_a_huge_value_is_refused[pow]",
          "tests/test_chat_template_limits.py::test_one_operator_building_a_huge_value_is_refused[str]",),
     ),

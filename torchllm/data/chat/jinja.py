@@ -19,12 +19,12 @@ writes so that `apply_chat_template` reproduces what the run trained on.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from torchllm.config.job_config import ConfigError
 from torchllm.data.chat import limits
-from torchllm.data.chat.limits import RenderLimit, checked_binop, limited
+from torchllm.data.chat.limits import RenderLimit, limited
+from torchllm.data.chat.sizes import refuse_over
 
 
 def template_of(config: dict) -> str | None:
@@ -43,28 +43,25 @@ class TemplateLimitError(ConfigError):
 
 def _compile(source: str, origin: str = "the tokenizer's chat_template"):
     """Compile like transformers: a sandbox, trim_blocks / lstrip_blocks, raise_exception;
-    with size caps on `*` and `**` (chat/limits.py)."""
+    every operation that can build a large value capped (chat/bounded.py, chat/limits.py)."""
     try:
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise ConfigError("the tokenizer has a Jinja chat template: `pip install jinja2` to "
                           "render it", "data.tokenizer") from None
+    from torchllm.data.chat.bounded import BoundedEnvironment
 
     def raise_exception(message):
         raise TemplateError(message)
 
-    class Limited(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**"])
+    def strftime_now(fmt):
+        refuse_over("strftime_now", 16 * len(str(fmt)))  # %c: 24 characters for 2
+        return datetime.now().strftime(fmt)
 
-        def call_binop(self, context, operator, left, right):
-            return checked_binop(operator, left, right, self.binop_table[operator])
-
-    env = Limited(trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension()])
-    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent,
-                                                                    ensure_ascii=False)
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[_generation_extension()])
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = strftime_now
     try:
         return env.from_string(source)
     except TemplateError as e:
@@ -109,8 +106,8 @@ class JinjaChat:
                 messages=messages, add_generation_prompt=add_generation_prompt, **self.special))
         except TemplateError as e:
             raise ValueError(f"the chat template refused the conversation: {e}") from None
-        except (RenderLimit, RecursionError, MemoryError) as e:
-            why = e if isinstance(e, RenderLimit) else type(e).__name__
+        except (RenderLimit, RecursionError, MemoryError, OverflowError) as e:
+            why = e if isinstance(e, (RenderLimit, OverflowError)) else type(e).__name__
             raise TemplateLimitError(
                 f"the chat template of {self.origin} was stopped ({why}): a template must "
                 f"render a conversation within {limits.RENDER_SECONDS:g} s and "

@@ -1,6 +1,9 @@
 """Limits on rendering a chat template (a tokenizer_config.json is data from whoever published
-it): a time limit per render, an output size limit, and size caps on the operators that build
-large values in one C call (`'x' * n`, `n ** m`), which no time limit can interrupt.
+it): a time limit per render, a limit on the text a render produces (its output, and every
+`{{ }}` inside macros and `{% set %}` blocks), and size caps on whatever builds a large value in
+one C call, which no time limit can interrupt: the operators here (`*`, `+`, `%`, `**`), every
+filter, test and method a template can call (chat/bounded.py, with sizes from chat/sizes.py);
+and what those build in one render adds up to at most RENDER_BUILT bytes.
 
 The time limit: a watchdog thread (one per process, started on first use) raises
 `RenderTimeout` in a thread whose render passed its deadline (CPython's
@@ -17,8 +20,9 @@ import threading
 import time
 
 RENDER_SECONDS = 5.0  # per render of one conversation (prefix); a real template takes ms
-RENDER_CHARS = 16 << 20  # characters a render may produce (and a `*` may build)
-POW_BITS = 4096  # the largest integer `**` may build, in bits
+RENDER_CHARS = 16 << 20  # characters a render may produce (and any one operation may build)
+POW_BITS = 4096  # the largest integer `**` or `*` may build, in bits
+RENDER_BUILT = 1 << 30  # bytes all the values a render builds (each capped above) may add up to
 
 
 class RenderTimeout(BaseException):
@@ -78,11 +82,38 @@ class _Watchdog:
 
 _WATCHDOG = _Watchdog()
 os.register_at_fork(after_in_child=_WATCHDOG.reset)
+_RENDER = threading.local()  # .produced / .built: this thread's render's characters / bytes
+
+
+def count_output(size: int) -> None:
+    """A `{{ }}` of `size` characters produced (at any depth: a macro's, a block's); RenderLimit
+    once this thread's render has produced more than RENDER_CHARS (doubling a value through a
+    macro or a `{% set %}` block in a loop stops there)."""
+    produced = getattr(_RENDER, "produced", None)
+    produced = (0 if produced is None else produced) + size
+    if produced > RENDER_CHARS:
+        raise RenderLimit(f"it produced more than {RENDER_CHARS:,} characters")
+    if getattr(_RENDER, "produced", None) is not None:
+        _RENDER.produced = produced
 
 
 def _async_raise(tid: int, exc) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                ctypes.py_object(exc) if exc else None)
+
+
+def count_built(value) -> None:
+    """A value a capped operation built (a string: 1 or 4 bytes a character, a list or tuple: 8
+    an item); RenderLimit once this thread's render has built more than RENDER_BUILT bytes in
+    all (values each within the caps, kept: `[ns.v, [i] * 10**7]` in a loop)."""
+    built = getattr(_RENDER, "built", None)
+    if built is None or not isinstance(value, (str, bytes, list, tuple)):
+        return
+    size = len(value) * (8 if isinstance(value, (list, tuple)) else
+                         1 if isinstance(value, bytes) or value.isascii() else 4)
+    _RENDER.built = built + size
+    if built + size > RENDER_BUILT:
+        raise RenderLimit(f"the values it built add up to more than {RENDER_BUILT:,} bytes")
 
 
 def limited(render) -> str:
@@ -92,6 +123,7 @@ def limited(render) -> str:
     pieces, size = [], 0
     try:
         try:
+            _RENDER.produced = _RENDER.built = 0
             _WATCHDOG.start(seconds)
             for piece in render():
                 size += len(piece)
@@ -100,6 +132,7 @@ def limited(render) -> str:
                 pieces.append(piece)
         finally:
             _WATCHDOG.stop()
+            _RENDER.produced = _RENDER.built = None
     except RenderTimeout:
         raise RenderLimit(f"it ran longer than {seconds:g} s") from None
     return "".join(pieces)
@@ -107,15 +140,29 @@ def limited(render) -> str:
 
 def checked_binop(operator: str, left, right, compute):
     """`left <operator> right` unless it would build a value past the caps (a sequence of more
-    than RENDER_CHARS items, an integer of more than POW_BITS bits)."""
+    than RENDER_CHARS items, an integer of more than POW_BITS bits, a `%` format's text of more
+    than RENDER_CHARS characters)."""
+    from torchllm.data.chat.sizes import percent_size, refuse_over
+
+    sized = (str, bytes, list, tuple)
     if operator == "*":
         for seq, n in ((left, right), (right, left)):
-            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
-                    and len(seq) * n > RENDER_CHARS:
+            if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > RENDER_CHARS:
                 raise RenderLimit(f"'*' would build {len(seq) * n:,} items (at most "
-                                     f"{RENDER_CHARS:,})")
+                                  f"{RENDER_CHARS:,})")
+        if isinstance(left, int) and isinstance(right, int) \
+                and left.bit_length() + right.bit_length() > POW_BITS:
+            raise RenderLimit(f"'*' would build an integer of about "
+                              f"{left.bit_length() + right.bit_length():,} bits (at most "
+                              f"{POW_BITS})")
+    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        refuse_over("'+'", len(left) + len(right))
+    if operator == "%" and isinstance(left, (str, bytes)):
+        refuse_over("'%' formatting", percent_size(left, right))
     if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
         if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > POW_BITS:
             raise RenderLimit(f"'**' would build an integer of about "
-                                 f"{right * abs(left).bit_length():,} bits (at most {POW_BITS})")
-    return compute(left, right)
+                              f"{right * abs(left).bit_length():,} bits (at most {POW_BITS})")
+    result = compute(left, right)
+    count_built(result)
+    return result
