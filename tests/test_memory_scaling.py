@@ -112,9 +112,7 @@ def per_rank(tmp_path, name: str, args, world: int, micro_steps: int = 1) -> lis
         _measure(0, folder, list(args), micro_steps)
     else:
         spawn_gloo(_rank, folder, list(args), micro_steps, world=world)
-    out = [json.loads((folder / f"{r}.json").read_text()) for r in range(world)]
-    print(name, out)
-    return out
+    return [json.loads((folder / f"{r}.json").read_text()) for r in range(world)]
 
 
 @pytest.mark.slow
@@ -231,3 +229,44 @@ def test_pipeline_stage_gradients_stay_sharded_under_fsdp2(tmp_path):
         held = r["between"]  # one per micro-batch's backward
         assert len(held) == 4 and r["grads"] > 0, r
         assert held == [r["grads"]] * 4, (held, r["grads"])
+
+
+def _vocab_parallel_rank(rank: int, tmp_path) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from torchllm.loss import IGNORE_INDEX, cross_entropy_sum, fused_cross_entropy_sum
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2,))
+    g = torch.Generator().manual_seed(0)
+    results = {}
+    for vocab, dtype in ((37, torch.float32), (64, torch.bfloat16)):  # 37: uneven shards
+        logits = (4 * torch.randn(3, 5, vocab, generator=g)).to(dtype)
+        targets = torch.randint(0, vocab, (3, 5), generator=g)
+        targets[0, :2] = IGNORE_INDEX
+        targets[2, 4] = vocab - 1  # the last column: on the last rank
+        whole = logits.clone().requires_grad_()
+        want = cross_entropy_sum(whole, targets)
+        want.backward()
+        sharded = distribute_tensor(logits, mesh, [Shard(2)]).requires_grad_()
+        got = fused_cross_entropy_sum(sharded, targets)
+        got.backward()
+        grad = sharded.grad.full_tensor()
+        results[f"{vocab}"] = {"loss": [float(got), float(want)],
+                               "grad": float((grad.float() - whole.grad.float()).abs().max()),
+                               "scale": float(whole.grad.float().abs().max())}
+    (tmp_path / f"{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_vocab_parallel_loss_equals_the_gathered_loss(tmp_path):
+    """TP's loss on vocab-sharded logits (2 gloo ranks): the summed cross entropy and its
+    gradient equal the whole logits' (ignored targets, uneven shards, bf16 logits)."""
+    spawn_gloo(_vocab_parallel_rank, tmp_path)
+    for rank in range(2):
+        for vocab, r in json.loads((tmp_path / f"{rank}.json").read_text()).items():
+            got, want = r["loss"]
+            assert got == pytest.approx(want, rel=1e-6), vocab
+            rounding = 1e-6 if vocab == "37" else 1e-2  # float32; bf16 gradients
+            assert r["grad"] <= rounding * r["scale"], (vocab, r)
