@@ -242,11 +242,13 @@ def test_chunked_attention_equals_the_dense_mask_on_every_cp_rank(monkeypatch, f
     """Context parallelism's chunk pairs merged by log-sum-exp (no (S/cp x S) mask): every cp
     rank's output, and the gradients summed over the ranks, equal SDPA with the dense mask on
     the whole window; causal, sliding windows, documents, grouped-query heads, cp 1, 2, 4; with
-    torch's CPU flash kernels and with the float32 matmuls other devices run."""
+    torch's CPU flash kernels and with the float32 matmuls other devices run (in tiles of query
+    rows: uneven ones here)."""
     from torchllm.models import chunked_attention
     from torchllm.parallel.context_parallel import head_tail_index
 
     monkeypatch.setattr(chunked_attention, "_cpu_flash", lambda q: flash)
+    monkeypatch.setattr(chunked_attention, "_TILE_BYTES", 3 * 4 * 2 * 4 * 8)  # 3-row tiles
     bsz, heads, seq, dim = 2, 4, 32, 8
     positions = torch.cat([torch.cat([POSITIONS, POSITIONS], 1)[:, :seq - 8],
                            torch.arange(8).expand(2, 8)], 1)
