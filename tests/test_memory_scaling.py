@@ -1,7 +1,11 @@
-"""Each parallel degree divides the memory it claims, measured per rank on real gloo ranks with
-the profiler's allocation records (benchmarks/benchlib/tensor_memory.py): tensor parallelism the
-logits and their gradient, context parallelism attention, FSDP2's gradients under accumulation.
-Plus the selective-AC op policy's trade (every second matmul output kept)."""
+"""Each parallel degree divides the memory it claims, measured per rank on real gloo ranks:
+tensor parallelism the logits and their gradient, context parallelism attention (per-rank peaks
+from the profiler's allocation records, benchmarks/benchlib/tensor_memory.py), FSDP2's gradients
+under accumulation and in pipeline stages (the gradient bytes FSDP2 holds between micro-steps,
+read from its own fields: the profiler does not see the frees of gloo collectives' outputs,
+which happen on gloo's thread, so its peak over-counts one gradient shard per extra
+reduce-scatter). Plus the vocab-parallel loss's value and gradient, and the selective-AC op
+policy's trade (every second matmul output kept)."""
 
 from __future__ import annotations
 
