@@ -23,6 +23,7 @@ from mutants import edge_ft
 from mutants import edge_files
 from mutants import edge_untrusted
 from mutants import edge_chat
+from mutants import memory_product
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -46,5 +47,6 @@ MUTANTS = [
     *edge_files.MUTANTS,
     *edge_untrusted.MUTANTS,
     *edge_chat.MUTANTS,
+    *memory_product.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -37,8 +37,8 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     autocast over float32 weights (not FSDP2's bf16 parameters), see the end; `compiled`: the
     block compiled (compile.enable, AC none), `float8`: its linears in float8 (tensorwise), see
     compiled_block_bytes.
-    With AC, a checkpointed region keeps only its input (and, for "op", the matmul and
-    attention outputs).
+    With AC, a checkpointed region keeps only its input (and, for "op", every second matmul
+    output and the attention output: parallel/ac.py).
     """
     dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
     stats = tokens * FP32 * (args.n_heads + 2)
@@ -54,8 +54,9 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     if mode == "full":
         return tokens * dim * act
     if mode == "selective" and option == "op":
-        # block input; q, k, v, wo, w1, w3, w2 outputs; SDPA output (+ its logsumexp)
-        return tokens * (5 * dim + 2 * kv_dim + 2 * hidden) * act + tokens * FP32 * args.n_heads
+        # block input; the 1st, 3rd, ... matmul outputs (wq, wv, w1, w2: k, wo, w3 are
+        # recomputed); SDPA output (+ its logsumexp) (measured: tests/test_memory_scaling.py)
+        return tokens * (4 * dim + kv_dim + hidden) * act + tokens * FP32 * args.n_heads
     if mode == "selective" and option == "ffn":
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
     if mode == "selective" and option == "attention":

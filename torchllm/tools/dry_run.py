@@ -20,13 +20,15 @@ sends B(n-1)/n per rank, an all-reduce twice that):
 
   dp_shard      FSDP2 all-gathers the params (param dtype; float8 linears in 1 byte with the
                 float8 all-gather) in every micro-step's forward and, for resharded blocks, again
-                in backward; reduce-scatters the gradients (reduce dtype) once per step
+                in backward; reduce-scatters the gradients (reduce dtype) every micro-step
+                (once per step with parallelism.fsdp_reduce_every_microstep = false)
   dp_replicate  HSDP all-reduces each shard's gradients across replicas; DDP all-reduces the
                 whole gradient (fp32, or 2 bytes with ddp_comm_hook = bf16/fp16)
   tp            sequence parallel: per block and micro-step, 2 all-gathers + 2 reduce-scatters
                 of the [tokens, dim] activations in forward and as many in backward; the
                 embedding's reduce-scatter and the head's all-gather (and their backward), and
-                the all-gather of the [tokens, vocab] logits
+                the vocab-parallel loss's 3 all-reduces of one float32 per token (the logits
+                stay sharded)
 The fake process group (torch's `fake` backend) communicates nothing: values after a
 collective are garbage, shapes and code paths are real.
 """
@@ -45,6 +47,7 @@ from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.parallel import build_parallel_dims, parallelize_model
 from torchllm.parallel.data_parallel import reshard_after_forward
+from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
 from torchllm.run.process_exit import exit_process
@@ -107,9 +110,10 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
                    for i, (k, b) in enumerate(blocks)
                    if not reshard_after_forward(pcfg.fsdp_reshard_after_forward, i, len(blocks)))
         bwd = 0 if pcfg.fsdp_reshard_after_forward == "never" else fwd - kept
+        reductions = accum if reduce_every_microstep(pcfg) else 1
         out["dp_shard"] = {
             "all_gather_bytes": int(accum * (fwd + bwd) * frac),
-            "reduce_scatter_bytes": int(total_params / dims.tp * reduce * frac),
+            "reduce_scatter_bytes": int(reductions * total_params / dims.tp * reduce * frac),
         }
         if dims.dp_replicate_enabled:
             r = dims.dp_replicate
@@ -127,9 +131,10 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
         n_layers = model_args.n_layers
         out["tp"] = {
             # blocks: 4 in forward, 4 in backward; embedding + head: 2 each way
-            "all_gather_bytes": int(accum * ((4 * n_layers + 2) * hidden
-                                             + tokens * model_args.vocab_size * act * frac)),
+            "all_gather_bytes": int(accum * (4 * n_layers + 2) * hidden),
             "reduce_scatter_bytes": int(accum * (4 * n_layers + 2) * hidden),
+            # the loss: row max, sum of exponentials, target logit (ring: 2 (t-1)/t)
+            "all_reduce_bytes": int(accum * 3 * tokens * 4 * 2 * frac),
         }
     return out
 
