@@ -66,6 +66,19 @@ from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block, l
 from torchllm.tools.model_info import asks_help, pop_flag, tokenizer_vocab_hint
 
 
+def check_trainer_config(train_args: list[str], world_size: int):
+    """The trainer's own checks of a config on `world_size` ranks (torchllm.run.launch's
+    check_config less the data and tokenizer: the parallel degrees, model shape and option
+    combinations of parallel/parallelize.build_parallel_dims); ConfigError in its words."""
+    from torchllm.parallel import build_parallel_dims
+
+    cfg = load_config(train_args)
+    args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
+    device = cfg.training.device if cfg.training.device != "auto" else resolve_device("auto").type
+    build_parallel_dims(cfg, world_size, device, args)
+    return cfg
+
+
 def moe_params(model: LanguageModel) -> dict[str, int]:
     """Parameters of each block's MoE layer (router + experts), by block name; 0 when dense."""
     return {name: sum(p.numel() for m in block.modules() if isinstance(m, MoE)
@@ -144,6 +157,9 @@ def estimate_memory(cfg, model_args, world_size: int) -> dict:
         "peak_phase": peak_phase,
         "peak_bytes": worst["phases_bytes"][peak_phase],
         "peak_gib": round(worst["phases_bytes"][peak_phase] / 1024**3, 3),
+        "ranks": [{"pp_rank": r["pp_rank"], "terms_bytes": r["terms_bytes"],
+                   "phases_bytes": r["phases_bytes"], "peak_phase": r["peak_phase"],
+                   "peak_bytes": r["phases_bytes"][r["peak_phase"]]} for r in ranks],
     }
 
 
