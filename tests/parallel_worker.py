@@ -38,7 +38,7 @@ def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False
     """All-reduce / reduce-scatter calls issued by one forward_backward over n_micro batches."""
     batches = [next(trainer.batches) for _ in range(n_micro)]
     patch = mock.patch("torchllm.train.gradient_sync",
-                       lambda model, enabled: gradient_sync(model, True)) if always_sync else None
+                       lambda model, enabled, pcfg: gradient_sync(model, True, pcfg)) if always_sync else None
     if patch:
         patch.start()
     try:

@@ -58,7 +58,10 @@ TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     "ddp_fp16_hook": ["--parallelism.data_parallel_replicate_degree=2",
                       "--parallelism.data_parallel_shard_degree=1",
                       "--parallelism.ddp_comm_hook=fp16", "--training.local_batch_size=4"],
+    # (reduce-scatter once per step: the communication-bound option; the default reduces
+    # every micro-step, test_memory_scaling)
     "fsdp_reshard_always_accumulate": ["--parallelism.fsdp_reshard_after_forward=always",
+                                       "--parallelism.fsdp_reduce_every_microstep=false",
                                        "--training.local_batch_size=2"],
     "fsdp_reshard_never": ["--parallelism.fsdp_reshard_after_forward=never",
                            "--training.local_batch_size=4"],

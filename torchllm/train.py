@@ -247,8 +247,8 @@ class Trainer:
             inputs, targets, layout = self.cp.shard(batch["inputs"], batch["targets"],
                                                     batch.get("positions"))
             self.levers.micro_step()
-            # Gradients are reduced across dp ranks on the last micro-step only.
-            with gradient_sync(self.model, enabled=i == len(batches) - 1):
+            # DDP reduces gradients on the last micro-step only; FSDP2 every one (gradient_sync)
+            with gradient_sync(self.model, i == len(batches) - 1, self.cfg.parallelism):
                 if self.cfg.training.chunked_loss:  # the model returns the summed loss
                     with self.autocast():
                         loss = self.model(inputs, targets=targets, layout=layout,

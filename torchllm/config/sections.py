@@ -284,6 +284,12 @@ class Parallelism:
         "float32", "Gradient reduce-scatter dtype under FSDP2 (param dtype follows "
         "training.mixed_precision)"
     )
+    fsdp_reduce_every_microstep: bool = opt(
+        True, "Under gradient accumulation, reduce-scatter FSDP2 gradients after every "
+        "micro-step, so they stay sharded (1/shard of the fp32 grads per rank); false: keep "
+        "unsharded grads until the last micro-step (one reduce-scatter per step, the whole "
+        "model's fp32 grads on every rank; for communication-bound runs)"
+    )
     fsdp_cpu_offload: bool = opt(
         False, "Keep sharded params, grads and optimizer state in CPU memory (slow; CUDA only)"
     )

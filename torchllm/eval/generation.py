@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 import torch
 
 from torchllm.data.tokenizer import Tokenizer, readable
+from torchllm.loss import whole_logits
 from torchllm.models import spec_of
 from torchllm.models.contract import LanguageModel
 
@@ -120,9 +121,9 @@ def generate(
             prev = 0
             for cur in range(min(lengths), total):
                 if cache is not None:
-                    logits = model(tokens[:, prev:cur], cache)
+                    logits = whole_logits(model(tokens[:, prev:cur], cache))
                 else:
-                    logits = model(tokens[:, :cur])
+                    logits = whole_logits(model(tokens[:, :cur]))
                 nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
                 nxt = torch.where(in_prompt[:, cur], tokens[:, cur], nxt)
                 generating = ~in_prompt[:, cur] & ~done & (cur < limit)
@@ -182,7 +183,7 @@ def generate_stream(
     try:
         step_input = torch.tensor([prompt], device=device)
         for _ in range(len(prompt), total):
-            logits = model(step_input, cache)
+            logits = whole_logits(model(step_input, cache))
             nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
             token = int(nxt[0])
             yield token

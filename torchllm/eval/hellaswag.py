@@ -35,6 +35,7 @@ from torchllm.eval.loading import (
 )
 from torchllm.eval.reduce import gather_objects, rank_and_world, rank_batches, sum_over_ranks
 from torchllm.log import init_logger, logger
+from torchllm.loss import whole_logits
 from torchllm.models.contract import LanguageModel
 from torchllm.run.process_exit import exit_process
 
@@ -137,7 +138,7 @@ def score_rows(
         mask[i, len(ctx) : len(ctx) + len(end)] = True
     tokens, mask = tokens.to(device), mask.to(device)
     with autocast():
-        logits = model(tokens)
+        logits = whole_logits(model(tokens))  # (TP: gathered over the vocabulary)
     # Position t predicts token t+1: score the predictions of the ending tokens only.
     losses = F.cross_entropy(
         logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none"

@@ -9,12 +9,16 @@ calls `attend(q, k, v, mask)` with its own. What a mask is decides the kernel:
   bool Tensor     SDPA with attn_mask [B or 1, 1, Sq, Sk] (True = attend): the CPU path that
                   trains for block_causal / sliding windows, and decoding with a KV cache
   BlockMask       FlexAttention (model.attention = "flex", CUDA only, compiled)
+  ChunkedMask     context parallelism's head-tail share over the gathered keys: attended one
+                  (query chunk, key chunk) pair at a time, merged by log-sum-exp; no mask
+                  bigger than one pair's is ever built (models/chunked_attention.py)
 
 Where the tokens sit is a `TokenLayout`: their position inside their document (from the data
 loader), the document ids derived from it, and their index in the window (under context
 parallelism a rank holds only some of the window's tokens). Keys may come from more tokens than
-queries (`Transformer.kv_gather`, set by context parallelism, gathers them); the mask is built
-from the global indices of both, so it is right whichever tokens a rank holds.
+queries (`Transformer.kv_gather`, set by context parallelism, gathers them). A gather that names
+its cp `rank` and `degree` (context_parallel.KVGather) gets a ChunkedMask; for any other (and
+FlexAttention) the mask is built from the global indices of both sides.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from torchllm.models.chunked_attention import ChunkedMask, chunked_attention
 
 MASK_TYPES = ("causal", "block_causal")
 BACKENDS = ("sdpa", "flex")
@@ -127,11 +133,15 @@ def build_masks(windows: list[int], seqlen: int, device, *, mask_type: str = "ca
     q_index = layout.index if layout.index is not None else torch.arange(seqlen, device=device)
     kv_index, kv_doc = q_index, doc
     if kv_gather is not None:
-        kv_index = kv_gather(q_index, 0)
         kv_doc = None if doc is None else kv_gather(doc, 1)
+        if getattr(kv_gather, "rank", None) is None or backend == "flex":
+            kv_index = kv_gather(q_index, 0)
     masks = {}
+    cp_rank = getattr(kv_gather, "rank", None)  # a head-tail context-parallel share
     for w in sorted(set(windows)):
-        if backend == "flex":
+        if backend == "sdpa" and cp_rank is not None:  # never a (Sq x Sk) mask: described
+            masks[w] = ChunkedMask(cp_rank, kv_gather.degree, w, doc, kv_doc)
+        elif backend == "flex":
             from torch.nn.attention.flex_attention import create_block_mask
 
             batch = None if doc is None else doc.shape[0]
@@ -145,7 +155,9 @@ def build_masks(windows: list[int], seqlen: int, device, *, mask_type: str = "ca
 
 
 def more_keys_than_queries(mask, seqlen: int) -> bool:
-    """True for a mask built over gathered keys (context parallelism): gather k/v first."""
+    """True for a mask over gathered keys (context parallelism): gather k/v first."""
+    if isinstance(mask, ChunkedMask):
+        return True
     return mask is not None and not isinstance(mask, str) and mask.shape[-1] > seqlen
 
 
@@ -175,6 +187,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask,
     """
     n_rep = q.shape[2] // k.shape[2]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if isinstance(mask, ChunkedMask):  # context parallelism: chunk pairs, merged by LSE
+        if dropout_p:
+            raise ValueError("model.dropout > 0 does not run with context parallelism")
+        return chunked_attention(q, k, v, mask).transpose(1, 2)
     if mask is not None and not isinstance(mask, (str, torch.Tensor)):  # a FlexAttention BlockMask
         out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=n_rep > 1)
         return out.transpose(1, 2)

@@ -21,7 +21,7 @@ TP_STYLES = (
     "vocab_embedding",      # token table sharded by vocab rows; output sharded on the sequence
     "position_embedding",   # learned position table [seq, dim]: output sharded on dim 0
     "sequence",             # a norm run on the sequence-sharded residual stream
-    "logits",               # the output head: full logits on every rank
+    "logits",               # the output head: logits sharded by vocabulary (a DTensor)
     "attention_input",      # the attention: x all-gathered from the sequence shards, its other
                             # (attention_inputs - 1) inputs passed as they are
     "gather_input",         # a module whose one input is all-gathered from the sequence shards

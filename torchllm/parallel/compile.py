@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchllm.config.job_config import ConfigError
 from torchllm.loss import cross_entropy_sum, fused_cross_entropy_sum
@@ -52,5 +53,10 @@ def build_loss_fn(ccfg):
     the float32 log-softmax into one pass), else the eager fused version, which reads the
     logits a chunk at a time instead of writing float32 copies of them (loss.py)."""
     if ccfg.enable and "loss" in ccfg.components:
-        return torch.compile(cross_entropy_sum, backend=ccfg.backend)
+        compiled = torch.compile(cross_entropy_sum, backend=ccfg.backend)
+        # TP's vocab-sharded logits (a DTensor) take the eager vocab-parallel loss: its
+        # all-reduces stay outside the graph.
+        return lambda logits, targets: (
+            cross_entropy_sum(logits, targets) if isinstance(logits, DTensor)
+            else compiled(logits, targets))
     return fused_cross_entropy_sum

@@ -6,9 +6,11 @@ of causal-attention work. Everything but attention is per token and runs on the 
 
 Attention (the all-gather scheme of the Llama 3 paper, used for its 128k training): each layer
 all-gathers keys and values over the cp group (`gather_sequence`, whose backward reduce-scatters
-the key/value gradients), and each rank attends its queries
-over the gathered keys with a mask built from the global token indices and document ids of both
-sides (attention.build_masks), so causal, block_causal and sliding-window masks stay exact.
+the key/value gradients), and each rank attends each of its two query chunks to every key chunk
+that is not in its future (models/chunked_attention.py): its own chunk causally, earlier chunks
+in full, with a (c x c) block mask only for the pairs that documents (block_causal) or a sliding
+window cut, merged by log-sum-exp. No (S/cp x S) mask or index grid is built: per rank,
+attention keeps O(S/cp) for its queries plus the gathered keys and values (O(S)).
 This runs on CPU/gloo as on CUDA/NCCL. (torch's `context_parallel` ring attention has no CPU
 path, and no document masks for SDPA.)
 
@@ -18,8 +20,6 @@ and sums the cp ranks' partial losses for reporting (ContextParallel.reduce_loss
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,19 @@ def gather_sequence(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     return _GatherSequence.apply(t, dim, group)
 
 
+class KVGather:
+    """`gather(t, dim)`: every cp rank's `t` along `dim`; also names this rank's place in the
+    head-tail layout (`rank`, `degree`), from which attention describes its mask per chunk pair
+    instead of building an (S/cp x S) one (models/chunked_attention.py)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.degree = dist.get_rank(group), dist.get_world_size(group)
+
+    def __call__(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        return gather_sequence(t, dim, self.group)
+
+
 def apply_cp(model: LanguageModel, cp_group) -> None:
     """Make every attention of `model` gather keys/values over `cp_group` (in place).
 
@@ -76,7 +89,7 @@ def apply_cp(model: LanguageModel, cp_group) -> None:
     and to each attention; attention gathers only when its mask has more keys than it has
     queries, so unsplit forwards (validation, evals) still run as on one rank.
     """
-    model.set_kv_gather(functools.partial(gather_sequence, group=cp_group))
+    model.set_kv_gather(KVGather(cp_group))
 
 
 class ContextParallel:
@@ -113,4 +126,4 @@ class ContextParallel:
         return loss_sum
 
 
-__all__ = ["ContextParallel", "apply_cp", "gather_sequence", "head_tail_index"]
+__all__ = ["ContextParallel", "KVGather", "apply_cp", "gather_sequence", "head_tail_index"]

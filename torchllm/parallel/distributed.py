@@ -8,6 +8,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from torchllm.parallel.dims import ParallelDims
@@ -25,15 +26,21 @@ def rank_zero_first(parallel_dims: ParallelDims):
 
 
 @contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool):
-    """Skip the gradient all-reduce / reduce-scatter of this micro-step unless `enabled`.
+def gradient_sync(model: nn.Module, enabled: bool, pcfg=None):
+    """Skip the gradient all-reduce of this micro-step unless `enabled` (the last micro-step).
 
-    With accumulation only the last micro-step's backward needs to communicate: DDP keeps
-    accumulating local grads (its `no_sync`) and FSDP2 keeps unsharded grads until then. Wrap
-    forward and backward: DDP reads the flag in its forward pre-hook, FSDP2 in backward.
+    DDP keeps accumulating whole local gradients until the last micro-step (its `no_sync`):
+    a DDP rank holds whole gradients anyway, so skipping costs no memory. FSDP2 is different:
+    skipping its reduce-scatter keeps every rank's unsharded fp32 gradients of the whole model
+    until the last micro-step. So FSDP2 reduce-scatters every micro-step by default (each
+    backward's gradients are reduced and added to the sharded ones, 1/shard of them per rank);
+    `parallelism.fsdp_reduce_every_microstep = false` (`pcfg`) skips it as DDP does: one
+    reduce-scatter per step, for communication-bound runs that have the memory. Wrap forward
+    and backward: DDP reads the flag in its forward pre-hook, FSDP2 in backward.
     """
     setter = getattr(model, "set_requires_gradient_sync", None)
-    if setter is None or enabled:
+    every_step = isinstance(model, FSDPModule) and reduce_every_microstep(pcfg)
+    if setter is None or enabled or every_step:
         yield
         return
     setter(False)
@@ -41,6 +48,11 @@ def gradient_sync(model: nn.Module, enabled: bool):
         yield
     finally:
         setter(True)
+
+
+def reduce_every_microstep(pcfg) -> bool:
+    """parallelism.fsdp_reduce_every_microstep (its default, true, without a config)."""
+    return getattr(pcfg, "fsdp_reduce_every_microstep", True)
 
 
 def dp_sum(value: torch.Tensor, parallel_dims: ParallelDims) -> torch.Tensor:

@@ -46,6 +46,11 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         check_pipeline(job_config, model_args, dims.pp)
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
+        if job_config.model.dropout:  # (chunked_attention's pairs run without dropout)
+            raise ConfigError(
+                f"model.dropout = {job_config.model.dropout} with context_parallel_degree > 1 "
+                "is not supported (attention runs chunk by chunk); set model.dropout = 0",
+                "model.dropout")
     if (dims.tp_enabled and document_masking(job_config)[1]
             and spec.tp_plan.learned_positions):  # GPT-2
         raise ConfigError(
@@ -64,7 +69,8 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     if dims.tp_enabled and job_config.training.chunked_loss:
         raise ConfigError(
             "training.chunked_loss with tensor_parallel_degree > 1 is not supported: the chunked "
-            "loss needs the whole (not vocab-sharded) output weight; turn one of them off",
+            "loss needs the whole output weight, and TP already splits the logits and the loss "
+            "over the vocabulary (each rank holds 1/tp of them); turn one of them off",
             "training.chunked_loss",
         )
     if job_config.parallelism.fsdp_cpu_offload and device_type != "cuda":

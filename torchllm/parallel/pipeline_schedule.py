@@ -23,6 +23,7 @@ from torchllm.log import logger
 from torchllm.loss import IGNORE_INDEX
 from torchllm.models import moe
 from torchllm.parallel.context_parallel import ContextParallel
+from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.parallelize import parallelize_model
 from torchllm.parallel.pipeline import (
     build_stage,
@@ -38,15 +39,19 @@ class Pipeline:
     """This rank's stages, their schedule, and what the trainer asks of them."""
 
     def __init__(self, stages: list[nn.Module], stage_ids: list[int], n_stages: int,
-                 schedule_name: str, n_microbatches: int, loss_fn, dims, device, model):
-        from torch.distributed.pipelining import PipelineStage
+                 schedule_name: str, n_microbatches: int, loss_fn, dims, device, model,
+                 reduce_every_microstep: bool = True):
+        # parallelism.fsdp_reduce_every_microstep: FSDP2 stages keep their gradients sharded
+        stage_cls = sharded_grad_stage() if reduce_every_microstep else None
+        if stage_cls is None:
+            from torch.distributed.pipelining import PipelineStage as stage_cls
 
         self.stages, self.stage_ids, self.n_stages = stages, stage_ids, n_stages
         self.model, self.loss_fn, self.dims, self.device = model, loss_fn, dims, device
         self.group = dims.pp_group
         self.has_last = n_stages - 1 in stage_ids
         self.pipeline_stages = [
-            PipelineStage(m, i, n_stages, device, group=self.group)
+            stage_cls(m, i, n_stages, device, group=self.group)
             for m, i in zip(stages, stage_ids)
         ]
         self.cp = ContextParallel.from_dims(dims)  # splits sequences (cp > 1)
@@ -80,7 +85,8 @@ class Pipeline:
                     [f"{b[0]}-{b[-1]}" for b in blocks], dims.pp_rank, ids)
         n_micro = job_config.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
         pipeline = cls(stages, ids, len(blocks), pcfg.pipeline_parallel_schedule, n_micro,
-                       loss_fn, dims, device, rank_model(stages, build, spec.pipeline))
+                       loss_fn, dims, device, rank_model(stages, build, spec.pipeline),
+                       reduce_every_microstep(pcfg))
         with torch.device("meta"):
             pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
         mcfg, tcfg = job_config.model, job_config.training
@@ -183,4 +189,42 @@ class Pipeline:
         return self.cp.reduce_loss(total)  # each cp rank scored its share of the tokens
 
 
-__all__ = ["Pipeline"]
+@functools.cache
+def sharded_grad_stage():
+    """torch's PipelineStage, except that an FSDP2 stage reduce-scatters the gradients of every
+    micro-batch's backward (they stay sharded: 1/shard of the stage's fp32 gradients per rank).
+
+    torch's stage turns FSDP2's gradient reduction off for each micro-batch's backward and
+    reduces once after the last (`perform_reduce_grad`), so until then the stage holds its
+    unsharded gradients. Here reduction stays on: each block's gradients are reduce-scattered
+    as its backward ends (split backwards, as in the zero-bubble schedules, right after the
+    weight part). The parameters stay gathered between micro-batches, as torch's stage keeps
+    them; `perform_reduce_grad` then finds nothing left to reduce and only finalizes.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.pipelining import PipelineStage
+
+    class ShardedGradStage(PipelineStage):
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            module = self.submod
+            if not isinstance(module, FSDPModule):
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                          last_backward)
+            # torch's method turns the reduction off first: keep it on instead.
+            sync = module.set_requires_gradient_sync
+            module.set_requires_gradient_sync = lambda flag, **kw: sync(True, **kw)
+            try:
+                out = super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                         last_backward)
+            finally:
+                del module.set_requires_gradient_sync
+            if backward_type == "weight":  # no FSDP2 hook fires after a weight-only backward
+                for state in fully_shard.state(module)._state_ctx.all_states:
+                    for group in state._fsdp_param_groups:
+                        group.post_backward()
+            return out
+
+    return ShardedGradStage
+
+
+__all__ = ["Pipeline", "sharded_grad_stage"]

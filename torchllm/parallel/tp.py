@@ -49,8 +49,10 @@ def _style(style: str, plan: TPPlan):
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
     if style == "sequence":
         return SequenceParallel()
-    if style == "logits":  # full logits on every rank, so the loss needs no TP awareness
-        return ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    if style == "logits":  # a DTensor sharded by vocabulary: each rank holds 1/tp of the
+        # logits (and of their gradient); loss.vocab_parallel_cross_entropy_sum reads them
+        return ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                               use_local_output=False)
     if style == "attention_input":
         extra = (None,) * (plan.attention_inputs - 1)  # the RoPE table, if any
         return PrepareModuleInput(input_layouts=(Shard(1), *extra),

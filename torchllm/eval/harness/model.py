@@ -36,6 +36,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torchllm.data.tokenizer import Tokenizer
 from torchllm.eval.generation import completion_text, generate
 from torchllm.eval.reduce import gather_objects, rank_and_world
+from torchllm.loss import whole_logits
 from torchllm.models.contract import LanguageModel
 
 DEFAULT_MAX_GEN_TOKS = 256  # HFLM's
@@ -88,7 +89,7 @@ class TorchllmLM(TemplateLM):
         for i, ids in enumerate(inputs):
             tokens[i, : len(ids)] = torch.tensor(ids)
         with self.autocast():
-            logits = self.model(tokens.to(self._device))
+            logits = whole_logits(self.model(tokens.to(self._device)))
         out = []
         for i, ((_, cont), ids) in enumerate(zip(pairs, inputs)):
             # Position t predicts token t + 1: the last len(cont) inputs predict the continuation.
