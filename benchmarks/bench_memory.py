@@ -72,7 +72,8 @@ ROWS: dict[str, Row] = {
     "fsdp2": Row(2, layout()),
     "fsdp4": Row(4, layout()),
     "hsdp2x2": Row(4, layout(shard=2, replicate=2)),
-    "tp2": Row(2, layout(shard=1, tensor_parallel_degree=2)),
+    # TP refuses the chunked loss: its own loss is vocab-parallel (each rank 1/tp of the logits)
+    "tp2": Row(2, layout(shard=1, tensor_parallel_degree=2) + ["--training.chunked_loss=false"]),
     "cp2": Row(2, layout(shard=1, context_parallel_degree=2)),
     "cp4": Row(4, layout(shard=1, context_parallel_degree=4)),
     "pp2-1f1b": Row(2, layout(shard=1, **PP) + ["--parallelism.pipeline_parallel_schedule=1F1B"]),
@@ -89,8 +90,6 @@ ROWS: dict[str, Row] = {
     "fsdp2-adamw8bit": Row(2, layout() + ["--optimizer.name=adamw8bit"], needs="torchao"),
     "fsdp2-muon": Row(2, layout() + ["--optimizer.name=muon"]),
     "ddp2-muon": Row(2, layout(mode="ddp") + ["--optimizer.name=muon"]),
-    "tp2-plain_loss": Row(2, layout(shard=1, tensor_parallel_degree=2)
-                          + ["--training.chunked_loss=false"]),
     "ddp2-ac_none-plain_loss": Row(2, layout(mode="ddp") + [
         "--activation_checkpoint.mode=none", "--training.chunked_loss=false"]),
 }

@@ -217,15 +217,29 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     }
 
 
-def verdict(e: dict, gpu_gib: float) -> tuple[bool, str]:
+def levers(cfg, e: dict) -> list[str]:
+    """What would lower the peak, among the settings not already at their most frugal."""
+    out = ["lower training.local_batch_size"]
+    ac = cfg.activation_checkpoint
+    if ac.mode == "none":
+        out.append("turn on activation_checkpoint.mode (selective or full)")
+    elif ac.mode == "selective":
+        out.append("activation_checkpoint.mode = full")
+    out.append("raise the shard, TP or PP degree")
+    if not cfg.training.chunked_loss and e["tp"] == 1:
+        out.append("use training.chunked_loss")
+    return out
+
+
+def verdict(e: dict, gpu_gib: float, cfg=None) -> tuple[bool, str]:
     """(fits, a line saying so): the reserved figure (peak + the allocator's margin) against
-    `gpu_gib` of device memory."""
+    `gpu_gib` of device memory; when it does not fit, the levers `cfg` has left."""
     fits = e["reserved_gib"] <= gpu_gib
     line = (f"{'fits' if fits else 'DOES NOT FIT'}: peak {e['peak_gib']:.2f} GiB allocated, "
-            f"~{e['reserved_gib']:.2f} GiB reserved per rank vs --gpu_gib {gpu_gib:g}")
-    if not fits:
-        line += ("; lower training.local_batch_size, turn on or widen activation_checkpoint.mode, "
-                 "raise the shard, TP or PP degree, or use chunked_loss")
+            f"~{e['reserved_gib']:.2f} GiB reserved per rank (+{RESERVED_MARGIN:.0%} allocator "
+            f"margin) vs --gpu_gib {gpu_gib:g}")
+    if not fits and cfg is not None:
+        line += "; " + ", ".join(levers(cfg, e))
     return fits, line
 
 
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fits = True
     if gpu_gib is not None:
-        fits, line = verdict(result, gpu_gib)
+        fits, line = verdict(result, gpu_gib, cfg)
         result["gpu_gib"], result["fits"] = gpu_gib, fits
     print(json.dumps(result, indent=1) if as_json else estimate_table(cfg, result))
     if gpu_gib is not None and not as_json:

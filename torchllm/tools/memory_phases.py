@@ -24,6 +24,7 @@ from __future__ import annotations
 from torchllm import models
 from torchllm.models.contract import LanguageModel
 from torchllm.models.moe import MoE
+from torchllm.optim.spec import adamw_state_bytes
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block,
@@ -88,11 +89,12 @@ def optimizer_bytes(state_bytes, named, divisor) -> int:
 
 
 def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: int, rank: dict,
-                state_bytes, accum: int = 1) -> dict:
+                state_bytes=None, accum: int = 1) -> dict:
     """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model;
     `state_bytes`: the optimizer's bytes per parameter (OptimizerSpec.state_bytes); `accum`:
     gradient-accumulation micro-steps per optimizer step."""
     tcfg, pcfg, ac = cfg.training, cfg.parallelism, cfg.activation_checkpoint
+    state_bytes = state_bytes or adamw_state_bytes
     tp = dims.tp
     fsdp_shard = dims.dp_shard * dims.cp  # FSDP2 shards over dp_shard x cp, TP splits again
     shard = fsdp_shard * tp if dims.fsdp_enabled else tp
