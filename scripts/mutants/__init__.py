@@ -16,6 +16,7 @@ from mutants import run
 from mutants import tools
 from mutants import journey
 from mutants import ft
+from mutants import memory_product
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -32,5 +33,6 @@ MUTANTS = [
     *tools.MUTANTS,
     *journey.MUTANTS,
     *ft.MUTANTS,
+    *memory_product.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -132,14 +132,15 @@ def build_masks(windows: list[int], seqlen: int, device, *, mask_type: str = "ca
         return {0: CAUSAL}
     q_index = layout.index if layout.index is not None else torch.arange(seqlen, device=device)
     kv_index, kv_doc = q_index, doc
+    # A head-tail context-parallel share (the gather names its cp rank): described, not built.
+    cp_rank = getattr(kv_gather, "rank", None) if backend == "sdpa" else None
     if kv_gather is not None:
         kv_doc = None if doc is None else kv_gather(doc, 1)
-        if getattr(kv_gather, "rank", None) is None or backend == "flex":
+        if cp_rank is None:
             kv_index = kv_gather(q_index, 0)
     masks = {}
-    cp_rank = getattr(kv_gather, "rank", None)  # a head-tail context-parallel share
     for w in sorted(set(windows)):
-        if backend == "sdpa" and cp_rank is not None:  # never a (Sq x Sk) mask: described
+        if cp_rank is not None:  # never an (Sq x Sk) mask or index grid
             masks[w] = ChunkedMask(cp_rank, kv_gather.degree, w, doc, kv_doc)
         elif backend == "flex":
             from torch.nn.attention.flex_attention import create_block_mask

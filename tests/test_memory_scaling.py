@@ -1,0 +1,199 @@
+"""Each parallel degree divides the memory it claims, measured per rank on real gloo ranks with
+the profiler's allocation records (benchmarks/benchlib/tensor_memory.py): tensor parallelism the
+logits and their gradient, context parallelism attention, FSDP2's gradients under accumulation.
+Plus the selective-AC op policy's trade (every second matmul output kept)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import spawn_gloo, tiny_config
+from torchllm.metrics.memory import _local_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from benchlib.tensor_memory import PeakTensorMemory, live_tensor_bytes  # noqa: E402
+
+STEP = ("--metrics.log_freq=1000", "--training.steps=100", "--lr_scheduler.warmup_steps=2")
+# Logits dominate: a 16k vocabulary over 32-wide hidden states.
+LOGITS = (*STEP, "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+          "--model.n_kv_heads=2", "--model.vocab_pad_multiple=16384", "--training.seq_len=64",
+          "--training.local_batch_size=4", "--training.global_batch_size=4")
+# Attention dominates: long windows, a narrow model, one KV head (the gathered keys stay small).
+ATTENTION = (*STEP, "--model.dim=64", "--model.n_layers=2", "--model.n_heads=8",
+             "--model.n_kv_heads=1", "--model.hidden_dim=64", "--training.local_batch_size=1",
+             "--training.global_batch_size=1")
+# Weights dominate: a wide model over short windows.
+WEIGHTS = (*STEP, "--model.dim=256", "--model.n_layers=2", "--model.n_heads=4",
+           "--model.n_kv_heads=4", "--model.hidden_dim=512", "--training.seq_len=16",
+           "--training.local_batch_size=1")
+
+
+def live_bytes() -> int:
+    """Bytes of every CPU tensor storage alive in this process (found by the garbage collector;
+    a DTensor counted by its local shard). Immune to what the profiler cannot see: a gloo
+    collective's output may be freed on gloo's own thread, whose frees it does not record."""
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            local = obj.to_local() if hasattr(obj, "to_local") else obj
+            storage = local.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _measure(rank: int, tmp_path, args: list[str], micro_steps: int) -> None:
+    """One step's forward + backward over `micro_steps` micro-batches after a warm-up step: this
+    rank's peak tensor bytes (baseline: params, grads, optimizer state alive before, + the net
+    peak of the step) and the gradient bytes it holds after; written by every rank."""
+    from torchllm.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, *args))
+    try:
+        trainer.train_step()  # creates the optimizer state; frees the gradients
+        batches = [next(trainer.batches) for _ in range(micro_steps)]
+        # Between micro-steps (each begins with levers.micro_step) only what backward left is
+        # alive beyond the step's start: the gradients, sharded or not.
+        start, between, micro_step = live_bytes(), [], trainer.levers.micro_step
+        trainer.levers.micro_step = lambda: (between.append(live_bytes() - start), micro_step())
+        baseline = live_tensor_bytes(trainer.model, trainer.optimizer)
+        with PeakTensorMemory(baseline) as mem:
+            loss, _ = trainer.forward_backward(batches)
+        grads = sum(_local_bytes(p.grad) for p in trainer.model.parameters() if p.grad is not None)
+        result = {"peak": mem.peak_bytes, "net": mem.net_peak_bytes, "baseline": baseline,
+                  "grads": grads, "loss": float(loss), "between": between}
+    finally:
+        trainer.close()
+    (tmp_path / f"{rank}.json").write_text(json.dumps(result))
+
+
+def _rank(rank: int, tmp_path, args: list[str], micro_steps: int) -> None:
+    """A spawned gloo rank: the launcher's environment, one thread (2 ranks share the CPU)."""
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(WORLD_SIZE=str(dist.get_world_size()), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    _measure(rank, tmp_path, args, micro_steps)
+
+
+def per_rank(tmp_path, name: str, args, world: int, micro_steps: int = 1) -> list[dict]:
+    folder = tmp_path / name
+    folder.mkdir()
+    if world == 1:
+        _measure(0, folder, list(args), micro_steps)
+    else:
+        spawn_gloo(_rank, folder, list(args), micro_steps, world=world)
+    out = [json.loads((folder / f"{r}.json").read_text()) for r in range(world)]
+    print(name, out)
+    return out
+
+
+@pytest.mark.slow
+def test_tp_shards_the_logits_and_their_gradient(tmp_path):
+    """TP 2 holds at most 0.6x TP 1's per-rank peak where logits dominate (each rank holds
+    [tokens, vocab / tp] logits and gradient; gathering them costs the whole vocabulary)."""
+    one = per_rank(tmp_path, "tp1", LOGITS, 1)[0]
+    two = per_rank(tmp_path, "tp2", (*LOGITS, "--parallelism.tensor_parallel_degree=2"), 2)
+    assert two[0]["loss"] == two[1]["loss"]  # every tp rank reports the same loss
+    assert two[0]["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    for r in two:
+        assert r["peak"] <= 0.6 * one["peak"], (r["peak"], one["peak"])
+
+
+@pytest.mark.slow
+def test_cp_divides_attention_memory_with_no_quadratic_term(tmp_path):
+    """CP 2 holds at most 0.6x CP 1's per-rank peak where attention dominates, and doubling the
+    window at most doubles a CP rank's step memory (+10%): nothing of size S x S/cp (a dense
+    mask, an index grid) is built."""
+    cp = "--parallelism.context_parallel_degree=2"
+    one = per_rank(tmp_path, "cp1", (*ATTENTION, "--training.seq_len=2048"), 1)[0]
+    two = per_rank(tmp_path, "cp2", (*ATTENTION, "--training.seq_len=2048", cp), 2)
+    assert two[0]["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    for r in two:
+        assert r["peak"] <= 0.6 * one["peak"], (r["peak"], one["peak"])
+    half = per_rank(tmp_path, "cp2_half", (*ATTENTION, "--training.seq_len=1024", cp), 2)
+    for short, long in zip(half, two):
+        assert long["net"] <= 2.2 * short["net"], (short["net"], long["net"])
+
+
+@pytest.mark.slow
+def test_fsdp2_accumulation_keeps_gradients_sharded(tmp_path):
+    """FSDP 2 with 4 micro-steps holds the gradient bytes it holds with 1: between micro-steps
+    only the sharded gradients (each micro-step reduce-scatters), not the whole model's fp32
+    gradients until the last one (2x the shard here)."""
+    one = per_rank(tmp_path, "accum1", (*WEIGHTS, "--training.global_batch_size=2"), 2, 1)
+    four = per_rank(tmp_path, "accum4", (*WEIGHTS, "--training.global_batch_size=8"), 2, 4)
+    for a, b in zip(one, four):
+        assert b["grads"] == a["grads"] > 0  # sharded after the step either way
+        held = b["between"][1:]  # after micro-steps 1, 2, 3
+        assert len(held) == 3 and max(held) <= 1.05 * a["grads"], (held, a["grads"])
+
+
+def test_selective_op_ac_saves_every_second_matmul():
+    """activation_checkpoint selective 'op' keeps every second matmul output of a block (and the
+    attention outputs), as TorchTitan's policy does: at most 75% of the bytes that keeping every
+    matmul output holds for backward, with the same loss and gradients as no AC."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from torchllm.config import load_config
+    from torchllm.models.llama.args import LlamaArgs
+    from torchllm.models.llama.model import Transformer
+    from torchllm.parallel.ac import _save_list, apply_ac
+
+    args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, vocab_size=64,
+                     max_seq_len=128, hidden_dim=256)
+    tokens = torch.randint(0, 64, (2, 128), generator=torch.Generator().manual_seed(0))
+
+    def model():
+        torch.manual_seed(0)
+        m = Transformer(args)
+        m.init_weights()
+        return m
+
+    def every_matmul():  # the policy 'op' had: every matmul output saved
+        save = _save_list()
+        return create_selective_checkpoint_contexts(
+            lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE if op in save
+            else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    def kept_for_backward(m) -> tuple[int, torch.Tensor, list]:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            hidden = m.norm(run_blocks(m))  # the blocks' saved tensors stay alive with it
+        kept = sum(e.nbytes() for e in prof.profiler.kineto_results.events()
+                   if e.name() == "[memory]")
+        loss = m.output(hidden).float().logsumexp(-1).sum()
+        loss.backward()
+        return kept, loss.detach(), [p.grad.clone() for p in m.parameters()]
+
+    def run_blocks(m):
+        h, rope = m.tok_embeddings(tokens), m.rope_cache[:tokens.shape[1]]
+        for block in m.layers.values():
+            h = block(h, rope)
+        return h
+
+    plain = model()
+    _, ref_loss, ref_grads = kept_for_backward(plain)
+    selective = model()
+    apply_ac(selective, load_config(["--activation_checkpoint.mode=selective",
+                                     "--activation_checkpoint.selective_option=op"])
+             .activation_checkpoint)
+    kept, loss, grads = kept_for_backward(selective)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    everything = model()
+    for name, block in list(everything.layers.items()):
+        everything.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False,
+                                                     context_fn=every_matmul)
+    kept_all, _, _ = kept_for_backward(everything)
+    assert kept <= 0.75 * kept_all, (kept, kept_all)
