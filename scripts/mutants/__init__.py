@@ -17,6 +17,7 @@ from mutants import tools
 from mutants import journey
 from mutants import ft
 from mutants import memory_product
+from mutants import memory_estimate
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -34,5 +35,6 @@ MUTANTS = [
     *journey.MUTANTS,
     *ft.MUTANTS,
     *memory_product.MUTANTS,
+    *memory_estimate.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -139,6 +139,8 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     kept = 0
     if dims.fsdp_enabled:  # blocks kept gathered after forward: the last (default), all, none
         kept = {"never": n_blocks, "always": 0}.get(pcfg.fsdp_reshard_after_forward, 1)
+        if rank["accumulates"] and dims.pp_enabled:  # a pipeline stage stays gathered
+            kept = n_blocks  # between its micro-batches (torch's PipelineStage)
         terms["gathered_params"] = gathered_root + kept * gathered_block
     # Gradients of earlier micro-steps (accumulation, pipeline micro-batches): sharded when
     # FSDP2 reduce-scatters every micro-step, else every local gradient unsharded.
