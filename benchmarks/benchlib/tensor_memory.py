@@ -39,6 +39,7 @@ STEADY = "benchlib.steady"
 
 
 def net_allocation_peak(kineto_events) -> int:
+    """The max of the running sum of CPU `[memory]` events (see allocation_peak)."""
     return allocation_peak(kineto_events)[0]
 
 
