@@ -44,7 +44,7 @@ MUTANTS = [
         "estimate_skips_the_trainers_checks",
         "the estimate checks the degrees only, so it estimates float8 + TP, which the trainer refuses",
         "torchllm.tools.estimate_memory:_checked",
-        "    return cfg, build_parallel_dims(cfg, world_size, device, args)",
+        "    return cfg, build_parallel_dims(checked, world_size, device, args)",
         "    return cfg, ParallelDims.from_config(cfg.parallelism, world_size)",
         (CLI + "test_the_trainers_refusals_in_its_words",),
     ),

@@ -58,6 +58,7 @@ pipeline_ranks), with the gradients of earlier micro-batches alive.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 
@@ -96,7 +97,12 @@ def _checked(cfg, world_size: int, target_device: str | None = None):
     device = target_device or (cfg.training.device if cfg.training.device != "auto"
                                else resolve_device("auto").type)
     optim.get(cfg.optimizer.name)  # a registered optimizer
-    return cfg, build_parallel_dims(cfg, world_size, device, args)
+    checked = cfg
+    if device == "cuda" and cfg.float8.enable and not torch.cuda.is_available():
+        # float8's hardware check is about the cluster's GPUs, not this host (as dry_run)
+        checked = copy.deepcopy(cfg)
+        checked.float8.emulate = True
+    return cfg, build_parallel_dims(checked, world_size, device, args)
 
 
 def vocab_source(cfg, model_args) -> str:
