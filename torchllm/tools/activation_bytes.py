@@ -6,6 +6,7 @@ tests/test_estimate_memory*.py)."""
 
 from __future__ import annotations
 
+from torchllm import loss as loss_module
 from torchllm.loss import plain_kernels
 from torchllm.models.contract import LanguageModel
 from torchllm.models.lora import LoRALinear
@@ -140,11 +141,13 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
                     kept, their gradient written once in backward
       tensor parallel (`tp` > 1: the head's output sharded by vocabulary, loss.py's
                     vocab-parallel cross entropy) each rank keeps its [tokens, vocab/tp] logits
-                    and a float32 log-sum-exp per token; backward writes their gradient once"""
+                    and a float32 log-sum-exp per token; backward writes their gradient and,
+                    beside it, one chunk of softmax (loss._CHUNK_BYTES: all of a small shard)"""
     vocab, dim = model_args.vocab_size, model_args.dim
     if tp > 1 and not tcfg.chunked_loss:
         local = tokens * -(-vocab // tp)
-        return local * act + tokens * FP32, 0, local * act
+        chunk = min(local * FP32, max(loss_module._CHUNK_BYTES, FP32 * -(-vocab // tp)))
+        return local * act + tokens * FP32, 0, local * act + chunk
     if tcfg.chunked_loss:
         chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
         return (0, chunk * (act + 2 * FP32),
