@@ -43,10 +43,11 @@ def test_refused_rows_carry_the_trainers_words(tmp_path):
     assert "training.chunked_loss" in got[0]["reason"]
 
 
-# One process, FSDP2 and a pipeline (each stage its own estimate), 2 ranks at most (~10 s a row
-# on a quiet 2-core machine). Rows whose ranks measure apart by what the profiler misses
-# (frees on gloo's threads: docs/performance.md) are left to the benchmark's table.
-SUBSET = "single,fsdp2,pp2-1f1b"
+# One process and a pipeline (each stage its own estimate; ~10 s a row on a quiet 2-core
+# machine). Rows with asynchronous gloo collectives (DDP, FSDP2, CP) are left to the
+# benchmark's table: the profiler misses frees on gloo's threads, and ranks doing the same work
+# measure up to 20 MiB apart from run to run (docs/performance.md).
+SUBSET = "single,pp2-1f1b"
 
 
 @pytest.mark.slow
@@ -55,7 +56,7 @@ def test_estimate_within_10_percent_of_every_ranks_measured_peak(tmp_path):
     ran = run_script("benchmarks/bench_memory.py", "--layouts", SUBSET, "--json", str(out),
                      "--work_dir", str(tmp_path / "runs"), process=True, timeout=600)
     records = json.loads(out.read_text())
-    assert [r["layout"] for r in records] == ["single"] + ["fsdp2"] * 2 + ["pp2-1f1b"] * 2, (
+    assert [r["layout"] for r in records] == ["single"] + ["pp2-1f1b"] * 2, (
         ran.stdout[-3000:])
     for r in records:
         assert {"layout", "overrides", "world_size", "rank", "measured_peak_bytes",
