@@ -136,7 +136,7 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     terms["ddp_buckets"] = grads if dims.ddp_enabled else 0
     gathered_block = block_split * act // tp + moe * act  # one block's params, gathered
     gathered_root = root_params * act // tp
-    kept = 0
+    kept, terms["gathered_params"] = 0, 0
     if dims.fsdp_enabled:  # blocks kept gathered after forward: the last (default), all, none
         kept = {"never": n_blocks, "always": 0}.get(pcfg.fsdp_reshard_after_forward, 1)
         if rank["accumulates"] and dims.pp_enabled:  # a pipeline stage stays gathered
