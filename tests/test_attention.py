@@ -235,3 +235,48 @@ def test_flex_block_mask_equals_dense_mask(monkeypatch):
         ref = reference_attention(q, k, v, lambda b, i, j: j <= i and bool(doc[b, i] == doc[b, j])
                                   and (not window or i - j < window))
         torch.testing.assert_close(expected, ref[:, index], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["cpu_flash", "float32_matmuls"])
+def test_chunked_attention_equals_the_dense_mask_on_every_cp_rank(monkeypatch, flash):
+    """Context parallelism's chunk pairs merged by log-sum-exp (no (S/cp x S) mask): every cp
+    rank's output, and the gradients summed over the ranks, equal SDPA with the dense mask on
+    the whole window; causal, sliding windows, documents, grouped-query heads, cp 1, 2, 4; with
+    torch's CPU flash kernels and with the float32 matmuls other devices run (in tiles of query
+    rows: uneven ones here)."""
+    from torchllm.models import chunked_attention
+    from torchllm.parallel.context_parallel import head_tail_index
+
+    monkeypatch.setattr(chunked_attention, "_cpu_flash", lambda q: flash)
+    monkeypatch.setattr(chunked_attention, "_TILE_BYTES", 3 * 4 * 2 * 4 * 8)  # 3-row tiles
+    bsz, heads, seq, dim = 2, 4, 32, 8
+    positions = torch.cat([torch.cat([POSITIONS, POSITIONS], 1)[:, :seq - 8],
+                           torch.arange(8).expand(2, 8)], 1)
+    for cp, window, docs, kv_heads in [(1, 0, False, 4), (2, 0, False, 2), (2, 5, False, 4),
+                                       (2, 0, True, 2), (4, 12, True, 1), (4, 0, False, 4)]:
+        g = torch.Generator().manual_seed(cp + window)
+        q = torch.randn(bsz, heads, seq, dim, generator=g, requires_grad=True)
+        k, v = (torch.randn(bsz, kv_heads, seq, dim, generator=g, requires_grad=True)
+                for _ in range(2))
+        doc = document_ids(positions) if docs else None
+        index = torch.arange(seq)
+        rep = heads // kv_heads
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+            attn_mask=dense_mask(index, index, window, doc, doc))
+        grad = torch.randn(ref.shape, generator=g)
+        want = torch.autograd.grad(ref, (q, k, v), grad)
+        order = torch.cat([head_tail_index(seq, cp, r) for r in range(cp)])  # gathered keys
+        got = [torch.zeros_like(t) for t in (q, k, v)]
+        for rank in range(cp):
+            mine = head_tail_index(seq, cp, rank)
+            mask = chunked_attention.ChunkedMask(
+                rank, cp, window, None if doc is None else doc[:, mine],
+                None if doc is None else doc[:, order])
+            out = chunked_attention.chunked_attention(q[:, :, mine], k[:, :, order],
+                                                      v[:, :, order], mask)
+            torch.testing.assert_close(out, ref[:, :, mine], atol=2e-5, rtol=2e-5)
+            for total, part in zip(got, torch.autograd.grad(out, (q, k, v), grad[:, :, mine])):
+                total += part
+        for name, a, b in zip("qkv", got, want):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=f"cp {cp} d{name}")

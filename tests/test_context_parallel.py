@@ -72,6 +72,7 @@ def test_shard_keeps_whole_window_documents():
     ((CP, "--training.seq_len=16", "--training.seq_len_schedule=2:0.5,16:1.0"),
      "training.seq_len_schedule: sequence length 2"),
     (("--parallelism.context_parallel_degree=0",), "context_parallel_degree = 0"),
+    ((CP, "--model.dropout=0.1"), "model.dropout = 0.1 with context_parallel_degree"),
 ])
 def test_bad_cp_layouts_fail_before_process_groups(tmp_path, extra, match):
     cfg = tiny_config(tmp_path, *extra)

@@ -17,6 +17,13 @@ MUTANTS = [
         (f"{SCALING}::test_fsdp2_accumulation_keeps_gradients_sharded",),
     ),
     Mutant.at(
+        "pp_stage_no_sync", "pipeline stages under FSDP2 turn the reduce-scatter off for every micro-batch's backward again (torch's stage): a stage holds its unsharded fp32 gradients",
+        "torchllm.parallel.pipeline_schedule:Pipeline.__init__",
+        "        stage_cls = sharded_grad_stage() if reduce_every_microstep else None",
+        "        stage_cls = None",
+        (f"{SCALING}::test_pipeline_stage_gradients_stay_sharded_under_fsdp2",),
+    ),
+    Mutant.at(
         "tp_gathers_full_logits", "TP's output projection gathers the logits over the vocabulary: every tp rank holds the whole [tokens, vocab] logits and their gradient",
         "torchllm.parallel.tp:_style",
         "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),\n                               use_local_output=False)",
@@ -36,5 +43,19 @@ MUTANTS = [
         "            if seen[ctx.is_recompute] % 2 == 0:",
         "            if False:",
         (f"{SCALING}::test_selective_op_ac_saves_every_second_matmul",),
+    ),
+    Mutant.at(
+        "vocab_parallel_target_column", "the vocab-parallel loss looks up the target's logit at the global id on every rank instead of its column in the rank's shard",
+        "torchllm.loss:_VocabParallelCrossEntropy.forward",
+        "        own = targets - start  # the target's column in this rank's shard, if it has it",
+        "        own = targets  # the target's column in this rank's shard, if it has it",
+        (f"{SCALING}::test_vocab_parallel_loss_equals_the_gathered_loss",),
+    ),
+    Mutant.at(
+        "chunked_attention_no_lse_merge", "context-parallel chunk pairs are averaged instead of merged by their log-sum-exp",
+        "torchllm.models.chunked_attention:_ChunkedAttention.forward",
+        "            out = sum(torch.exp(p_lse - lse)[..., None] * o.nan_to_num(0.0) for o, p_lse in parts)",
+        "            out = sum(o.nan_to_num(0.0) for o, p_lse in parts) / len(parts)",
+        ("tests/test_attention.py::test_chunked_attention_equals_the_dense_mask_on_every_cp_rank",),
     ),
 ]

@@ -17,7 +17,8 @@ lse = logsumexp_j lse_j. Backward recomputes each pair from the merged output an
 (the flash-attention backward), so what is kept for backward is q, k, v, the output and one
 float per query and head: per rank O(S/cp) for queries and O(S) for the gathered keys, never
 O(S²/cp). On CPU each pair runs torch's flash-attention kernel, which returns the log-sum-exp;
-elsewhere it runs in float32 matmuls of one (c x c) pair at a time.
+elsewhere it runs in float32 matmuls, a tile of query rows at a time (scores of at most
+_TILE_BYTES; their block masks built per tile too).
 """
 
 from __future__ import annotations
@@ -58,18 +59,24 @@ class ChunkedMask:
                     self.window and (a - b + 1) * c - 1 >= self.window)
                 yield qs, ks, a == b, bool(masked)
 
-    def block(self, qs: int, ks: int, c: int, device) -> torch.Tensor:
-        """Boolean [B or 1, c, c] mask of one pair: causal, windowed, same document."""
+    def block(self, qs: int, ks: int, c: int, device, rows: slice | None = None) -> torch.Tensor:
+        """Boolean [B or 1, rows, c] mask of one pair's query `rows` (all c by default):
+        causal, windowed, same document."""
+        rows = rows or slice(0, c)
         a, b = self.q_chunks[qs], self.kv_chunks[ks]
         pos = torch.arange(c, device=device, dtype=torch.int32)
-        diff = (pos[:, None] - pos[None, :]) + (a - b) * c  # query index - key index
+        diff = (pos[rows, None] - pos[None, :]) + (a - b) * c  # query index - key index
         keep = (diff >= 0)[None]
         if self.window:
             keep = keep & (diff < self.window)
         if self.q_doc is not None:
-            keep = keep & (self.q_doc[:, qs * c:(qs + 1) * c, None]
-                           == self.kv_doc[:, None, ks * c:(ks + 1) * c])
+            q_doc = self.q_doc[:, qs * c:(qs + 1) * c][:, rows]
+            keep = keep & (q_doc[:, :, None] == self.kv_doc[:, None, ks * c:(ks + 1) * c])
         return keep
+
+
+# Scores of one tile of query rows x one key chunk on the float32 path: at most this many bytes.
+_TILE_BYTES = 64 << 20
 
 
 def _cpu_flash(q: torch.Tensor) -> bool:
@@ -88,44 +95,62 @@ def _additive(keep: torch.Tensor, dtype) -> torch.Tensor:
     return bias.masked_fill_(~keep, float("-inf"))[:, None]
 
 
-def _pair_forward(q, k, v, causal: bool, keep, scale):
-    """(out, lse) of q over one key chunk; lse [B, H, c] float32, -inf where nothing is seen."""
+def _tiles(q: torch.Tensor, c: int):
+    """Slices of query rows whose float32 scores against c keys fit in _TILE_BYTES."""
+    rows = max(1, _TILE_BYTES // (4 * q.shape[0] * q.shape[1] * c))
+    return [slice(r, min(c, r + rows)) for r in range(0, q.shape[2], rows)]
+
+
+def _scores(q, k, keep, scale):
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    return s if keep is None else s.masked_fill_(~keep[:, None], float("-inf"))
+
+
+def _pair_forward(q, k, v, causal: bool, keep_rows, scale):
+    """(out, lse) of q [B, H, c, D] over one key chunk; lse [B, H, c] float32, -inf where no
+    key is visible. `keep_rows(rows)`: the pair's block mask of those rows, or None."""
     if _cpu_flash(q):
+        keep = keep_rows(None)
         bias = None if keep is None else _additive(keep, q.dtype)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal and keep is None, attn_mask=bias, scale=scale)
-    else:
-        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-        if keep is not None:
-            s = s.masked_fill(~keep[:, None], float("-inf"))
-        elif causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool,
-                                          device=s.device).tril(), float("-inf"))
+        if keep is not None:  # rows with no visible key: no weight in the merge
+            lse = lse.masked_fill(~keep.any(-1)[:, None], float("-inf"))
+        return out.float(), lse
+    outs, lses = [], []
+    for rows in _tiles(q, k.shape[2]):  # float32 matmuls, a tile of query rows at a time
+        s = _scores(q[:, :, rows], k, keep_rows(rows), scale)
         lse = torch.logsumexp(s, dim=-1)
-        out = torch.matmul(torch.exp(s - lse[..., None]).nan_to_num_(0.0), v.float())
-    if keep is not None:  # rows with no visible key: no weight in the merge
-        lse = lse.masked_fill(~keep.any(-1)[:, None], float("-inf"))
-    return out.float(), lse
+        outs.append(torch.matmul(torch.exp(s - lse[..., None]).nan_to_num_(0.0), v.float()))
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def _pair_backward(dout, q, k, v, out, lse, causal: bool, keep, scale):
+def _pair_backward(dout, q, k, v, out, lse, causal: bool, keep_rows, scale):
     """(dq, dk, dv) of one pair, given the merged output and log-sum-exp (flash backward)."""
     if _cpu_flash(q):
+        keep = keep_rows(None)
         bias = None if keep is None else _additive(keep, q.dtype)
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse, 0.0, causal and keep is None, attn_mask=bias, scale=scale)
-    qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.float()
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    if keep is not None:
-        s = s.masked_fill(~keep[:, None], float("-inf"))
-    elif causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(),
-                          float("-inf"))
-    p = torch.exp(s - lse[..., None])
-    dv = torch.matmul(p.transpose(-1, -2), dof)
-    dp = torch.matmul(dof, vf.transpose(-1, -2))
-    ds = p * (dp - (dof * out.float()).sum(-1, keepdim=True)) * scale
-    return torch.matmul(ds, kf), torch.matmul(ds.transpose(-1, -2), qf), dv
+    kf, vf = k.float(), v.float()
+    dq, dk, dv = torch.empty(q.shape, device=q.device), torch.zeros_like(kf), torch.zeros_like(vf)
+    for rows in _tiles(q, k.shape[2]):
+        qf, dof = q[:, :, rows].float(), dout[:, :, rows].float()
+        p = torch.exp(_scores(qf, kf, keep_rows(rows), scale) - lse[:, :, rows, None])
+        dv += torch.matmul(p.transpose(-1, -2), dof)
+        dp = torch.matmul(dof, vf.transpose(-1, -2))
+        ds = p * (dp - (dof * out[:, :, rows].float()).sum(-1, keepdim=True)) * scale
+        dq[:, :, rows] = torch.matmul(ds, kf)
+        dk += torch.matmul(ds.transpose(-1, -2), qf)
+    return dq, dk, dv
+
+
+def _keep_rows(mask: ChunkedMask, qs: int, ks: int, c: int, causal: bool, masked: bool, q):
+    """rows -> the pair's block mask for those query rows (None: all rows), or None where the
+    pair needs none (the CPU flash kernel runs the causal diagonal with is_causal)."""
+    needed = masked or (causal and not _cpu_flash(q))
+    return lambda rows: mask.block(qs, ks, c, q.device, rows) if needed else None
 
 
 class _ChunkedAttention(torch.autograd.Function):
@@ -137,10 +162,9 @@ class _ChunkedAttention(torch.autograd.Function):
         scale = q.shape[-1] ** -0.5
         outs = [[], []]
         for qs, ks, causal, masked in mask.pairs(c):
-            keep = mask.block(qs, ks, c, q.device) if masked else None
             kk, vv = (_repeat(t[:, :, ks * c:(ks + 1) * c], n_rep) for t in (k, v))
-            outs[qs].append(_pair_forward(q[:, :, qs * c:(qs + 1) * c], kk, vv, causal, keep,
-                                          scale))
+            outs[qs].append(_pair_forward(q[:, :, qs * c:(qs + 1) * c], kk, vv, causal,
+                                          _keep_rows(mask, qs, ks, c, causal, masked, q), scale))
         merged, lses = [], []
         for parts in outs:  # merge the pairs of each query chunk by their log-sum-exp
             lse = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
@@ -162,7 +186,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for qs, ks, causal, masked in mask.pairs(c):
-            keep = mask.block(qs, ks, c, q.device) if masked else None
+            keep = _keep_rows(mask, qs, ks, c, causal, masked, q)
             qsl, ksl = slice(qs * c, (qs + 1) * c), slice(ks * c, (ks + 1) * c)
             kk, vv = (_repeat(t[:, :, ksl], n_rep) for t in (k, v))
             gq, gk, gv = _pair_backward(dout[:, :, qsl], q[:, :, qsl].contiguous(), kk, vv,

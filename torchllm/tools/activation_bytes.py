@@ -60,7 +60,8 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     if mode == "full":
         return tokens * dim * act
     if mode == "selective" and option == "op":
-        # block input; wq, wv, w1, w2 outputs; SDPA output (+ its logsumexp)
+        # block input; the 1st, 3rd, ... matmul outputs (wq, wv, w1, w2: k, wo, w3 are
+        # recomputed); SDPA output (+ its logsumexp) (measured: tests/test_memory_scaling.py)
         return tokens * (4 * dim + kv_dim + hidden) * act + tokens * FP32 * args.n_heads
     if mode == "selective" and option == "ffn":
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input

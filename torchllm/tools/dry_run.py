@@ -27,8 +27,9 @@ sends B(n-1)/n per rank, an all-reduce twice that):
                 whole gradient (fp32, or 2 bytes with ddp_comm_hook = bf16/fp16)
   tp            sequence parallel: per block and micro-step, 2 all-gathers + 2 reduce-scatters
                 of the [tokens, dim] activations in forward and as many in backward; the
-                embedding's reduce-scatter and the head's all-gather (and their backward); the
-                logits stay split by vocabulary (vocab-parallel loss: a few floats per token)
+                embedding's reduce-scatter and the head's all-gather (and their backward), and
+                the vocab-parallel loss's 3 all-reduces of one float32 per token (the logits
+                stay sharded)
 The fake process group (torch's `fake` backend) communicates nothing: values after a
 collective are garbage, shapes and code paths are real.
 """
@@ -47,6 +48,7 @@ from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.parallel import build_parallel_dims, parallelize_model
 from torchllm.parallel.data_parallel import reshard_after_forward
+from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
 from torchllm.run.process_exit import exit_process
@@ -109,11 +111,10 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
                    for i, (k, b) in enumerate(blocks)
                    if not reshard_after_forward(pcfg.fsdp_reshard_after_forward, i, len(blocks)))
         bwd = 0 if pcfg.fsdp_reshard_after_forward == "never" else fwd - kept
+        reductions = accum if reduce_every_microstep(pcfg) else 1
         out["dp_shard"] = {
             "all_gather_bytes": int(accum * (fwd + bwd) * frac),
-            "reduce_scatter_bytes": int(total_params / dims.tp * reduce * frac
-                                        * (accum if getattr(pcfg, "fsdp_reduce_every_microstep",
-                                                            False) else 1)),
+            "reduce_scatter_bytes": int(reductions * total_params / dims.tp * reduce * frac),
         }
         if dims.dp_replicate_enabled:
             r = dims.dp_replicate
@@ -133,6 +134,8 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
             # blocks: 4 in forward, 4 in backward; embedding + head: 2 each way
             "all_gather_bytes": int(accum * (4 * n_layers + 2) * hidden),
             "reduce_scatter_bytes": int(accum * (4 * n_layers + 2) * hidden),
+            # the loss: row max, sum of exponentials, target logit (ring: 2 (t-1)/t)
+            "all_reduce_bytes": int(accum * 3 * tokens * 4 * 2 * frac),
         }
     return out
 
