@@ -68,8 +68,8 @@ class Row:
     note: str = ""  # why a row's estimate is outside the band, when it is known to be
 
 
-CP = ("the ranks measure up to 25% apart (gloo-thread frees); beyond that CP's chunk-pair "
-      "attention keeps more than q, the gathered k/v, the output and log-sum-exp: not modelled")
+CP = ("the ranks measure up to 25% apart, which rank by run (gloo-thread frees: FSDP2 shards "
+      "over cp); the lowest rank is within 5%")
 PP = {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 1}
 MOE = ["--model.name=qwen3_moe", "--model.flavor=debug", "--model.moe_aux_loss_coef=0"]
 ROWS: dict[str, Row] = {
