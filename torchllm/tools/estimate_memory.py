@@ -39,8 +39,8 @@ Terms (bytes per rank; torchllm/tools/memory_phases.py lists the phases):
 The estimate is of allocated tensor bytes (CUDA: `max_memory_allocated`); `reserved` adds the
 caching allocator's margin (RESERVED_MARGIN, 10%). The first H200 run recorded allocated
 peaks only (../shared/gpu/2026-11-26_h200: no `max_memory_reserved`), so the margin is not
-calibrated there: it is the headroom TorchTitan's tables (max reserved) leave on top of
-allocated-tensor accounting, and the verdict uses it. On that run (Llama 3.2 1B shape, seq
+calibrated: it is an assumed headroom, said in the output, until a GPU run's
+`cuda_max_reserved_bytes` (benchlib/worker.py records it) replaces it. On that run (Llama 3.2 1B shape, seq
 2048, bf16 + compile, AC none, local batch 4/8/16, with and without float8 tensorwise) the
 allocated estimate is within 15% of the measured peaks (tests/test_estimate_memory_cuda.py).
 On CPU, `python benchmarks/bench_memory.py` measures every layout's ranks against it
