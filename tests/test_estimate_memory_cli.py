@@ -45,7 +45,7 @@ def test_assumptions_are_echoed_with_where_they_came_from():
     assert_names(said["activation checkpointing"], "selective", "op")
     assert_names(said["accumulation"], "4 micro-step")
     assert_names(said["reshard"], "fsdp_reshard_after_forward", "every micro-step")
-    assert_names(said["loss"], "float32" if False else "cross entropy")
+    assert_names(said["loss"], "cross entropy")
     assert_names(said["optimizer"], "adamw", "declared")
 
 
