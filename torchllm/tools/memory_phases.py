@@ -178,7 +178,9 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     edges = (rank["first"] + 2 * rank["last"]) * stream
     terms["activations"] = int((acts + edges) * rank["in_flight"])  # pipeline: forwards kept
     terms["recompute"] = rebuilt
-    terms["backward_workspace"] = backward_workspace_bytes(model_args, tokens, act) // tp
+    # (no AC: the block's saved FFN tensors are freed as its gradients appear: half of it)
+    terms["backward_workspace"] = (backward_workspace_bytes(model_args, tokens, act) // tp
+                                   // (2 if ac.mode == "none" else 1))
 
     # The loss's tensors on the last stage: kept per forward in flight, and the scratch of the
     # loss's forward and backward (see loss_bytes); TP splits the logits by vocabulary.
@@ -225,10 +227,13 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
             **state, "head_grads": head_grads, "activations": t["activations"],
             "recompute": rebuilt, "backward_workspace": t["backward_workspace"], **fsdp_block}
         # Every block's gradients but the last one's to go (under FSDP2: reduce-scattered,
-        # sharded), its own unsharded ones, the head's; one block's activations left.
+        # sharded), its own unsharded ones, the head's; one block's activations left. Without
+        # AC or FSDP2 its own gradients appear while all it saved is alive (with AC, as the
+        # rebuilt activations are freed).
+        own = 1 if ac.mode == "none" and not dims.fsdp_enabled else 0
         phases["last block backward"] = {
             **state, "head_grads": head_grads,
-            "grads": int(max(0, n_blocks - 1) * block_grads_local),
+            "grads": int(max(0, n_blocks - 1 + own) * block_grads_local),
             "activations": per_block + rank["first"] * stream,
             "recompute": rebuilt, "backward_workspace": t["backward_workspace"],
             **({"block_grads_unsharded": block_grads_unsharded} if dims.fsdp_enabled else {})}
