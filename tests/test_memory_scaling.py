@@ -160,6 +160,7 @@ def test_fsdp2_accumulation_keeps_gradients_sharded(tmp_path):
         assert held == [a["grads"]] * 3, (held, a["grads"])
 
 
+@pytest.mark.slow
 def test_selective_op_ac_saves_every_second_matmul():
     """activation_checkpoint selective 'op' keeps every second matmul output of a block (and the
     attention outputs), as TorchTitan's policy does: at most 75% of the bytes that keeping every
