@@ -79,6 +79,8 @@ TINY = {
                                             "--training.seq_len=32",
                                             "--training.local_batch_size=2"],
     "python -m torchllm.tools.train_tokenizer": ["--vocab-size", "400"],
+    # one row of one process (tests/test_bench_memory.py runs a pipeline row too)
+    "python benchmarks/bench_memory.py": ["--layouts", "single"],
     "python -m torchllm.data.prepare": ["--workers", "1", "--shard-tokens", "50_000"],
 }
 # Training with these configs would stream FineWeb-Edu and fetch a Hub tokenizer: offline

@@ -66,8 +66,9 @@ VOCAB_8K = ("--training.local_batch_size=8", "--training.seq_len=128", "--model.
 # is the estimator's own accuracy (measured: -1.7% tiny, +1.5% activations, +3.5% full AC)
 # plus a margin; forgetting the attention activations moves it to 0.81 (the old ±20% passed it).
 @pytest.mark.parametrize("extra, phase, loss_constants", [
-    # tiny batch: params + grads + moments dominate
-    pytest.param((), "optimizer", None, id="tiny"),
+    # tiny batch: params + grads + moments dominate; the measured peak is in the first block's
+    # backward (benchlib's peak_ops: MulBackward0), every later gradient already there
+    pytest.param((), "last block backward", None, id="tiny"),
     pytest.param(("--training.local_batch_size=8", "--training.seq_len=128"), "loss backward",
                  None, marks=pytest.mark.slow, id="activations"),
     pytest.param(("--training.local_batch_size=8", "--training.seq_len=128",
@@ -193,12 +194,13 @@ def test_cli_prints_readable_tables_by_default(capsys):
     assert em.main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert not table.lstrip().startswith("{")
-    rows = {ln.split()[0] + (" " + ln.split()[1] if ln.split()[1][0].isalpha() else ""):
-            ln for ln in table.splitlines()[3:] if ln.startswith("  ") and ln.split()}
+    phases = table.split("  phase ")[1].splitlines()[1:]
+    rows = {ln[2:34].strip(): ln for ln in phases if ln.startswith("  ")}
     for phase, n in out["phases_bytes"].items():
-        assert f"{n / 2**30:.2f}" in rows[phase], (phase, table)
+        assert f"{n / 2**30:.3f}" in rows[phase], (phase, table)
     assert "<- peak" in rows[out["peak_phase"]]
-    assert table.splitlines()[-1] == f"peak {out['peak_gib']:.2f} GiB per rank ({out['peak_phase']})"
+    assert table.splitlines()[-1] == (f"peak {out['peak_gib']:.2f} GiB per rank "
+                                      f"({out['peak_phase']}), reserved ~{out['reserved_gib']:.2f} GiB")
     assert mi.main(["--job.config_file", "train_configs/debug_model.toml"]) == 0
     info_table = capsys.readouterr().out
     assert mi.main(["--job.config_file", "train_configs/debug_model.toml", "--json"]) == 0

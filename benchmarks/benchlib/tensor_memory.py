@@ -39,7 +39,22 @@ STEADY = "benchlib.steady"
 
 
 def net_allocation_peak(kineto_events) -> int:
-    """Max of the running sum of CPU `[memory]` events (bytes allocated minus freed).
+    """The max of the running sum of CPU `[memory]` events (see allocation_peak)."""
+    return allocation_peak(kineto_events)[0]
+
+
+def ops_at(kineto_events, t_ns: int | None, n: int = 6) -> list[str]:
+    """The innermost `n` ops (and record_function ranges) running at time `t_ns`."""
+    if t_ns is None:
+        return []
+    ops = [e for e in kineto_events if e.name() not in ("[memory]", STEADY)
+           and e.start_ns() <= t_ns <= e.end_ns()]
+    ops.sort(key=lambda e: e.end_ns() - e.start_ns())
+    return [e.name()[:80] for e in ops[:n]]
+
+
+def allocation_peak(kineto_events) -> tuple[int, int | None]:
+    """(max, its time) of the running sum of CPU `[memory]` events (bytes allocated minus freed).
 
     The sum runs over the whole window; the max is taken inside the `STEADY` ranges when there
     are any (so one-off allocations of the first step, such as DDP's initial weight broadcast,
@@ -52,12 +67,13 @@ def net_allocation_peak(kineto_events) -> int:
     mem.sort(key=lambda e: e.start_ns())
     ranges = [(e.start_ns(), e.end_ns()) for e in kineto_events if e.name() == STEADY]
     running = peak = 0
+    when = None
     for e in mem:
         running += e.nbytes()
         t = e.start_ns()
-        if not ranges or any(lo <= t <= hi for lo, hi in ranges):
-            peak = max(peak, running)
-    return peak
+        if (not ranges or any(lo <= t <= hi for lo, hi in ranges)) and running > peak:
+            peak, when = running, t
+    return peak, when
 
 
 class PeakTensorMemory:
@@ -86,5 +102,7 @@ class PeakTensorMemory:
     def __exit__(self, *exc) -> None:
         self._prof.__exit__(*exc)
         if exc[0] is None:
-            self.net_peak_bytes = net_allocation_peak(self._prof.profiler.kineto_results.events())
+            events = self._prof.profiler.kineto_results.events()
+            self.net_peak_bytes, when = allocation_peak(events)
             self.peak_bytes = self.baseline_bytes + self.net_peak_bytes
+            self.peak_ops = ops_at(events, when)  # where in the step the peak came

@@ -102,11 +102,15 @@ def result(trainer: Trainer, rec: StepRecorder, world_size: int) -> dict:
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "estimate": estimate_memory(trainer.cfg, trainer.model_args, world_size),
     }
+    # This rank's own estimate: that of its pipeline stage (pp is the mesh's outer dimension).
+    pp = out["estimate"]["pp"]
+    out["estimate_rank"] = out["estimate"]["ranks"][rank() // (world_size // pp)]
     if trainer.device.type == "cuda":
         out["cuda_max_allocated_bytes"] = rec.cuda_peak["allocated"]
         out["cuda_max_reserved_bytes"] = rec.cuda_peak["reserved"]
     elif rec.tensor_memory is not None and rec.tensor_memory.peak_bytes is not None:
         out["tensor_peak_bytes"] = rec.tensor_memory.peak_bytes
+        out["tensor_peak_ops"] = rec.tensor_memory.peak_ops
     return out
 
 

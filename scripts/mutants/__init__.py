@@ -24,6 +24,7 @@ from mutants import edge_files
 from mutants import edge_untrusted
 from mutants import edge_chat
 from mutants import memory_product
+from mutants import memory_estimate
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -48,5 +49,6 @@ MUTANTS = [
     *edge_untrusted.MUTANTS,
     *edge_chat.MUTANTS,
     *memory_product.MUTANTS,
+    *memory_estimate.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -64,9 +64,9 @@ MUTANTS = [
     Mutant.at(
         "estimate_lora_frozen_grads",
         "the memory estimator gives LoRA's frozen weights gradients and optimizer state",
-        "torchllm.tools.estimate_memory:rank_memory",
-        "    trained, grad_block = params, block_split\n    if cfg.lora.enable:",
-        "    trained, grad_block = params, block_split\n    if False:",
+        "torchllm.tools.memory_phases:rank_memory",
+        "    trained_named = [(n, p) for n, p in root_named + block_named if p.requires_grad]",
+        "    trained_named = [(n, p) for n, p in root_named + block_named]",
         ("tests/test_lora.py::test_memory_estimate_counts_lora_as_the_benchmark_measures",),
     ),
     Mutant.at(
@@ -85,7 +85,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "estimate_ignores_compile", "the estimate counts eager autocast's activations for compiled blocks",
-        "torchllm.tools.estimate_memory:rank_memory",
+        "torchllm.tools.memory_phases:rank_memory",
         '    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"',
         '    compiled = False',
         ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
@@ -93,7 +93,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "estimate_ignores_float8", "the estimate counts bf16 matmul inputs and weight copies under float8",
-        "torchllm.tools.estimate_memory:rank_memory",
+        "torchllm.tools.memory_phases:rank_memory",
         '    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"',
         '    float8 = False',
         ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",

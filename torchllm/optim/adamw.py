@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from torchllm.config.job_config import ConfigError
-from torchllm.optim.spec import OptimizerSpec
+from torchllm.optim.spec import OptimizerSpec, adamw_state_bytes
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool,
@@ -70,4 +70,5 @@ SPEC = OptimizerSpec(
     name="adamw", build=adamw,
     keys=("lr", "beta1", "beta2", "eps", "weight_decay", "decay_embeddings", "fused"),
     hparams=("lr", "beta1", "beta2", "eps", "weight_decay"),
+    state_bytes=adamw_state_bytes,
 )

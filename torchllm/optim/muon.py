@@ -11,7 +11,7 @@ from torchllm.config.job_config import ConfigError
 from torchllm.optim.adamw import adamw
 from torchllm.optim.container import OptimizerList
 from torchllm.optim.muon_ns import Muon, fast_ns_dtype
-from torchllm.optim.spec import OptimizerSpec
+from torchllm.optim.spec import OptimizerSpec, numel
 
 
 def muon_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -51,9 +51,17 @@ def muon(model: nn.Module, ocfg, device: torch.device) -> OptimizerList:
     ])
 
 
+def muon_state_bytes(name: str, shape: tuple[int, ...]) -> int:
+    """Muon's float32 momentum buffer (4 bytes per element) for the blocks' matrices
+    (muon_params), AdamW's two moments (8 bytes) for the rest."""
+    in_block = name.startswith("layers.") or ".layers." in name
+    return (4 if in_block and len(shape) == 2 else 8) * numel(shape)
+
+
 SPEC = OptimizerSpec(
     name="muon", build=muon,
     keys=("lr", "beta1", "beta2", "eps", "weight_decay", "decay_embeddings", "fused", "muon_lr",
           "muon_momentum", "muon_adjust_lr"),
     hparams=("lr", "beta1", "beta2", "eps", "weight_decay", "muon_lr", "muon_momentum"),
+    state_bytes=muon_state_bytes,
 )

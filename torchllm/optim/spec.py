@@ -27,3 +27,19 @@ class OptimizerSpec:
     # Those of `keys` whose values live in the param groups, hence in a checkpoint: on resume
     # the checkpoint's value is kept unless checkpoint.optimizer_hparams_from = 'config'.
     hparams: tuple[str, ...]
+    # Bytes of state the optimizer keeps for one parameter, given its name in the model and its
+    # (local) shape: what torchllm.tools.estimate_memory sizes the optimizer term by. None:
+    # not declared (the estimate then assumes AdamW's 8 bytes per element and says so).
+    state_bytes: Callable[[str, tuple[int, ...]], int] | None = None
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def adamw_state_bytes(name: str, shape: tuple[int, ...]) -> int:
+    """AdamW: two float32 moments (exp_avg, exp_avg_sq) per element."""
+    return 8 * numel(shape)

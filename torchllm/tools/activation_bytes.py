@@ -6,6 +6,7 @@ tests/test_estimate_memory*.py)."""
 
 from __future__ import annotations
 
+from torchllm import loss as loss_module
 from torchllm.loss import plain_kernels
 from torchllm.models.contract import LanguageModel
 from torchllm.models.lora import LoRALinear
@@ -15,7 +16,7 @@ FP32 = 4
 
 def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, option: str,
                               autocast: bool = False, compiled: bool = False,
-                              float8: bool = False) -> int:
+                              float8: bool = False, cp: int = 1) -> int:
     """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens, of the
     family whose ModelSpec is `spec` (its declared QK-norm and experts) with these args.
 
@@ -37,13 +38,18 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     autocast over float32 weights (not FSDP2's bf16 parameters), see the end; `compiled`: the
     block compiled (compile.enable, AC none), `float8`: its linears in float8 (tensorwise), see
     compiled_block_bytes.
-    With AC, a checkpointed region keeps only its input (and, for "op", every second matmul
-    output and the attention output: parallel/ac.py).
+    With AC, a checkpointed region keeps only its input (and, for "op", every second
+    matmul's output, the 1st, 3rd, ... of the block's forward: in a Llama block wq, wv, w1 and
+    w2 of wq wk wv wo w1 w3 w2, and the attention output with its logsumexp).
+    Context parallelism (`cp` ranks, `tokens` this rank's share): attention keeps the keys and
+    values gathered from every cp rank, not repeated to all heads (models/chunked_attention.py).
     """
     dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
     stats = tokens * FP32 * (args.n_heads + 2)
     attention, ffn = 7 * dim, 3 * dim + 4 * hidden
     qk_norm, n_experts = spec.qk_norm, spec.n_experts(args)
+    if cp > 1:  # k, v: gathered over the window (cp x tokens), KV heads only
+        attention = 5 * dim + 2 * kv_dim * cp
     if qk_norm:
         attention = 3 * dim + 4 * (args.n_heads * args.head_dim + kv_dim)
         stats += tokens * FP32 * (args.n_heads + args.n_kv_heads)
@@ -99,6 +105,13 @@ def compiled_block_bytes(args, tokens: int, act: int, float8: bool = False) -> i
 
 
 
+def backward_workspace_bytes(args, tokens: int, act: int) -> int:
+    """The working tensors of one block's backward beyond what forward saved: the gradients
+    flowing through its FFN (two [tokens, hidden] at once) (measured on CPU, debug Llama: the
+    peak inside a block's backward is this above the saved and rebuilt tensors)."""
+    return 2 * tokens * args.ffn_hidden_dim * act
+
+
 def lora_activation_bytes(model: LanguageModel, cfg, tokens: int, act: int) -> int:
     """What one block's adapters keep for backward (lora.enable, no AC): each A's output (rank
     per token) for B, and with lora.dropout each dropped input and its mask (1 byte)."""
@@ -111,7 +124,7 @@ def lora_activation_bytes(model: LanguageModel, cfg, tokens: int, act: int) -> i
 
 
 def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
-               compiled: bool = False) -> tuple[int, int, int]:
+               compiled: bool = False, tp: int = 1) -> tuple[int, int, int]:
     """(kept for backward, extra at the end of the loss's forward, extra in its backward) for
     the output head and loss of `tokens` tokens, by loss path (torchllm/loss.py; measured):
       chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
@@ -126,8 +139,16 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
                     unless a pipeline stage keeps its output); in forward both exist at once;
                     backward adds d(log-softmax) and d(logits)
       compiled      (`compiled`: the loss compiled, no pipeline) the logits in their dtype are
-                    kept, their gradient written once in backward"""
+                    kept, their gradient written once in backward
+      tensor parallel (`tp` > 1: the head's output sharded by vocabulary, loss.py's
+                    vocab-parallel cross entropy) each rank keeps its [tokens, vocab/tp] logits
+                    and a float32 log-sum-exp per token; backward writes their gradient and,
+                    beside it, one chunk of softmax (loss._CHUNK_BYTES: all of a small shard)"""
     vocab, dim = model_args.vocab_size, model_args.dim
+    if tp > 1 and not tcfg.chunked_loss:
+        local = tokens * -(-vocab // tp)
+        chunk = min(local * FP32, max(loss_module._CHUNK_BYTES, FP32 * -(-vocab // tp)))
+        return local * act + tokens * FP32, 0, local * act + chunk
     if tcfg.chunked_loss:
         chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
         return (0, chunk * (act + 2 * FP32),

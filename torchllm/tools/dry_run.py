@@ -7,7 +7,8 @@
         [--fake_step]     and then materialize rank 0's shards on CPU and run one forward and
                           backward through every hook (small models; see --max_gib)
         [--max_gib 8]     refuse --fake_step when the estimated per-rank peak is larger
-        [--gpu_gib 80]    device memory of the target GPUs: exit 1 when the estimate is over it
+        [--gpu_gib 80]    device memory of the target GPUs: exit 1 when the estimate's reserved
+                          figure (the allocated peak + the caching allocator's margin) is over it
         [--json FILE]     write the whole report as JSON
 
 The run is assumed to be a GPU job (`training.device = cuda`: bf16 under mixed_precision =
@@ -51,7 +52,7 @@ from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
 from torchllm.run.process_exit import exit_process
-from torchllm.tools.estimate_memory import estimate_memory
+from torchllm.tools.estimate_memory import estimate_memory, verdict
 from torchllm.tools.model_info import tokenizer_vocab_hint
 
 GiB = 1024**3
@@ -189,6 +190,7 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
         "grad_accum_steps": accum,
         "memory": estimate,
         "comm_bytes_per_step": comm_volume(cfg, model_args, dims, accum),
+        "config": cfg,  # (main's verdict names the levers it has left; not in the JSON)
     }
     if not (fake or step):
         return report
@@ -221,7 +223,8 @@ def summary(r: dict) -> str:
         f"OK: world {r['world_size']} ({r['device']}) = replicate {lay['dp_replicate']} x shard "
         f"{lay['dp_shard']} x tp {lay['tp']}; {r['grad_accum_steps']} micro-steps per step",
         f"memory per rank: {mem['peak_gib']} GiB at '{mem['peak_phase']}' ("
-        + ", ".join(f"{k} {v / GiB:.2f}" for k, v in mem["terms_bytes"].items() if v) + " GiB)",
+        + " + ".join(f"{k} {v / GiB:.2f}" for k, v in mem["peak_terms_bytes"].items())
+        + f" GiB), reserved ~{mem['reserved_gib']} GiB",
     ]
     for dim, vols in r["comm_bytes_per_step"].items():
         lines.append(f"comm per rank per step, {dim}: "
@@ -256,12 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    report["fits"] = report["memory"]["peak_gib"] <= args.gpu_gib
+    report["fits"], line = verdict(report["memory"], args.gpu_gib, report.pop("config"))
     print(summary(report))
-    if not report["fits"]:
-        print(f"DOES NOT FIT: the estimated per-rank peak {report['memory']['peak_gib']} GiB is "
-              f"over --gpu_gib {args.gpu_gib:g}; lower training.local_batch_size, turn on "
-              "activation_checkpoint.mode, raise the shard or TP degree, or use chunked_loss")
+    print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
