@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -175,3 +176,45 @@ def test_a_healed_groups_summary_counts_this_launchs_tokens(tmp_path):
     block = hook.end_block(trainer, elapsed=2.0, report=None)
     assert "1,024 tokens (512 tok/s)" in block and "(1,024 in this launch)" in block, block
     assert "91,024 seen in all" in block, block
+
+
+def test_the_report_reads_a_relaunchs_events_without_tensorboards_purge_message(tmp_path,
+                                                                                caplog):
+    """A resumed launch re-logs the steps after its checkpoint: the report reads the events as
+    the viewer shows them, and TensorBoard's "TensorFlow restart ... Purging" is not printed."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from torchllm.report.events import read_events
+
+    for steps in (range(1, 5), range(3, 6)):  # a first launch to 4, a resume from step 2
+        # (torchllm's writer marks a resumed launch's first step as the viewer's purge point)
+        writer = SummaryWriter(str(tmp_path), purge_step=steps[0] if steps[0] > 1 else None)
+        for step in steps:
+            writer.add_scalar("loss/avg", float(step), step)
+        writer.close()
+    with caplog.at_level("WARNING"):
+        scalars, _ = read_events(tmp_path)
+    assert list(scalars["loss/avg"].steps) == [1, 2, 3, 4, 5]
+    assert not [r for r in caplog.records if "urging" in r.getMessage()], caplog.text
+
+
+def test_the_reports_hardware_line_names_every_launchs_machine(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import tiny_config
+    from torchllm.checkpoint.state import TrainState
+    from torchllm.report import hook
+    from torchllm.report.events import RunData
+    from torchllm.report.markdown import summary_rows
+
+    cfg = tiny_config(tmp_path)
+    trainer = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=TrainState(),
+                              device=torch.device("cpu"), header="")
+    for machine in ("2 x CPU A", "CPU B", "CPU B"):  # three launches, on two machines
+        monkeypatch.setattr(hook, "hardware", lambda device, m=machine: m)
+        hook.RunReport.from_trainer(trainer).on_train_start(trainer)
+    info = json.loads((tmp_path / "run" / "report" / "run.json").read_text())
+    row = summary_rows(RunData("run", tmp_path / "run", cfg, info=info))["hardware"]
+    assert "2 x CPU A" in row and row.count("CPU B") == 1, row

@@ -82,4 +82,19 @@ MUTANTS = [
          "tests/test_fault_tolerance.py::"
          "test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step"),
     ),
+    Mutant.at(
+        "report_prints_tensorboards_purge",
+        "reading a resumed run's events prints TensorBoard's 'TensorFlow restart ... Purging' line",
+        "torchllm.report.events:read_events",
+        "    tb_logger.setLevel(logging.ERROR)\n",
+        "    pass\n",
+        (f"{ROUND6}test_the_report_reads_a_relaunchs_events_without_tensorboards_purge_message",),
+    ),
+    Mutant.at(
+        "report_hardware_last_launch_only", "the report's hardware line shows the last launch only",
+        "torchllm.report.hook:RunReport.on_train_start",
+        "                        hardware_launches=[h for h in earlier if h != here] + [here])\n",
+        "                        hardware_launches=[here])\n",
+        (f"{ROUND6}test_the_reports_hardware_line_names_every_launchs_machine",),
+    ),
 ]

@@ -15,6 +15,7 @@ imports code; the text is escaped where the report shows it: markdown.one_line).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,16 @@ def read_events(folder: Path) -> tuple[dict[str, Series], dict[str, list[tuple[i
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
+    # A resumed run's later launch re-logs steps after its checkpoint: TensorBoard purges the
+    # earlier launch's (as the viewer does) and says so on its own logger ("... likely caused by
+    # a TensorFlow restart. Purging ..."), which is expected here, not news for the console.
+    tb_logger = logging.getLogger("tensorboard")
+    level = tb_logger.level
+    tb_logger.setLevel(logging.ERROR)
+    try:
+        acc.Reload()
+    finally:
+        tb_logger.setLevel(level)
     tags = acc.Tags()
     scalars = {}
     for tag in tags.get("scalars", []):

@@ -66,7 +66,13 @@ class RunReport(Callback):
         self.launch_tokens = 0
         if self.rank0:
             info = self._info()
-            info.update(header=getattr(trainer, "header", ""), hardware=hardware(trainer.device))
+            # Every launch's hardware, in order, each distinct one once (a run resumed on
+            # another machine or rank count shows both, not the last launch's alone).
+            here = hardware(trainer.device)
+            earlier = info.get("hardware_launches") or ([info["hardware"]]
+                                                        if info.get("hardware") else [])
+            info.update(header=getattr(trainer, "header", ""), hardware=here,
+                        hardware_launches=[h for h in earlier if h != here] + [here])
             info["launches"] = info.get("launches", 0) + 1
             self._write_info(info)
             self.wall_before = info.get("wall_s", 0.0)

@@ -93,7 +93,8 @@ def summary_rows(run: RunData) -> dict[str, str]:
         "tokens/s (median)": _num(_median(run, "throughput/tokens_per_s"), "{:,.0f}"),
         "MFU % (median)": _num(_median(run, "perf/mfu_pct"), "{:.1f}"),
         "peak memory GiB": _num(float(mem.values.max()) if mem is not None else None, "{:.2f}"),
-        "hardware": str(info.get("hardware", "–")),
+        "hardware": "; ".join(map(str, info.get("hardware_launches") or
+                                  [info.get("hardware", "–")])),
         "checkpoint": checkpoints,
     }
 
