@@ -218,3 +218,30 @@ def test_the_reports_hardware_line_names_every_launchs_machine(tmp_path, monkeyp
     info = json.loads((tmp_path / "run" / "report" / "run.json").read_text())
     row = summary_rows(RunData("run", tmp_path / "run", cfg, info=info))["hardware"]
     assert "2 x CPU A" in row and row.count("CPU B") == 1, row
+
+
+def test_every_report_plot_label_fits_in_its_figure(tmp_path):
+    """No axis label or title of a report plot is cut off at the figure's edge."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from conftest import tiny_config
+    from torchllm.report.events import RunData, Series
+    from torchllm.report.plots import PLOTS, draw
+
+    steps = np.arange(1, 11)
+    tags = {t.split("|")[0].replace("*", "0") for p in PLOTS for panel in p.panels
+            for t in panel.tags}
+    run = RunData("run", tmp_path, tiny_config(tmp_path),
+                  scalars={t: Series(steps, np.linspace(1.0, 2.0, 10)) for t in tags})
+    for plot in PLOTS:
+        fig = draw(plot, [run])
+        FigureCanvasAgg(fig).draw()  # laid out as png() saves it
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        for ax in fig.axes:
+            for label in (ax.xaxis.label, ax.yaxis.label):
+                extent = label.get_window_extent(renderer)
+                assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1 and \
+                    box.y0 - 1 <= extent.y0 and extent.y1 <= box.y1 + 1, \
+                    (plot.file, label.get_text())

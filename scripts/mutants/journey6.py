@@ -97,4 +97,11 @@ MUTANTS = [
         "                        hardware_launches=[here])\n",
         (f"{ROUND6}test_the_reports_hardware_line_names_every_launchs_machine",),
     ),
+    Mutant(
+        "report_loss_label_cut_off", "the loss plot's y label is longer than its panel",
+        "torchllm/report/plots.py",
+        '(Panel("loss (nats/token)",',
+        '(Panel("loss (train: each log interval\'s mean, as the console)",',
+        (f"{ROUND6}test_every_report_plot_label_fits_in_its_figure",),
+    ),
 ]

@@ -35,8 +35,9 @@ class Plot:
 PLOTS = (
     # Training: the console's numbers, each log interval's mean (loss/interval; a run logged
     # before that tag existed: its single logged steps, loss/avg).
-    Plot("loss.png", "Loss", (Panel("loss (train: each log interval's mean, as the console)",
-                                    ("loss/interval|loss/avg", "val/loss"), by_tokens=True),)),
+    # (The explanation is in the title: a y label longer than the panel is cut off.)
+    Plot("loss.png", "Loss (train: each log interval's mean, as the console; validation dashed)",
+         (Panel("loss (nats/token)", ("loss/interval|loss/avg", "val/loss"), by_tokens=True),)),
     Plot("lr.png", "Learning rate", (Panel("learning rate", ("optim/lr",)),)),
     Plot("grad_norm.png", "Gradient norm (before clipping)",
          (Panel("grad norm", ("grad_norm/total",), logy=True),)),
