@@ -7,7 +7,6 @@ scripts/ft_local.sh, two groups of one CPU rank, one SIGKILLed and relaunched.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import signal
@@ -89,9 +88,8 @@ def test_each_group_reads_its_own_part_of_the_data():
 # -- healing between two trainers' states (in-process) ---------------------------------------
 
 def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path):
-    from torchft.checkpointing._serialization import _streaming_load, _streaming_save
-
     from torchllm.ft import HealState
+    from torchllm.ft.heal_codec import decode, encode
     from torchllm.train import Trainer
 
     args = ["--data.tokenizer=bytes", "--checkpoint.enable=false", "--validation.enable=false",
@@ -111,11 +109,8 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
         for _ in range(3):
             live.train_state.step += 1
             live.train_step()
-        # Through torchft's own serialization, as its HTTP transport sends it between processes.
-        buffer = io.BytesIO()
-        _streaming_save(heal_of(live).state_dict(), buffer)
-        buffer.seek(0)
-        heal_of(fresh).load_state_dict(_streaming_load(buffer, weights_only=False))
+        # Encoded as the transport sends it between processes (data: tensors and JSON).
+        heal_of(fresh).load_state_dict(decode(encode(heal_of(live).state_dict())))
         assert fresh.step == 3
         for _ in range(2):  # the same batches, weights and optimizer state: the same steps
             for t in (live, fresh):

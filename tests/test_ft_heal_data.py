@@ -250,3 +250,18 @@ def test_the_transport_listens_on_fault_tolerance_bind_only(tmp_path, transports
     with raises_naming(ConfigError, "fault_tolerance.bind", "localhost", key="fault_tolerance.bind"):
         load_config(tiny_args(tmp_path, "--fault_tolerance.enable",
                               "--fault_tolerance.bind=localhost"))
+
+
+def test_a_heal_whose_sizes_lie_is_refused():
+    from torchllm.ft.heal_codec import MAGIC, decode, encode
+
+    blob = encode({"w": torch.arange(6.0).reshape(2, 3)})
+    size = int.from_bytes(blob[len(MAGIC):len(MAGIC) + 8], "big")
+    header = blob[len(MAGIC) + 8:len(MAGIC) + 8 + size]
+    for lie in (b'"shape": [2, 3]', b'"shape": [200, 3]'), (b'"shape": [2, 3]', b'"shape": [3, 3]'):
+        bad_header = header.replace(*lie)
+        bad = MAGIC + len(bad_header).to_bytes(8, "big") + bad_header + blob[-24:]
+        with raises_naming(ValueError, "tensor 0"):
+            decode(bad)
+    with raises_naming(ValueError, "heal"):
+        decode(pickle.dumps({"w": 1}))

@@ -17,6 +17,7 @@ from mutants import tools
 from mutants import journey
 from mutants import ft
 from mutants import edge_ft
+from mutants import ft_heal
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -34,5 +35,6 @@ MUTANTS = [
     *journey.MUTANTS,
     *ft.MUTANTS,
     *edge_ft.MUTANTS,
+    *ft_heal.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
