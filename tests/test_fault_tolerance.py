@@ -226,6 +226,7 @@ def _replicas(live: int, committed: int, rank: int = 0):
     r.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 4})()})()
     r.quorum_id, r.members, r.group_rank, r.group_world = 1, [0], 0, 1
     r.pg = type("P", (), {"refusal": None})()  # every peer agreed on the run (identity.py)
+    r.transport = type("X", (), {"refusal": None, "sent_to": []})()  # no heal refused
     return r
 
 
