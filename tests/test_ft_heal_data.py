@@ -247,7 +247,8 @@ def test_the_transport_listens_on_fault_tolerance_bind_only(tmp_path, transports
     port = t._server.server_address[1]
     assert listening(port) == ["0100007F"]  # 127.0.0.1, and nothing else
     assert t.metadata() == f"http://127.0.0.1:{port}/heal/"
-    with raises_naming(ConfigError, "fault_tolerance.bind", "localhost", key="fault_tolerance.bind"):
+    with raises_naming(ConfigError, "fault_tolerance.bind", "localhost",
+                       key="fault_tolerance.bind"):
         load_config(tiny_args(tmp_path, "--fault_tolerance.enable",
                               "--fault_tolerance.bind=localhost"))
 

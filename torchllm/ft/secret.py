@@ -49,5 +49,3 @@ def load_secret(ftcfg, environ) -> bytes:
             f"one per run, else set it in every group's launch (`export {ftcfg.secret_env}=$("
             f"{make})`)", key)
     return secret.encode()
-
-
