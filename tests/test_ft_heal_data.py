@@ -9,6 +9,7 @@ listens on fault_tolerance.bind only; a group without a secret does not start.
 from __future__ import annotations
 
 import http.server
+import io
 import logging
 import os
 import pickle
@@ -103,16 +104,21 @@ def one_line(text: str) -> str:
 # -- (1) an answer that would run code ------------------------------------------------------
 
 def test_a_rogue_answer_that_would_run_code_is_refused_and_runs_nothing(tmp_path, transports):
+    from torch.distributed._serialization import _streaming_save
+
     from torchllm.ft.heal_codec import encode
     from torchllm.ft.transport import HealRefused
 
     marker = tmp_path / "ran"
     payload = pickle.dumps({"user": RunsCode(marker)})
+    stream = io.BytesIO()  # as torchft's HTTPTransport sends a state (and unpickles it)
+    _streaming_save({"user": RunsCode(marker)}, stream)
     receiver = transports()
-    # A rogue answering on the heal address: a pickle, then a well-formed heal, neither with
-    # the run's secret; then an insider (who has the secret) answering a pickle.
+    # A rogue answering on the heal address: pickles, then a well-formed heal, none with the
+    # run's secret; then an insider (who has the secret) answering pickles.
     forged = encode({"user": {"torchllm": {"model": {"w": torch.ones(2)}}}, "torchft": {}})
-    for body, key in ((payload, None), (forged, None), (payload, KEY)):
+    for body, key in ((payload, None), (stream.getvalue(), None), (forged, None),
+                      (payload, KEY), (stream.getvalue(), KEY)):
         address, server = serve(body, key)
         try:
             with raises_naming(HealRefused, address.split("/heal/")[0]) as e:
