@@ -157,6 +157,10 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     try:
         wait_for(lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300,
                  what=f"group 1 at step {KILL_AT}")
+        # ft_local.sh's lighthouse listens on fault_tolerance.bind (127.0.0.1) only.
+        from test_ft_heal_data import listening
+
+        assert listening(int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])) == ["0100007F"]
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)
         killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
         # Relaunched beside the running group (the lighthouse is reused).

@@ -12,6 +12,8 @@ NO_SECRET = T + "test_a_heal_request_without_the_secret_is_refused_in_one_line_o
 NO_SECRET_START = T + "test_a_group_without_the_secret_does_not_start"
 ROUND_TRIP = T + "test_a_trainers_state_goes_through_the_transport_and_back_equal"
 BIND = T + "test_the_transport_listens_on_fault_tolerance_bind_only"
+ACCEPTANCE = ("tests/test_fault_tolerance.py::"
+              "test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step")
 
 MUTANTS = [
     Mutant.at(
@@ -75,5 +77,22 @@ MUTANTS = [
         "    if nbytes != math.prod(shape) * itemsize or offset + nbytes > len(data):\n",
         "    if False:\n",
         (T + "test_a_heal_whose_sizes_lie_is_refused",),
+    ),
+    Mutant(
+        "ft_local_lighthouse_on_every_interface",
+        "scripts/ft_local.sh's lighthouse binds every interface whatever fault_tolerance.bind says",
+        "scripts/ft_local.sh",
+        'torchft_lighthouse --min_replicas 1 --bind "$bind_host:$port"',
+        'torchft_lighthouse --min_replicas 1 --bind "[::]:$port"',
+        (ACCEPTANCE,),
+    ),
+    Mutant(
+        "ft_local_new_secret_per_call",
+        "scripts/ft_local.sh makes a new secret at every call: a relaunched group (its own call) "
+        "cannot heal from the running ones",
+        "scripts/ft_local.sh",
+        '    [ -s "$secret_file" ] || new_secret\n',
+        "    new_secret\n",
+        (ACCEPTANCE,),
     ),
 ]
