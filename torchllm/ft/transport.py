@@ -121,8 +121,7 @@ class DataTransport:
         try:
             return self._fetch(metadata, step, timeout.total_seconds())
         except HealRefused as e:
-            self.refusal = str(e)
-            logger.error("%s", e)
+            self.refusal = str(e)  # ReplicaGroups stops with it (one line, exit 2)
             raise
 
     def shutdown(self, wait: bool = True) -> None:
