@@ -272,3 +272,53 @@ def test_a_heal_whose_sizes_lie_is_refused():
             decode(bad)
     with raises_naming(ValueError, "heal"):
         decode(pickle.dumps({"w": 1}))
+
+
+@pytest.mark.slow
+def test_a_relaunched_group_with_another_secret_is_refused_on_both_sides(tmp_path):
+    """Through scripts/ft_local.sh: group 0 trains; group 1 relaunched with another secret asks
+    it for a heal, is refused (exit 2, one line naming the address and the secret), and group 0
+    logs one line naming the peer and trains on."""
+    import re
+    import signal
+    import subprocess
+
+    from conftest import REPO, wait_for
+    from test_fault_tolerance import free_port, steps_of
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1",
+           "FT_LIGHTHOUSE_RECORDS": str(tmp_path / "records")}
+    for k in ("FT_HEARTBEAT_TIMEOUT_MS", "FT_JOIN_TIMEOUT_MS", "TORCHLLM_FT_SECRET"):
+        env.pop(k, None)
+    args = tiny_args(tmp_path, "--training.steps=200", "--data.tokenizer=bytes",
+                     "--validation.enable=false", "--eval.sample_freq=0",
+                     "--checkpoint.interval=1000")
+    script = [str(REPO / "scripts" / "ft_local.sh"), "2", *args]
+    first = subprocess.Popen(script, cwd=REPO, env={**env, "FT_REPLICAS": "0"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        wait_for(lambda: 2 in steps_of(logs / "replica_0.log"), 300, what="group 0 at step 2")
+        other = {**env, "FT_REPLICAS": "1", "FT_LOG_DIR": str(tmp_path / "logs1"),
+                 "TORCHLLM_FT_SECRET": "not-the-secret-of-this-run-at-all"}
+        second = subprocess.run(script, cwd=REPO, env=other, capture_output=True, timeout=300)
+        log1 = (tmp_path / "logs1" / "replica_1.log").read_text(errors="replace")
+        assert second.returncode == 2 and "Traceback" not in log1, log1[-3000:]
+        lines = [line for line in log1.splitlines() if "secret" in line and "refused" in line]
+        address = re.search(r"http://[^ ]+:\d+", lines[0])[0] if lines else ""
+        assert len(lines) == 1 and address, log1[-3000:]
+        before = max(steps_of(logs / "replica_0.log"))
+        wait_for(lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 120,
+                 what="group 0 training on after the refusal")
+        log0 = (logs / "replica_0.log").read_text(errors="replace")
+        refusals = [line for line in log0.splitlines() if "refused a heal request" in line]
+        assert len(refusals) >= 1 and all("127.0.0.1" in line and "secret" in line
+                                          for line in refusals), log0[-3000:]
+        # (torchft logs the all-reduce group 1's exit broke as a dead peer's, with a traceback)
+    finally:  # group 0 (a process group of its own), then ft_local.sh and its lighthouse
+        if (logs / "replica_0.pid").exists():
+            os.killpg(int((logs / "replica_0.pid").read_text()), signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
