@@ -222,6 +222,13 @@ def test_a_trainers_state_goes_through_the_transport_and_back_equal(tmp_path, tr
         got["user"]["torchllm"]["model"][name] = got["user"]["torchllm"]["model"][name].double()
         with raises_naming(ConfigError, name, "float64"):
             heal_of(fresh).load_state_dict(got["user"]["torchllm"])
+        got["user"]["torchllm"]["model"][name] = sent["user"]["torchllm"]["model"][name]
+        state = got["user"]["torchllm"]["optimizer"][0]["state"]
+        index = next(iter(state))
+        moment = next(k for k, v in state[index].items() if v.dim() > 0)
+        state[index][moment] = state[index][moment].reshape(-1)[:3]
+        with raises_naming(ConfigError, moment, f"parameter {index}", "[3]"):
+            heal_of(fresh).load_state_dict(got["user"]["torchllm"])
     finally:
         live.close()
         fresh.close()

@@ -70,6 +70,14 @@ MUTANTS = [
         (ROUND_TRIP,),
     ),
     Mutant.at(
+        "ft_heal_optimizer_shapes_not_checked",
+        "a heal's optimizer state of other shapes is loaded (the step then fails far from it)",
+        "torchllm.ft.heal:_other_optimizer",
+        "and tuple(value.shape) != shape:",
+        "and False:",
+        (ROUND_TRIP,),
+    ),
+    Mutant.at(
         "ft_codec_sizes_not_checked",
         "a heal's tensor record is read without checking its size against its shape and the "
         "bytes received",

@@ -78,6 +78,10 @@ class HealState:
             raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}; "
                               "replica groups must run the same model config (model.*)",
                               "fault_tolerance.enable")
+        for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
+            if problem := _other_optimizer(opt, state):
+                raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}",
+                                  "fault_tolerance.enable")
         for name, tensor in own.items():
             _local(tensor).copy_(sd["model"][name])
         for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
@@ -105,6 +109,24 @@ def _other_model(own: dict, theirs: dict) -> str | None:
             return f"weight {name} is {list(peer)} in the peer's model, {list(mine)} here"
         if tensor.dtype != theirs[name].dtype:
             return f"weight {name} is {theirs[name].dtype} in the peer's model, {tensor.dtype} here"
+    return None
+
+
+def _other_optimizer(optimizer, theirs) -> str | None:
+    """How the peer's optimizer state does not fit this group's parameters (their index, the
+    shape of each per-parameter tensor), or None."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = theirs.get("state") if isinstance(theirs, dict) else None
+    if not isinstance(state, dict):
+        return "the peer's optimizer state is not a state_dict"
+    for index, entry in state.items():
+        if not (type(index) is int and 0 <= index < len(params) and isinstance(entry, dict)):
+            return f"optimizer state for parameter {index!r}, this group has {len(params)}"
+        shape = tuple(_local(params[index]).shape)
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
+                return (f"optimizer state {key} of parameter {index} is {list(value.shape)} in "
+                        f"the peer's, {list(shape)} here")
     return None
 
 
