@@ -98,7 +98,6 @@ def check_fault_tolerance(cfg, environ, run: str | None = None) -> None:
     if not cfg.fault_tolerance.enable:
         return
     from torchllm.config import paths
-
     from torchllm.ft.secret import load_secret
 
     run = run or paths.run_name(cfg.job)

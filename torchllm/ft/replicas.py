@@ -166,7 +166,7 @@ class ReplicaGroups(SingleGroup):
         left = sorted(set(self.members) - set(members))
         joined = sorted(set(members) - set(self.members)) if self.members else []
         # A group relaunched before the others noticed it was gone keeps its place: it shows
-        # as the group that healed from this one (torchft's transport names its quorum rank).
+        # as the group that healed from this one (the transport names its quorum rank).
         healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)} - set(joined))
         self.transport.sent_to = []
         change = "; ".join([*(f"replica group {r} left" for r in left),
