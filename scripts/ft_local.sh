@@ -6,8 +6,8 @@
 # Each group is one ./run_train.sh launch (its NGPU ranks) with --fault_tolerance.enable,
 # --fault_tolerance.replica_id=R and --fault_tolerance.group_size=N_GROUPS; its output goes to
 # $FT_LOG_DIR/replica_R.log (and its exit code to replica_R.code). The lighthouse listens on
-# 127.0.0.1 only (torchft_lighthouse binds every interface, [::]:29510, unless told otherwise),
-# on the run's own port (python -m torchllm.ft: from the run's name and dump folder) unless
+# fault_tolerance.bind only (default 127.0.0.1; torchft_lighthouse binds every interface,
+# [::]:29510, unless told otherwise), as the groups' heal servers do, on the run's own port (python -m torchllm.ft: from the run's name and dump folder) unless
 # $TORCHFT_LIGHTHOUSE names one. When one already answers there it is reused, unless this script
 # started it for another run (its record, $FT_LIGHTHOUSE_RECORDS/PORT, names the run): refused.
 #
@@ -22,6 +22,9 @@
 #                          survivors' pause after a group dies
 #   FT_JOIN_TIMEOUT_MS     how long a quorum waits for groups that heartbeat but have not
 #                          joined yet, e.g. still loading (default 60000)
+#   TORCHLLM_FT_SECRET     the run's shared secret (a heal is served to and loaded from groups
+#                          with it only): default, one made when this script starts the run's
+#                          lighthouse, kept beside its record (mode 600) for relaunches
 #   NGPU, CONFIG_FILE, LOG_RANK, ...  as for ./run_train.sh (per group)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,14 +39,21 @@ groups=$1; shift
 run=$(python -m torchllm.ft --job.config_file "${CONFIG_FILE:-./train_configs/debug_model.toml}" "$@") \
     || exit $?
 run_label=$(tail -n 1 <<<"$run")
+bind=$(tail -n 3 <<<"$run" | head -n 1)  # fault_tolerance.bind: the lighthouse listens there too
+[[ "$bind" != *:* ]] || bind_host="[$bind]"
+bind_host=${bind_host:-$bind}
+probe=$bind; [ "$probe" != "0.0.0.0" ] || probe=127.0.0.1; [ "$probe" != "::" ] || probe=::1
 export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-$(tail -n 2 <<<"$run" | head -n 1)}
 log_dir=${FT_LOG_DIR:-./outputs/ft_local}
 mkdir -p "$log_dir"
 port=${TORCHFT_LIGHTHOUSE##*:}; port=${port%%/*}
 records=${FT_LIGHTHOUSE_RECORDS:-${TMPDIR:-/tmp}/torchllm-ft-lighthouses-$(id -u)}
 record="$records/$port"  # "PID<tab>RUN" of the lighthouse this script started on that port
+secret_file="$record.secret"  # the run's shared secret (unless TORCHLLM_FT_SECRET is set)
 
-lighthouse_up() { python -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 1).close()" 2>/dev/null; }
+lighthouse_up() { python -c "import socket,sys; socket.create_connection(('$probe', $port), 1).close()" 2>/dev/null; }
+new_secret() { (umask 077; mkdir -p "$records"; chmod 700 "$records"
+    python -c 'import secrets; print(secrets.token_hex(32))' >"$secret_file"); }
 
 lighthouse_pid=""
 if lighthouse_up; then
@@ -63,7 +73,8 @@ if lighthouse_up; then
              "ft_local.sh: at their first quorum the groups refuse peers of another run)"
     fi
 else
-    torchft_lighthouse --min_replicas 1 --bind "127.0.0.1:$port" \
+    [ -n "${TORCHLLM_FT_SECRET:-}" ] || new_secret  # a new run: a new secret
+    torchft_lighthouse --min_replicas 1 --bind "$bind_host:$port" \
         --heartbeat_timeout_ms "${FT_HEARTBEAT_TIMEOUT_MS:-5000}" \
         --join_timeout_ms "${FT_JOIN_TIMEOUT_MS:-60000}" >"$log_dir/lighthouse.log" 2>&1 &
     lighthouse_pid=$!
@@ -71,7 +82,12 @@ else
     printf '%s\t%s\n' "$lighthouse_pid" "$run_label" >"$record"
     for _ in $(seq 100); do lighthouse_up && break; sleep 0.1; done
     lighthouse_up || { echo "ft_local: the lighthouse did not start (see $log_dir/lighthouse.log)" >&2; exit 1; }
-    echo "ft_local: lighthouse on 127.0.0.1:$port (pid $lighthouse_pid) for run $run_label"
+    echo "ft_local: lighthouse on $bind_host:$port (pid $lighthouse_pid) for run $run_label"
+fi
+if [ -z "${TORCHLLM_FT_SECRET:-}" ]; then  # this run's secret, shared by its groups' launches
+    [ -s "$secret_file" ] || new_secret
+    TORCHLLM_FT_SECRET=$(cat "$secret_file")
+    export TORCHLLM_FT_SECRET
 fi
 
 pids=()
@@ -99,6 +115,6 @@ for r in $replicas; do
 done
 if [ -n "$lighthouse_pid" ]; then
     kill "$lighthouse_pid" 2>/dev/null || true
-    rm -f "$record"
+    rm -f "$record" "$secret_file"
 fi
 exit "$code"

@@ -7,7 +7,6 @@ scripts/ft_local.sh, two groups of one CPU rank, one SIGKILLed and relaunched.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import signal
@@ -89,9 +88,8 @@ def test_each_group_reads_its_own_part_of_the_data():
 # -- healing between two trainers' states (in-process) ---------------------------------------
 
 def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path):
-    from torchft.checkpointing._serialization import _streaming_load, _streaming_save
-
     from torchllm.ft import HealState
+    from torchllm.ft.heal_codec import decode, encode
     from torchllm.train import Trainer
 
     args = ["--data.tokenizer=bytes", "--checkpoint.enable=false", "--validation.enable=false",
@@ -111,11 +109,8 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
         for _ in range(3):
             live.train_state.step += 1
             live.train_step()
-        # Through torchft's own serialization, as its HTTP transport sends it between processes.
-        buffer = io.BytesIO()
-        _streaming_save(heal_of(live).state_dict(), buffer)
-        buffer.seek(0)
-        heal_of(fresh).load_state_dict(_streaming_load(buffer, weights_only=False))
+        # Encoded as the transport sends it between processes (data: tensors and JSON).
+        heal_of(fresh).load_state_dict(decode(encode(heal_of(live).state_dict())))
         assert fresh.step == 3
         for _ in range(2):  # the same batches, weights and optimizer state: the same steps
             for t in (live, fresh):
@@ -162,6 +157,10 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     try:
         wait_for(lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300,
                  what=f"group 1 at step {KILL_AT}")
+        # ft_local.sh's lighthouse listens on fault_tolerance.bind (127.0.0.1) only.
+        from test_ft_heal_data import listening
+
+        assert listening(int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])) == ["0100007F"]
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)
         killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
         # Relaunched beside the running group (the lighthouse is reused).
@@ -236,6 +235,7 @@ def _replicas(live: int, committed: int, rank: int = 0):
     r.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 4})()})()
     r.quorum_id, r.members, r.group_rank, r.group_world = 1, [0], 0, 1
     r.pg = type("P", (), {"refusal": None})()  # every peer agreed on the run (identity.py)
+    r.transport = type("X", (), {"refusal": None, "sent_to": []})()  # no heal refused
     return r
 
 

@@ -54,7 +54,8 @@ def two_groups(tmp_path, group0: tuple, group1: tuple) -> list[tuple[int, str]]:
     """Groups 0 and 1 (of group_size 2, both needed to train) launched by ./run_train.sh at one
     lighthouse, with their own overrides: [(exit code, console)] of each."""
     port = free_port()
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "NGPU": "1"}
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "NGPU": "1",
+           "TORCHLLM_FT_SECRET": "the-shared-secret-of-this-test-run"}
     house = lighthouse(port)
     procs = []
     try:

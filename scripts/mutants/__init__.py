@@ -25,6 +25,7 @@ from mutants import edge_untrusted
 from mutants import edge_chat
 from mutants import memory_product
 from mutants import memory_estimate
+from mutants import ft_heal
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -50,5 +51,6 @@ MUTANTS = [
     *edge_chat.MUTANTS,
     *memory_product.MUTANTS,
     *memory_estimate.MUTANTS,
+    *ft_heal.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

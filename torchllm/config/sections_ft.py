@@ -7,6 +7,7 @@ launcher variable like NGPU (docs/fault_tolerance.md).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from torchllm.config.fields import opt
@@ -28,6 +29,20 @@ class FaultTolerance:
         1, "Fewest live replica groups that may train a step: below it the groups save (the "
         "lowest live one) and stop cleanly (exit 0); 1 .. group_size"
     )
+    bind: str = opt(
+        "127.0.0.1", "The address a group's heal server listens on (and scripts/ft_local.sh's "
+        "lighthouse): loopback for groups on one machine; an interface's IP address (or 0.0.0.0, "
+        "every interface) for groups on several"
+    )
+    secret_env: str = opt(
+        "TORCHLLM_FT_SECRET", "The environment variable holding the run's shared secret (at least "
+        "16 characters, the same in every group): a heal is served only to a peer that proves it "
+        "has it, and loaded only from one (scripts/ft_local.sh makes one per run)"
+    )
+    secret_file: str = opt(
+        "", "A file holding the run's shared secret instead of secret_env (readable by its owner "
+        "only)"
+    )
 
 
 def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
@@ -45,6 +60,14 @@ def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
     if not 1 <= ft.min_replica_size <= ft.group_size:
         return [("fault_tolerance.min_replica_size", "fault_tolerance.min_replica_size = "
                  f"{ft.min_replica_size}: must be 1 .. group_size ({ft.group_size})")]
+    try:
+        ipaddress.ip_address(ft.bind)
+    except ValueError:
+        return [("fault_tolerance.bind", f"fault_tolerance.bind = {ft.bind!r} is not an IP "
+                 "address: use 127.0.0.1 (one machine), an interface's address, or 0.0.0.0")]
+    if not ft.secret_env.isidentifier():
+        return [("fault_tolerance.secret_env", f"fault_tolerance.secret_env = {ft.secret_env!r} "
+                 "is not an environment variable's name (e.g. TORCHLLM_FT_SECRET)")]
     pp = cfg.parallelism.pipeline_parallel_degree
     if pp > 1:
         return [("fault_tolerance.enable", "fault_tolerance.enable with "

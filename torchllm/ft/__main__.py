@@ -1,5 +1,5 @@
-"""`python -m torchllm.ft [--section.key=value ...]`: the run's default lighthouse address and its
-label, two lines (scripts/ft_local.sh asks; torchllm/ft/lighthouse.py)."""
+"""`python -m torchllm.ft [--section.key=value ...]`: fault_tolerance.bind, the run's default
+lighthouse address and its label, three lines (scripts/ft_local.sh asks; ft/lighthouse.py)."""
 
 from torchllm.ft.lighthouse import main
 from torchllm.run.process_exit import exit_process

@@ -5,9 +5,10 @@ schedule, data position, counters (step, tokens seen) and the loss guard's and c
 Tensors travel as local tensors (an FSDP2 group's rank sends its own shard to the same rank of
 the receiving group, whose layout is the same), and go back into the receiver's own tensors.
 The data position is the peer's count of batches read: each group reads its own part of the data
-(its replica id), so the receiver continues its own part at the same count. torchft moves this
-over HTTP between the groups' processes (torch's pickle): the groups trust each other, and only
-after their identity records agreed that they are of one run and config (identity.py).
+(its replica id), so the receiver continues its own part at the same count. It travels as data
+(torchllm/ft/transport.py: raw tensors and JSON, to and from groups with the run's shared secret
+only, after their identity records agreed that they are of one run and config, identity.py);
+load_state_dict checks the peer's weights' names, shapes and dtypes against this group's own.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class HealState:
             raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}; "
                               "replica groups must run the same model config (model.*)",
                               "fault_tolerance.enable")
+        for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
+            if problem := _other_optimizer(opt, state):
+                raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}",
+                                  "fault_tolerance.enable")
         for name, tensor in own.items():
             _local(tensor).copy_(sd["model"][name])
         for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
@@ -97,9 +102,31 @@ def _other_model(own: dict, theirs: dict) -> str | None:
         return (f"the peer's model has other weights than this group's "
                 f"({', '.join(sorted(set(own) ^ set(theirs))[:4])})")
     for name, tensor in own.items():
-        mine, peer = tuple(_local(tensor).shape), tuple(getattr(theirs[name], "shape", ()))
+        if not isinstance(theirs[name], torch.Tensor):
+            return f"weight {name} is a {type(theirs[name]).__name__} in the peer's state"
+        mine, peer = tuple(_local(tensor).shape), tuple(theirs[name].shape)
         if mine != peer:
             return f"weight {name} is {list(peer)} in the peer's model, {list(mine)} here"
+        if tensor.dtype != theirs[name].dtype:
+            return f"weight {name} is {theirs[name].dtype} in the peer's model, {tensor.dtype} here"
+    return None
+
+
+def _other_optimizer(optimizer, theirs) -> str | None:
+    """How the peer's optimizer state does not fit this group's parameters (their index, the
+    shape of each per-parameter tensor), or None."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = theirs.get("state") if isinstance(theirs, dict) else None
+    if not isinstance(state, dict):
+        return "the peer's optimizer state is not a state_dict"
+    for index, entry in state.items():
+        if not (type(index) is int and 0 <= index < len(params) and isinstance(entry, dict)):
+            return f"optimizer state for parameter {index!r}, this group has {len(params)}"
+        shape = tuple(_local(params[index]).shape)
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
+                return (f"optimizer state {key} of parameter {index} is {list(value.shape)} in "
+                        f"the peer's, {list(shape)} here")
     return None
 
 

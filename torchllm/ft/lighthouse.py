@@ -8,12 +8,14 @@ other at their first quorum, torchllm/ft/identity.py).
 
     python -m torchllm.ft [--section.key=value ...]      (torchllm/ft/__main__.py)
 
-prints the run's default address and its label (two lines; scripts/ft_local.sh asks).
+prints fault_tolerance.bind, the run's default address and its label (three lines;
+scripts/ft_local.sh asks: its lighthouse binds that address too).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import socket
 import sys
@@ -31,13 +33,18 @@ def run_label(run: str, dump_folder) -> str:
     return f"{run} in {Path(dump_folder).resolve()}"
 
 
-def default_address(run: str, dump_folder) -> str:
+def default_address(run: str, dump_folder, bind: str = "127.0.0.1") -> str:
+    """http://localhost:PORT, or the bound address's when it is one interface's (bind)."""
     digest = hashlib.blake2b(run_label(run, dump_folder).encode(), digest_size=8).digest()
+    ip = ipaddress.ip_address(bind)
+    if not (ip.is_loopback or ip.is_unspecified):
+        host = f"[{bind}]" if ip.version == 6 else bind
+        return f"http://{host}:{PORTS[int.from_bytes(digest, 'big') % len(PORTS)]}"
     return f"http://localhost:{PORTS[int.from_bytes(digest, 'big') % len(PORTS)]}"
 
 
-def lighthouse_address(environ, run: str, dump_folder) -> str:
-    return environ.get(LIGHTHOUSE_ENV) or default_address(run, dump_folder)
+def lighthouse_address(environ, run: str, dump_folder, bind: str = "127.0.0.1") -> str:
+    return environ.get(LIGHTHOUSE_ENV) or default_address(run, dump_folder, bind)
 
 
 def import_torchft():
@@ -91,15 +98,19 @@ def check_fault_tolerance(cfg, environ, run: str | None = None) -> None:
     if not cfg.fault_tolerance.enable:
         return
     from torchllm.config import paths
+    from torchllm.ft.secret import load_secret
 
     run = run or paths.run_name(cfg.job)
+    bind = cfg.fault_tolerance.bind
     check_torchft()
-    check_lighthouse(lighthouse_address(environ, run, cfg.job.dump_folder),
-                     default_address(run, cfg.job.dump_folder))
+    check_lighthouse(lighthouse_address(environ, run, cfg.job.dump_folder, bind),
+                     default_address(run, cfg.job.dump_folder, bind))
+    load_secret(cfg.fault_tolerance, environ)  # the run's shared secret (ft/secret.py)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The run's default lighthouse address and label (module doc); a config error: exit 2."""
+    """The bind address, the run's default lighthouse address and label (module doc); a config
+    error: exit 2."""
     from torchllm.config import load_config, paths
 
     try:
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     run = paths.run_name(cfg.job)
-    print(default_address(run, cfg.job.dump_folder))
+    print(cfg.fault_tolerance.bind)
+    print(default_address(run, cfg.job.dump_folder, cfg.fault_tolerance.bind))
     print(run_label(run, cfg.job.dump_folder))
     return 0

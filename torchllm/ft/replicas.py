@@ -29,6 +29,8 @@ from torchllm.ft.heal import HealState
 from torchllm.ft.identity import checked_gloo, group_record
 from torchllm.ft.lighthouse import check_fault_tolerance, import_torchft, lighthouse_address
 from torchllm.ft.rundir import group_run
+from torchllm.ft.secret import load_secret
+from torchllm.ft.transport import DropRefusalTraces, data_transport
 from torchllm.log import logger
 
 STARTUP_WAIT_S = 60.0  # a group finding fewer than min_replica_size live groups at launch waits
@@ -83,7 +85,9 @@ class ReplicaGroups(SingleGroup):
         # Each new quorum's groups exchange identity records first (identity.py).
         self.pg = checked_gloo(timeout)
         self.pg.lighthouse = lighthouse
-        self.transport = _Transport(timeout=timeout, num_chunks=0)
+        # A heal travels as data, to and from groups with the run's secret only (transport.py).
+        self.transport = data_transport(ftcfg.bind, load_secret(ftcfg, os.environ), timeout)
+        logging.getLogger("torchft.manager").addFilter(DropRefusalTraces())
         self.manager = torchft.Manager(
             pg=self.pg, load_state_dict=None, state_dict=None,
             min_replica_size=self.min_replica_size,
@@ -132,6 +136,8 @@ class ReplicaGroups(SingleGroup):
             self.manager.start_quorum()  # blocks for the quorum; heals this group if behind
             if self.pg.refusal:  # a peer of another run or config: no heal, no step (exit 2)
                 raise ConfigError(self.pg.refusal, "fault_tolerance.enable")
+            if self.transport.refusal:  # a heal without the run's secret: nothing loaded
+                raise ConfigError(self.transport.refusal, "fault_tolerance.secret_env")
             self._note_quorum(healed_before)
             live = self.manager.num_participants()
             if live >= self.min_replica_size:
@@ -160,7 +166,7 @@ class ReplicaGroups(SingleGroup):
         left = sorted(set(self.members) - set(members))
         joined = sorted(set(members) - set(self.members)) if self.members else []
         # A group relaunched before the others noticed it was gone keeps its place: it shows
-        # as the group that healed from this one (torchft's transport names its quorum rank).
+        # as the group that healed from this one (the transport names its quorum rank).
         healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)} - set(joined))
         self.transport.sent_to = []
         change = "; ".join([*(f"replica group {r} left" for r in left),
@@ -213,25 +219,6 @@ class ReplicaGroups(SingleGroup):
         self.manager.shutdown(wait=False)
 
 
-def _transport_class():
-    from torchft.checkpointing import HTTPTransport
-
-    class Transport(HTTPTransport):
-        """torchft's HTTP transport, remembering which quorum ranks healed from this group."""
-
-        sent_to: list = []
-
-        def send_checkpoint(self, dst_ranks, step, state_dict, timeout):
-            self.sent_to = list(dst_ranks)
-            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
-
-    return Transport
-
-
-def _Transport(**kwargs):
-    return _transport_class()(**kwargs)
-
-
 class GroupCheckpointer:
     """A Checkpointer whose saves happen only in the group that saves (ReplicaGroups.saves)."""
 
@@ -264,4 +251,5 @@ def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     return ReplicaGroups(cfg.fault_tolerance, rank, world, group_batch, run,
-                         lighthouse_address(os.environ, run, cfg.job.dump_folder))
+                         lighthouse_address(os.environ, run, cfg.job.dump_folder,
+                                            cfg.fault_tolerance.bind))
