@@ -18,6 +18,7 @@ from mutants import journey
 from mutants import ft
 from mutants import journey6
 from mutants import edge_hf
+from mutants import valset
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -36,5 +37,6 @@ MUTANTS = [
     *ft.MUTANTS,
     *journey6.MUTANTS,
     *edge_hf.MUTANTS,
+    *valset.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
