@@ -38,8 +38,10 @@ MUTANTS = [
     ),
     Mutant.at(
         "valset_report_misses_named", "the report's summary reads val/loss only: a run "
-        "validated on a named set shows no validation loss", "torchllm.report.markdown:summary_rows",
-        "    if val is None:  # a dedicated validation set", "    if False:  # a dedicated validation set",
+        "validated on a named set shows no validation loss",
+        "torchllm.report.markdown:summary_rows",
+        "    if val is None:  # a dedicated validation set",
+        "    if False:  # a dedicated validation set",
         (S + "test_the_report_draws_and_summarizes_a_named_set",),
     ),
 ]
