@@ -56,13 +56,21 @@ def test_the_whole_file_is_validated_every_time(trainer):
     assert torch.equal(all_windows(batches), expected)
     assert steps == -(-n_windows // t.cfg.training.local_batch_size) > t.cfg.validation.steps
     m = t.evaluator.validation(1)
-    assert m["val/tokens"] == n_windows * SEQ  # every window, not validation.steps batches
+    # every window, not validation.steps batches; the tags name the set
+    assert m["val/val.jsonl/tokens"] == n_windows * SEQ and "val/loss" not in m
 
-    # The budget: only the first max_tokens tokens.
+    # The budget: max_tokens // (SEQ + 1) windows spread evenly over the whole file, the first
+    # at its start, one every n_windows / 6 windows (not the first 200 tokens).
     cfg = load_config(tiny_args(tmp, "--validation.enable", "--validation.max_tokens=200",
                                 f"--validation.dataset=local:{tmp / 'val.jsonl'}"))
     batches, _ = validation_loader(cfg, t.tokenizer, t.val_loader, 0, 1)
-    assert torch.equal(all_windows(batches), expected[: 200 // (SEQ + 1)])
+    picked = [i * n_windows // 6 for i in range(6)]
+    assert 200 // (SEQ + 1) == 6 and picked[-1] > n_windows * 3 // 4
+    assert torch.equal(all_windows(batches), expected[picked])
+    assert f"spread evenly over all its {n_windows} windows" in batches.describe()
+    # Two ranks share out the same spread windows.
+    halves = [validation_loader(cfg, t.tokenizer, t.val_loader, r, 2)[0] for r in (0, 1)]
+    assert torch.equal(torch.cat([all_windows(b) for b in halves]), expected[picked])
     # Two data-parallel ranks split the same windows between them: all of them, in the same
     # number of batches.
     halves = [validation_loader(t.cfg, t.tokenizer, t.val_loader, r, 2) for r in (0, 1)]

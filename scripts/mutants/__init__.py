@@ -26,6 +26,7 @@ from mutants import edge_chat
 from mutants import memory_product
 from mutants import memory_estimate
 from mutants import ft_heal
+from mutants import valset
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -52,5 +53,6 @@ MUTANTS = [
     *memory_product.MUTANTS,
     *memory_estimate.MUTANTS,
     *ft_heal.MUTANTS,
+    *valset.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -156,8 +156,8 @@ MUTANTS = [
         "report_plots_single_steps",
         "the report's loss plot draws the single logged steps, not the console's interval means",
         "torchllm.report.plots:PLOTS",
-        "(\"loss/interval|loss/avg\", \"val/loss\"), by_tokens=True),)),\n",
-        "(\"loss/avg\", \"val/loss\"), by_tokens=True),)),\n",
+        "(\"loss/interval|loss/avg\", \"val/loss|val/*/loss\"),",
+        "(\"loss/avg\", \"val/loss|val/*/loss\"),",
         ("tests/test_report.py::test_the_run_writes_a_report_whose_plots_are_the_events_values",),
     ),
     Mutant(

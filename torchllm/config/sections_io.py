@@ -184,16 +184,18 @@ class Validation:
     steps: int = opt(
         10, "Global batches per validation of a held-out split: its first steps x global batch "
         "windows (all if fewer), the same ones whatever the number of ranks; a dedicated "
-        "validation.dataset is read whole instead"
+        "validation.dataset is sized by validation.max_tokens instead"
     )
     dataset: str = opt(
-        "", "A dedicated validation dataset (same forms as data.dataset), read whole up to "
-        "validation.max_tokens (nothing is then held out of data.dataset); empty = the "
-        "held-out split of data.dataset"
+        "", "A dedicated validation dataset (same forms as data.dataset), read whole and scored "
+        "on validation.max_tokens' windows spread evenly over it (nothing is then held out of "
+        "data.dataset; TensorBoard tags val/<name>/loss); empty = the held-out split of "
+        "data.dataset"
     )
     max_tokens: int = opt(
-        0, "validation.dataset: validate on its first N tokens (all of it when smaller); 0 = "
-        "auto: as many as cost ~5% of the run's compute (the run header says when it cuts)"
+        0, "validation.dataset: score N tokens' windows, spread evenly over the whole set (all "
+        "of it when smaller; a hf: stream: its first N tokens); 0 = auto: as many as cost ~5% "
+        "of the run's compute (the run header says how many of how many)"
     )
     split: str = opt(
         "", "Hugging Face split to validate on (e.g. validation); empty = held out from training"

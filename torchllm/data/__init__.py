@@ -93,12 +93,15 @@ def _tokenizer_file(dataset, data_dir: Path, train: bool):
 
 
 def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
-    """The first max_tokens tokens of a dataset read whole (a dedicated validation set).
+    """A dataset read whole (a dedicated validation set): all its tokens, so that validation
+    can score windows spread over all of it (torchllm.eval.in_training.spread_ids); a stream
+    (rows read as they arrive, size unknown: hf:) only its first max_tokens.
 
-    Text sources are tokenized document by document until the budget is reached; a shards
-    folder contributes its val split, then its train split.
+    Text sources are tokenized document by document; a shards folder contributes its val
+    split, then its train split.
     """
-    return parse_dataset(dcfg).whole_stream(tokenizer, max_tokens)
+    dataset = parse_dataset(dcfg)
+    return dataset.whole_stream(tokenizer, max_tokens if dataset.source.streams else None)
 
 
 def dedicated_validation(job_config) -> bool:
@@ -140,4 +143,5 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
 
 
 __all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
-           "dedicated_validation", "load_tokenizer", "parse_data", "tokenizer_of", "whole_stream"]
+           "dedicated_validation", "load_tokenizer", "parse_data", "tokenizer_of",
+           "whole_stream"]

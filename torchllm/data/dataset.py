@@ -82,8 +82,9 @@ class Dataset:
         """(endless training batches, validation windows) when it is the only dataset."""
         return self.packing.batches(self, ctx)
 
-    def whole_stream(self, tokenizer, max_tokens: int):
-        """The first max_tokens tokens read whole (a dedicated validation set)."""
+    def whole_stream(self, tokenizer, max_tokens: int | None):
+        """Its tokens read whole (a dedicated validation set): all of them (max_tokens None),
+        or the first max_tokens."""
         return self.packing.whole_stream(self, tokenizer, max_tokens)
 
 

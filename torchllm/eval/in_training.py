@@ -39,6 +39,7 @@ class HeldOutBatches:
     """
 
     per_source: list = []  # a mixture's [(label, HeldOutBatches)]: one validation loss each
+    tag = "val"  # TensorBoard tags <tag>/loss, ...: val/<name> for a dedicated validation set
 
     def __init__(self, windows, n: int, batch_size: int, dp_rank: int, dp_degree: int,
                  label: str = "", note: str = ""):
@@ -133,7 +134,8 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
         else:
             budget, why = token_budget(cfg, global_batch)
             stream = whole_stream(other.data, tokenizer, budget)
-            windows = ValWindows(stream, cfg.training.seq_len)
+            whole = ValWindows(stream, cfg.training.seq_len)
+            windows = SpreadWindows(whole, budget // whole.window)
             n = len(windows)
     except ConfigError as e:
         said = str(as_key(e, key))
@@ -145,10 +147,47 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
         note = held_out_note(len(windows), n)
     else:
         label = name
-        if getattr(stream, "truncated", False):
-            note = f"its first {budget:,} tokens only: {why}"
+        if getattr(stream, "truncated", False):  # a stream: read in order, its size unknown
+            note = f"its first {budget:,} tokens only (a stream, read from its start): {why}"
+        elif n < len(windows.whole):
+            note = (f"spread evenly over all its {count(len(windows.whole), 'window')} "
+                    f"({len(stream):,} tokens): {why}")
+        else:
+            note = f"all of it ({len(stream):,} tokens)"
     batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree, label, note)
+    if not vcfg.split:
+        batches.tag = f"val/{set_label(name)}"
     return batches, len(batches)
+
+
+def spread_ids(available: int, n: int) -> list[int]:
+    """n window ids spread evenly over `available` windows (all of them when n >= available):
+    window floor(i * available / n) for i < n, the first at 0. A pure function of the two
+    counts, so every rank and every layout scores the same windows."""
+    if n >= available:
+        return list(range(available))
+    return [i * available // n for i in range(max(n, 0))]
+
+
+class SpreadWindows(torch.utils.data.Dataset):
+    """A dedicated validation set's scored windows: `n` of `whole`'s (a ValWindows of the whole
+    set) spread evenly over it (spread_ids), in set order; `whole` keeps the set's size."""
+
+    def __init__(self, whole, n: int):
+        self.whole, self.ids = whole, spread_ids(len(whole), n)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.whole[self.ids[i]]
+
+
+def set_label(spec: str) -> str:
+    """A dedicated validation set's TensorBoard name: its spec's last part, e.g. 'val.jsonl',
+    'fineweb-edu' (tags val/<name>/loss, perplexity, tokens)."""
+    tail = spec.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    return re.sub(r"[^0-9A-Za-z_.-]+", "_", tail)[:40] or "set"
 
 
 # In-training validation's share of the run's compute when validation.max_tokens = 0 (auto):
@@ -215,13 +254,18 @@ class Evaluator(Callback):
 
     def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
-        if "val/loss" in report.scalars:
-            self.last_val = (step, report.scalars["val/loss"])  # the end-of-run block shows it
-            trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss,
-                                                    report.scalars["val/loss"])
-            trainer.stops.target_loss(step, report.scalars["val/loss"],
-                                      self.cfg.validation.stop_at_loss)
+        loss = report.scalars.get(self.loss_tag)  # val/loss, or val/<name>/loss
+        if loss is not None:
+            self.last_val = (step, loss)  # the end-of-run block shows it
+            trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss, loss)
+            trainer.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)
         return report
+
+    @property
+    def loss_tag(self) -> str:
+        """The validation loss's TensorBoard tag: val/loss for a held-out split, val/<name>/loss
+        for a dedicated validation.dataset (HeldOutBatches.tag)."""
+        return f"{getattr(self.val_batches, 'tag', 'val')}/loss"
 
     def __init__(
         self,
@@ -292,9 +336,13 @@ class Evaluator(Callback):
             logger.warning("validation step %d stopped by the stop signal after %d of %d "
                            "batches (not recorded); saving and stopping", step, e.done, e.steps)
             return {}
-        logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens | %.1fs", step,
+        tag = getattr(self.val_batches, "tag", "val")
+        logger.info("validation step %d: loss %.4f | perplexity %.2f | %s tokens%s | %.1fs", step,
                     m["val/loss"], m["val/perplexity"], f"{int(m['val/tokens']):,}",
+                    "" if tag == "val" else f" of {self.val_batches.label} ({tag}/loss)",
                     time.perf_counter() - t0)
+        if tag != "val":  # a dedicated set: its tags name it
+            return {f"{tag}/{key.removeprefix('val/')}": v for key, v in m.items()}
         per_source = getattr(self.val_batches, "per_source", [])
         for label, batches in per_source:  # a mixture: each source's own held-out windows
             one = validate(self.model, batches, len(batches), self.device, self.group,

@@ -75,6 +75,9 @@ def summary_rows(run: RunData) -> dict[str, str]:
     """The summary table's column for one run (row name -> cell)."""
     info, sc = run.info, run.scalars
     val = sc.get("val/loss")
+    if val is None:  # a dedicated validation set: val/<name>/loss
+        val = next((sc[t] for t in sorted(sc) if t.startswith("val/") and t.endswith("/loss")
+                    and t.count("/") == 2), None)
     loss = sc.get("loss/avg")
     tokens = sc.get(TOKENS_TAG)
     mem = next((sc[t] for t in ("memory/max_active_gib", "memory/rss_gib") if t in sc), None)

@@ -37,7 +37,8 @@ PLOTS = (
     # before that tag existed: its single logged steps, loss/avg).
     # (The explanation is in the title: a y label longer than the panel is cut off.)
     Plot("loss.png", "Loss (train: each log interval's mean, as the console; validation dashed)",
-         (Panel("loss (nats/token)", ("loss/interval|loss/avg", "val/loss"), by_tokens=True),)),
+         (Panel("loss (nats/token)", ("loss/interval|loss/avg", "val/loss|val/*/loss"),
+                by_tokens=True),)),
     Plot("lr.png", "Learning rate", (Panel("learning rate", ("optim/lr",)),)),
     Plot("grad_norm.png", "Gradient norm (before clipping)",
          (Panel("grad norm", ("grad_norm/total",), logy=True),)),
@@ -52,21 +53,30 @@ PLOTS = (
 )
 
 
+def _matching(run: RunData, pattern: str) -> list[str]:
+    """The run's tags `pattern` names: one tag, or with a `*` each tag with something in its
+    place (val/*/loss: val/<set>/loss, not val/loss)."""
+    if "*" not in pattern:
+        return [pattern] if pattern in run.scalars else []
+    head, tail = pattern.split("*", 1)
+    return sorted(t for t in run.scalars if t.startswith(head) and t.endswith(tail)
+                  and len(t) > len(head) + len(tail))
+
+
 def _tags(run: RunData, patterns: tuple[str, ...]) -> list[str]:
     out = []
     for p in patterns:
         if "|" in p:  # alternatives: the first the run has
-            out += next(([t] for t in p.split("|") if t in run.scalars), [])
-        elif p.endswith("*") or "*" in p:
-            head, tail = p.split("*", 1)
-            out += sorted(t for t in run.scalars if t.startswith(head) and t.endswith(tail))
-        elif p in run.scalars:
-            out.append(p)
+            out += next((got for alt in p.split("|") if (got := _matching(run, alt))), [])
+        else:
+            out += _matching(run, p)
     return out
 
 
 def _label(run: RunData, tag: str, several: bool) -> str:
     name = {"loss/interval": "train", "loss/avg": "train", "val/loss": "validation"}.get(tag, tag)
+    if tag.startswith("val/") and tag.endswith("/loss") and tag != "val/loss":
+        name = f"validation {tag[4:-5]}"  # a dedicated validation set, by its name
     return f"{run.name}: {name}" if several else name
 
 

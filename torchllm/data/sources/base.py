@@ -14,7 +14,8 @@ pre-flight check and the trainer both parse). Then it
         - streamed (`streams = True`): `stream_windows(ctx, column, pack)`, a reader of one
           rank's part of the rows as they arrive, packed by `pack`, and the held-out windows;
           `first_values(column, n)`, the first rows' values;
-    * reads its first max_tokens tokens whole, for a dedicated validation set (`whole_stream`);
+    * reads its tokens whole (a stream: its first max_tokens), for a dedicated validation set
+      (`whole_stream`);
     * says what its content is: `content_identity()`, one string a checkpoint records, so that
       a resume knows its data position still points into the same data (torchllm.data.content:
       a full content hash of files; a streamed dataset's name, subset and split).
@@ -22,6 +23,7 @@ pre-flight check and the trainer both parse). Then it
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -114,10 +116,12 @@ class Source:
         `sequential = True`), the held-out validation windows)."""
         raise NotImplementedError
 
-    def whole_stream(self, tokenizer, max_tokens: int) -> TokenStream:
-        """The first max_tokens tokens of the data read whole (a dedicated validation set):
-        documents tokenized one by one until the budget is reached."""
+    def whole_stream(self, tokenizer, max_tokens: int | None) -> TokenStream:
+        """The data read whole (a dedicated validation set): documents tokenized one by one,
+        all of them (max_tokens None) or until max_tokens are read."""
         more = []  # text left unread past the budget
+        if max_tokens is None:
+            max_tokens = sys.maxsize
 
         def encoded():
             total = 0

@@ -190,8 +190,8 @@ class Shards(Source):
         train, val = (open_split(self.location, s) for s in ("train", "val"))
         return train, val
 
-    def whole_stream(self, tokenizer, max_tokens: int) -> TokenStream:
-        """The val split, then the train split."""
+    def whole_stream(self, tokenizer, max_tokens: int | None) -> TokenStream:
+        """The val split, then the train split (all of it: max_tokens None)."""
         self.check_vocab(tokenizer)
         val, train = (open_split(self.location, s) for s in ("val", "train"))
         parts = [p for s in (val, train) if len(s) for p in s.parts]
@@ -199,6 +199,7 @@ class Shards(Source):
             raise ConfigError(f"{self.spec!r} holds no tokens", "data.dataset")
         starts = np.concatenate([val.doc_starts, train.doc_starts + len(val)])
         stream = TokenStream(parts, starts)
-        out = TokenStream(stream.parts, stream.doc_starts, 0, min(len(stream), max_tokens))
-        out.truncated = len(stream) > max_tokens  # the run header says so
+        cap = len(stream) if max_tokens is None else min(len(stream), max_tokens)
+        out = TokenStream(stream.parts, stream.doc_starts, 0, cap)
+        out.truncated = len(stream) > cap  # the run header says so
         return out
