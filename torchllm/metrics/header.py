@@ -79,9 +79,8 @@ def data_summary(train_dataset, val_dataset, global_batch: int, steps: int,
     (data.val_fraction and val_documents apply only with validation on:
     torchllm.data.holds_out)."""
     text = train_dataset.describe(global_batch, steps)
-    held_out = val_dataset.describe() if validation else (
-        "validation off: nothing held out, every window trains (data.val_fraction applies "
-        "with validation.enable)")
+    held_out = (val_dataset.describe() if validation else
+                "validation off: nothing held out (data.val_fraction unused)")
     return f"{text} | {held_out}" if held_out else text
 
 
