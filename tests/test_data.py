@@ -141,9 +141,7 @@ def test_train_stops_its_loader_workers(tmp_path):
 
 
 def test_resume_under_another_dp_degree_is_refused(tmp_path, jsonl):
-    # validation on: the training windows of the corpus less its held-out split (a count the
-    # other degree cannot take over)
-    cfg = cfg_for(tmp_path, f"local:{jsonl}", "--validation.enable")
+    cfg = cfg_for(tmp_path, f"local:{jsonl}")
     loader, _ = build_data(cfg, TOK, 0, 1)
     take(loader, 2)
     other, _ = build_data(cfg, TOK, 0, 2)
