@@ -183,7 +183,7 @@ def test_epoch_order_differs_per_epoch_and_is_reproducible(tmp_path, jsonl):
 
 
 def test_validation_loader_is_fixed_the_same_on_every_rank_and_held_out(tmp_path, jsonl):
-    cfg = cfg_for(tmp_path, f"local:{jsonl}", "--data.val_fraction=0.2")
+    cfg = cfg_for(tmp_path, f"local:{jsonl}", "--data.val_fraction=0.2", "--validation.enable")
     train, val = build_data(cfg, TOK, 0, 1)
     first, again = list(val), list(val)
     assert len(first) > 1
@@ -240,7 +240,7 @@ def make_hf_folder(tmp_path, n_files=4, per_file=8):
 def test_hf_streaming_resume_and_validation_holdout(tmp_path, workers):
     """The Hub code path (load_dataset streaming + split_dataset_by_node) on a local folder."""
     folder, texts = make_hf_folder(tmp_path)
-    cfg = cfg_for(tmp_path, f"hf:{folder}", "--data.val_documents=10",
+    cfg = cfg_for(tmp_path, f"hf:{folder}", "--data.val_documents=10", "--validation.enable",
                   f"--data.num_workers={workers}")
     def text(batches):  # whole windows: inputs plus the last target
         return "".join(TOK.decode(torch.cat([b["inputs"], b["targets"][:, -1:]], 1).flatten().tolist())

@@ -306,7 +306,8 @@ def test_mixture_of_text_and_conversations(tmp_path):
         [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"reply {i}"}]
         for i in range(40)])
     cfg = tiny_config(tmp_path, f"--data.sources=local:{text}=0.5,chat:{chat}=0.5",
-                      "--training.seq_len=24", "--training.local_batch_size=4")
+                      "--training.seq_len=24", "--training.local_batch_size=4",
+                      "--validation.enable")  # each source holds its split out
     tok = ChatTokenizer(TOK)
     loader, val = build_data(cfg, tok, 0, 1)
     end = tok.added["<|assistant_end|>"]

@@ -38,7 +38,7 @@ def counting():
 
 def test_a_toy_source_packs_its_documents_into_the_windows(tmp_path, counting):
     args = tiny_args(tmp_path, "--data.dataset=counting:60", "--data.tokenizer=bytes",
-                     "--data.val_fraction=0.1")
+                     "--data.val_fraction=0.1", "--validation.enable")
     check_config(args, 1)  # the launcher's pre-flight parses it too
     tok = load_tokenizer("bytes")
     train, val = build_data(tiny_config(tmp_path, *args[1:]), tok, 0, 1)

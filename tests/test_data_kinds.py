@@ -156,7 +156,7 @@ def stream_mix(tmp_path, *extra, batch=2):
     folder, texts = make_hf_folder(tmp_path)
     cfg = tiny_config(tmp_path, f"--data.sources=local:{local}=0.7,hf:{folder}=0.3",
                       f"--training.seq_len={SEQ}", f"--training.local_batch_size={batch}",
-                      "--data.val_documents=4", *extra)
+                      "--data.val_documents=4", "--validation.enable", *extra)
     return cfg, texts
 
 
@@ -216,7 +216,7 @@ def test_a_single_file_corpus_says_its_end_is_the_validation_split(tmp_path, cap
 
     logger.addHandler(caplog.handler)
     try:
-        build_data(tiny_config(tmp_path, f"--data.dataset=local:{book}",
+        build_data(tiny_config(tmp_path, f"--data.dataset=local:{book}", "--validation.enable",
                                "--data.val_fraction=0.1"), TOK, 0, 1)
         notes = [r.getMessage() for r in caplog.records if "is one document" in r.getMessage()]
         assert len(set(notes)) == 1 and f"local:{book}" in notes[0] and "last 10%" in notes[0]

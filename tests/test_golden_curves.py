@@ -202,8 +202,12 @@ def tb_losses(tmp: Path, run: str) -> dict[int, float]:
     return tb_scalars(tmp / "tb" / run)
 
 
-def resume_data(tmp: Path) -> str:
-    return f"--data.dataset=local:{write_data(tmp / 'data') / 'text.jsonl'}"
+def resume_data(tmp: Path) -> list[str]:
+    """The data of the resume run, and validation on (once, after the last step): the recorded
+    run held the last data.val_fraction out of training, as a run does only when it validates
+    (with validation off every window trains)."""
+    return [f"--data.dataset=local:{write_data(tmp / 'data') / 'text.jsonl'}",
+            "--validation.enable", "--validation.freq=1000"]
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -260,7 +264,7 @@ def test_recorded_checkpoint_resumes_exactly(tmp_path):
     want = json.loads((RESUME / "losses.json").read_text())
     run = tmp_path / "golden_resume"
     shutil.copytree(RESUME / "checkpoint", run / "checkpoint")
-    proc = run_train_sh(tmp_path, resume_data(tmp_path))
+    proc = run_train_sh(tmp_path, *resume_data(tmp_path))
     assert f"step-{want['resume_step']}" in proc.stdout + proc.stderr
     got = tb_losses(tmp_path, "golden_resume")
     steps = [int(s) for s in want["losses"]]
@@ -304,7 +308,7 @@ def record_resume(tmp: Path) -> None:
 
     cfg = tomllib.loads((RESUME / "config.toml").read_text())
     resume_step = cfg["checkpoint"]["interval"]
-    run_train_sh(tmp, resume_data(tmp))
+    run_train_sh(tmp, *resume_data(tmp))
     losses = tb_losses(tmp, "golden_resume")
     ckpt = tmp / "golden_resume" / "checkpoint" / f"step-{resume_step}"
     shutil.rmtree(RESUME / "checkpoint", ignore_errors=True)

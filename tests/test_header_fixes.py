@@ -26,8 +26,9 @@ def test_validation_is_named_only_when_it_is_on(tmp_path):
     text = write_jsonl(tmp_path / "t.jsonl", corpus_texts())
     off = summary(tiny_config(tmp_path, f"--data.dataset=local:{text}"))
     on = summary(tiny_config(tmp_path, f"--data.dataset=local:{text}", "--validation.enable"))
-    assert " | validation " not in off
-    assert on.startswith(off) and " | validation " in on and "windows)" in on
+    # off: nothing held out, said so (the split is named only when validation reads it)
+    assert off.endswith(" | validation off: nothing held out (data.val_fraction unused)"), off
+    assert " | validation " in on and "windows)" in on and "validation off" not in on
 
 
 def test_mixture_and_chat_sources_are_summarized_per_source(tmp_path):

@@ -12,9 +12,9 @@ MUTANTS = [
     Mutant.at(
         "dedicated_validation_holds_out_training_text",
         "a dedicated validation.dataset still holds data.val_fraction of the training text out",
-        "torchllm.data:training_data_config",
-        "    if not dedicated_validation(job_config):\n        return job_config\n",
-        "    if True:\n        return job_config\n",
+        "torchllm.data:holds_out",
+        "job_config.validation.enable and not dedicated_validation(job_config)",
+        "job_config.validation.enable",
         (VS + "test_nothing_is_held_out_of_training_for_a_dedicated_validation_set",),
     ),
     Mutant.at(

@@ -21,8 +21,8 @@ MUTANTS = [
     Mutant.at(
         "header_validation_when_off", "the header names the validation split when validation is off",
         "torchllm.metrics.header:data_summary",
-        "    held_out = val_dataset.describe() if validation else \"\"\n",
-        "    held_out = val_dataset.describe()\n",
+        "    held_out = (val_dataset.describe() if validation else",
+        "    held_out = (val_dataset.describe() if True else",
         ("tests/test_header_fixes.py::test_validation_is_named_only_when_it_is_on",),
     ),
     Mutant.at(

@@ -45,11 +45,13 @@ class Data:
     hf_subset: str = opt("", "Hugging Face dataset subset (config name); empty = the registry's")
     hf_split: str = opt("", "Hugging Face dataset split; empty = the registry's, else 'train'")
     val_fraction: float = opt(
-        0.05, "embedded/local: fraction of the tokens (the end of the corpus) held out",
+        0.05, "embedded/local/chat: fraction of the tokens (the end of the corpus) held out "
+        "for validation; only with validation.enable (off: every window trains)",
         BELOW_ONE,
     )
     val_documents: int = opt(
-        1000, "Hugging Face streams: the first N documents are held out for validation"
+        1000, "Hugging Face streams: the first N documents are held out for validation; only "
+        "with validation.enable (off: every document trains)"
     )
     shuffle_windows: bool = opt(
         True, "Shuffle windows within each shard (in-memory corpora: all windows) every epoch"

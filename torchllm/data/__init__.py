@@ -111,11 +111,20 @@ def dedicated_validation(job_config) -> bool:
     return bool(vcfg.dataset) and vcfg.dataset != job_config.data.dataset and not vcfg.split
 
 
+def holds_out(job_config) -> bool:
+    """Whether the training data holds a validation split out (data.val_fraction of a corpus
+    or of conversations, data.val_documents of a stream): only when validation is on and
+    reads that split. With validation off, or a dedicated validation.dataset, every window
+    trains (shards keep their own val files, never trained either way)."""
+    return job_config.validation.enable and not dedicated_validation(job_config)
+
+
 def training_data_config(job_config):
-    """`job_config`, or, when validation reads a dedicated validation.dataset, a copy whose
-    training data holds nothing out (data.val_fraction and data.val_documents 0): a split
-    validation never reads would only be text withheld from training for nothing."""
-    if not dedicated_validation(job_config):
+    """`job_config`, or, when nothing is held out (`holds_out`: validation off, or a dedicated
+    validation.dataset), a copy whose training data holds nothing out (data.val_fraction and
+    data.val_documents 0): a split validation never reads would only be text withheld from
+    training for nothing."""
+    if holds_out(job_config):
         return job_config
     out = copy.deepcopy(job_config)
     out.data.val_fraction, out.data.val_documents = 0.0, 0
@@ -143,5 +152,5 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
 
 
 __all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
-           "dedicated_validation", "load_tokenizer", "parse_data", "tokenizer_of",
+           "dedicated_validation", "holds_out", "load_tokenizer", "parse_data", "tokenizer_of",
            "whole_stream"]

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from torchllm.checkpoint import Step, open_checkpoint
-from torchllm.data import build_data, dedicated_validation
+from torchllm.data import build_data, dedicated_validation, holds_out
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.eval.validation import validate
@@ -63,6 +63,7 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
     """(batches, how many, description): in-training validation's windows for `data`;
     `global_batch`: the run's (default: training.global_batch_size for one rank)."""
     cfg = copy.deepcopy(cfg)
+    held_nothing = not holds_out(cfg)  # validation off: the run trained on every window
     cfg.validation.enable = True
     if data is not None:  # --data: that set, not the one the run validated on
         cfg.validation.split = ""
@@ -76,6 +77,11 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
     held_out = build_data(cfg, tokenizer, 0, 1)[1] if own else None
     batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1, global_batch)
     what = batches.describe().removeprefix("validation ") + f" ({n} batches)"
+    if own and held_nothing and not cfg.validation.split:
+        what += (" -- trained on: the run held nothing out of data.dataset (validation off, "
+                 "or a validation.dataset of its own), so this loss is not a held-out one; "
+                 "pass --data=DATASET the run did not read")
+        logger.warning("%s", what)
     return batches, n, what
 
 

@@ -75,9 +75,12 @@ def data_summary(train_dataset, val_dataset, global_batch: int, steps: int,
                  validation: bool = True) -> str:
     """Documents, tokens, windows per epoch and the epochs the run will make (per source for a
     mixture), as the training batches describe themselves; then the held-out validation part
-    when `validation` is on and the windows name one."""
+    when `validation` is on and the windows name one; with it off, that nothing is held out
+    (data.val_fraction and val_documents apply only with validation on:
+    torchllm.data.holds_out)."""
     text = train_dataset.describe(global_batch, steps)
-    held_out = val_dataset.describe() if validation else ""
+    held_out = (val_dataset.describe() if validation else
+                "validation off: nothing held out (data.val_fraction unused)")
     return f"{text} | {held_out}" if held_out else text
 
 
@@ -110,14 +113,15 @@ def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
                 f"{epochs:,.0f} times ({steps:,} steps x {global_batch} windows): the model will "
                 "memorize them; give more data, fewer training.steps, or for conversations "
                 "data.chat_packing = 'pad' (one conversation per window)")
+    from torchllm.data import holds_out
+
     held = getattr(val_dataset, "__len__", None)
     if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0
-            and not cfg.validation.dataset and not cfg.validation.split):
+            and holds_out(cfg) and not cfg.validation.split):
         out.append(
             f"the held-out validation split is 0 windows (data.val_fraction = "
-            f"{cfg.data.val_fraction:g} of too few windows): there is nothing to validate on"
-            f"{' (validation.enable will fail)' if not cfg.validation.enable else ''}; give "
-            "more data or a larger data.val_fraction (at least one window)")
+            f"{cfg.data.val_fraction:g} of too few windows): there is nothing to validate on; "
+            "give more data or a larger data.val_fraction (at least one window)")
     return out
 
 
