@@ -140,13 +140,27 @@ def test_train_stops_its_loader_workers(tmp_path):
     assert not any(w.is_alive() for w in workers)
 
 
-def test_resume_under_another_dp_degree_is_refused(tmp_path, jsonl):
-    cfg = cfg_for(tmp_path, f"local:{jsonl}")
-    loader, _ = build_data(cfg, TOK, 0, 1)
-    take(loader, 2)
-    other, _ = build_data(cfg, TOK, 0, 2)
+def test_resume_under_another_dp_degree_continues_the_global_order_or_is_refused(tmp_path,
+                                                                                 jsonl):
+    """1 rank x 4 sequences, 3 batches read; 2 ranks x 2 resume: each rank's next batch is its
+    half of the batch the one rank reads next. A position that falls inside the new layout's
+    batch (1 batch of 2 on 1 rank; 2 ranks x 2 read 4 at a time) is refused in one line."""
+    one, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=4), TOK, 0, 1)
+    it = iter(one)
+    for _ in range(3):
+        next(it)
+    state, want = one.state_dict(), next(it)
+    halves = []
+    for r in range(2):
+        rank, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, r, 2)
+        rank.load_state_dict(state)
+        halves.append(take(rank, 1)[0])
+    assert_batches_equal([{k: torch.cat([h[k] for h in halves]) for k in want}], [want])
+    small, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, 0, 1)
+    take(small, 1)
+    other, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, 0, 2)
     with raises_naming(ConfigError, "degree 1", "degree 2", "checkpoint.exclude_from_loading"):
-        other.load_state_dict(loader.state_dict())
+        other.load_state_dict(small.state_dict())
 
 
 def test_ranks_are_disjoint_cover_the_epoch_and_concatenate_to_one_rank(tmp_path, jsonl):

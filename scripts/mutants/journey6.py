@@ -45,7 +45,9 @@ MUTANTS = [
         "torchllm.data.loader:TrainLoader._relayout",
         "        windows = int(dataset_state[\"yielded\"]) * batch * int(state[\"dp_degree\"])\n",
         "        return False\n",
-        (f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly",),
+        ("tests/test_data.py::"
+         "test_resume_under_another_dp_degree_continues_the_global_order_or_is_refused",
+         f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly"),
     ),
     Mutant.at(
         "extra_rank_starts_its_data_fresh",
