@@ -1,4 +1,4 @@
-"""A Hugging Face folder is read through one Store (torchllm/hf/reading.py), and a bad one is a
+"""A Hugging Face folder is read through one Store (torchllm/hf_folder.py), and a bad one is a
 line, not a traceback (issue 61, items 3 and 15): `hf import` and `checkpoint.initial_load_in_hf`
 read only plain files inside the folder (a shard the index names `../x` or `/abs/x`, or a link,
 is refused naming the index and the name, exit 2), its JSON files are bounded and a too deeply
@@ -123,7 +123,7 @@ def test_a_deeply_nested_json_file_is_named(source, tmp_path, file):
 
 
 def test_an_oversized_index_is_refused_before_it_is_read(source, tmp_path, monkeypatch):
-    import torchllm.hf.reading as reading
+    import torchllm.hf_folder as reading
 
     hf = hf_folder(tmp_path, source, "model.safetensors")
     monkeypatch.setattr(reading, "JSON_MAX", (hf / INDEX).stat().st_size - 1)

@@ -10,32 +10,32 @@ T = "tests/test_edge_hf.py::"
 MUTANTS = [
     Mutant.at(
         "hf_index_shard_leads_out", "hf import reads a shard the index names ../x or /abs/x",
-        "torchllm.hf.reading:shard_names", "            plain_parts(shard)\n",
+        "torchllm.hf_folder:shard_names", "            plain_parts(shard)\n",
         "            pass\n",
         (T + "test_an_index_naming_a_shard_outside_the_folder_is_refused",
          T + "test_initial_load_in_hf_refuses_a_shard_outside_the_folder"),
     ),
     Mutant.at(
         "hf_shard_read_by_path", "hf import reads a shard by its path, following a link",
-        "torchllm.hf.reading:load_shard",
+        "torchllm.hf_folder:load_shard",
         "    with store.open(name) as f:", '    with open(store.where(name), "rb") as f:',
         (T + "test_a_linked_shard_or_config_is_refused_not_followed",),
     ),
     Mutant.at(
         "hf_nested_json_traceback", "a deeply nested config.json / index is a RecursionError "
-        "traceback", "torchllm.hf.reading:parse_json", "    except RecursionError:\n",
+        "traceback", "torchllm.hf_folder:parse_json", "    except RecursionError:\n",
         "    except ZeroDivisionError:\n",
         (T + "test_a_deeply_nested_json_file_is_named",),
     ),
     Mutant.at(
         "hf_json_unbounded", "an HF folder's JSON files are read whatever their size",
-        "torchllm.hf.reading:read_json", "read_bytes(store, name, JSON_MAX)",
+        "torchllm.hf_folder:read_json", "read_bytes(store, name, JSON_MAX)",
         "read_bytes(store, name, None)",
         (T + "test_an_oversized_index_is_refused_before_it_is_read",),
     ),
     Mutant.at(
         "hf_tokenizer_config_unchecked", "hf import copies a garbage tokenizer_config.json "
-        "into the seed (json's error names no file)", "torchllm.hf.reading:tokenizer_bytes",
+        "into the seed (json's error names no file)", "torchllm.hf_folder:tokenizer_bytes",
         "        parse_json(data, store.where(name))\n", "",
         (T + "test_a_garbage_tokenizer_config_is_named",),
     ),

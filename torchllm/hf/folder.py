@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from torchllm.hf.files import save_safetensors
-from torchllm.hf.reading import INDEX, has_file, hf_store, load_shard, read_json, shard_names
+from torchllm.hf_folder import INDEX, has_file, hf_store, load_shard, read_json, shard_names
 from torchllm.hf.validate import check_hf_config, check_tensors
 
 WEIGHTS = "model.safetensors"

@@ -21,7 +21,7 @@ from torchllm.checkpoint.stage.tokenizer_identity import hf_record
 from torchllm.config import ConfigError, load_config
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
-from torchllm.hf.reading import has_file, hf_store, tokenizer_bytes
+from torchllm.hf_folder import has_file, hf_store, tokenizer_bytes
 from torchllm.hf.validate import (
     ReadTracker, check_all_read, check_cast, check_converted, check_shapes, expected_shapes,
 )

@@ -33,7 +33,7 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     folder: its tokenizer.json (added tokens are inside), else its tokenizer.model (SentencePiece
     or tiktoken; chat tokens when tokenizer_config.json adds torchllm's 6 after the vocabulary,
     as export writes them); None when it has neither. ConfigError for other added tokens, and
-    for a file the folder's store refuses (a link, too large, not JSON: torchllm/hf/reading.py)."""
+    for a file the folder's store refuses (a link, too large, not JSON: torchllm/hf_folder.py)."""
     try:
         return _hf_folder_tokenizer(folder)
     except ConfigError:
@@ -45,7 +45,7 @@ def hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
 def _hf_folder_tokenizer(folder: str | Path) -> tuple[Path, bool] | None:
     from torchllm.data.chat.tokens import ADDED_TOKENS
     from torchllm.data.tokenizer import load_tokenizer
-    from torchllm.hf.reading import has_file, hf_store, read_json
+    from torchllm.hf_folder import has_file, hf_store, read_json
 
     store = hf_store(folder)  # plain files only, no link followed, bounded reads
     found = [Path(store.where(n)) for n in HF_TOKENIZER_FILES if has_file(store, n)]
@@ -77,7 +77,7 @@ def hf_record(folder: str | Path) -> dict | None:
     found = hf_folder_tokenizer(folder)
     if found is None:
         return None
-    from torchllm.hf.reading import hf_store, tokenizer_bytes
+    from torchllm.hf_folder import hf_store, tokenizer_bytes
 
     data = tokenizer_bytes(hf_store(folder), found[0].name)  # bounded, no link followed
     return {"name": str(found[0]), "base_sha256": hashlib.sha256(data).hexdigest(),

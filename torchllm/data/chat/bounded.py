@@ -2,7 +2,7 @@
 operation that can build a large string, list or integer is capped before it builds it
 (chat/limits.py's RENDER_CHARS and POW_BITS; sizes from chat/sizes.py), at render time only.
 
-    operators    `*`, `+`, `%` (printf formatting), `**`: limits.checked_binop; `~`: its
+    operators    `*`, `+`, `%` (printf formatting), `**`: sizes.checked_binop; `~`: its
                  operands' text (the code generator calls `checked_concat`)
     filters      only jinja2's known filters (and tojson), each checked: a width or count that
                  sets a result's size (center, indent, batch, slice), the text a filter makes
@@ -39,7 +39,8 @@ from jinja2.sandbox import (ImmutableSandboxedEnvironment, SandboxedEscapeFormat
 from jinja2.utils import _PassArg
 from markupsafe import Markup
 
-from torchllm.data.chat.limits import checked_binop, count_built, count_output
+from torchllm.data.chat.limits import count_built, count_output
+from torchllm.data.chat.sizes import checked_binop
 from torchllm.data.chat.sizes import (checked_int, percent_size, refuse_over, spec_size,
                                       text_size)
 

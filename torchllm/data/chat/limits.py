@@ -136,33 +136,3 @@ def limited(render) -> str:
     except RenderTimeout:
         raise RenderLimit(f"it ran longer than {seconds:g} s") from None
     return "".join(pieces)
-
-
-def checked_binop(operator: str, left, right, compute):
-    """`left <operator> right` unless it would build a value past the caps (a sequence of more
-    than RENDER_CHARS items, an integer of more than POW_BITS bits, a `%` format's text of more
-    than RENDER_CHARS characters)."""
-    from torchllm.data.chat.sizes import percent_size, refuse_over
-
-    sized = (str, bytes, list, tuple)
-    if operator == "*":
-        for seq, n in ((left, right), (right, left)):
-            if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > RENDER_CHARS:
-                raise RenderLimit(f"'*' would build {len(seq) * n:,} items (at most "
-                                  f"{RENDER_CHARS:,})")
-        if isinstance(left, int) and isinstance(right, int) \
-                and left.bit_length() + right.bit_length() > POW_BITS:
-            raise RenderLimit(f"'*' would build an integer of about "
-                              f"{left.bit_length() + right.bit_length():,} bits (at most "
-                              f"{POW_BITS})")
-    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
-        refuse_over("'+'", len(left) + len(right))
-    if operator == "%" and isinstance(left, (str, bytes)):
-        refuse_over("'%' formatting", percent_size(left, right))
-    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-        if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > POW_BITS:
-            raise RenderLimit(f"'**' would build an integer of about "
-                              f"{right * abs(left).bit_length():,} bits (at most {POW_BITS})")
-    result = compute(left, right)
-    count_built(result)
-    return result

@@ -191,3 +191,31 @@ def spec_size(spec: str) -> int:
         else:
             i += 1
     return total
+
+
+def checked_binop(operator: str, left, right, compute):
+    """`left <operator> right` unless it would build a value past the caps (a sequence of more
+    than limits.RENDER_CHARS items, an integer of more than limits.POW_BITS bits, a `%` format's text of more
+    than limits.RENDER_CHARS characters)."""
+    sized = (str, bytes, list, tuple)
+    if operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > limits.RENDER_CHARS:
+                raise RenderLimit(f"'*' would build {len(seq) * n:,} items (at most "
+                                  f"{limits.RENDER_CHARS:,})")
+        if isinstance(left, int) and isinstance(right, int) \
+                and left.bit_length() + right.bit_length() > limits.POW_BITS:
+            raise RenderLimit(f"'*' would build an integer of about "
+                              f"{left.bit_length() + right.bit_length():,} bits (at most "
+                              f"{limits.POW_BITS})")
+    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        refuse_over("'+'", len(left) + len(right))
+    if operator == "%" and isinstance(left, (str, bytes)):
+        refuse_over("'%' formatting", percent_size(left, right))
+    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > limits.POW_BITS:
+            raise RenderLimit(f"'**' would build an integer of about "
+                              f"{right * abs(left).bit_length():,} bits (at most {limits.POW_BITS})")
+    result = compute(left, right)
+    limits.count_built(result)
+    return result
