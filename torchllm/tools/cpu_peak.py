@@ -6,7 +6,8 @@
 The cache is ~/.cache/torchllm/cpu_peak_flops.json ($TORCHLLM_CACHE_DIR overrides the folder),
 one entry per CPU model, thread count and dtype (docs/metrics.md), with how quiet the machine
 was (the CPU share this process got, stolen time, load; an N-thread peak is checked against the
-1-thread one). A busy measurement is flagged `busy` and measured again by the next run.
+1-thread one). A busy measurement is flagged `busy` and measured again by the first run an
+hour later (docs/metrics.md); `--remeasure` measures now.
 """
 
 from __future__ import annotations
