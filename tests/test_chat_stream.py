@@ -62,7 +62,7 @@ def chat_mix(tmp_path, *extra, batch=2, **folder):
     chat_folder, convs = make_chat_folder(tmp_path, **folder)
     cfg = tiny_config(tmp_path, f"--data.sources=hf:{text_folder}=0.7,chat:hf:{chat_folder}=0.3",
                       f"--training.seq_len={SEQ}", f"--training.local_batch_size={batch}",
-                      "--data.val_documents=3", *extra)
+                      "--data.val_documents=3", "--validation.enable", *extra)  # (held out)
     return cfg, convs
 
 

@@ -120,7 +120,8 @@ def test_the_benchmark_names_a_killed_rank_1_with_its_signal(tmp_path):
     work = tmp_path / "work"
     with running(
         [sys.executable, "benchmarks/bench_parallel.py", "--config",
-         "train_configs/debug_model.toml", "--matrix", "ddp", "--nproc", "2", "--steps", "100000",
+         "train_configs/debug_model.toml", "--matrix", "ddp", "--nproc", "2", "--repeats", "1",
+         "--steps", "100000",
          "--warmup", "2", "--json", str(tmp_path / "res.json"), "--work_dir", str(work),
          "--training.seq_len=32", "--training.local_batch_size=2",
          "--data.tokenizer_vocab_size=512", "--training.device=cpu"],

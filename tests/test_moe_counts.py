@@ -80,12 +80,14 @@ def test_estimator_stores_every_expert_and_tp_does_not_split_them(tp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, low", [("qwen3", 0.95), ("qwen3_moe", 0.90)])
+@pytest.mark.parametrize("name, low", [("qwen3", 0.95), ("qwen3_moe", 0.85)])
 def test_estimate_of_qwen3_activations_against_measured(tmp_path, name, low):
     """Activation-dominated step (8 x 128 tokens, fp32), measured tensor bytes vs estimate:
     QK-norm's extra q/k copies and the MoE's routed copies are counted (without them: 0.80 and
     0.71). The MoE's lower band: the CPU path pads experts to the busiest one's load, which the
-    estimate (balanced experts) leaves out (measured 0.95)."""
+    estimate (balanced experts) leaves out: how busy depends on the tokens routed (0.95 measured
+    on the 95% split; 0.87 since validation off trains on every window; issue 62 keeps this gap
+    open, bench_memory's ep2 row too)."""
     from test_estimate_memory import measure
 
     measured, estimate = measure(tmp_path, f"--model.name={name}",

@@ -224,6 +224,8 @@ FREE_FORM = {
     "job.custom_import",  # a module name: imported (and named if it cannot be) when the config loads
     "optimizer.name",  # a registered OptimizerSpec (optim/registry.py, job.custom_import may add
                        # one): checked at launch, test_optimizer_plugin.py
+    "fault_tolerance.bind",  # an address: the heal transport binds it (ft/transport.py)
+    "fault_tolerance.secret_env", "fault_tolerance.secret_file",  # a variable's name, a path
 }
 
 
