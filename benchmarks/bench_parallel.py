@@ -41,6 +41,7 @@ from benchlib.variants import (AC_MODES, COMPILE, FLOAT8, LAYOUTS, Variant,  # n
 from benchlib.rounds import MIN_ROUNDS, combine, load_average, sitting_peak  # noqa: E402
 from benchlib.worker import PROFILED_STEPS  # noqa: E402
 from torchllm.config import ConfigError  # noqa: E402
+from torchllm.precision import cpuinfo  # noqa: E402
 from torchllm.run.launch import check_config  # noqa: E402
 
 COMMAND = "python benchmarks/bench_parallel.py"
@@ -144,16 +145,6 @@ def sitting_peaks(rows: list[list[dict]]) -> dict[tuple[str, int], float]:
     return {(d, t): sitting_peak(getattr(torch, d), t)["flops"] for d, t in sorted(wanted)}
 
 
-def cpu_model() -> str | None:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     json_path = Path(args.json)
@@ -172,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": args.config, "overrides": overrides, "nproc": args.nproc,
         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
         "host": {"machine": platform.machine(), "processor": platform.processor(),
-                 "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+                 "cpu_model": cpuinfo("model name"), "cpu_count": os.cpu_count(),
                  "torch": torch.__version__,
                  "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                  "load_before": before["load"], "load_after": load_average(),

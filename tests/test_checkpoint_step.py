@@ -24,6 +24,7 @@ from torchllm.train import Trainer
 
 from cli import run_module
 from conftest import REPO, tiny_config
+from checkpoint_edits import edit_index, reseal
 from messages import refused
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -41,20 +42,6 @@ def trained(tmp_path_factory):
 
 def step2(run: Path) -> Path:
     return run / "checkpoint" / "step-2"
-
-
-def reseal(step: Path) -> None:
-    """Record the files' current sizes and CRC-32s in COMPLETE, as a careful attacker would."""
-    record = json.loads((step / MARKER).read_text())
-    record["files"] = folder_checksums(step)
-    (step / MARKER).write_text(json.dumps(record))
-
-
-def edit_index(step: Path, change) -> None:
-    index = json.loads((step / INDEX).read_text())
-    change(index)
-    (step / INDEX).write_text(json.dumps(index))
-    reseal(step)
 
 
 # ------------------------------------------------------------------------ item 1: custom_import

@@ -30,13 +30,13 @@ import torch
 from torchllm.checkpoint import open_checkpoint
 from torchllm.checkpoint import convert_legacy
 from torchllm.checkpoint.index import INDEX, UntrustedCheckpoint, encode_index
-from torchllm.checkpoint.integrity import folder_checksums
 from torchllm.checkpoint.layout import MARKER, scan_steps
 from torchllm.checkpoint.step import Step
 from torchllm.train import Trainer
 
 import cli
 from conftest import REPO, tiny_args, tiny_config
+from checkpoint_edits import edit_index, reseal
 from messages import refused
 
 # (validation off in the trained run and its resumes alike: it decides what is held out)
@@ -63,21 +63,6 @@ def run(trained, tmp_path):
 
 def step(root: Path, n: int) -> Path:
     return root / "run" / "checkpoint" / f"step-{n}"
-
-
-def reseal(folder: Path) -> None:
-    """Record the files' current sizes and CRC-32s in COMPLETE, as a careful attacker would."""
-    record = json.loads((folder / MARKER).read_text())
-    record["files"] = folder_checksums(folder)
-    (folder / MARKER).write_text(json.dumps(record))
-
-
-def edit_index(folder: Path, change) -> Path:
-    index = json.loads((folder / INDEX).read_text())
-    change(index)
-    (folder / INDEX).write_text(json.dumps(index))
-    reseal(folder)
-    return folder / INDEX
 
 
 def torch_saved(value) -> bytes:
