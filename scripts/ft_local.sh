@@ -26,8 +26,13 @@
 #                          with it only): default, one made when this script starts the run's
 #                          lighthouse, kept beside its record (mode 600) for relaunches
 #   NGPU, CONFIG_FILE, LOG_RANK, ...  as for ./run_train.sh (per group)
+# Paths (FT_LOG_DIR, CONFIG_FILE, the overrides' paths) resolve against where you stand, as for
+# ./run_train.sh. A relaunch (FT_REPLICAS=R, the run's lighthouse reused) appends to the group's
+# log and registers itself beside the lighthouse's record: the launch that started the lighthouse
+# keeps it up until the relaunch ends and reports the relaunch's exit code for that group.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "$0")/.." && pwd)"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: scripts/ft_local.sh N_GROUPS [--section.key=value ...]" >&2
@@ -36,7 +41,11 @@ fi
 groups=$1; shift
 # The run's default lighthouse address and its label (name and dump folder), as run_train.sh's
 # config file and these overrides give them; a config error is one line and exit 2.
-run=$(python -m torchllm.ft --job.config_file "${CONFIG_FILE:-./train_configs/debug_model.toml}" "$@") \
+config_file=${CONFIG_FILE:-"$here/train_configs/debug_model.toml"}
+if [[ "$config_file" != /* && ! -e "$config_file" && -e "$here/$config_file" ]]; then
+    config_file="$here/$config_file"  # as run_train.sh: a shipped config named from the clone
+fi
+run=$(python -m torchllm.ft --job.config_file "$config_file" "$@") \
     || exit $?
 run_label=$(tail -n 1 <<<"$run")
 bind=$(tail -n 3 <<<"$run" | head -n 1)  # fault_tolerance.bind: the lighthouse listens there too
@@ -51,11 +60,14 @@ records=${FT_LIGHTHOUSE_RECORDS:-${TMPDIR:-/tmp}/torchllm-ft-lighthouses-$(id -u
 record="$records/$port"  # "PID<tab>RUN" of the lighthouse this script started on that port
 secret_file="$record.secret"  # the run's shared secret (unless TORCHLLM_FT_SECRET is set)
 
+# A process that still runs (a zombie, ended but not yet reaped by whoever started it, does not).
+running() { kill -0 "$1" 2>/dev/null && ! [[ "$(cat "/proc/$1/stat" 2>/dev/null)" =~ ^[0-9]+\ \(.*\)\ Z ]]; }
 lighthouse_up() { python -c "import socket,sys; socket.create_connection(('$probe', $port), 1).close()" 2>/dev/null; }
 new_secret() { (umask 077; mkdir -p "$records"; chmod 700 "$records"
     python -c 'import secrets; print(secrets.token_hex(32))' >"$secret_file"); }
 
 lighthouse_pid=""
+relaunch=""  # this call reuses this run's lighthouse: its groups are relaunches
 if lighthouse_up; then
     owner_pid=""; owner=""
     [ ! -f "$record" ] || IFS=$'\t' read -r owner_pid owner <"$record" || true
@@ -68,6 +80,7 @@ if lighthouse_up; then
     fi
     if [ -n "$owner_pid" ] && [ "$owner" = "$run_label" ]; then
         echo "ft_local: reusing this run's lighthouse at $TORCHFT_LIGHTHOUSE (pid $owner_pid)"
+        relaunch=1
     else
         echo "ft_local: reusing the lighthouse at $TORCHFT_LIGHTHOUSE (not started by" \
              "ft_local.sh: at their first quorum the groups refuse peers of another run)"
@@ -95,26 +108,56 @@ replicas=${FT_REPLICAS:-$(seq 0 $((groups - 1)))}
 stop() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
 trap 'stop' INT TERM
 for r in $replicas; do
-    rm -f "$log_dir/replica_$r.code"
+    code_file="$(cd "$log_dir" && pwd)/replica_$r.code"
+    rm -f "$code_file"
+    log="$log_dir/replica_$r.log"
+    if [ -n "$relaunch" ]; then  # the killed launch's lines stay; the lighthouse's launch waits for this one
+        echo "=== ft_local: replica group $r relaunched $(date '+%F %T') ===" >>"$log"
+        printf '%s\t%s\n' "$$" "$code_file" >"$record.relaunch.$r"
+    else
+        : >"$log"
+    fi
     # setsid: each group is a process group of its own (replica_R.pid names it), as on its own node
-    setsid ./run_train.sh --fault_tolerance.enable=true --fault_tolerance.replica_id="$r" \
-        --fault_tolerance.group_size="$groups" "$@" >"$log_dir/replica_$r.log" 2>&1 &
+    setsid "$here/run_train.sh" --fault_tolerance.enable=true --fault_tolerance.replica_id="$r" \
+        --fault_tolerance.group_size="$groups" "$@" >>"$log" 2>&1 &
     pids+=($!)
     echo "$!" >"$log_dir/replica_$r.pid"
-    echo "ft_local: replica group $r -> $log_dir/replica_$r.log (relaunch it: FT_REPLICAS=$r $0 $groups ...)"
+    echo "ft_local: replica group $r -> $log (relaunch it: FT_REPLICAS=$r $0 $groups ...)"
 done
 
-code=0
+codes=()
 i=0
 for r in $replicas; do
     c=0; wait "${pids[$i]}" || c=$?
-    echo "$c" >"$log_dir/replica_$r.code"
+    codes+=("$c")
     echo "ft_local: replica group $r exited with code $c"
+    i=$((i + 1))
+done
+code=0
+i=0
+for r in $replicas; do
+    c=${codes[$i]}
+    # A group relaunched beside this launch: the lighthouse serves it until it ends, and its
+    # exit code is the group's.
+    if [ -n "$lighthouse_pid" ] && [ -f "$record.relaunch.$r" ]; then
+        relaunch_pid=""; relaunch_code=""
+        IFS=$'\t' read -r relaunch_pid relaunch_code <"$record.relaunch.$r" || true
+        if [ -n "$relaunch_pid" ] && running "$relaunch_pid"; then
+            echo "ft_local: waiting for replica group $r's relaunch (pid $relaunch_pid) before stopping the lighthouse"
+            while running "$relaunch_pid"; do sleep 1; done
+        fi
+        rc=$(cat "$relaunch_code" 2>/dev/null || true)
+        if [[ "$rc" =~ ^[0-9]+$ ]]; then
+            echo "ft_local: replica group $r's relaunch exited with code $rc (this launch's group: $c)"
+            c=$rc
+        fi
+    fi
+    echo "$c" >"$log_dir/replica_$r.code"
     [ "$c" -le "$code" ] || code=$c
     i=$((i + 1))
 done
 if [ -n "$lighthouse_pid" ]; then
     kill "$lighthouse_pid" 2>/dev/null || true
-    rm -f "$record" "$secret_file"
+    rm -f "$record" "$secret_file" "$record".relaunch.*
 fi
 exit "$code"
