@@ -11,7 +11,9 @@ one named function, method, class or assignment when the mutant names one: mutan
 applied to a copy of the working tree (tracked and untracked, not ignored files) in a temporary folder; its
 tests then run there with PYTHONPATH pointing at the copy. A mutant "survives" when those tests
 pass: the bug would ship green. A patch whose snippet is no longer in the source is reported as
-stale (exit 2): update the snippet when the code it mutates changes. Run it before resolving an
+stale (exit 2): update the snippet when the code it mutates changes. The test suite does not check
+the snippets (a refactor that changes no behaviour edits nothing under scripts/): this script
+does, when it runs (`--check-patches` alone checks them in seconds). Run it before resolving an
 issue that adds an oracle test, and add a mutant for the bug the new test guards against (see
 tests/README.md).
 """
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
     parser.add_argument("--check-patches", action="store_true",
                         help="only check that every patch applies to the current source")
+    parser.add_argument("--root", type=Path, default=REPO, metavar="DIR",
+                        help="with --check-patches: the source tree to check (default: this repo)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
     args = parser.parse_args(argv)
     mutants = MUTANTS
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'':34s}   guarded by {test}")
         return 0
     if args.check_patches:
-        bad = [(m.name, why) for m in mutants if (why := stale(m))]
+        bad = [(m.name, why) for m in mutants if (why := stale(m, args.root))]
         for name, why in bad:
             print(f"stale  {name}: {why}")
         print(f"{len(mutants) - len(bad)}/{len(mutants)} patches apply")
