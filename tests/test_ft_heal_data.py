@@ -317,7 +317,7 @@ def test_a_relaunched_group_with_another_secret_is_refused_on_both_sides(tmp_pat
         address = re.search(r"http://[^ ]+:\d+", lines[0])[0] if lines else ""
         assert len(lines) == 1 and address, log1[-3000:]
         before = max(steps_of(logs / "replica_0.log"))
-        wait_for(lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 120,
+        wait_for(lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 300,
                  what="group 0 training on after the refusal")
         log0 = (logs / "replica_0.log").read_text(errors="replace")
         refusals = [line for line in log0.splitlines() if "refused a heal request" in line]
