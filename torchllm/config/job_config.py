@@ -6,6 +6,7 @@ import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 
+from torchllm.config import components
 from torchllm.config.fields import ANY
 from torchllm.config.paths import path_errors
 from torchllm.config.sections_ft import FaultTolerance, fault_tolerance_errors
@@ -92,9 +93,11 @@ class ConfigError(ValueError):
 @dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
-    model: Model = field(default_factory=Model)
+    # [model] and [optimizer]: the shared keys plus the default entry's own (components.py).
+    model: Model = field(default_factory=lambda: components.default_section("model", Model))
     training: Training = field(default_factory=Training)
-    optimizer: Optimizer = field(default_factory=Optimizer)
+    optimizer: Optimizer = field(
+        default_factory=lambda: components.default_section("optimizer", Optimizer))
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
     comm: Comm = field(default_factory=Comm)

@@ -14,27 +14,27 @@ import re
 
 from torch import nn
 
+from torchllm.config import components
 from torchllm.config.job_config import ConfigError, document_masking
+from torchllm.config.sections import Model
 from torchllm.models.spec import ModelSpec
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
-# [model] keys that replace a field of the flavor's args (unset = the flavor's value); each
-# family declares the ones its args take (ModelSpec.shape_keys).
-SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
-              "ffn_dim_multiplier")
-
 
 def register(spec: ModelSpec) -> None:
-    """Add a family; its declared shape keys must be [model] shape keys and fields of its args."""
-    unknown = [k for k in spec.shape_keys if k not in SHAPE_KEYS]
+    """Add a family; its own [model] keys (spec.config) must be fields of its args (a key
+    replaces the args field of its name). The loader accepts them when model.name selects it."""
+    unknown = []
     for flavor, args in spec.flavors.items():
         fields = {f.name for f in dataclasses.fields(args)}
         unknown += [f"{k} (not a field of {flavor}'s args)" for k in spec.shape_keys
-                    if k in SHAPE_KEYS and k not in fields]
+                    if k not in fields]
     if unknown:
-        raise ValueError(f"model {spec.name!r}: shape_keys {unknown} are not [model] shape keys "
-                         f"of its args; known: {', '.join(SHAPE_KEYS)}")
+        raise ValueError(f"model {spec.name!r}: its [model] keys {unknown} are not fields of "
+                         f"its args; a key of {spec.config.__name__} replaces the args field "
+                         "of its name")
+    components.declare("model", spec.name, Model, spec.config)
     _REGISTRY[spec.name] = spec
 
 
@@ -91,20 +91,22 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64, pow2: bool = False) -
     return multiple * math.ceil(vocab_size / multiple)
 
 
-def shape_overrides(job_config, args) -> dict:
-    """The [model] shape keys that are set, checked against the family's declared ones."""
-    mcfg = job_config.model
-    known = get(mcfg.name).shape_keys
+def own_values(mcfg) -> dict:
+    """The [model] values set beyond the keys every family shares: the family's own keys (and,
+    in a config built in code, any attribute set on the section)."""
+    shared = {f.name for f in dataclasses.fields(Model)}
+    return {k: v for k, v in vars(mcfg).items() if k not in shared and v is not None}
+
+
+def shape_overrides(mcfg, spec: ModelSpec) -> dict:
+    """The family's own [model] keys that are set (the [model] section `mcfg`), checked."""
+    known = spec.shape_keys
     changes = {}
-    for key in SHAPE_KEYS:
-        value = getattr(mcfg, key)
-        if value is None:
-            continue
+    for key, value in own_values(mcfg).items():
         if key not in known:
-            has = ", ".join(k for k in SHAPE_KEYS if k in known)
             raise ConfigError(
-                f"model.{key} = {value}: {mcfg.name} has no {key} (its shape keys: {has}); "
-                "unset it", f"model.{key}"
+                f"model.{key} = {value}: {mcfg.name} has no {key} (its shape keys: "
+                f"{', '.join(known)}); unset it", f"model.{key}"
             )
         if value <= 0:
             raise ConfigError(f"model.{key} = {value}: must be positive (unset = the flavor's)",
@@ -133,7 +135,7 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
             f"known: {', '.join(spec.flavors)}"
         )
     args = spec.flavors[mcfg.flavor]
-    shape = shape_overrides(job_config, args)
+    shape = shape_overrides(mcfg, spec)
     vocab = mcfg.vocab_size or tokenizer_vocab_size or args.vocab_size
     if tokenizer_vocab_size is not None and vocab < tokenizer_vocab_size:
         raise ConfigError(
@@ -180,7 +182,6 @@ def check_family(saved_toml: str, cfg, where: str) -> None:
     """A checkpoint's weights load only into the family it was trained as: `cfg.model.name`
     (the saved config with the command's overrides) must be the one its `saved_toml` records."""
     from torchllm.config.loader import flat_toml
-    from torchllm.config.sections import Model
 
     saved = flat_toml(saved_toml).get("model.name", Model().name)
     if cfg.model.name != saved:
