@@ -37,14 +37,14 @@ def _shared(obj) -> type:
     return components.shared_class(type(obj))
 
 
-def _not_its_key(section: str, key: str, obj) -> ConfigError:
+def _not_its_key(section: str, key: str, value: Any, obj) -> ConfigError:
     """A key of [model] / [optimizer] that the selected entry does not declare: the entries
     that do, and the selected one's own keys (the loader prefixes the file or flag)."""
     shared = {f.name for f in dataclasses.fields(_shared(obj))}
     own = [f.name for f in dataclasses.fields(obj) if f.name not in shared]
     chosen = f"{section}.{components.SELECTORS[section]} = {getattr(obj, 'name')!r}"
     return ConfigError(
-        f"{section}.{key} is a key of {section}.name = "
+        f"{section}.{key} = {value} is a key of {section}.name = "
         f"{', '.join(components.owners(section, key))}, not of {chosen} (its own keys: "
         f"{', '.join(own) or 'none'}, besides the [{section}] keys every one takes); unset it "
         "or select one of those", f"{section}.{key}")
@@ -83,7 +83,7 @@ def _set(cfg: JobConfig, section: str, key: str, value: Any, where: str, from_cl
         return f"{section}.{key}"
     if key not in types_:
         if section in components.SELECTORS and components.owners(section, key):
-            raise _not_its_key(section, key, obj)
+            raise _not_its_key(section, key, value, obj)
         raise ConfigError(f"{where}: unknown key {section}.{key}{_suggest(section, key, cfg)}")
     try:
         if from_cli:
