@@ -126,8 +126,18 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
     """The flavor's args with the [model] overrides and padding applied.
 
     The one place config becomes model args: the trainer, launcher pre-flight, tools
-    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it."""
-    mcfg = job_config.model
+    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it. It
+    hands `build_args` the [model] section and the two things it reads of the rest of the run."""
+    return build_args(job_config.model, seq_len=job_config.training.seq_len,
+                      masking=document_masking(job_config),  # "auto": resolved by the data
+                      tokenizer_vocab_size=tokenizer_vocab_size)
+
+
+def build_args(mcfg, *, seq_len: int, masking: tuple[str, bool],
+               tokenizer_vocab_size: int | None = None):
+    """The family's args from its [model] section `mcfg`: `seq_len` the RoPE table's length
+    unless model.max_seq_len says, `masking` (attention mask type, restart positions per
+    document) resolved for the run's data, `tokenizer_vocab_size` the vocab to cover."""
     spec = get(mcfg.name)
     if mcfg.flavor not in spec.flavors:
         raise ConfigError(
@@ -142,10 +152,9 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
             f"model.vocab_size = {vocab} is smaller than the tokenizer's vocab "
             f"({tokenizer_vocab_size}); unset it or make it >= {tokenizer_vocab_size}"
         )
-    masking = document_masking(job_config)  # "auto": block_causal + restart for chat data
     changes = {
         "vocab_size": padded_vocab_size(vocab, mcfg.vocab_pad_multiple, mcfg.vocab_pad_pow2),
-        "max_seq_len": mcfg.max_seq_len or job_config.training.seq_len,
+        "max_seq_len": mcfg.max_seq_len or seq_len,
         "rope_theta": mcfg.rope_theta,
         "rope_scaling": mcfg.rope_scaling,
         "tie_embeddings": mcfg.tie_embeddings,
@@ -178,14 +187,14 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
                           "make the shape keys consistent", f"model.{named[0]}") from None
 
 
-def check_family(saved_toml: str, cfg, where: str) -> None:
-    """A checkpoint's weights load only into the family it was trained as: `cfg.model.name`
-    (the saved config with the command's overrides) must be the one its `saved_toml` records."""
+def check_family(saved_toml: str, name: str, where: str) -> None:
+    """A checkpoint's weights load only into the family it was trained as: `name` (model.name of
+    the saved config with the command's overrides) must be the one its `saved_toml` records."""
     from torchllm.config.loader import flat_toml
 
     saved = flat_toml(saved_toml).get("model.name", Model().name)
-    if cfg.model.name != saved:
+    if name != saved:
         raise ConfigError(
-            f"model.name = {cfg.model.name!r}: {where} holds a {saved!r} model (its "
-            f"config.toml), whose weights cannot load into a {cfg.model.name} one; drop "
+            f"model.name = {name!r}: {where} holds a {saved!r} model (its "
+            f"config.toml), whose weights cannot load into a {name} one; drop "
             "--model.name (the checkpoint's config names its family)", "model.name")
