@@ -68,13 +68,14 @@ def reads_conversations(dcfg) -> bool:
     return any(data_packing(spec)[0] == CHAT for spec in specs)
 
 
-def document_masking(cfg) -> tuple[str, bool]:
-    """(model.attn_mask_type, model.restart_positions_per_document) with their "unset" values
-    resolved: conversations (chat: sources) are independent by default, so a packed window's
-    conversations neither see each other nor continue each other's positions (block_causal,
-    restarted positions); every other data keeps plain causal attention over the window."""
-    chat = reads_conversations(cfg.data)
-    mask, restart = cfg.model.attn_mask_type, cfg.model.restart_positions_per_document
+def document_masking(mcfg, dcfg) -> tuple[str, bool]:
+    """(model.attn_mask_type, model.restart_positions_per_document) of the [model] section
+    `mcfg` with their "unset" values resolved by the [data] section `dcfg`: conversations (chat:
+    sources) are independent by default, so a packed window's conversations neither see each
+    other nor continue each other's positions (block_causal, restarted positions); every other
+    data keeps plain causal attention over the window."""
+    chat = reads_conversations(dcfg)
+    mask, restart = mcfg.attn_mask_type, mcfg.restart_positions_per_document
     return (("block_causal" if chat else "causal") if mask == "auto" else mask,
             chat if restart is None else restart)
 

@@ -128,8 +128,9 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
     The one place config becomes model args: the trainer, launcher pre-flight, tools
     (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it. It
     hands `build_args` the [model] section and the two things it reads of the rest of the run."""
-    return build_args(job_config.model, seq_len=job_config.training.seq_len,
-                      masking=document_masking(job_config),  # "auto": resolved by the data
+    mcfg = job_config.model  # "auto" masking: resolved by the data (chat: block_causal)
+    return build_args(mcfg, seq_len=job_config.training.seq_len,
+                      masking=document_masking(mcfg, job_config.data),
                       tokenizer_vocab_size=tokenizer_vocab_size)
 
 
