@@ -4,8 +4,10 @@
 
 A function counts when one of its parameters is annotated JobConfig (or "JobConfig"), or is not
 annotated and the body reads a JobConfig section through it (`param.model`, `param.training`,
-... any [section] name; a parameter named `trainer` is not a config): the whole bag arrives, whatever it is called (cfg, config,
-job_config). Methods count like functions. Measured by the AST alone: nothing is imported.
+... any [section] name; a parameter named `trainer` is not a config): the whole bag arrives,
+whatever it is called (cfg, config, job_config). Methods count like functions. Measured by the
+AST alone: nothing is imported. Issue 64 measured 66 functions in 34 modules another way; this
+script is the measure its before/after numbers use.
 """
 
 from __future__ import annotations
