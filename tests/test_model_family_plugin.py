@@ -28,9 +28,12 @@ def _run(module: str, *args: str) -> None:
 def toy_importable(monkeypatch):
     """tests/ importable, and the toy family registered (when a config imports it) on a copy of
     the registry, forgotten afterwards: later tests see only the built-in families."""
+    from torchllm.config import components
     from torchllm.models import registry
 
+    components.builtin()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(components, "_OWN", {s: dict(e) for s, e in components._OWN.items()})
     monkeypatch.syspath_prepend(str(REPO / "tests"))
     yield
     for name in [m for m in sys.modules if m.split(".")[0] == "toy_family"]:

@@ -28,6 +28,7 @@ from mutants import memory_estimate
 from mutants import ft_heal
 from mutants import valset
 from mutants import session68
+from mutants import house_config
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -56,5 +57,6 @@ MUTANTS = [
     *ft_heal.MUTANTS,
     *valset.MUTANTS,
     *session68.MUTANTS,
+    *house_config.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

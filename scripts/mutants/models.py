@@ -24,7 +24,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "shape_keys_ignored", "the [model] shape keys are checked but never applied",
-        "torchllm.models.registry:model_args", "        return dataclasses.replace(args, **changes, **shape)\n",
+        "torchllm.models.registry:build_args", "        return dataclasses.replace(args, **changes, **shape)\n",
         "        return dataclasses.replace(args, **changes)\n",
         ("tests/test_model_shapes.py::"
          "test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count",),
@@ -225,7 +225,7 @@ MUTANTS = [
         "other_family_over_a_checkpoint",
         "--model.name of another family in generate / eval / export is a raw KeyError traceback",
         "torchllm.models.registry:check_family",
-        "    if cfg.model.name != saved:\n",
+        "    if name != saved:\n",
         "    if False:\n",
         ("tests/test_unclear_errors.py::test_another_family_over_a_checkpoint_is_one_line[qwen3]",),
     ),

@@ -12,12 +12,13 @@ from torchllm.models.llama.plan import PIPELINE
 from torchllm.models.spec import ModelSpec
 
 from toy_family.args import flavors
+from toy_family.config import ToyConfig
 from toy_family.hf import ToyAdapter
 from toy_family.model import ToyTransformer
 
 SPEC = ModelSpec(
     name="toy_llama", model_cls=ToyTransformer, flavors=flavors,
-    shape_keys=("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"),
+    config=ToyConfig,  # its own [model] keys: Llama's shape keys and its new mlp_ratio
     cache_cls=KVCache, hf_adapter=ToyAdapter,
     tp_plan=None,  # a fused w13 cannot be split by columns naively: no tensor parallelism
     pipeline=PIPELINE,  # Llama's module names: the same stage split

@@ -6,6 +6,7 @@ import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 
+from torchllm.config import components
 from torchllm.config.fields import ANY
 from torchllm.config.paths import path_errors
 from torchllm.config.sections_ft import FaultTolerance, fault_tolerance_errors
@@ -67,13 +68,14 @@ def reads_conversations(dcfg) -> bool:
     return any(data_packing(spec)[0] == CHAT for spec in specs)
 
 
-def document_masking(cfg) -> tuple[str, bool]:
-    """(model.attn_mask_type, model.restart_positions_per_document) with their "unset" values
-    resolved: conversations (chat: sources) are independent by default, so a packed window's
-    conversations neither see each other nor continue each other's positions (block_causal,
-    restarted positions); every other data keeps plain causal attention over the window."""
-    chat = reads_conversations(cfg.data)
-    mask, restart = cfg.model.attn_mask_type, cfg.model.restart_positions_per_document
+def document_masking(mcfg, dcfg) -> tuple[str, bool]:
+    """(model.attn_mask_type, model.restart_positions_per_document) of the [model] section
+    `mcfg` with their "unset" values resolved by the [data] section `dcfg`: conversations (chat:
+    sources) are independent by default, so a packed window's conversations neither see each
+    other nor continue each other's positions (block_causal, restarted positions); every other
+    data keeps plain causal attention over the window."""
+    chat = reads_conversations(dcfg)
+    mask, restart = mcfg.attn_mask_type, mcfg.restart_positions_per_document
     return (("block_causal" if chat else "causal") if mask == "auto" else mask,
             chat if restart is None else restart)
 
@@ -92,9 +94,11 @@ class ConfigError(ValueError):
 @dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
-    model: Model = field(default_factory=Model)
+    # [model] and [optimizer]: the shared keys plus the default entry's own (components.py).
+    model: Model = field(default_factory=lambda: components.default_section("model", Model))
     training: Training = field(default_factory=Training)
-    optimizer: Optimizer = field(default_factory=Optimizer)
+    optimizer: Optimizer = field(
+        default_factory=lambda: components.default_section("optimizer", Optimizer))
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
     comm: Comm = field(default_factory=Comm)

@@ -11,12 +11,14 @@ import dataclasses
 import difflib
 import importlib
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
+from torchllm.config import components
 from torchllm.config.job_config import ConfigError, JobConfig
+from torchllm.config.values import (  # noqa: F401  (re-exported: one import path)
+    check_value, describe_field, describe_type, field_types, parse_string,
+)
 from torchllm.storage import shown
 
 if sys.version_info >= (3, 11):
@@ -24,129 +26,28 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-_NONE = {"none", "null", ""}
-
-
-def field_types(section_cls) -> dict[str, Any]:
-    """Resolved type hints of a section dataclass (the module uses postponed annotations)."""
-    return typing.get_type_hints(section_cls)
-
-
-def describe_type(tp) -> str:
-    """Human-readable form of a field type, for help text and errors."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return f"{describe_type(inner[0])} (optional)"
-    if origin is list and dataclasses.is_dataclass(args[0]):
-        names = ", ".join(f.name for f in dataclasses.fields(args[0]))
-        return f"list of {{{names}}} tables"
-    if origin is list:
-        return f"list of {describe_type(args[0])} (a,b,c)"
-    return getattr(tp, "__name__", str(tp))
-
-
-def describe_field(f: dataclasses.Field, tp) -> str:
-    """A field's type, with the Range of a float field: "float; in [0, 1)"."""
-    allowed = f.metadata.get("allowed")
-    return describe_type(tp) + (f"; {allowed}" if allowed is not None else "")
-
-
-def _table(value: Any, tp) -> Any:
-    """A TOML table (dict) -> the dataclass `tp`, every key known and type-checked."""
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a list of tables with keys {describe_type(list[tp])}")
-    hints = field_types(tp)
-    unknown = sorted(set(value) - set(hints))
-    if unknown:
-        raise ValueError(f"has unknown key {unknown[0]!r}; table keys are {', '.join(hints)}")
-    checked = {}
-    for k, v in value.items():
-        try:
-            checked[k] = check_value(v, hints[k])
-        except ValueError as e:
-            raise ValueError(f"key {k!r} {e}") from None
-    return tp(**checked)
-
-
-def _table_from_string(text: str, tp) -> Any:
-    """'DATASET=WEIGHT' (the CLI form of a list of tables whose first two fields are these)."""
-    first, second = [f.name for f in dataclasses.fields(tp)][:2]
-    head, sep, tail = text.rpartition("=")
-    if not sep:
-        raise ValueError(f"must be {first.upper()}={second.upper()} items, e.g. local:a.txt=0.7")
-    return _table({first: head, second: parse_string(tail, field_types(tp)[second])}, tp)
-
-
-def parse_string(text: str, tp) -> Any:
-    """Convert a CLI string to `tp`; raises ValueError with the allowed form."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        # An empty string is a value of an optional string (checked like any other: an empty
-        # --job.run_name is an error, not "unset"); `none` clears it.
-        if text.strip().lower() in _NONE and not (inner[0] is str and text == ""):
-            return None
-        return parse_string(text, inner[0])
-    if origin is Literal:
-        if text not in args:
-            raise ValueError(f"must be one of {describe_type(tp)}")
-        return text
-    if origin is list and dataclasses.is_dataclass(args[0]):
-        return [_table_from_string(p.strip(), args[0]) for p in text.split(",") if p.strip()]
-    if origin is list:
-        return [parse_string(part.strip(), args[0]) for part in text.split(",") if part.strip()]
-    if tp is bool:
-        low = text.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError("must be a boolean (true/false)")
-    if tp is int:
-        try:
-            return int(text.replace("_", ""))
-        except ValueError:
-            raise ValueError("must be an integer") from None
-    if tp is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError("must be a number (e.g. 0.1 or 6e-4)") from None
-    return text
-
-
-def check_value(value: Any, tp) -> Any:
-    """Check (and lightly coerce, int -> float) a TOML value against `tp`; raises ValueError."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        if value == "" and inner[0] is str:
-            return None  # TOML has no null: config.toml files of older runs say run_name = ""
-        return check_value(value, inner[0])
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"must be one of {describe_type(tp)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"must be a list ({describe_type(tp)})")
-        if dataclasses.is_dataclass(args[0]):
-            return [_table(v, args[0]) for v in value]
-        return [check_value(v, args[0]) for v in value]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if (tp is int and isinstance(value, bool)) or not isinstance(value, tp):
-        raise ValueError(f"must be {describe_type(tp)}, got {type(value).__name__} {value!r}")
-    return value
-
-
 def _all_keys(cfg: JobConfig) -> list[str]:
-    return [f"{s}.{f.name}" for s, obj in cfg.sections() for f in dataclasses.fields(obj)]
+    """Every key of `cfg`'s sections, and the own keys of every registered entry."""
+    return [*[f"{s}.{f.name}" for s, obj in cfg.sections() for f in dataclasses.fields(obj)],
+            *[f"{s}.{row[0].name}" for s in components.SELECTORS
+              for row in components.documented(s, _shared(getattr(cfg, s)))]]
+
+
+def _shared(obj) -> type:
+    return components.shared_class(type(obj))
+
+
+def _not_its_key(section: str, key: str, value: Any, obj) -> ConfigError:
+    """A key of [model] / [optimizer] that the selected entry does not declare: the entries
+    that do, and the selected one's own keys (the loader prefixes the file or flag)."""
+    shared = {f.name for f in dataclasses.fields(_shared(obj))}
+    own = [f.name for f in dataclasses.fields(obj) if f.name not in shared]
+    chosen = f"{section}.{components.SELECTORS[section]} = {getattr(obj, 'name')!r}"
+    return ConfigError(
+        f"{section}.{key} = {value} is a key of {section}.name = "
+        f"{', '.join(components.owners(section, key))}, not of {chosen} (its own keys: "
+        f"{', '.join(own) or 'none'}, besides the [{section}] keys every one takes); unset it "
+        "or select one of those", f"{section}.{key}")
 
 
 def _suggest(section: str, key: str, cfg: JobConfig) -> str:
@@ -170,11 +71,19 @@ def _section(cfg: JobConfig, section: str, where: str):
     return getattr(cfg, section)
 
 
-def _set(cfg: JobConfig, section: str, key: str, value: Any, where: str, from_cli: bool) -> str:
-    """Set one value (converted to the field's type); returns the dotted key."""
+def _set(cfg: JobConfig, section: str, key: str, value: Any, where: str, from_cli: bool,
+         pending: list | None = None) -> str:
+    """Set one value (converted to the field's type); returns the dotted key. With `pending`,
+    a [model] / [optimizer] key beyond the shared ones waits there until the entry is known."""
     obj = _section(cfg, section, where)
     types_ = field_types(type(obj))
+    if (pending is not None and section in components.SELECTORS
+            and key not in field_types(_shared(obj))):
+        pending.append((section, key, value, where, from_cli))
+        return f"{section}.{key}"
     if key not in types_:
+        if section in components.SELECTORS and components.owners(section, key):
+            raise _not_its_key(section, key, value, obj)
         raise ConfigError(f"{where}: unknown key {section}.{key}{_suggest(section, key, cfg)}")
     try:
         if from_cli:
@@ -256,6 +165,7 @@ def load_config(argv: list[str] | None = None, file_runs_code: bool = True,
     overrides = parse_cli(argv)
     cfg = JobConfig()
     sources: dict[str, str] = {}  # dotted key -> the file or flag that set it last
+    pending: list = []  # an entry's own keys, set once model.name / optimizer.name are final
     for section, key, value, flag in overrides:
         if (section, key) == ("job", "config_file"):
             cfg.job.config_file = value
@@ -271,10 +181,10 @@ def load_config(argv: list[str] | None = None, file_runs_code: bool = True,
                 if not file_runs_code and (section, key) in CODE_KEYS:
                     _dropped(section, key, value, path)
                     continue
-                sources[_set(cfg, section, key, value, where, from_cli=False)] = where
+                sources[_set(cfg, section, key, value, where, False, pending)] = where
         cfg.job.config_file = path
     for section, key, value, flag in overrides:
-        sources[_set(cfg, section, key, value, f"flag {flag}", from_cli=True)] = f"flag {flag}"
+        sources[_set(cfg, section, key, value, f"flag {flag}", True, pending)] = f"flag {flag}"
     # A file's description names its data ("SFT on SmolTalk"); a command line that swaps the
     # data makes it wrong, so it is dropped (unless the command line sets one too).
     if sources.get("job.description", "").startswith("config file") and any(
@@ -282,12 +192,31 @@ def load_config(argv: list[str] | None = None, file_runs_code: bool = True,
         cfg.job.description = ""
     try:
         import_custom(cfg.job.custom_import)
+        _select_entries(cfg, pending)
         cfg.validate()
     except ConfigError as e:
         if e.key in sources:
             raise ConfigError(f"{sources[e.key]}: {e}", e.key) from None
         raise
     return cfg
+
+
+def _select_entries(cfg: JobConfig, pending: list) -> None:
+    """[model] / [optimizer] become the selected entry's dataclass (components.py); then the
+    keys beyond the shared ones are set, checked against it."""
+    for section in components.SELECTORS:
+        obj = getattr(cfg, section)
+        name = getattr(obj, components.SELECTORS[section])
+        waiting = [p for p in pending if p[0] == section]
+        if waiting and name not in components.entries(section):
+            raise ConfigError(
+                f"{section}.name = {name!r} is not registered, so its keys "
+                f"({', '.join(f'{section}.{p[1]}' for p in waiting)}) cannot be checked; use "
+                f"one of {sorted(components.entries(section))} (a module named by "
+                "job.custom_import can register more)", f"{section}.name")
+        setattr(cfg, section, components.select(section, obj))
+    for section, key, value, where, from_cli in pending:
+        _set(cfg, section, key, value, where, from_cli)
 
 
 def _dropped(section: str, key: str, value: Any, path: str) -> None:
@@ -331,6 +260,18 @@ def flat_toml(text: str) -> dict[str, object]:
             for key, value in table.items()}
 
 
+def section_rows(name: str, obj) -> list[tuple[dataclasses.Field, Any, Any, str]]:
+    """(field, type, default, entries) of every key a section documents: its shared keys
+    (entries ""), then for [model] / [optimizer] every registered entry's own keys (entries:
+    the names that declare each)."""
+    shared = _shared(obj)
+    hints = field_types(shared)
+    rows = [(f, hints[f.name], getattr(obj, f.name), "") for f in dataclasses.fields(shared)]
+    if name in components.SELECTORS:
+        rows += components.documented(name, shared)
+    return rows
+
+
 def help_text(cfg: JobConfig | None = None) -> str:
     """`--help`: every key by section with its type, default and help string."""
     cfg = cfg or JobConfig()
@@ -341,11 +282,9 @@ def help_text(cfg: JobConfig | None = None) -> str:
     ]
     for name, obj in cfg.sections():
         out.append(f"[{name}]")
-        hints = field_types(type(obj))
-        for f in dataclasses.fields(obj):
-            out.append(
-                f"  --{name}.{f.name}  ({describe_field(f, hints[f.name])}, default "
-                f"{getattr(obj, f.name)!r})\n      {f.metadata['help']}"
-            )
+        for f, tp, default, entries in section_rows(name, obj):
+            only = f"; for {name}.name = {entries}" if entries else ""
+            out.append(f"  --{name}.{f.name}  ({describe_field(f, tp)}, default {default!r}"
+                       f"{only})\n      {f.metadata['help']}")
         out.append("")
     return "\n".join(out)

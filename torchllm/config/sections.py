@@ -60,25 +60,8 @@ class Model:
     vocab_size: Optional[int] = opt(
         None, "Vocab size before padding; unset = the tokenizer's (or the flavor's without one)"
     )
-    # Shape overrides (unset = the flavor's value): a 4 x 128 GPT or a 20-layer Llama in TOML.
-    # A key the family's args lack (n_kv_heads for gpt2, head_dim for llama3) is an error.
-    dim: Optional[int] = opt(None, "Override the flavor's model width (embedding dim)")
-    n_layers: Optional[int] = opt(None, "Override the flavor's number of transformer blocks")
-    n_heads: Optional[int] = opt(None, "Override the flavor's attention (query) heads")
-    n_kv_heads: Optional[int] = opt(
-        None, "Override the flavor's key/value heads (grouped-query attention; llama3, qwen3)"
-    )
-    head_dim: Optional[int] = opt(
-        None, "Override the flavor's head width (qwen3 only: elsewhere it is dim / n_heads)"
-    )
-    hidden_dim: Optional[int] = opt(
-        None, "Override the flavor's FFN (MLP / SwiGLU) width; dense layers, not MoE experts"
-    )
-    ffn_dim_multiplier: Optional[float] = opt(
-        None, "llama3: scale Llama's derived SwiGLU width (2/3 x 4 x dim) by this, rounded up to "
-        "a multiple of 256; replaces the flavor's explicit hidden width (set one of the two)",
-        POSITIVE,
-    )
+    # A family's shape keys (dim, n_layers, ...: unset = the flavor's value) are its own: the
+    # dataclass its folder declares (torchllm/models/<family>/config.py, config/components.py).
     vocab_pad_multiple: int = opt(64, "Pad the vocab up to a multiple of this (1 = no padding)")
     vocab_pad_pow2: bool = opt(False, "Pad the vocab up to the next power of two instead")
     max_seq_len: Optional[int] = opt(None, "RoPE table length; unset = training.seq_len")

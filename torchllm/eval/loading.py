@@ -65,7 +65,7 @@ def load_for_inference(
     """
     reader = path if isinstance(path, Step) else open_checkpoint(path)
     cfg = reader.config(overrides)  # the checkpoint's, as data: no code imported from it
-    models.check_family(reader.saved_config_text(), cfg, f"checkpoint {reader.path}")
+    models.check_family(reader.saved_config_text(), cfg.model.name, f"checkpoint {reader.path}")
     tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)

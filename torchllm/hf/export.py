@@ -46,7 +46,7 @@ def run_config(reader: Step, overrides: list[str]):
         cfg = reader.config(overrides)  # the checkpoint's, as data (no code imported)
     saved = reader.saved_config_text()
     if saved is not None:  # its weights load only into the family they were trained as
-        models.check_family(saved, cfg, f"checkpoint {reader.path}")
+        models.check_family(saved, cfg.model.name, f"checkpoint {reader.path}")
     return cfg
 
 

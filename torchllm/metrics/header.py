@@ -49,7 +49,8 @@ def config_changes(cfg: JobConfig) -> dict[str, list[str]]:
         default = getattr(defaults, name)
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
-            if (name, f.name) in skip or value == getattr(default, f.name):
+            # (a family's own key, absent from the default family's [model]: unset = None)
+            if (name, f.name) in skip or value == getattr(default, f.name, None):
                 continue
             out.setdefault(name, []).append(f"{f.name}={_short(value)}")
     return out

@@ -14,27 +14,27 @@ import re
 
 from torch import nn
 
+from torchllm.config import components
 from torchllm.config.job_config import ConfigError, document_masking
+from torchllm.config.sections import Model
 from torchllm.models.spec import ModelSpec
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
-# [model] keys that replace a field of the flavor's args (unset = the flavor's value); each
-# family declares the ones its args take (ModelSpec.shape_keys).
-SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
-              "ffn_dim_multiplier")
-
 
 def register(spec: ModelSpec) -> None:
-    """Add a family; its declared shape keys must be [model] shape keys and fields of its args."""
-    unknown = [k for k in spec.shape_keys if k not in SHAPE_KEYS]
+    """Add a family; its own [model] keys (spec.config) must be fields of its args (a key
+    replaces the args field of its name). The loader accepts them when model.name selects it."""
+    unknown = []
     for flavor, args in spec.flavors.items():
         fields = {f.name for f in dataclasses.fields(args)}
         unknown += [f"{k} (not a field of {flavor}'s args)" for k in spec.shape_keys
-                    if k in SHAPE_KEYS and k not in fields]
+                    if k not in fields]
     if unknown:
-        raise ValueError(f"model {spec.name!r}: shape_keys {unknown} are not [model] shape keys "
-                         f"of its args; known: {', '.join(SHAPE_KEYS)}")
+        raise ValueError(f"model {spec.name!r}: its [model] keys {unknown} are not fields of "
+                         f"its args; a key of {spec.config.__name__} replaces the args field "
+                         "of its name")
+    components.declare("model", spec.name, Model, spec.config)
     _REGISTRY[spec.name] = spec
 
 
@@ -91,20 +91,22 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64, pow2: bool = False) -
     return multiple * math.ceil(vocab_size / multiple)
 
 
-def shape_overrides(job_config, args) -> dict:
-    """The [model] shape keys that are set, checked against the family's declared ones."""
-    mcfg = job_config.model
-    known = get(mcfg.name).shape_keys
+def own_values(mcfg) -> dict:
+    """The [model] values set beyond the keys every family shares: the family's own keys (and,
+    in a config built in code, any attribute set on the section)."""
+    shared = {f.name for f in dataclasses.fields(Model)}
+    return {k: v for k, v in vars(mcfg).items() if k not in shared and v is not None}
+
+
+def shape_overrides(mcfg, spec: ModelSpec) -> dict:
+    """The family's own [model] keys that are set (the [model] section `mcfg`), checked."""
+    known = spec.shape_keys
     changes = {}
-    for key in SHAPE_KEYS:
-        value = getattr(mcfg, key)
-        if value is None:
-            continue
+    for key, value in own_values(mcfg).items():
         if key not in known:
-            has = ", ".join(k for k in SHAPE_KEYS if k in known)
             raise ConfigError(
-                f"model.{key} = {value}: {mcfg.name} has no {key} (its shape keys: {has}); "
-                "unset it", f"model.{key}"
+                f"model.{key} = {value}: {mcfg.name} has no {key} (its shape keys: "
+                f"{', '.join(known)}); unset it", f"model.{key}"
             )
         if value <= 0:
             raise ConfigError(f"model.{key} = {value}: must be positive (unset = the flavor's)",
@@ -124,8 +126,19 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
     """The flavor's args with the [model] overrides and padding applied.
 
     The one place config becomes model args: the trainer, launcher pre-flight, tools
-    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it."""
-    mcfg = job_config.model
+    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it. It
+    hands `build_args` the [model] section and the two things it reads of the rest of the run."""
+    mcfg = job_config.model  # "auto" masking: resolved by the data (chat: block_causal)
+    return build_args(mcfg, seq_len=job_config.training.seq_len,
+                      masking=document_masking(mcfg, job_config.data),
+                      tokenizer_vocab_size=tokenizer_vocab_size)
+
+
+def build_args(mcfg, *, seq_len: int, masking: tuple[str, bool],
+               tokenizer_vocab_size: int | None = None):
+    """The family's args from its [model] section `mcfg`: `seq_len` the RoPE table's length
+    unless model.max_seq_len says, `masking` (attention mask type, restart positions per
+    document) resolved for the run's data, `tokenizer_vocab_size` the vocab to cover."""
     spec = get(mcfg.name)
     if mcfg.flavor not in spec.flavors:
         raise ConfigError(
@@ -133,17 +146,16 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
             f"known: {', '.join(spec.flavors)}"
         )
     args = spec.flavors[mcfg.flavor]
-    shape = shape_overrides(job_config, args)
+    shape = shape_overrides(mcfg, spec)
     vocab = mcfg.vocab_size or tokenizer_vocab_size or args.vocab_size
     if tokenizer_vocab_size is not None and vocab < tokenizer_vocab_size:
         raise ConfigError(
             f"model.vocab_size = {vocab} is smaller than the tokenizer's vocab "
             f"({tokenizer_vocab_size}); unset it or make it >= {tokenizer_vocab_size}"
         )
-    masking = document_masking(job_config)  # "auto": block_causal + restart for chat data
     changes = {
         "vocab_size": padded_vocab_size(vocab, mcfg.vocab_pad_multiple, mcfg.vocab_pad_pow2),
-        "max_seq_len": mcfg.max_seq_len or job_config.training.seq_len,
+        "max_seq_len": mcfg.max_seq_len or seq_len,
         "rope_theta": mcfg.rope_theta,
         "rope_scaling": mcfg.rope_scaling,
         "tie_embeddings": mcfg.tie_embeddings,
@@ -176,15 +188,14 @@ def model_args(job_config, tokenizer_vocab_size: int | None = None):
                           "make the shape keys consistent", f"model.{named[0]}") from None
 
 
-def check_family(saved_toml: str, cfg, where: str) -> None:
-    """A checkpoint's weights load only into the family it was trained as: `cfg.model.name`
-    (the saved config with the command's overrides) must be the one its `saved_toml` records."""
+def check_family(saved_toml: str, name: str, where: str) -> None:
+    """A checkpoint's weights load only into the family it was trained as: `name` (model.name of
+    the saved config with the command's overrides) must be the one its `saved_toml` records."""
     from torchllm.config.loader import flat_toml
-    from torchllm.config.sections import Model
 
     saved = flat_toml(saved_toml).get("model.name", Model().name)
-    if cfg.model.name != saved:
+    if name != saved:
         raise ConfigError(
-            f"model.name = {cfg.model.name!r}: {where} holds a {saved!r} model (its "
-            f"config.toml), whose weights cannot load into a {cfg.model.name} one; drop "
+            f"model.name = {name!r}: {where} holds a {saved!r} model (its "
+            f"config.toml), whose weights cannot load into a {name} one; drop "
             "--model.name (the checkpoint's config names its family)", "model.name")

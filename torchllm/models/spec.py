@@ -9,6 +9,7 @@ from parallel/.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -80,8 +81,9 @@ class ModelSpec:
     name: str
     model_cls: Callable[[Any], nn.Module]
     flavors: dict[str, Any]
-    # The [model] shape keys (torchllm.models.registry.SHAPE_KEYS) this family's args take.
-    shape_keys: tuple[str, ...]
+    # The family's own [model] keys: a dataclass of opt() fields (models/<family>/config.py),
+    # each a field of its args that the key replaces (unset = the flavor's value); None: none.
+    config: type | None
     # The generation cache: cache_cls(max_len), passed to model(tokens, cache) when decoding.
     cache_cls: Callable[[int], Any]
     # To / from transformers (config.json, checks, state-dict mapping); None: no HF interop.
@@ -97,6 +99,11 @@ class ModelSpec:
     qk_norm: bool = False
     # The linear layers (their names inside a block) lora.target_modules may name (models/lora.py).
     lora_targets: tuple[str, ...] = ()
+
+    @property
+    def shape_keys(self) -> tuple[str, ...]:
+        """The names of the family's own [model] keys."""
+        return tuple(f.name for f in dataclasses.fields(self.config)) if self.config else ()
 
     def build(self, args) -> LanguageModel:
         """The family's model for `args`; refused (ValueError) if it lacks a member of the

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from torchllm.config import components
 from torchllm.config.job_config import ConfigError
 from torchllm.config.sections import Optimizer
 from torchllm.optim.spec import OptimizerSpec
@@ -20,14 +21,18 @@ _REGISTRY: dict[str, OptimizerSpec] = {}
 
 
 def register(spec: OptimizerSpec) -> None:
-    """Add an optimizer; its keys must be [optimizer] keys, its hparams among its keys."""
+    """Add an optimizer; its keys must be [optimizer] keys (shared, or its own: spec.config),
+    its hparams among its keys. The loader accepts its own keys where optimizer.name selects
+    it."""
     fields = {f.name for f in dataclasses.fields(Optimizer)} - {"name"}
+    fields |= {f.name for f in dataclasses.fields(spec.config)} if spec.config else set()
     unknown = [k for k in spec.keys if k not in fields]
     unknown += [f"{k} (an hparam not in its keys)" for k in spec.hparams if k not in spec.keys]
     if unknown:
         raise ValueError(f"optimizer {spec.name!r}: keys {unknown} are not [optimizer] keys it "
                          f"reads; known: {', '.join(sorted(fields))} (a new key is a field of "
-                         "Optimizer in torchllm/config/sections.py)")
+                         "its own config dataclass, OptimizerSpec.config)")
+    components.declare("optimizer", spec.name, Optimizer, spec.config)
     _REGISTRY[spec.name] = spec
 
 

@@ -22,7 +22,8 @@ class OptimizerSpec:
     # build(model, optimizer config section, device) -> the optimizer over the model's trainable
     # parameters (one torch.optim.Optimizer, or an OptimizerList driving several as one).
     build: Callable[[nn.Module, Any, torch.device], torch.optim.Optimizer]
-    # The [optimizer] keys the builder reads (fields of config/sections.py's Optimizer).
+    # The [optimizer] keys the builder reads: fields of config/sections.py's Optimizer (the
+    # keys every optimizer shares) or of `config`.
     keys: tuple[str, ...]
     # Those of `keys` whose values live in the param groups, hence in a checkpoint: on resume
     # the checkpoint's value is kept unless checkpoint.optimizer_hparams_from = 'config'.
@@ -31,6 +32,9 @@ class OptimizerSpec:
     # (local) shape: what torchllm.tools.estimate_memory sizes the optimizer term by. None:
     # not declared (the estimate then assumes AdamW's 8 bytes per element and says so).
     state_bytes: Callable[[str, tuple[int, ...]], int] | None = None
+    # The optimizer's own [optimizer] keys: a dataclass of opt() fields (torchllm.config.fields),
+    # accepted where optimizer.name selects it (torchllm/config/components.py); None: none.
+    config: type | None = None
 
 
 def numel(shape: tuple[int, ...]) -> int:

@@ -51,7 +51,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
                 f"model.dropout = {job_config.model.dropout} with context_parallel_degree > 1 "
                 "is not supported (attention runs chunk by chunk); set model.dropout = 0",
                 "model.dropout")
-    if (dims.tp_enabled and document_masking(job_config)[1]
+    if (dims.tp_enabled and document_masking(job_config.model, job_config.data)[1]
             and spec.tp_plan.learned_positions):  # GPT-2
         raise ConfigError(
             "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "

@@ -210,7 +210,7 @@ def check_independent(job_config, where: str) -> None:
     restart_positions_per_document; their unset values for chat data), or one per window."""
     if job_config.data.chat_packing != "pack":
         return  # one conversation per window: plain causal attention sees only its own tokens
-    mask, restart = document_masking(job_config)
+    mask, restart = document_masking(job_config.model, job_config.data)
     if mask != "block_causal" or not restart:
         key = ("model.attn_mask_type" if mask != "block_causal"
                else "model.restart_positions_per_document")
