@@ -145,6 +145,94 @@ def log_lines():
     log.setLevel(level)
 
 
+# -- the pieces, in one process: two groups' process groups in two threads (fast) ------------
+
+def two_groups(work, records=(None, None)):
+    """work(rank, pg) in two threads over two real cross-group process groups, configured as
+    torchft's main branch does (four arguments); returns their results by rank."""
+    from datetime import timedelta
+
+    from torchllm.ft.identity import checked_group
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pgs = [checked_group("gloo", timedelta(seconds=30)) for _ in range(2)]
+    out, errors = [None, None], []
+
+    def run(rank):
+        try:
+            pgs[rank].record = records[rank]
+            pgs[rank].configure(f"127.0.0.1:{store.port}/torchft/1/0", str(rank), rank, 2)
+            out[rank] = work(rank, pgs[rank])
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    for pg in pgs:
+        pg.abort(errored=False)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("semantics", ["0.2.0", "before 0.2"])
+def test_means_and_sums_over_groups_are_the_same_in_either_torchft_allreduce(semantics):
+    from torchllm.ft.reduce import max_over_groups, mean_over_groups, sum_over_groups
+
+    FakeManager.hub = {"semantics": semantics}
+
+    def work(rank, pg):
+        manager = FakeManager(pg, f"torchllm_replica_{rank}", None)
+        grads = [torch.full((2, 3), 1.0 + rank), torch.full((4,), 10.0 * (rank + 1)),
+                 torch.full((2,), 0.5 + rank, dtype=torch.float64)]
+        mean_over_groups(manager, grads)
+        counts = torch.tensor([128.0 + rank, 3.0], dtype=torch.float64)
+        sum_over_groups(manager, [counts])
+        worst = max_over_groups(manager, torch.tensor([2.0 + rank]))
+        return grads, counts, worst
+
+    for grads, counts, worst in two_groups(work):
+        assert [g.tolist() for g in grads] == [[[1.5] * 3] * 2, [15.0] * 4, [1.0, 1.0]]
+        assert grads[2].dtype == torch.float64
+        assert counts.tolist() == [257.0, 6.0] and worst.tolist() == [3.0]
+    assert "None" not in FakeManager.hub["ops"]  # every allreduce names its op
+
+
+def test_the_quorums_members_come_from_the_groups_identity_records():
+    from torchllm.ft.identity import PROTOCOL
+
+    def record(replica):
+        return {"protocol": PROTOCOL, "replica": replica, "run": "r", "tokenizer": "t",
+                "data": {"sources": [["d", 1.0]], "seq_len": 32},
+                "config": {}}
+
+    # (torchft's main branch passes no global ranks: ProcessGroupWrapper's `_global_ranks` None)
+    out = two_groups(lambda rank, pg: (pg.members, pg.quorums, pg.refusal),
+                     records=(record(3), record(1)))
+    assert out == [([3, 1], 1, None), ([3, 1], 1, None)]
+
+
+def test_the_buffers_kept_equal_across_groups_are_the_moe_loads_and_biases(tmp_path):
+    from torchllm.ft.reduce import step_buffers
+    from torchllm.train import Trainer
+
+    t = Trainer(load_config(tiny_args(tmp_path, "--data.tokenizer=bytes", *MOE,
+                                      "--checkpoint.enable=false", "--validation.enable=false")))
+    try:
+        names = {id(b): n for n, b in t.model.named_buffers()}
+        kept = sorted(names[id(b)].rsplit(".", 1)[-1] for b in step_buffers(t.model))
+        layers = len(t.moe_layers)
+        assert layers and kept == ["expert_bias"] * layers + ["expert_load"] * layers
+        assert "rope_cache" in {n.rsplit(".", 1)[-1] for n in names.values()}  # a constant
+    finally:
+        t.close()
+
+
+# -- two trainers, side by side ----------------------------------------------------------
+
+@pytest.mark.slow
 def test_moe_routing_biases_stay_equal_across_groups_for_20_steps(groups):
     a, b = groups(20, *MOE)
     biases = [[m.expert_bias for m in t.moe_layers] for t in (a, b)]
@@ -156,6 +244,7 @@ def test_moe_routing_biases_stay_equal_across_groups_for_20_steps(groups):
     assert a.losses == b.losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("semantics", ["0.2.0", "before 0.2"])
 def test_gradients_are_averaged_and_tokens_summed_in_either_torchft_allreduce(
         groups, log_lines, semantics):
@@ -189,6 +278,7 @@ def test_gradients_are_averaged_and_tokens_summed_in_either_torchft_allreduce(
         log_lines
 
 
+@pytest.mark.slow
 def test_another_torchft_version_is_warned_about_in_one_line(groups, log_lines, monkeypatch):
     from torchllm.ft import reduce
 
