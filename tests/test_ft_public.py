@@ -324,6 +324,15 @@ def test_nccl_across_groups_on_cpu_is_refused_naming_the_key(tmp_path):
     refused(ran, "fault_tolerance.process_group", "nccl", "gloo", "training.device")
 
 
+def test_nccl_with_training_on_cpu_is_refused_at_config_load_on_a_gpu_machine(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with raises_naming(ConfigError, "nccl", "gloo", "training.device = 'cpu'",
+                       key="fault_tolerance.process_group", one_line=True):
+        load_config(tiny_args(tmp_path, "--fault_tolerance.enable",
+                              "--fault_tolerance.process_group=nccl"))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_nccl_across_groups_without_a_gpu_is_refused_before_the_lighthouse(tmp_path):
     from torchllm.ft import check_fault_tolerance
