@@ -20,6 +20,7 @@ follow its own tokens from the first step.
 from __future__ import annotations
 
 import importlib.metadata
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torchllm.log import logger
 
 TESTED_TORCHFT = "0.2.0"  # the version the tests run (pyproject's `ft` extra pins it)
+_PERSISTENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> state names
 
 
 def torchft_version() -> str:
@@ -91,7 +93,9 @@ def max_over_groups(manager, tensor: torch.Tensor) -> torch.Tensor:
 def step_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     """The buffers every group must hold equal (module doc): the MoE token loads and the
     persistent floating-point buffers. Constant tables (the RoPE cache) are not persistent."""
-    persistent = {name for name, _ in model.state_dict(keep_vars=True).items()}
+    persistent = _PERSISTENT.get(model)
+    if persistent is None:  # (a model's buffers are registered once: the names looked up once)
+        persistent = _PERSISTENT[model] = set(model.state_dict(keep_vars=True))
     out = []
     for name, buf in model.named_buffers():
         if not torch.is_floating_point(buf):

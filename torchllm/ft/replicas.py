@@ -3,13 +3,16 @@
     replicas.begin_step()          this step's quorum: which replica groups train it (a group
                                    that is behind heals from a live peer here, before its batch;
                                    a peer of another run or config is refused first, identity.py)
-    replicas.average(stats, model) gradients and the loss averaged over the live groups, then
-                                   the groups agree to commit; False: a group died during the
-                                   step, which then runs again on the next batches
+    replicas.average(stats, model) gradients (and the buffers an update rule writes: MoE
+                                   routing loads and biases) averaged over the live groups, the
+                                   loss statistics summed, then the groups agree to commit;
+                                   False: a group died during the step, which then runs again
+                                   on the next batches
     replicas.gate(checkpointer)    only the lowest live group saves (every group saves the last)
     replicas.data_shard(r, n)      the part of the data this group's rank reads
 
-`SingleGroup` (fault tolerance off) does nothing; `ReplicaGroups` drives torchft's Manager.
+`SingleGroup` (fault tolerance off) does nothing; `ReplicaGroups` drives torchft's Manager
+through its public calls only (ft/reduce.py).
 Inside a group the usual parallelisms (DDP, FSDP2, TP, CP) work as always: torchft owns the
 dimension across groups (FSDP2 inside + torchft across = HSDP).
 """
