@@ -254,7 +254,7 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
 
 class _Manager:
     def __init__(self, live: int, rank: int = 0):
-        self.live, self.rank, self._quorum_id = live, rank, 1
+        self.live, self.rank = live, rank
 
     def start_quorum(self):
         pass
@@ -272,8 +272,9 @@ def _replicas(live: int, committed: int, rank: int = 0):
     r = object.__new__(ReplicaGroups)
     r.manager, r.min_replica_size, r.committed_here = _Manager(live, rank), 2, committed
     r.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 4})()})()
-    r.quorum_id, r.members, r.group_rank, r.group_world = 1, [0], 0, 1
-    r.pg = type("P", (), {"refusal": None})()  # every peer agreed on the run (identity.py)
+    r.quorums, r.members, r.group_rank, r.group_world = 1, [0], 0, 1
+    # every peer agreed on the run (identity.py), no new quorum since the last look
+    r.pg = type("P", (), {"refusal": None, "quorums": 1, "members": [0]})()
     r.transport = type("X", (), {"refusal": None, "sent_to": []})()  # no heal refused
     return r
 

@@ -29,6 +29,7 @@ from mutants import ft_heal
 from mutants import valset
 from mutants import session68
 from mutants import house_config
+from mutants import ft_api
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -58,5 +59,6 @@ MUTANTS = [
     *valset.MUTANTS,
     *session68.MUTANTS,
     *house_config.MUTANTS,
+    *ft_api.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

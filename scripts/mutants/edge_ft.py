@@ -18,8 +18,8 @@ MUTANTS = [
         "ft_identity_never_exchanged",
         "replica groups never exchange identity records: two runs (or two widths) on one "
         "lighthouse heal from and average with each other",
-        "torchllm.ft.identity:checked_gloo",
-        "            if world_size < 2 or self.record is None:\n", "            if True:\n",
+        "torchllm.ft.identity:checked_group",
+        "            if world_size < 2:\n", "            if True:\n",
         (RUNS, FIELDS),
     ),
     Mutant.at(
@@ -55,7 +55,7 @@ MUTANTS = [
         "ft_only_the_lower_group_refuses",
         "only the lower quorum rank refuses a stranger; the other goes on to heal or average "
         "with a peer that is gone",
-        "torchllm.ft.identity:checked_gloo",
+        "torchllm.ft.identity:checked_group",
         "                why = None if peer == rank else ",
         "                why = None if peer == rank or rank > 0 else ",
         (RUNS, FIELDS),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Literal
 
 from torchllm.config.fields import opt
 
@@ -43,6 +44,15 @@ class FaultTolerance:
         "", "A file holding the run's shared secret instead of secret_env (readable by its owner "
         "only)"
     )
+    process_group: Literal["gloo", "nccl"] = opt(
+        "gloo", "The backend of the all-reduce across replica groups (torchft's reconfigurable "
+        "process group): gloo (CPU, or GPUs through host memory) or nccl (GPU to GPU: the groups "
+        "must train on CUDA)"
+    )
+
+
+NCCL_ON_CPU = ("fault_tolerance.process_group = 'nccl' needs CUDA, but {where}: use "
+               "fault_tolerance.process_group = 'gloo' (works on CPU and GPU), or train on CUDA")
 
 
 def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
@@ -68,6 +78,9 @@ def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
     if not ft.secret_env.isidentifier():
         return [("fault_tolerance.secret_env", f"fault_tolerance.secret_env = {ft.secret_env!r} "
                  "is not an environment variable's name (e.g. TORCHLLM_FT_SECRET)")]
+    if ft.process_group == "nccl" and cfg.training.device == "cpu":
+        return [("fault_tolerance.process_group", NCCL_ON_CPU.format(where="training.device = "
+                                                                     "'cpu'"))]
     pp = cfg.parallelism.pipeline_parallel_degree
     if pp > 1:
         return [("fault_tolerance.enable", "fault_tolerance.enable with "

@@ -134,31 +134,46 @@ class _DropRefusalTraceback(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], GroupsDiffer))
 
 
-def checked_gloo(timeout):
-    """torchft's reconfigurable gloo group that exchanges identity records at each configure
-    (a new quorum): on a difference it keeps the refusal (`.refusal`) and raises, so torchft
-    skips the heal and the step; ReplicaGroups.begin_step then stops the run."""
-    from torchft import ProcessGroupGloo
+def checked_group(backend: str, timeout):
+    """torchft's reconfigurable process group across the groups (fault_tolerance.process_group:
+    gloo, or NCCL on CUDA) that exchanges identity records at each configure (a new quorum): on
+    a difference it keeps the refusal (`.refusal`) and raises, so torchft skips the heal and the
+    step; ReplicaGroups.begin_step then stops the run. Only ProcessGroup's public calls: torchft
+    calls `configure(store_addr, replica_id, rank, world_size, ...)` with each new quorum (the
+    arguments after those four differ between torchft versions), and the records say who is in
+    it: `.members`, the replica ids in quorum rank order; `.quorums`, how many were configured."""
+    import torchft
+    from torch.distributed.distributed_c10d import AllgatherOptions
 
     logging.getLogger("torchft.manager").addFilter(_DropRefusalTraceback())
+    base = torchft.ProcessGroupNCCL if backend == "nccl" else torchft.ProcessGroupGloo
+    device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
-    class CheckedGloo(ProcessGroupGloo):
+    class Checked(base):
         record: dict | None = None  # this group's (ReplicaGroups.attach)
         lighthouse = ""
         refusal: str | None = None
+        members: list = []
+        quorums = 0
 
         def configure(self, store_addr, replica_id, rank, world_size, *args, **kwargs):
             super().configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
-            if world_size < 2 or self.record is None:
+            self.quorums += 1
+            if self.record is None:
+                self.members = []
                 return
-            mine = encode(self.record)
+            if world_size < 2:
+                self.members = [self.record["replica"]]
+                return
+            mine = encode(self.record).to(device)
             gathered = [torch.zeros_like(mine) for _ in range(world_size)]
-            self._pg.allgather([gathered], [mine]).wait()  # before any heal or gradient
-            for peer, tensor in enumerate(gathered):
-                why = None if peer == rank else refusal(decode(tensor), self.record,
-                                                         self.lighthouse)
+            self.allgather([gathered], [mine], AllgatherOptions()).wait()  # before any heal
+            records = [decode(t.cpu()) for t in gathered]
+            self.members = [r.get("replica") if r else None for r in records]
+            for peer, there in enumerate(records):
+                why = None if peer == rank else refusal(there, self.record, self.lighthouse)
                 if why:
                     self.refusal = why
                     raise GroupsDiffer(why)
 
-    return CheckedGloo(timeout=timeout)
+    return Checked(timeout=timeout)

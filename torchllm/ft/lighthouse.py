@@ -74,6 +74,19 @@ def check_torchft() -> None:
             "fault_tolerance.enable") from e
 
 
+def check_backend(cfg) -> None:
+    """NCCL across the groups needs the groups on CUDA (training.device 'cpu' is refused at
+    config load; 'auto' or 'cuda' on a machine without a GPU here, one line)."""
+    import torch
+
+    from torchllm.config.sections_ft import NCCL_ON_CPU
+
+    if cfg.fault_tolerance.process_group == "nccl" and not torch.cuda.is_available():
+        raise ConfigError(NCCL_ON_CPU.format(where=f"training.device = "
+                                             f"'{cfg.training.device}' and no CUDA device is "
+                                             "visible"), "fault_tolerance.process_group")
+
+
 def check_lighthouse(address: str, default: str, timeout_s: float = 2.0) -> None:
     """Refuse (ConfigError, one line) when nothing listens at the lighthouse's address."""
     url = urlparse(address if "://" in address else f"http://{address}")
@@ -103,6 +116,7 @@ def check_fault_tolerance(cfg, environ, run: str | None = None) -> None:
     run = run or paths.run_name(cfg.job)
     bind = cfg.fault_tolerance.bind
     check_torchft()
+    check_backend(cfg)
     check_lighthouse(lighthouse_address(environ, run, cfg.job.dump_folder, bind),
                      default_address(run, cfg.job.dump_folder, bind))
     load_secret(cfg.fault_tolerance, environ)  # the run's shared secret (ft/secret.py)

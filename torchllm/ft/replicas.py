@@ -3,13 +3,16 @@
     replicas.begin_step()          this step's quorum: which replica groups train it (a group
                                    that is behind heals from a live peer here, before its batch;
                                    a peer of another run or config is refused first, identity.py)
-    replicas.average(stats, model) gradients and the loss averaged over the live groups, then
-                                   the groups agree to commit; False: a group died during the
-                                   step, which then runs again on the next batches
+    replicas.average(stats, model) gradients (and the buffers an update rule writes: MoE
+                                   routing loads and biases) averaged over the live groups, the
+                                   loss statistics summed, then the groups agree to commit;
+                                   False: a group died during the step, which then runs again
+                                   on the next batches
     replicas.gate(checkpointer)    only the lowest live group saves (every group saves the last)
     replicas.data_shard(r, n)      the part of the data this group's rank reads
 
-`SingleGroup` (fault tolerance off) does nothing; `ReplicaGroups` drives torchft's Manager.
+`SingleGroup` (fault tolerance off) does nothing; `ReplicaGroups` drives torchft's Manager
+through its public calls only (ft/reduce.py).
 Inside a group the usual parallelisms (DDP, FSDP2, TP, CP) work as always: torchft owns the
 dimension across groups (FSDP2 inside + torchft across = HSDP).
 """
@@ -26,8 +29,10 @@ import torch.distributed as dist
 
 from torchllm.config.job_config import ConfigError
 from torchllm.ft.heal import HealState
-from torchllm.ft.identity import checked_gloo, group_record
+from torchllm.ft.identity import checked_group, group_record
 from torchllm.ft.lighthouse import check_fault_tolerance, import_torchft, lighthouse_address
+from torchllm.ft.reduce import (max_over_groups, mean_over_groups, reset_step_loads, step_buffers,
+                                sum_over_groups, warn_untested_torchft)
 from torchllm.ft.rundir import group_run
 from torchllm.ft.secret import load_secret
 from torchllm.ft.transport import DropRefusalTraces, data_transport
@@ -70,6 +75,7 @@ class ReplicaGroups(SingleGroup):
     def __init__(self, ftcfg, group_rank: int, group_world: int, group_batch: int,
                  run: str, lighthouse: str, timeout_s: float = 60.0):
         torchft = import_torchft()
+        warn_untested_torchft()  # one line: another version's behaviour may differ
         self.run = run  # the run's name: only groups of this run (and config) are peers
         self.replica_id, self.group_size = ftcfg.replica_id, ftcfg.group_size
         self.min_replica_size = ftcfg.min_replica_size
@@ -82,8 +88,9 @@ class ReplicaGroups(SingleGroup):
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self.store.port
         timeout = timedelta(seconds=timeout_s)
-        # Each new quorum's groups exchange identity records first (identity.py).
-        self.pg = checked_gloo(timeout)
+        # Each new quorum's groups exchange identity records first (identity.py), over
+        # fault_tolerance.process_group (gloo, or NCCL on CUDA).
+        self.pg = checked_group(ftcfg.process_group, timeout)
         self.pg.lighthouse = lighthouse
         # A heal travels as data, to and from groups with the run's secret only (transport.py).
         self.transport = data_transport(ftcfg.bind, load_secret(ftcfg, os.environ), timeout)
@@ -106,7 +113,7 @@ class ReplicaGroups(SingleGroup):
         )
         self.heal: HealState | None = None
         self.members: list[int] = []
-        self.quorum_id = None
+        self.quorums = 0  # the process group's quorums seen (a new one: a console line)
         self.committed_here = 0  # steps committed by this launch
 
     def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
@@ -156,18 +163,17 @@ class ReplicaGroups(SingleGroup):
             logger.info("fault tolerance: replica group %d healed from a live peer: continues at "
                         "step %d with its weights, optimizer, LR schedule and data position",
                         self.replica_id, self.heal.healed_at)
-        quorum_id = self.manager._quorum_id  # torchft reconfigures its group on a new id
-        if quorum_id == self.quorum_id:
+        if self.pg.quorums == self.quorums:  # torchft configures its group on a new quorum
             return
-        self.quorum_id = quorum_id
-        ranks = getattr(self.pg, "_global_ranks", None) or []  # in the quorum's order
-        order = [(g - self.group_rank) // self.group_world for g in ranks]
-        members = sorted(set(order))
+        self.quorums = self.pg.quorums
+        order = list(self.pg.members)  # replica ids in quorum rank order (identity records)
+        members = sorted(set(order) - {None})
         left = sorted(set(self.members) - set(members))
         joined = sorted(set(members) - set(self.members)) if self.members else []
         # A group relaunched before the others noticed it was gone keeps its place: it shows
         # as the group that healed from this one (the transport names its quorum rank).
-        healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)} - set(joined))
+        healed = sorted({order[r] for r in self.transport.sent_to if r < len(order)}
+                        - set(joined) - {None})
         self.transport.sent_to = []
         change = "; ".join([*(f"replica group {r} left" for r in left),
                             *(f"replica group {r} joined" for r in joined),
@@ -183,26 +189,22 @@ class ReplicaGroups(SingleGroup):
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         """Average the gradients over the live groups (and sum the loss statistics), then ask
         the groups to commit this step; False: a group failed during it (run it again)."""
+        # (torchft's public allreduce, its op explicit: ft/reduce.py), with the buffers that
+        # change outside the gradients (the MoE routing loads and biases)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        for dtype in {t.dtype for t in local}:
-            same = [t for t in local if t.dtype == dtype]
-            flat = torch._utils._flatten_dense_tensors(same)
-            self.manager.allreduce(flat).wait()  # the mean over the live groups
-            for t, s in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-                t.copy_(s)
+        mean_over_groups(self.manager, grads + step_buffers(model))
         # The loss over every live group's tokens: sums of (loss x tokens), tokens, processed.
         sums = torch.stack([stats["loss"] * stats["trained_tokens"], stats["trained_tokens"],
                             stats["tokens"]]).double()
-        self.manager.allreduce(sums, reduce_op=dist.ReduceOp.SUM).wait()
+        sum_over_groups(self.manager, [sums])
         if "loss_max" in stats:
-            worst = stats["loss_max"].detach().clone().double().reshape(1)
-            self.manager.allreduce(worst, reduce_op=dist.ReduceOp.MAX).wait()
-            stats["loss_max"] = worst[0]
+            worst = stats["loss_max"].double().reshape(1)
+            stats["loss_max"] = max_over_groups(self.manager, worst)[0]
         stats.update(loss=sums[0] / sums[1], trained_tokens=sums[1], tokens=sums[2])
         if self.manager.should_commit():
             self.committed_here += 1
             return True
+        reset_step_loads(model)  # the step runs again on new batches: their loads only
         logger.warning("fault tolerance: step %d not committed (a replica group failed during "
                        "it): running it again", self.heal.train_state.step)
         return False
