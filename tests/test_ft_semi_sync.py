@@ -264,5 +264,9 @@ def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
     a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
     b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
     assert a.keys() == b.keys() and any(k.startswith("outer_optimizer.") for k in a)
-    for key in a:
+    shared = [k for k in a if k.startswith(("model.", "outer_optimizer."))]
+    for key in shared:  # the weights and the outer momentum: one after the last sync
         assert torch.equal(a[key], b[key]), key
+    # (each group's own inner optimizer: its moments are of its own data)
+    assert not torch.equal(a["optimizer.state.output.weight.exp_avg"],
+                           b["optimizer.state.output.weight.exp_avg"])
