@@ -47,7 +47,7 @@ def free_port() -> int:
 
 def train_args(a, work: Path) -> list[str]:
     return ["--training.device=cpu", f"--job.dump_folder={work}", "--job.print_config=false",
-            f"--training.steps={a.steps}", "--training.mixed_precision=fp32",
+            f"--training.steps={a.steps}", "--training.mixed_precision=none",
             "--data.tokenizer=bytes", "--model.dim=64", "--model.n_layers=2",
             "--model.n_heads=4", "--model.n_kv_heads=2", "--training.seq_len=64",
             "--training.local_batch_size=8", f"--lr_scheduler.warmup_steps={a.steps // 10}",
@@ -67,10 +67,11 @@ def run_variant(a, work: Path, method: str, sync_steps: int | None) -> dict:
                           *extra], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=a.timeout)
     wall = time.monotonic() - start
-    texts = [(logs / f"replica_{r}.log").read_text(errors="replace") for r in (0, 1)]
+    texts = [(logs / f"replica_{r}.log").read_text(errors="replace")
+             if (logs / f"replica_{r}.log").exists() else "" for r in (0, 1)]
     if ran.returncode:
         raise SystemExit(f"bench_semi_sync: {method} exited {ran.returncode}:\n"
-                         f"{ran.stdout[-2000:]}{texts[0][-2000:]}")
+                         f"{(ran.stdout + ran.stderr)[-2000:]}{texts[0][-2000:]}")
     val = [float(VAL.findall(t)[-1][1]) for t in texts]
     seconds = [float(DONE.search(t)[1]) for t in texts]
     return {"method": method, "sync_steps": sync_steps or 1, "val_loss": val,

@@ -213,7 +213,7 @@ def test_a_heal_copies_the_last_sync_and_the_outer_momentum_as_data():
     fresh.load_state_dict(decode(encode(live.state_dict())))
     for a, b in zip(fresh.anchor, live.anchor):
         assert torch.equal(a, b)
-    assert len(live.momentum()) == 4
+    assert len(live.momentum()) == len(fresh.momentum()) == 4
     for a, b in zip(fresh.momentum(), live.momentum()):
         assert torch.equal(a, b)
     wide = OuterStep(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
