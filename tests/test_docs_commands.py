@@ -98,6 +98,8 @@ SKIP = {  # substring of the command -> why it does not run here
     "bench_gpu.py": "the 1B throughput run on a GPU (its CPU path: tests/test_cluster_tools.py)",
     "bench_fault_tolerance.py": "a lighthouse, 2 replica groups and a plain run, each killed and "
                                 "relaunched: minutes (tests/test_fault_tolerance.py runs the same)",
+    "bench_semi_sync.py": "3 runs of a lighthouse and 2 replica groups: minutes "
+                          "(tests/test_ft_semi_sync.py runs two DiLoCo groups the same way)",
 }
 # Documents whose training commands each start their own run: parallelism.md launches the same
 # config under other layouts, and resuming a run under another data-parallel degree is refused
