@@ -42,6 +42,19 @@ def test_a_checkpoint_interval_between_syncs_is_refused_naming_both_keys(tmp_pat
     assert "checkpoint.interval = 10" in line, line  # what to use instead
 
 
+def test_ft_local_refuses_an_interval_between_syncs_before_starting_a_group(tmp_path):
+    logs = tmp_path / "logs"
+    ran = subprocess.run(
+        [str(REPO / "scripts" / "ft_local.sh"), "2",
+         *tiny_args(tmp_path, "--fault_tolerance.semi_sync_method=diloco",
+                    "--fault_tolerance.sync_steps=5", "--fault_tolerance.min_replica_size=2",
+                    "--checkpoint.enable", "--checkpoint.interval=12")],
+        cwd=REPO, env={**os.environ, "FT_LOG_DIR": str(logs)}, capture_output=True, text=True,
+        timeout=120)
+    refused(ran, "checkpoint.interval = 12", "fault_tolerance.sync_steps = 5")
+    assert not logs.exists() or not list(logs.glob("replica_*.log"))
+
+
 def test_semi_sync_without_replica_groups_is_refused(tmp_path):
     ran = run_train(*tiny_args(tmp_path, "--fault_tolerance.semi_sync_method=local_sgd"))
     refused(ran, "fault_tolerance.semi_sync_method", "fault_tolerance.enable")

@@ -14,6 +14,7 @@ NO_GROUPS = T + "test_semi_sync_without_replica_groups_is_refused"
 HEAL = T + "test_a_heal_copies_the_last_sync_and_the_outer_momentum_as_data"
 SAVES = T + "test_saves_between_syncs_are_skipped_unless_kept_for_inspection"
 FT_LOCAL = T + "test_two_diloco_groups_through_ft_local_end_with_equal_weights"
+PREFLIGHT = T + "test_ft_local_refuses_an_interval_between_syncs_before_starting_a_group"
 SS = "torchllm.ft.semi_sync:"
 
 MUTANTS = [
@@ -117,5 +118,16 @@ MUTANTS = [
         "obj if isinstance(obj, OptimizerState) else JSONState(obj)",
         "JSONState(obj)",
         (FT_LOCAL,),
+    ),
+    Mutant(
+        "ft_semi_sync_preflight_not_as_groups",
+        "ft_local.sh checks the config without fault_tolerance.enable / group_size: the groups' "
+        "own checks (semi-sync, min_replica_size) refuse it only after the lighthouse started, "
+        "or refuse what the groups accept",
+        "scripts/ft_local.sh",
+        'run=$(python -m torchllm.ft --job.config_file "$config_file" --fault_tolerance.enable=true \\\n'
+        '      --fault_tolerance.group_size="$groups" "$@") \\\n',
+        'run=$(python -m torchllm.ft --job.config_file "$config_file" "$@") \\\n',
+        (PREFLIGHT,),
     ),
 ]

@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     error: exit 2."""
     from torchllm.config import load_config, paths
 
-    try:  # the config as each group loads it (ft_local.sh adds --fault_tolerance.enable)
-        cfg = load_config(["--fault_tolerance.enable", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
