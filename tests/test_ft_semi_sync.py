@@ -114,7 +114,8 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g.pg = type("P", (), {"refusal": None})()
     g.transport = type("X", (), {"refusal": None, "sent_to": []})()
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
-    g.sync_steps, g.last_step, g.quorum_taken, g.bytes_sent, g.syncs = sync_steps, steps, False, 0, 0
+    g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
+    g.bytes_sent, g.syncs = 0, 0
     g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
     return g
 

@@ -125,7 +125,8 @@ MUTANTS = [
         "own checks (semi-sync, min_replica_size) refuse it only after the lighthouse started, "
         "or refuse what the groups accept",
         "scripts/ft_local.sh",
-        'run=$(python -m torchllm.ft --job.config_file "$config_file" --fault_tolerance.enable=true \\\n'
+        'run=$(python -m torchllm.ft --job.config_file "$config_file" '
+        '--fault_tolerance.enable=true \\\n'
         '      --fault_tolerance.group_size="$groups" "$@") \\\n',
         'run=$(python -m torchllm.ft --job.config_file "$config_file" "$@") \\\n',
         (PREFLIGHT,),
