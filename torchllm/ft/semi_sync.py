@@ -16,7 +16,7 @@ holds the same weights: a relaunched group waits there, heals from a live one (w
 and outer optimizer state, the parameters at the last sync, data position) and trains the
 interval with it. A sync that cannot commit (a group died during the interval) is run again
 after a new quorum without it, with the same parameter changes. Checkpoints are taken at sync
-points only (GroupCheckpointer below): there the parameters at the last sync are the weights,
+points only (SyncPointCheckpointer below): there the parameters at the last sync are the weights,
 so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) beside them.
 """
 
