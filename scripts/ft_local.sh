@@ -45,7 +45,9 @@ config_file=${CONFIG_FILE:-"$here/train_configs/debug_model.toml"}
 if [[ "$config_file" != /* && ! -e "$config_file" && -e "$here/$config_file" ]]; then
     config_file="$here/$config_file"  # as run_train.sh: a shipped config named from the clone
 fi
-run=$(python -m torchllm.ft --job.config_file "$config_file" "$@") \
+# (checked as each group loads it: with fault_tolerance.enable and group_size)
+run=$(python -m torchllm.ft --job.config_file "$config_file" --fault_tolerance.enable=true \
+      --fault_tolerance.group_size="$groups" "$@") \
     || exit $?
 run_label=$(tail -n 1 <<<"$run")
 bind=$(tail -n 3 <<<"$run" | head -n 1)  # fault_tolerance.bind: the lighthouse listens there too

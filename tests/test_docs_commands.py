@@ -98,6 +98,8 @@ SKIP = {  # substring of the command -> why it does not run here
     "bench_gpu.py": "the 1B throughput run on a GPU (its CPU path: tests/test_cluster_tools.py)",
     "bench_fault_tolerance.py": "a lighthouse, 2 replica groups and a plain run, each killed and "
                                 "relaunched: minutes (tests/test_fault_tolerance.py runs the same)",
+    "bench_semi_sync.py": "3 runs of a lighthouse and 2 replica groups: minutes "
+                          "(tests/test_ft_semi_sync.py runs two DiLoCo groups the same way)",
 }
 # Documents whose training commands each start their own run: parallelism.md launches the same
 # config under other layouts, and resuming a run under another data-parallel degree is refused
@@ -199,8 +201,9 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
     skipped = [c for _, _, c in found if skip_reason(c)]
     # The skip list stays small: installs, the suite itself, servers, and commands that need
     # GPUs, clusters or the network (gpu.md and the GPU sections add most of those), and the
-    # fault-tolerance benchmark (several launches killed and relaunched: minutes).
-    assert len(skipped) <= 21, skipped
+    # fault-tolerance benchmarks (several launches killed and relaunched, or 3 runs of 2 replica
+    # groups: minutes).
+    assert len(skipped) <= 22, skipped
     # The lines that run as processes (not in this process: see in_process) stay few: several
     # ranks (torchrun, NGPU=2) and shell programs (cat, ls). A new one is a new launch in the
     # e2e tier.

@@ -164,8 +164,9 @@ class Trainer:
         self.checkpointer = self.replicas.gate(Checkpointer(  # FT: the lowest live group saves
             cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
             dataloader=self.train_loader, train_state=self.train_state, dp_rank=self.dp_rank,
-            device=self.device, others={"loss_guard": self.guard, **stateful},
-            run_info=self.run_info, load_hf=load_initial_weights, fresh=cfg.job.overwrite))
+            others={"loss_guard": self.guard, **stateful, **self.replicas.saved_states(self.model)},
+            device=self.device, run_info=self.run_info, load_hf=load_initial_weights,
+            fresh=cfg.job.overwrite))
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.
@@ -300,8 +301,7 @@ class Trainer:
                                              pp_group=self.parallel_dims.pp_group)
         m.update(to_host(stats))  # the step's one device-to-host copy
         m.update(tokens=int(m["tokens"]), trained_tokens=int(m["trained_tokens"]),
-                 lr=self.optimizer.param_groups[0]["lr"],
-                 data_time=data_time)
+                 lr=self.optimizer.param_groups[0]["lr"], data_time=data_time)
         self.train_state.tokens_seen += m["tokens"]  # counted even if the guard stops here
         # The guard may drop this update (the LR schedule still advances) or stop the run.
         m["skipped"] = not self.guard.check(self.step, m["loss"], m["grad_norm"])
@@ -311,6 +311,7 @@ class Trainer:
                 self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.replicas.end_step()  # FT semi-synchronous: every sync_steps, the groups sync
         if not self.comm_timeout_set:  # every rank got through a step: the shorter timeout
             set_comm_timeout(self.parallel_dims, self.cfg.comm.train_timeout_seconds)
             self.comm_timeout_set = True
@@ -365,8 +366,7 @@ class Trainer:
                 reason = reached or (None if last else self.stops.reason(len(losses),
                                                                          slowest_step))
                 if reason or self.checkpointer.should_save(self.step, last=last):
-                    self.checkpointer.save(self.step, last=last,
-                                           unhealthy=self.guard.unhealthy())
+                    self.checkpointer.save(self.step, last=last, unhealthy=self.guard.unhealthy())
                 if reason:
                     logger.warning("stopping at step %d: %s", self.step, reason)
                     break

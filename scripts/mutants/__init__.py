@@ -30,6 +30,7 @@ from mutants import valset
 from mutants import session68
 from mutants import house_config
 from mutants import ft_api
+from mutants import ft_semi_sync
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -60,5 +61,6 @@ MUTANTS = [
     *session68.MUTANTS,
     *house_config.MUTANTS,
     *ft_api.MUTANTS,
+    *ft_semi_sync.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Literal
 
-from torchllm.config.fields import opt
+from torchllm.config.fields import BELOW_ONE, POSITIVE, opt
 
 
 @dataclass
@@ -49,6 +49,21 @@ class FaultTolerance:
         "process group): gloo (CPU, or GPUs through host memory) or nccl (GPU to GPU: the groups "
         "must train on CUDA)"
     )
+    semi_sync_method: Literal["none", "diloco", "local_sgd"] = opt(
+        "none", "How the groups stay together: none = gradients averaged every step; diloco = "
+        "each group trains sync_steps steps alone, then the groups average their parameter "
+        "change and apply it with the outer optimizer (outer_lr, outer_momentum, "
+        "outer_nesterov); local_sgd = the same, the groups' parameters plainly averaged "
+        "(checkpoints at sync points only; docs/fault_tolerance.md)"
+    )
+    sync_steps: int = opt(
+        5, "semi_sync_method diloco / local_sgd: steps each group trains alone between syncs "
+        "(DiLoCo's H); checkpoint.interval must be a multiple of it"
+    )
+    outer_lr: float = opt(0.7, "DiLoCo's outer optimizer (SGD): its learning rate", POSITIVE)
+    outer_momentum: float = opt(0.9, "DiLoCo's outer optimizer: its momentum (0 = none)",
+                                BELOW_ONE)
+    outer_nesterov: bool = opt(True, "DiLoCo's outer optimizer: Nesterov momentum")
 
 
 NCCL_ON_CPU = ("fault_tolerance.process_group = 'nccl' needs CUDA, but {where}: use "
@@ -59,6 +74,11 @@ def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
     """(key, message) for every value-only problem of [fault_tolerance] (off: none)."""
     ft = cfg.fault_tolerance
     if not ft.enable:
+        if ft.semi_sync_method != "none":
+            return [("fault_tolerance.semi_sync_method", "fault_tolerance.semi_sync_method = "
+                     f"{ft.semi_sync_method!r} syncs replica groups, and fault_tolerance.enable "
+                     "is false: set --fault_tolerance.enable (one launch per group; "
+                     "scripts/ft_local.sh), or semi_sync_method = 'none'")]
         return []
     if ft.group_size < 1:
         return [("fault_tolerance.group_size", f"fault_tolerance.group_size = {ft.group_size}: "
@@ -88,4 +108,25 @@ def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
                  "whole groups over the data-parallel dimension and heals a group from one peer "
                  "rank per rank, which a pipeline's stages do not line up with; use "
                  "pipeline_parallel_degree = 1 (DDP, FSDP2, TP or CP inside each group)")]
+    return semi_sync_errors(cfg)
+
+
+def semi_sync_errors(cfg) -> list[tuple[str, str]]:
+    """(key, message) for semi-synchronous training's settings (method 'none': none)."""
+    ft, ckpt = cfg.fault_tolerance, cfg.checkpoint
+    if ft.semi_sync_method == "none":
+        return []
+    if ft.sync_steps < 1:
+        return [("fault_tolerance.sync_steps", f"fault_tolerance.sync_steps = {ft.sync_steps}: "
+                 "must be >= 1 (the steps each group trains alone between syncs)")]
+    if ckpt.enable and ckpt.interval % ft.sync_steps:
+        return [("checkpoint.interval", f"checkpoint.interval = {ckpt.interval} is not a "
+                 f"multiple of fault_tolerance.sync_steps = {ft.sync_steps}: between syncs the "
+                 "groups' weights differ, so checkpoints are taken at sync points only; use "
+                 f"checkpoint.interval = {max(1, ckpt.interval // ft.sync_steps) * ft.sync_steps}"
+                 " (or another multiple of sync_steps)")]
+    if ft.semi_sync_method == "diloco" and ft.outer_nesterov and ft.outer_momentum == 0:
+        return [("fault_tolerance.outer_nesterov", "fault_tolerance.outer_nesterov = true with "
+                 "fault_tolerance.outer_momentum = 0: Nesterov needs a momentum; set "
+                 "outer_momentum (DiLoCo: 0.9) or outer_nesterov = false")]
     return []

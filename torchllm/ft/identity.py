@@ -60,6 +60,9 @@ def group_record(trainer, run: str) -> dict:
               "training.mixed_precision (precision)": info["precision"],
               **_flat("optimizer", cfg.optimizer), **_flat("lr_scheduler", cfg.lr_scheduler),
               "fault_tolerance.group_size": str(cfg.fault_tolerance.group_size),
+              **{f"fault_tolerance.{k}": str(getattr(cfg.fault_tolerance, k)) for k in (
+                  "semi_sync_method", "sync_steps", "outer_lr", "outer_momentum",
+                  "outer_nesterov")},
               "ranks per group (NGPU)": str(trainer.parallel_dims.world_size)}
     return {"protocol": PROTOCOL, "replica": cfg.fault_tolerance.replica_id, "run": run,
             "data": {k: v for k, v in info["data"].items() if k != "tokenizer_sha256"},

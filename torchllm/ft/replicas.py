@@ -62,6 +62,12 @@ class SingleGroup:
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         return True
 
+    def end_step(self) -> None:
+        pass  # semi-synchronous groups sync here (semi_sync.py)
+
+    def saved_states(self, model: torch.nn.Module) -> dict:
+        return {}  # what a checkpoint saves beside the trainer's (semi_sync.py: outer optimizer)
+
     def gate(self, checkpointer):
         return checkpointer
 
@@ -252,6 +258,9 @@ def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
     check_fault_tolerance(cfg, os.environ, run)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return ReplicaGroups(cfg.fault_tolerance, rank, world, group_batch, run,
-                         lighthouse_address(os.environ, run, cfg.job.dump_folder,
-                                            cfg.fault_tolerance.bind))
+    groups = ReplicaGroups
+    if cfg.fault_tolerance.semi_sync_method != "none":  # DiLoCo / LocalSGD
+        from torchllm.ft.semi_sync import SemiSyncGroups as groups
+    return groups(cfg.fault_tolerance, rank, world, group_batch, run,
+                  lighthouse_address(os.environ, run, cfg.job.dump_folder,
+                                     cfg.fault_tolerance.bind))

@@ -95,8 +95,8 @@ class Checkpointer:
             self.states[dataloader_key] = JSONState(dataloader)
         if train_state is not None:
             self.states["train_state"] = JSONState(train_state)
-        for key, obj in others.items():
-            self.states[key] = JSONState(obj)
+        for key, obj in others.items():  # (an optimizer's state goes through DCP as the main one)
+            self.states[key] = obj if isinstance(obj, OptimizerState) else JSONState(obj)
         self.states[rng_key] = RNGState()
 
         # The configured hyperparameters, before a load replaces them with the checkpoint's.

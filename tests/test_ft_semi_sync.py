@@ -1,0 +1,286 @@
+"""Semi-synchronous replica groups (DiLoCo, LocalSGD; torchllm/ft/semi_sync.py).
+
+The refusals through ./run_train.sh; two groups in this process (one thread each, torchft's
+all-reduce replaced by an in-process one) against a plain-PyTorch DiLoCo and plain parameter
+averaging; what a heal copies; saves between syncs skipped. Slow: two groups through
+scripts/ft_local.sh with DiLoCo end with equal weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import threading
+
+import pytest
+import torch
+
+from cli import run_train
+from conftest import REPO, tiny_args
+from messages import refused
+
+pytest.importorskip("torchft")
+
+DILOCO = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2",
+          "--fault_tolerance.semi_sync_method=diloco"]
+
+
+# -- refusals (one line, exit 2) ---------------------------------------------------------------
+
+def test_an_unknown_method_is_refused_naming_the_choices(tmp_path):
+    ran = run_train(*tiny_args(tmp_path, "--fault_tolerance.enable",
+                               "--fault_tolerance.semi_sync_method=dilocco"))
+    refused(ran, "fault_tolerance.semi_sync_method", "dilocco", "diloco", "local_sgd")
+
+
+def test_a_checkpoint_interval_between_syncs_is_refused_naming_both_keys(tmp_path):
+    ran = run_train(*tiny_args(tmp_path, *DILOCO, "--fault_tolerance.sync_steps=5",
+                               "--checkpoint.enable", "--checkpoint.interval=12"))
+    line = refused(ran, "checkpoint.interval = 12", "fault_tolerance.sync_steps = 5")
+    assert "checkpoint.interval = 10" in line, line  # what to use instead
+
+
+def test_ft_local_refuses_an_interval_between_syncs_before_starting_a_group(tmp_path):
+    logs = tmp_path / "logs"
+    ran = subprocess.run(
+        [str(REPO / "scripts" / "ft_local.sh"), "2",
+         *tiny_args(tmp_path, "--fault_tolerance.semi_sync_method=diloco",
+                    "--fault_tolerance.sync_steps=5", "--fault_tolerance.min_replica_size=2",
+                    "--checkpoint.enable", "--checkpoint.interval=12")],
+        cwd=REPO, env={**os.environ, "FT_LOG_DIR": str(logs)}, capture_output=True, text=True,
+        timeout=120)
+    refused(ran, "checkpoint.interval = 12", "fault_tolerance.sync_steps = 5")
+    assert not logs.exists() or not list(logs.glob("replica_*.log"))
+
+
+def test_semi_sync_without_replica_groups_is_refused(tmp_path):
+    ran = run_train(*tiny_args(tmp_path, "--fault_tolerance.semi_sync_method=local_sgd"))
+    refused(ran, "fault_tolerance.semi_sync_method", "fault_tolerance.enable")
+
+
+def test_sync_steps_below_one_and_nesterov_without_momentum_are_refused(tmp_path):
+    refused(run_train(*tiny_args(tmp_path, *DILOCO, "--fault_tolerance.sync_steps=0")),
+            "fault_tolerance.sync_steps = 0")
+    refused(run_train(*tiny_args(tmp_path, *DILOCO, "--fault_tolerance.outer_momentum=0")),
+            "fault_tolerance.outer_nesterov", "fault_tolerance.outer_momentum = 0")
+
+
+# -- two groups in this process against the algorithm in plain PyTorch --------------------------
+
+class _Exchange:
+    """What the live groups' torchft all-reduce does, between threads: the mean."""
+
+    def __init__(self):
+        self.barrier, self.slots, self.quorums = threading.Barrier(2, timeout=60), [None, None], 0
+
+
+class _Manager:
+    _quorum_id = 1
+
+    def __init__(self, exchange: _Exchange, rank: int):
+        self.exchange, self.rank = exchange, rank
+
+    def allreduce(self, tensor, reduce_op=None):
+        ex = self.exchange
+        ex.slots[self.rank] = tensor
+        ex.barrier.wait()
+        mean = (ex.slots[0] + ex.slots[1]) / 2
+        ex.barrier.wait()
+        tensor.copy_(mean)
+        return type("Work", (), {"wait": lambda self: None})()
+
+    def should_commit(self):
+        return True
+
+    def start_quorum(self):
+        self.exchange.quorums += 1
+
+    def num_participants(self):
+        return 2
+
+    def participating_rank(self):
+        return self.rank
+
+
+def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int, steps: int):
+    from torchllm.ft.semi_sync import OuterStep, SemiSyncGroups
+
+    g = object.__new__(SemiSyncGroups)
+    g.manager, g.min_replica_size, g.committed_here = _Manager(exchange, rank), 1, 0
+    g.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 0})()})()
+    g.quorum_id, g.members, g.group_rank, g.group_world, g.group_size = 1, [0, 1], 0, 1, 2
+    g.pg = type("P", (), {"refusal": None})()
+    g.transport = type("X", (), {"refusal": None, "sent_to": []})()
+    g.ftcfg = type("F", (), {"semi_sync_method": method})()
+    g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
+    g.bytes_sent, g.syncs = 0, 0
+    g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
+    return g
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batches(steps: int):
+    torch.manual_seed(1)
+    return [[(torch.randn(6, 8), torch.randn(6, 4)) for _ in range(steps)] for _ in range(2)]
+
+
+def _inner_step(model, opt, batch):
+    x, y = batch
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _run_groups(method: str, sync_steps: int, steps: int):
+    """Two groups trained by the trainer's calls (begin_step, average, update, end_step)."""
+    exchange, data = _Exchange(), _batches(steps)
+    models = [_model() for _ in range(2)]
+    groups = [_groups(m, method, r, exchange, sync_steps, steps) for r, m in enumerate(models)]
+    errors = []
+
+    def train(r):
+        try:
+            model, g = models[r], groups[r]
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for step in range(1, steps + 1):
+                g.heal.train_state.step = step
+                g.begin_step()
+                model(data[r][step - 1][0]).sum()  # (nothing crosses before the update)
+                assert g.average({}, model)
+                _inner_step(model, opt, data[r][step - 1])
+                g.end_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=train, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return models, groups, exchange, data
+
+
+def _reference(method: str, sync_steps: int, steps: int, data):
+    """The same algorithm in plain PyTorch: each group AdamW from the global weights for an
+    interval, then the global weights move by the outer optimizer (Nesterov SGD) on the mean of
+    (global - group), or become the groups' mean (LocalSGD)."""
+    glob = _model()
+    outer = torch.optim.SGD(glob.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    local = [copy.deepcopy(glob) for _ in range(2)]
+    inner = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in local]
+    step = 0
+    while step < steps:
+        interval = range(step + 1, min(step + sync_steps, steps) + 1)
+        for r in range(2):
+            with torch.no_grad():
+                for p, q in zip(local[r].parameters(), glob.parameters()):
+                    p.copy_(q)
+            for s in interval:
+                _inner_step(local[r], inner[r], data[r][s - 1])
+        with torch.no_grad():
+            for q, a, b in zip(glob.parameters(), local[0].parameters(), local[1].parameters()):
+                if method == "local_sgd":
+                    q.copy_((a + b) / 2)
+                else:
+                    q.grad = ((q - a) + (q - b)) / 2
+        if method == "diloco":
+            outer.step()
+            outer.zero_grad(set_to_none=True)
+        step = interval[-1]
+    return glob
+
+
+@pytest.mark.parametrize("method", ["diloco", "local_sgd"])
+def test_two_groups_equal_the_algorithm_in_plain_pytorch(method):
+    steps, sync_steps = 7, 2  # syncs after steps 2, 4, 6 and the last, 7
+    models, groups, exchange, data = _run_groups(method, sync_steps, steps)
+    ref = _reference(method, sync_steps, steps, data)
+    for (name, a), b, want in zip(models[0].named_parameters(), models[1].parameters(),
+                                  ref.parameters()):
+        assert torch.equal(a, b), name
+        assert torch.equal(a, want), (name, (a - want).abs().max())
+    n_params = sum(p.numel() for p in ref.parameters())
+    assert [g.syncs for g in groups] == [4, 4]
+    assert groups[0].bytes_sent == 4 * n_params * 4  # the parameters' size (fp32) per sync
+    assert exchange.quorums == 2 * 4  # a quorum at the start of each interval, per group
+
+
+# -- what a heal copies, saves between syncs ------------------------------------------------------
+
+def test_a_heal_copies_the_last_sync_and_the_outer_momentum_as_data():
+    from torchllm.config import ConfigError
+    from torchllm.ft.heal_codec import decode, encode
+    from torchllm.ft.semi_sync import OuterStep
+
+    models, groups, _, _ = _run_groups("diloco", sync_steps=2, steps=4)
+    live = groups[0].state
+    fresh_model = _model()
+    fresh = OuterStep(fresh_model, "diloco")
+    fresh.load_state_dict(decode(encode(live.state_dict())))
+    for a, b in zip(fresh.anchor, live.anchor):
+        assert torch.equal(a, b)
+    assert len(live.momentum()) == len(fresh.momentum()) == 4
+    for a, b in zip(fresh.momentum(), live.momentum()):
+        assert torch.equal(a, b)
+    wide = OuterStep(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                                         torch.nn.Linear(32, 4)), "diloco")
+    with pytest.raises(ConfigError, match=r"anchor of parameter 0 is \[16, 8\].*\[32, 8\]"):
+        wide.load_state_dict(live.state_dict())
+
+
+def test_saves_between_syncs_are_skipped_unless_kept_for_inspection():
+    from torchllm.ft.semi_sync import SyncPointCheckpointer
+
+    saved = []
+    inner = type("C", (), {"save": lambda self, step, **kw: saved.append(step)})()
+    groups = _groups(_model(), "diloco", 0, _Exchange(), sync_steps=5, steps=12)
+    ckpt = SyncPointCheckpointer(inner, groups)
+    for step in (3, 5, 10, 11, 12):
+        ckpt.save(step, last=step == 12)
+    ckpt.save(7, unhealthy="the guard stopped the run")
+    assert saved == [5, 10, 12, 7]
+
+
+# -- two groups through scripts/ft_local.sh -------------------------------------------------------
+
+LOSS = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+)")
+
+
+@pytest.mark.slow
+def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
+    from test_fault_tolerance import free_port
+    from torchllm.checkpoint import open_checkpoint
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1"}
+    args = tiny_args(tmp_path, "--training.steps=12", "--data.tokenizer=bytes",
+                     "--validation.enable=false", "--eval.sample_freq=0", "--checkpoint.enable",
+                     "--checkpoint.interval=5", "--fault_tolerance.semi_sync_method=diloco",
+                     "--fault_tolerance.sync_steps=5")
+    ran = subprocess.run([str(REPO / "scripts" / "ft_local.sh"), "2", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    logs_text = [(logs / f"replica_{r}.log").read_text(errors="replace") for r in (0, 1)]
+    assert ran.returncode == 0, ran.stdout[-3000:] + logs_text[0][-3000:] + logs_text[1][-3000:]
+    losses = [{int(m[1]): m[2] for m in LOSS.finditer(t)} for t in logs_text]
+    assert sorted(losses[0]) == sorted(losses[1]) == list(range(1, 13))
+    assert losses[0][2] != losses[1][2]  # each group prints its own loss: it trains alone
+    for text in logs_text:  # syncs after steps 5, 10 and the last, 12
+        assert re.search(r"fault tolerance: 3 syncs \(diloco, every 5 steps\)", text), text[-2000:]
+    a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
+    b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
+    assert a.keys() == b.keys() and any(k.startswith("outer_optimizer.") for k in a)
+    shared = [k for k in a if k.startswith(("model.", "outer_optimizer."))]
+    for key in shared:  # the weights and the outer momentum: one after the last sync
+        assert torch.equal(a[key], b[key]), key
+    # (each group's own inner optimizer: its moments are of its own data)
+    assert not torch.equal(a["optimizer.state.output.weight.exp_avg"],
+                           b["optimizer.state.output.weight.exp_avg"])

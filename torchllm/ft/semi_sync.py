@@ -1,0 +1,241 @@
+"""Semi-synchronous replica groups: each trains `sync_steps` steps alone, then the groups sync.
+
+    fault_tolerance.semi_sync_method = "diloco"     the groups average their parameter change
+                                                    since the last sync (the pseudo-gradient,
+                                                    params then - params now) and apply it with
+                                                    the outer optimizer, SGD with Nesterov
+                                                    momentum (DiLoCo, arXiv 2311.08105)
+                                     = "local_sgd"  the groups' parameters are averaged
+                                                    (LocalSGD, arXiv 1805.09767)
+
+Between syncs no gradient crosses between groups: each group's own steps (its inner optimizer,
+the loss guard judging its own loss) run as a single group's would. A sync is one torchft
+all-reduce of the parameters' size, every `sync_steps` steps instead of the gradients' every
+step. The quorum is taken at the start of each interval, right after a sync, when every group
+holds the same weights: a relaunched group waits there, heals from a live one (weights, inner
+and outer optimizer state, the parameters at the last sync, data position) and trains the
+interval with it. A sync that cannot commit (a group died during the interval) is run again
+after a new quorum without it, with the same parameter changes. Checkpoints are taken at sync
+points only (SyncPointCheckpointer below): there the parameters at the last sync are the weights,
+so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) beside them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from torchllm.checkpoint.state import OptimizerState
+from torchllm.config.job_config import ConfigError
+from torchllm.ft.replicas import GroupCheckpointer, ReplicaGroups
+from torchllm.log import logger
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` as a tensor of `param`'s kind (a DTensor shard placed like the parameter)."""
+    if isinstance(param, DTensor):
+        return DTensor.from_local(local, param.device_mesh, param.placements,
+                                  shape=param.shape, stride=param.stride(), run_check=False)
+    return local
+
+
+class OuterStep:
+    """The state of semi-synchronous training and its sync.
+
+    `anchor`: the (local) parameters at the last sync; `outer`: DiLoCo's outer optimizer over
+    the trainable parameters (None for LocalSGD). `sync(mean)` runs one sync, where
+    `mean(tensors)` averages the tensors in place over the live groups and returns whether the
+    groups commit: nothing changes here unless they do."""
+
+    def __init__(self, model: torch.nn.Module, method: str, lr: float = 0.7,
+                 momentum: float = 0.9, nesterov: bool = True):
+        self.method = method
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # Buffers an update rule writes (MoE routing bias) are averaged at each sync too.
+        persistent = set(model.state_dict())
+        self.buffers = [b for name, b in model.named_buffers()
+                        if name in persistent and b.is_floating_point()]
+        self.anchor = [_local(p).detach().clone() for p in self.params]
+        self.outer = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
+                                     nesterov=nesterov) if method == "diloco" else None
+        self.settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov}
+
+    @torch.no_grad()
+    def reset_anchor(self) -> None:
+        """The current parameters become the last sync's (after a sync, a load or a heal)."""
+        for a, p in zip(self.anchor, self.params):
+            a.copy_(_local(p))
+
+    def apply_settings(self) -> None:
+        """The outer optimizer's settings from the config (a checkpoint's are not kept)."""
+        if self.outer is not None:
+            for group in self.outer.param_groups:
+                group.update(self.settings)
+
+    @torch.no_grad()
+    def sync(self, mean) -> bool:
+        buffers = [b.detach().clone() for b in self.buffers]
+        if self.method == "local_sgd":
+            averaged = [_local(p).detach().clone() for p in self.params]
+            if not mean(averaged + buffers):
+                return False
+            for p, avg in zip(self.params, averaged):
+                _local(p).copy_(avg)
+        else:
+            # The pseudo-gradient: how far this group's H steps moved each parameter (as a
+            # gradient: last sync - now), averaged over the groups, then applied from the last
+            # sync's parameters by the outer optimizer.
+            pseudo = [a - _local(p) for a, p in zip(self.anchor, self.params)]
+            if not mean(pseudo + buffers):
+                return False
+            for p, a, g in zip(self.params, self.anchor, pseudo):
+                _local(p).copy_(a)
+                p.grad = _like(p, g)
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+        for b, avg in zip(self.buffers, buffers):
+            b.copy_(avg)
+        self.reset_anchor()
+        return True
+
+    # -- what a heal copies (local tensors; HealState sends them as data) --
+
+    def momentum(self) -> list[torch.Tensor]:
+        if self.outer is None:
+            return []
+        bufs = [self.outer.state.get(p, {}).get("momentum_buffer") for p in self.params]
+        return [] if any(b is None for b in bufs) else [_local(b) for b in bufs]
+
+    def state_dict(self) -> dict:
+        return {"anchor": list(self.anchor), "momentum": self.momentum()}
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        anchor, momentum = sd.get("anchor"), sd.get("momentum")
+        if problem := self._misfit(anchor, "anchor") or \
+                (self._misfit(momentum, "momentum") if momentum else None):
+            raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}",
+                              "fault_tolerance.semi_sync_method")
+        for a, theirs in zip(self.anchor, anchor):
+            a.copy_(theirs)
+        if self.outer is not None:
+            for p, theirs in zip(self.params, momentum or []):
+                state = self.outer.state[p]
+                if "momentum_buffer" in state and state["momentum_buffer"] is not None:
+                    _local(state["momentum_buffer"]).copy_(theirs)
+                else:
+                    state["momentum_buffer"] = _like(p, theirs.to(_local(p).device).clone())
+
+    def _misfit(self, tensors, what: str) -> str | None:
+        if not isinstance(tensors, list) or len(tensors) != len(self.anchor):
+            return (f"the peer's semi-synchronous state ({what}) has "
+                    f"{len(tensors) if isinstance(tensors, list) else 'no'} tensors, this "
+                    f"group {len(self.anchor)}: are both on the same semi_sync_method?")
+        for i, (mine, theirs) in enumerate(zip(self.anchor, tensors)):
+            if not isinstance(theirs, torch.Tensor) or theirs.shape != mine.shape \
+                    or theirs.dtype != mine.dtype:
+                got = (f"{list(theirs.shape)} {theirs.dtype}" if isinstance(theirs, torch.Tensor)
+                       else type(theirs).__name__)
+                return (f"{what} of parameter {i} is {got} in the peer's, "
+                        f"{list(mine.shape)} {mine.dtype} here")
+        return None
+
+
+class SemiSyncGroups(ReplicaGroups):
+    """Replica groups that sync every `sync_steps` steps (module doc) instead of every step."""
+
+    def __init__(self, ftcfg, *args, **kwargs):
+        super().__init__(ftcfg, *args, **kwargs)
+        self.ftcfg, self.sync_steps = ftcfg, ftcfg.sync_steps
+        self.state: OuterStep | None = None
+        self.last_step = 0  # training.steps: the last step is a sync point too
+        self.quorum_taken = False  # this launch's first step takes a quorum wherever it is
+        self.bytes_sent, self.syncs = 0, 0
+
+    def saved_states(self, model: torch.nn.Module) -> dict:
+        """What a checkpoint saves beside the trainer's states: the outer optimizer (DiLoCo)."""
+        ft = self.ftcfg
+        self.state = OuterStep(model, ft.semi_sync_method, ft.outer_lr, ft.outer_momentum,
+                               ft.outer_nesterov)
+        if self.state.outer is None:
+            return {}
+        return {"outer_optimizer": OptimizerState(model, self.state.outer)}
+
+    def attach(self, trainer, others: dict) -> None:
+        if self.state is None:
+            self.saved_states(trainer.model)
+        self.last_step = trainer.cfg.training.steps
+        self.state.reset_anchor()  # the loaded weights were saved at a sync point
+        self.state.apply_settings()
+        super().attach(trainer, {**others, "semi_sync": self.state})
+        # torchft compares the groups' count of commits (one per sync) to decide who heals.
+        syncs = trainer.step // self.sync_steps
+        self.manager.load_state_dict({"step": syncs, "batches_committed": syncs})
+
+    def is_sync_point(self, step: int) -> bool:
+        return step % self.sync_steps == 0 or step == self.last_step
+
+    def begin_step(self) -> None:
+        """A quorum at the start of each interval (and of this launch) only."""
+        step = self.heal.train_state.step
+        if not self.quorum_taken or (step - 1) % self.sync_steps == 0:
+            super().begin_step()
+            self.quorum_taken = True
+
+    def average(self, stats: dict, model: torch.nn.Module) -> bool:
+        return True  # between syncs each group trains on its own gradients (and prints its loss)
+
+    def end_step(self) -> None:
+        """After the step's update: at a sync point, the sync (again after a new quorum until
+        the live groups commit it)."""
+        step = self.heal.train_state.step
+        if not self.is_sync_point(step):
+            return
+        while not self.state.sync(self._mean):
+            logger.warning("fault tolerance: the sync at step %d not committed (a replica group "
+                           "failed during it): a new quorum, then the sync again", step)
+            super().begin_step()
+        self.syncs += 1
+        self.committed_here += 1
+
+    def _mean(self, tensors: list[torch.Tensor]) -> bool:
+        """`tensors` averaged in place over the live groups (one all-reduce per dtype); whether
+        the groups commit."""
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.reshape(-1) for t in same])
+            self.bytes_sent += flat.numel() * flat.element_size()
+            self.manager.allreduce(flat, reduce_op=dist.ReduceOp.AVG).wait()
+            for t, part in zip(same, flat.split([t.numel() for t in same])):
+                t.copy_(part.view_as(t))
+        return self.manager.should_commit()
+
+    def gate(self, checkpointer):
+        return SyncPointCheckpointer(checkpointer, self)
+
+    def close(self) -> None:
+        logger.info("fault tolerance: %d syncs (%s, every %d steps), %d bytes sent to the other "
+                    "replica groups' all-reduce", self.syncs, self.ftcfg.semi_sync_method,
+                    self.sync_steps, self.bytes_sent)
+        super().close()
+
+
+class SyncPointCheckpointer(GroupCheckpointer):
+    """Saves at sync points only: between syncs each group's weights are its own. A save asked
+    for between them (a stop signal, the time limit) is skipped with a warning, unless it is
+    one the loss guard marked unhealthy (kept for inspection, never resumed from)."""
+
+    def save(self, step: int, last: bool = False, model_only: bool = False,
+             unhealthy: str | None = None) -> None:
+        if self.replicas.is_sync_point(step) or unhealthy is not None or model_only:
+            super().save(step, last=last, model_only=model_only, unhealthy=unhealthy)
+            return
+        logger.warning("fault tolerance: step %d not saved: it is between syncs (every "
+                       "fault_tolerance.sync_steps = %d steps), when the groups' weights differ; "
+                       "a relaunch resumes from the last sync point's checkpoint or heals from a "
+                       "live group", step, self.replicas.sync_steps)
