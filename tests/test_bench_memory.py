@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 import pytest
+import torch
 
 from cli import run_script
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_memory  # noqa: E402
+from benchlib.tensor_memory import PeakTensorMemory  # noqa: E402
+
+MB = 1_000_000
 
 NAMED = ["single", "ddp2", "fsdp2", "fsdp4", "hsdp2x2", "tp2", "cp2", "cp4", "pp2-1f1b",
          "pp2-interleaved", "ep2", "fsdp2-accum4", "fsdp2-ac_full", "fsdp2-ac_none",
@@ -41,6 +46,20 @@ def test_refused_rows_carry_the_trainers_words(tmp_path):
         del bench_memory.ROWS["tp2-chunked"]
     assert len(got) == 1 and got[0]["reason"].startswith("refused: ")
     assert "training.chunked_loss" in got[0]["reason"]
+
+
+def test_a_free_on_another_thread_is_subtracted():
+    """A tensor whose last reference dies on a thread the profiler does not watch (as an
+    asynchronous gloo collective's buffer does on gloo's thread) is no longer counted alive:
+    the allocator's own count moves on every thread (was: 8 MB, both tensors alive)."""
+    with PeakTensorMemory(baseline_bytes=0) as m:
+        box = [torch.empty(4 * MB, dtype=torch.uint8)]
+        other = threading.Thread(target=box.clear)  # the only reference, dropped there
+        other.start()
+        other.join()
+        b = torch.empty(4 * MB, dtype=torch.uint8)
+    assert m.net_peak_bytes == 4 * MB
+    del b
 
 
 # One process and a pipeline (each stage its own estimate; ~10 s a row on a quiet 2-core
