@@ -62,10 +62,14 @@ def test_a_free_on_another_thread_is_subtracted():
     del b
 
 
-# One process and a pipeline (each stage its own estimate; ~10 s a row on a quiet 2-core
-# machine); the other rows are the benchmark's table (docs/performance.md): the suite's time
-# budget holds two launches.
-SUBSET = "single,pp2-1f1b"
+# FSDP2 (asynchronous gloo collectives: its reduce-scatter buffers die on gloo's thread) and a
+# pipeline (each stage its own estimate); ~15 s a row on a quiet 2-core machine. The other rows
+# are the benchmark's table (docs/performance.md): the suite's time budget holds two launches.
+SUBSET = "fsdp2,pp2-1f1b"
+# fsdp2 measures the same on every rank and run (71.35 MiB, quiet or at load 20), and its
+# estimate agrees within 0.5%: a tighter band there catches a block's worth of error (the
+# embedding kept gathered, a block's gradients counted twice: 1.06-1.09).
+TIGHT = {"fsdp2": 0.04}
 
 
 @pytest.mark.slow
@@ -74,13 +78,17 @@ def test_estimate_within_10_percent_of_every_ranks_measured_peak(tmp_path):
     ran = run_script("benchmarks/bench_memory.py", "--layouts", SUBSET, "--json", str(out),
                      "--work_dir", str(tmp_path / "runs"), process=True, timeout=600)
     records = json.loads(out.read_text())
-    assert [r["layout"] for r in records] == ["single"] + ["pp2-1f1b"] * 2, (
+    assert [r["layout"] for r in records] == ["fsdp2"] * 2 + ["pp2-1f1b"] * 2, (
         ran.stdout[-3000:])
     for r in records:
         assert {"layout", "overrides", "world_size", "rank", "measured_peak_bytes",
                 "estimate_peak_bytes"} <= set(r)
         ratio = r["estimate_peak_bytes"] / r["measured_peak_bytes"]
-        assert 0.9 <= ratio <= 1.1, (r, ran.stdout[-2000:])
+        band = TIGHT.get(r["layout"], 0.1)
+        assert 1 - band <= ratio <= 1 + band, (r, ran.stdout[-2000:])
+    # ranks doing the same work measure the same: no free is lost on gloo's thread
+    fsdp = [r["measured_peak_bytes"] for r in records if r["layout"] == "fsdp2"]
+    assert abs(fsdp[0] - fsdp[1]) <= 0.02 * fsdp[0], fsdp
     # the pipeline ranks are estimated for their own stage: the last one holds the head
     pp = [r for r in records if r["layout"] == "pp2-1f1b"]
     assert pp[0]["estimate_peak_bytes"] != pp[1]["estimate_peak_bytes"]
