@@ -8,8 +8,8 @@ gloo ranks, float32).
 Each row is one `torchrun` launch of `benchlib.worker` (the Trainer's own loop, 3 steps) on
 its row's number of ranks; each rank measures the peak tensor bytes of step 2 from the CPU
 allocator's own live-byte count, every thread's frees included (benchlib/tensor_memory.py), and
-reports the estimate for its own pipeline rank. Prints one line per row and rank: measured, estimated, estimate / measured. A
-row whose setting the trainer refuses (or that needs a missing package) is printed with the
+reports the estimate for its own pipeline rank. Prints one line per row and rank: measured,
+estimated, estimate / measured. A row whose setting the trainer refuses (or that needs a missing package) is printed with the
 reason instead. Exit 1 when a row failed or an estimate is outside 10% of its measurement.
 
 The base row: the debug Llama (dim 256, 4 blocks), seq 128, local batch 4, vocab 4,096,
