@@ -6,10 +6,10 @@ gloo ranks, float32).
         [--timeout 600] [--work_dir DIR] [--section.key=value ...]   (overrides for every row)
 
 Each row is one `torchrun` launch of `benchlib.worker` (the Trainer's own loop, 3 steps) on
-its row's number of ranks; each rank measures the peak tensor bytes of step 2 with the torch
-profiler's allocation records (benchlib/tensor_memory.py) and reports the estimate for its own
-pipeline rank. Prints one line per row and rank: measured, estimated, estimate / measured. A
-row whose setting the trainer refuses (or that needs a missing package) is printed with the
+its row's number of ranks; each rank measures the peak tensor bytes of step 2 from the CPU
+allocator's own live-byte count, every thread's frees included (benchlib/tensor_memory.py), and
+reports the estimate for its own pipeline rank. Prints one line per row and rank: measured,
+estimated, estimate / measured. A row whose setting the trainer refuses (or that needs a missing package) is printed with the
 reason instead. Exit 1 when a row failed or an estimate is outside 10% of its measurement.
 
 The base row: the debug Llama (dim 256, 4 blocks), seq 128, local batch 4, vocab 4,096,
@@ -38,11 +38,6 @@ from torchllm.config import ConfigError  # noqa: E402
 
 COMMAND = "python benchmarks/bench_memory.py"
 TOLERANCE = 0.10  # |estimate / measured - 1| allowed on every rank
-# Why a multi-rank row can measure high (or low): the torch profiler records the allocations and
-# frees of the threads it watches; a tensor whose last reference dies on a gloo worker thread
-# (an async collective's buffer) is freed unseen, so one rank of a layout can measure 4-20 MiB
-# above another doing the same work (reproduced with an async all_reduce: docs/performance.md).
-GLOO = "ranks doing the same work measure apart: frees on gloo's threads are unseen"
 
 BASE = [
     "--model.flavor=debug", "--model.vocab_size=4096", "--data.tokenizer=bytes",
@@ -68,8 +63,9 @@ class Row:
     note: str = ""  # why a row's estimate is outside the band, when it is known to be
 
 
-CP = ("the ranks measure up to 25% apart, which rank by run (gloo-thread frees: FSDP2 shards "
-      "over cp); the lowest rank is within 5%")
+CP = ("a busy machine moves the cp ranks' peak by up to 2 MiB (a collective's buffers alive "
+      "longer on gloo's thread: counted, they are tensors); a quieter run measured 41.0 on "
+      "every cp4 rank")
 PP = {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 1}
 MOE = ["--model.name=qwen3_moe", "--model.flavor=debug", "--model.moe_aux_loss_coef=0"]
 ROWS: dict[str, Row] = {
@@ -79,9 +75,7 @@ ROWS: dict[str, Row] = {
     "fsdp4": Row(4, layout()),
     "hsdp2x2": Row(4, layout(shard=2, replicate=2)),
     # TP refuses the chunked loss: its own loss is vocab-parallel (each rank 1/tp of the logits)
-    "tp2": Row(2, layout(shard=1, tensor_parallel_degree=2) + ["--training.chunked_loss=false"],
-               note="selective AC under TP also saves w2's unreduced output and the "
-                    "reduce-scatter outputs: not counted"),
+    "tp2": Row(2, layout(shard=1, tensor_parallel_degree=2) + ["--training.chunked_loss=false"]),
     "cp2": Row(2, layout(shard=1, context_parallel_degree=2), note=CP),
     "cp4": Row(4, layout(shard=1, context_parallel_degree=4), note=CP),
     "pp2-1f1b": Row(2, layout(shard=1, **PP) + ["--parallelism.pipeline_parallel_schedule=1F1B"]),
@@ -89,19 +83,16 @@ ROWS: dict[str, Row] = {
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"]),
     # (no AC: selective AC replays the profiler's record_function ops of the all-to-all and fails)
     "ep2": Row(2, layout(expert_parallel_degree=2) + MOE + ["--activation_checkpoint.mode=none"],
-               note="MoE activations are counted for perfectly balanced experts (the CPU path "
-                    "pads every expert to the busiest) and the all-to-all buffers not at all"),
+               note="MoE activations are counted for perfectly balanced experts; the ranks "
+                    "measure apart by their own routing (the CPU path pads every expert to the "
+                    "busiest), and the all-to-all buffers are not counted"),
     "single-accum4": Row(1, ["--training.global_batch_size=16"]),
     "ddp2-accum4": Row(2, layout(mode="ddp") + ["--training.global_batch_size=32"]),
-    "fsdp2-accum4": Row(2, layout() + ["--training.global_batch_size=32"], note=(
-        "every micro-step's reduce-scatter buffers die on gloo's threads, unseen by the profiler: "
-        "the measurement grows with the micro-steps")),
+    "fsdp2-accum4": Row(2, layout() + ["--training.global_batch_size=32"]),
     "fsdp2-ac_none": Row(2, layout() + ["--activation_checkpoint.mode=none"]),
     "fsdp2-ac_full": Row(2, layout() + ["--activation_checkpoint.mode=full"]),
     "fsdp2-plain_loss": Row(2, layout() + ["--training.chunked_loss=false"]),
-    "fsdp2-adamw8bit": Row(2, layout() + ["--optimizer.name=adamw8bit"], needs="torchao",
-                           note="measured ~8-11 MiB over fsdp2 less the smaller state: not "
-                                "explained (torchao's compiled step?)"),
+    "fsdp2-adamw8bit": Row(2, layout() + ["--optimizer.name=adamw8bit"], needs="torchao"),
     "fsdp2-muon": Row(2, layout() + ["--optimizer.name=muon"]),
     "ddp2-muon": Row(2, layout(mode="ddp") + ["--optimizer.name=muon"]),
     "ddp2-ac_none-plain_loss": Row(2, layout(mode="ddp") + [
@@ -192,7 +183,7 @@ def table(records: list[dict]) -> str:
             continue
         ratio = r["estimate_peak_bytes"] / r["measured_peak_bytes"]
         row = ROWS[r["layout"]]
-        note = row.note or (GLOO if row.nproc > 1 else "")
+        note = row.note
         flag = "" if within(r) else "  OUTSIDE 10%" + (f": {note}" if note else "")
         lines.append(f"{r['layout']:<24}{r['rank']:>5}{r['measured_peak_bytes'] / mib:>14.2f}"
                      f"{r['estimate_peak_bytes'] / mib:>14.2f}{ratio:>8.3f}  {r['peak_phase']}"

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 import pytest
+import torch
 
 from cli import run_script
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_memory  # noqa: E402
+from benchlib.tensor_memory import PeakTensorMemory  # noqa: E402
+
+MB = 1_000_000
 
 NAMED = ["single", "ddp2", "fsdp2", "fsdp4", "hsdp2x2", "tp2", "cp2", "cp4", "pp2-1f1b",
          "pp2-interleaved", "ep2", "fsdp2-accum4", "fsdp2-ac_full", "fsdp2-ac_none",
@@ -43,11 +48,28 @@ def test_refused_rows_carry_the_trainers_words(tmp_path):
     assert "training.chunked_loss" in got[0]["reason"]
 
 
-# One process and a pipeline (each stage its own estimate; ~10 s a row on a quiet 2-core
-# machine). Rows with asynchronous gloo collectives (DDP, FSDP2, CP) are left to the
-# benchmark's table: the profiler misses frees on gloo's threads, and ranks doing the same work
-# measure up to 20 MiB apart from run to run (docs/performance.md).
-SUBSET = "single,pp2-1f1b"
+def test_a_free_on_another_thread_is_subtracted():
+    """A tensor whose last reference dies on a thread the profiler does not watch (as an
+    asynchronous gloo collective's buffer does on gloo's thread) is no longer counted alive:
+    the allocator's own count moves on every thread (was: 8 MB, both tensors alive)."""
+    with PeakTensorMemory(baseline_bytes=0) as m:
+        box = [torch.empty(4 * MB, dtype=torch.uint8)]
+        other = threading.Thread(target=box.clear)  # the only reference, dropped there
+        other.start()
+        other.join()
+        b = torch.empty(4 * MB, dtype=torch.uint8)
+    assert m.net_peak_bytes == 4 * MB
+    del b
+
+
+# FSDP2 (asynchronous gloo collectives: its reduce-scatter buffers die on gloo's thread) and a
+# pipeline (each stage its own estimate); ~15 s a row on a quiet 2-core machine. The other rows
+# are the benchmark's table (docs/performance.md): the suite's time budget holds two launches.
+SUBSET = "fsdp2,pp2-1f1b"
+# fsdp2 measures the same on every rank and run (71.35 MiB, quiet or at load 20), and its
+# estimate agrees within 0.5%: a tighter band there catches a block's worth of error (the
+# embedding kept gathered, a block's gradients counted twice: 1.06-1.09).
+TIGHT = {"fsdp2": 0.04}
 
 
 @pytest.mark.slow
@@ -56,13 +78,17 @@ def test_estimate_within_10_percent_of_every_ranks_measured_peak(tmp_path):
     ran = run_script("benchmarks/bench_memory.py", "--layouts", SUBSET, "--json", str(out),
                      "--work_dir", str(tmp_path / "runs"), process=True, timeout=600)
     records = json.loads(out.read_text())
-    assert [r["layout"] for r in records] == ["single"] + ["pp2-1f1b"] * 2, (
+    assert [r["layout"] for r in records] == ["fsdp2"] * 2 + ["pp2-1f1b"] * 2, (
         ran.stdout[-3000:])
     for r in records:
         assert {"layout", "overrides", "world_size", "rank", "measured_peak_bytes",
                 "estimate_peak_bytes"} <= set(r)
         ratio = r["estimate_peak_bytes"] / r["measured_peak_bytes"]
-        assert 0.9 <= ratio <= 1.1, (r, ran.stdout[-2000:])
+        band = TIGHT.get(r["layout"], 0.1)
+        assert 1 - band <= ratio <= 1 + band, (r, ran.stdout[-2000:])
+    # ranks doing the same work measure the same: no free is lost on gloo's thread
+    fsdp = [r["measured_peak_bytes"] for r in records if r["layout"] == "fsdp2"]
+    assert abs(fsdp[0] - fsdp[1]) <= 0.02 * fsdp[0], fsdp
     # the pipeline ranks are estimated for their own stage: the last one holds the head
     pp = [r for r in records if r["layout"] == "pp2-1f1b"]
     assert pp[0]["estimate_peak_bytes"] != pp[1]["estimate_peak_bytes"]

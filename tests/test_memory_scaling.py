@@ -1,10 +1,9 @@
 """Each parallel degree divides the memory it claims, measured per rank on real gloo ranks:
 tensor parallelism the logits and their gradient, context parallelism attention (per-rank peaks
-from the profiler's allocation records, benchmarks/benchlib/tensor_memory.py), FSDP2's gradients
-under accumulation and in pipeline stages (the gradient bytes FSDP2 holds between micro-steps,
-read from its own fields: the profiler does not see the frees of gloo collectives' outputs,
-which happen on gloo's thread, so its peak over-counts one gradient shard per extra
-reduce-scatter). Plus the vocab-parallel loss's value and gradient, and the selective-AC op
+from the CPU allocator's live-byte count, every thread's frees included: benchmarks/benchlib/
+tensor_memory.py), FSDP2's gradients under accumulation and in pipeline stages (the gradient
+bytes FSDP2 holds between micro-steps, read from its own fields: a peak does not say which
+tensors it holds). Plus the vocab-parallel loss's value and gradient, and the selective-AC op
 policy's trade (every second matmul output kept)."""
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from conftest import spawn_gloo, tiny_config
 from torchllm.metrics.memory import _local_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from benchlib.tensor_memory import PeakTensorMemory, live_tensor_bytes  # noqa: E402
+from benchlib.tensor_memory import (PeakTensorMemory, count_every_thread,  # noqa: E402
+                                   live_tensor_bytes)
 
 STEP = ("--metrics.log_freq=1000", "--training.steps=100", "--lr_scheduler.warmup_steps=2")
 # Logits dominate: a 16k vocabulary over 32-wide hidden states.
@@ -40,8 +40,7 @@ WEIGHTS = (*STEP, "--model.dim=256", "--model.n_layers=2", "--model.n_heads=4",
 def gradient_bytes(modules) -> int:
     """Bytes of every gradient this rank holds for the FSDP2 parameters of `modules`: the sharded
     gradients, and the unsharded ones FSDP2 keeps while it skips reduce-scatters (its own
-    fields: a gradient held only by C++ has no Python object to find otherwise, and the
-    profiler misses the frees of gloo collectives' outputs, which happen on gloo's thread)."""
+    fields: a gradient held only by C++ has no Python object to find otherwise)."""
     from torch.distributed.fsdp import fully_shard
 
     total = 0
@@ -62,6 +61,7 @@ def _measure(rank: int, tmp_path, args: list[str], micro_steps: int) -> None:
     peak of the step) and the gradient bytes it holds after; written by every rank."""
     from torchllm.train import Trainer
 
+    count_every_thread()  # before the model: every free the allocator sees, on any thread
     trainer = Trainer(tiny_config(tmp_path, *args))
     try:
         trainer.train_step()  # creates the optimizer state; frees the gradients

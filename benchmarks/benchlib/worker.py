@@ -7,7 +7,8 @@ The launcher (`python benchmarks/bench_parallel.py`) starts this under torchrun 
 overrides. It wraps three of the Trainer's methods to record, per step, the wall time and the
 loss the trainer logs, the training-state bytes (read between backward and zero_grad), and on
 CPU the peak tensor memory of step 2 (steps 1-2 are profiled, so that what step 1 leaves
-behind counts; both are warm-up, not timed).
+behind counts; both are warm-up, not timed; the CPU allocator counts every thread's frees from
+the worker's start: benchlib/tensor_memory.py).
 Each rank writes `rank{R}.json` to OUT_DIR; the launcher aggregates them.
 """
 
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from benchlib.tensor_memory import PeakTensorMemory, live_tensor_bytes
+from benchlib.tensor_memory import (PeakTensorMemory, count_every_thread,
+                                   live_tensor_bytes)
 from torchllm.log import init_logger
 from torchllm.metrics.memory import training_state_bytes
 from torchllm.parallel import destroy_distributed
@@ -111,6 +113,7 @@ def result(trainer: Trainer, rec: StepRecorder, world_size: int) -> dict:
     elif rec.tensor_memory is not None and rec.tensor_memory.peak_bytes is not None:
         out["tensor_peak_bytes"] = rec.tensor_memory.peak_bytes
         out["tensor_peak_ops"] = rec.tensor_memory.peak_ops
+        out["allocator_peak_bytes"] = rec.tensor_memory.allocator_peak_bytes
     return out
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_dir, rest = Path(argv[0]), argv[1:]
     init_logger()
+    count_every_thread()  # before any tensor: every free counted, on every thread
     trainer = trainer_from_args(rest)
     if trainer is None:
         return 2

@@ -25,6 +25,7 @@ from mutants import edge_untrusted
 from mutants import edge_chat
 from mutants import memory_product
 from mutants import memory_estimate
+from mutants import memory_measure
 from mutants import ft_heal
 from mutants import valset
 from mutants import session68
@@ -56,6 +57,7 @@ MUTANTS = [
     *edge_chat.MUTANTS,
     *memory_product.MUTANTS,
     *memory_estimate.MUTANTS,
+    *memory_measure.MUTANTS,
     *ft_heal.MUTANTS,
     *valset.MUTANTS,
     *session68.MUTANTS,

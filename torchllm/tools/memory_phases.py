@@ -9,7 +9,9 @@ Phases (the largest is the peak; each lists only the terms alive in it):
   first block backward  the state, the head's gradients (the root's, unsharded under FSDP2,
                       until the end of backward), every saved activation, the block's rebuilt
                       activations (AC) and its backward's working tensors; FSDP2: the block
-                      and its prefetched neighbour gathered, the block's unsharded gradients
+                      and its prefetched neighbour gathered
+  second block backward (FSDP2) the same less the first block's activations, plus its
+                      gradients sharded and its reduce-scatter's input (unsharded) still alive
   last block backward the state, every gradient but the embedding's, the first block's
                       activations, rebuilt activations and working tensors (the peak when
                       gradients outweigh activations: full AC, small batches)
@@ -135,7 +137,12 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     terms["optimizer"] = optimizer_bytes(state_bytes, trained_named, divisor)
     terms["ddp_buckets"] = grads if dims.ddp_enabled else 0
     gathered_block = block_split * act // tp + moe * act  # one block's params, gathered
-    gathered_root = root_params * act // tp
+    # The root's (final norm, head; the embedding when tied or on a pipeline stage): FSDP2 never
+    # reshards the root after forward. An untied embedding is its own FSDP2 group, resharded
+    # after its forward unless reshard_after_forward = never (parallel/data_parallel.py).
+    own_group = (model.output is not None and rank["first"] and rank["last"]
+                 and pcfg.fsdp_reshard_after_forward != "never")
+    gathered_root = (root_params - embedding * own_group) * act // tp
     kept, terms["gathered_params"] = 0, 0
     if dims.fsdp_enabled:  # blocks kept gathered after forward: the last (default), all, none
         kept = {"never": n_blocks, "always": 0}.get(pcfg.fsdp_reshard_after_forward, 1)
@@ -159,11 +166,19 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"
     float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"
 
+    stream = tokens * model_args.dim * act // tp  # the residual stream, sequence-parallel
+
     def saved(mode: str, option: str = "") -> int:  # one block's saved bytes on this rank
         per = activation_bytes_per_block(spec, model_args, tokens, act, mode, option, autocast,
                                          compiled and mode == "none", float8, cp=dims.cp)
         return per // tp  # sequence parallel and TP's head split: 1/tp of each
 
+    # What selective 'op' saves under TP beyond 1/tp of a block's: w2's output before its
+    # reduce-scatter (a partial sum over every token: [tokens, dim], not split), and the outputs
+    # of wo's and w2's reduce-scatters ([tokens / tp, dim] each: the policy keeps them so that
+    # the recompute does not communicate, parallel/ac.py). Measured on tp2: +3.0 MiB of 3.3.
+    tp_op = (tokens * model_args.dim * act * (tp - 1) // tp + 2 * stream
+             if tp > 1 and ac.mode == "selective" and ac.selective_option == "op" else 0)
     per_block = saved(ac.mode, ac.selective_option) + lora_activation_bytes(model, cfg, tokens,
                                                                             act) // tp
     if ac.mode == "selective" and ac.selective_option.isdigit():
@@ -171,11 +186,11 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
         acts = checkpointed * saved("full") + (n_blocks - checkpointed) * per_block
         rebuilt = saved("none")
     else:
-        acts = n_blocks * per_block
+        acts = n_blocks * (per_block + tp_op)
         rebuilt = 0 if ac.mode == "none" else max(0, saved("none") - per_block)
-    # The embedding output (first block's input), the final norm's x*rstd and its output.
-    stream = tokens * model_args.dim * act // tp
-    edges = (rank["first"] + 2 * rank["last"]) * stream
+    # The embedding output (first block's input), the final norm's x*rstd and its output
+    # (under TP the output projection keeps its input gathered over the sequence: all of it).
+    edges = (rank["first"] + rank["last"]) * stream + rank["last"] * stream * tp
     terms["activations"] = int((acts + edges) * rank["in_flight"])  # pipeline: forwards kept
     terms["recompute"] = rebuilt
     # (no AC: the block's saved FFN tensors are freed as its gradients appear: half of it)
@@ -220,8 +235,11 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
         "loss backward": {**state, "activations": t["activations"], "logits": t["logits"],
                           "loss_backward": loss_backward},
     }
-    fsdp_block = ({"prefetched_params": max(0, 2 - kept) * gathered_block,
-                   "block_grads_unsharded": block_grads_unsharded} if dims.fsdp_enabled else {})
+    # FSDP2 in a block's backward: the block and its prefetched neighbour gathered. (The
+    # block's own gradients are not counted: at its peak, in the FFN's backward, only w2's
+    # exists, as without FSDP2.)
+    fsdp_block = {"prefetched_params": max(0, 2 - kept) * gathered_block} if dims.fsdp_enabled \
+        else {}
     if not accumulates:
         phases["first block backward"] = {
             **state, "head_grads": head_grads, "activations": t["activations"],
@@ -234,13 +252,28 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
         phases["last block backward"] = {
             **state, "head_grads": head_grads,
             "grads": int(max(0, n_blocks - 1 + own) * block_grads_local),
-            "activations": per_block + rank["first"] * stream,
+            "activations": per_block + tp_op + rank["first"] * stream,
             "recompute": rebuilt, "backward_workspace": t["backward_workspace"],
             **({"block_grads_unsharded": block_grads_unsharded} if dims.fsdp_enabled else {})}
-    else:  # earlier micro-steps' gradients are in the state already
+    else:  # earlier micro-steps' gradients are in the state already; FSDP2 reduce-scattering
+        # every micro-step computes the head's unsharded gradients afresh in each (the root's
+        # reduce-scatter is at the end of backward)
+        fresh_head = head_grads if dims.fsdp_enabled and every_step else 0
         phases["first block backward"] = {
-            **state, "activations": t["activations"], "recompute": rebuilt,
-            "backward_workspace": t["backward_workspace"], **fsdp_block}
+            **state, "head_grads": fresh_head, "activations": t["activations"],
+            "recompute": rebuilt, "backward_workspace": t["backward_workspace"], **fsdp_block}
+    if dims.fsdp_enabled and n_blocks > 1:
+        # The next block: the first one's activations freed, its gradients reduce-scattered
+        # (sharded; under accumulation added to the state's) while the reduce-scatter's input
+        # (its unsharded gradients) stays alive until the next reduce-scatter is waited for
+        # (torch's FSDP2); it is resharded: max(2, kept - 1) blocks gathered (measured: the
+        # FSDP2 rows peak here).
+        first = phases["first block backward"]
+        phases["second block backward"] = {
+            **first, "gathered_params": gathered_root + max(2, kept - 1) * gathered_block,
+            "prefetched_params": 0, "grads": 0 if accumulates else int(block_grads_local),
+            "reduce_scatter_input": block_grads_unsharded,
+            "activations": t["activations"] - per_block - tp_op}
     phases["optimizer"] = {**state, "grads": grads} if not accumulates else dict(state)
     for k in ("gathered_params", "autocast_weights"):  # forward's; gone by the step
         phases["optimizer"].pop(k, None)
