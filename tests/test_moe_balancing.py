@@ -164,7 +164,7 @@ def _stats_worker(rank: int, tmp_path, role: str) -> None:
         parallel_dims=SimpleNamespace(dp_group=singletons[rank], **peers),
         cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
                             training=SimpleNamespace(steps=1)))
-    report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
+    report = MoEStats.from_context(trainer.context).on_step_end(trainer.context, 1, {})
     (tmp_path / f"stats{rank}.json").write_text(json.dumps(report.scalars))
 
 

@@ -134,7 +134,7 @@ def test_resume_restores_the_expert_bias_and_continues_bit_for_bit(tmp_path):
         assert torch.equal(pa, pb), name
     # The bias is logged on logging steps.
     (balancer,) = [cb for cb in second.callbacks if isinstance(cb, MoEBiasBalancer)]
-    report = balancer.on_step_end(second, 1, {"skipped": False})
+    report = balancer.on_step_end(second.context, 1, {"skipped": False})
     bias = torch.stack([m.expert_bias for m in second.moe_layers])
     assert report.scalars["moe/expert_bias_absmax"] == pytest.approx(float(bias.abs().max()))
     assert report.scalars["moe/expert_bias/e0"] == pytest.approx(float(bias[:, 0].mean()))

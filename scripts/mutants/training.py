@@ -7,9 +7,9 @@ from mutants.base import Mutant
 MUTANTS = [
     Mutant.at(
         "clipping_ignored", "the Trainer never clips (max_norm ignored)",
-        "torchllm.train:Trainer.train_step",
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm,',
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), 0.0,',
+        "torchllm.train_module:TrainModule.clip_grads",
+        "return clip_grad_norm_(self.model.parameters(), self.tcfg.max_norm,",
+        "return clip_grad_norm_(self.model.parameters(), 0.0,",
         ("tests/test_train.py::test_matches_plain_pytorch_reference_loop",),
     ),
     Mutant.at(
@@ -38,7 +38,7 @@ MUTANTS = [
     Mutant.at(
         "loss_normalized_per_micro_batch",
         "each micro-batch's loss is divided by its own token count (mean of means)",
-        "torchllm.train:Trainer.forward_backward",
+        "torchllm.train_module:TrainModule.train_batch",
         "(total * (self.dp_degree * self.cp.degree / global_tokens)).backward()",
         "(total * (self.dp_degree * self.cp.degree / (targets != IGNORE_INDEX).sum()"
         " / len(micro_batches))).backward()",
