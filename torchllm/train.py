@@ -1,4 +1,8 @@
-"""The trainer: read it top to bottom, like nanoGPT's train.py.
+"""The loop: read it top to bottom, like nanoGPT's train.py.
+
+The Trainer owns the data, the step's cadence, callbacks and checkpointing; what a step does to
+the weights is the train module's (train_module.py). Callbacks, the run header, eval, report
+and fault tolerance read the run through a TrainContext (callbacks.py), never the Trainer.
 
     ./run_train.sh [--section.key=value ...]          (torchrun -> python -m torchllm.train)
     python -m torchllm.train --help                   (every config key, by section)
