@@ -68,13 +68,13 @@ class TrainContext:
     stops: Any  # torchllm.run.stopping.StopConditions: stop signals, the validation target
     run_info: dict  # what each checkpoint records and replica groups compare
     header: str = ""  # the run header the loop logged (config changes, model, layout, data)
+    # Bound by the loop: whether metrics log at a step; (the complete steps the checkpointer
+    # knows, None before it listed; a pending save's step or None); the attached callback of a
+    # class, or None; a new batch iterator at the loader's restored position (a heal loaded it).
     is_log_step: Callable[[int], bool] = lambda step: False
     checkpoints: Callable[[], tuple[list[int] | None, int | None]] = lambda: (None, None)
-    """(the complete steps the checkpointer knows or None before it listed, a pending save's
-    step or None)"""
-    callback: Callable[[type], Any] = lambda cls: None  # the attached callback of a class
-    restart_batches: Callable[[], None] = lambda: None  # the loop's batches from the loader's
-    # restored position (a heal loaded it)
+    callback: Callable[[type], Any] = lambda cls: None
+    restart_batches: Callable[[], None] = lambda: None
 
     @property
     def step(self) -> int:

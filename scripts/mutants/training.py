@@ -6,6 +6,13 @@ from mutants.base import Mutant
 
 MUTANTS = [
     Mutant.at(
+        "wait_for_staging_removed", "the optimizer steps while an async save is still staging",
+        "torchllm.train:Trainer.train_step",
+        "            self.checkpointer.wait_for_staging()  # an async save must copy the weights first\n",
+        "",
+        ("tests/test_checkpoint.py::test_async_save_equals_sync_save",),
+    ),
+    Mutant.at(
         "clipping_ignored", "the Trainer never clips (max_norm ignored)",
         "torchllm.train_module:TrainModule.clip_grads",
         "return clip_grad_norm_(self.model.parameters(), self.tcfg.max_norm,",
@@ -43,13 +50,6 @@ MUTANTS = [
         "(total * (self.dp_degree * self.cp.degree / (targets != IGNORE_INDEX).sum()"
         " / len(micro_batches))).backward()",
         ("tests/test_train.py::test_loss_is_normalized_by_the_global_count_of_non_ignored_targets",),
-    ),
-    Mutant.at(
-        "wait_for_staging_removed", "the optimizer steps while an async save is still staging",
-        "torchllm.train:Trainer.train_step",
-        "            self.checkpointer.wait_for_staging()  # an async save must copy the weights first\n",
-        "",
-        ("tests/test_checkpoint.py::test_async_save_equals_sync_save",),
     ),
     Mutant.at(
         "loader_workers_left_running", "Trainer.close leaves the data loader's workers running",
