@@ -54,7 +54,7 @@ def measure(a, dump: str, lora: bool) -> dict:
     trainer = Trainer(cfg)
     try:
         params = list(trainer.model.parameters())
-        trainer.forward_backward([next(trainer.batches)])
+        trainer.module.train_batch([next(trainer.batches)])
         grads = nbytes(p.grad for p in params if p.grad is not None)
         trainer.optimizer.step()
         state = nbytes(t for s in trainer.optimizer.state.values() for t in s.values()

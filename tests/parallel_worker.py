@@ -43,7 +43,7 @@ def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False
         patch.start()
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            trainer.forward_backward(batches)
+            trainer.module.train_batch(batches)
     finally:
         if patch:
             patch.stop()
@@ -85,7 +85,7 @@ def main(spec_path: str, out_path: str) -> None:
               else contextlib.nullcontext()):
             metrics = [trainer.train_step() for _ in range(spec["steps"])]
         results[name] = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
-        results[name]["precision"] = trainer.precision_name()
+        results[name]["precision"] = trainer.module.precision_name()
         if name in spec.get("record_dtypes", []):
             results[name]["all_reduce_dtypes"] = dict(dtypes)
         if name in spec.get("record_qk_norm", []):  # every rank's copy of the replicated weights

@@ -13,7 +13,7 @@ from torchllm.config import ConfigError
 from torchllm.data import build_data, build_tokenizer, load_tokenizer
 from torchllm.data.chat.template import ChatTemplate, Rendered
 from torchllm.data.chat.tokens import ChatTokenizer
-from torchllm.data.packing.chat import window_rows
+from torchllm.data.packing.chat import unpadded_tokens, window_rows
 
 from conftest import shared_path, tiny_config
 from messages import assert_names, raises_naming
@@ -313,7 +313,9 @@ def test_mixture_of_text_and_conversations(tmp_path):
     end = tok.added["<|assistant_end|>"]
     kinds = []
     for batch in take_batches(loader, 5):
-        assert set(batch) == {"inputs", "targets", "positions"}
+        assert set(batch) == {"inputs", "targets", "positions", "processed_tokens"}
+        # the loader's count: every token but a chat window's padding (the data reads chat)
+        assert int(batch["processed_tokens"]) == int(unpadded_tokens(batch["positions"]))
         for inputs, targets in zip(batch["inputs"], batch["targets"]):
             if (inputs >= 259).any():  # a chat window (it holds chat tokens)
                 kept = targets[targets != -100].tolist()

@@ -150,7 +150,7 @@ def test_trainer_trains_on_a_mixture_and_logs_tokens_per_source(tmp_path, corpor
     losses = trainer.train()
     assert len(losses) == 4 and all(np.isfinite(losses))
     assert log.batches == 8  # 4 steps x 2 micro-batches
-    report = log.on_step_end(trainer, 6, {})  # 2 more micro-batches: 10 x 4 = 40 windows
+    report = log.on_step_end(trainer.context, 6, {})  # 2 more micro-batches: 10 x 4 = 40 windows
     served = trainer.train_loader.dataset.served(40)
     assert report.scalars["data/source0/tokens"] == served[0] * 32 == 30 * 32
     assert report.scalars["data/source1/fraction"] == 0.25

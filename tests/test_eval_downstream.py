@@ -216,9 +216,9 @@ def test_in_training_callback_logs_scalars(tmp_path, caplog):
     trainer = Trainer(cfg)
     cb = trainer.callback(downstream.DownstreamEval)
     assert cb is not None
-    assert cb.on_step_end(trainer, 1, {}) is None
+    assert cb.on_step_end(trainer.context, 1, {}) is None
     with caplog.at_level("INFO"):
-        report = cb.on_step_end(trainer, 2, {})
+        report = cb.on_step_end(trainer.context, 2, {})
     assert set(report.scalars) == {"downstream/core", "downstream/copa/acc",
                                    "downstream/copa/centered", "downstream/sciq_lm/acc",
                                    "downstream/sciq_lm/centered"}

@@ -167,8 +167,8 @@ def test_identity_records_name_each_difference_and_travel_as_plain_bytes(tmp_pat
     a = _trainer(tmp_path / "a")
     b = _trainer(tmp_path / "b", "--job.seed=7", gpt2(), "--model.dim=128")
     try:
-        here, there = group_record(a, "alpha"), group_record(b, "beta")
-        same = group_record(_close(_trainer(tmp_path / "c")), "alpha")
+        here, there = group_record(a.context, "alpha"), group_record(b.context, "beta")
+        same = group_record(_close(_trainer(tmp_path / "c")).context, "alpha")
     finally:
         a.close()
         b.close()

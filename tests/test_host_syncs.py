@@ -51,18 +51,18 @@ def record_syncs(model: torch.nn.Module, events: list[str]):
 
 
 def step_events(trainer: Trainer) -> list[str]:
-    """The events of one (non-logging) train_step from its forward_backward on (data loading
+    """The events of one (non-logging) train_step from its train_batch on (data loading
     before it works on host tensors, not yet moved to the device). Logging steps add their
     extra statistics' syncs, every metrics.log_freq steps."""
     events: list[str] = []
-    forward_backward = trainer.forward_backward
+    forward_backward = trainer.module.train_batch
 
     with contextlib.ExitStack() as stack:
         def recorded(micro_batches):
             stack.enter_context(record_syncs(trainer.model, events))
             return forward_backward(micro_batches)
 
-        stack.enter_context(mock.patch.object(trainer, "forward_backward", recorded))
+        stack.enter_context(mock.patch.object(trainer.module, "train_batch", recorded))
         stack.enter_context(mock.patch.object(trainer.metrics, "is_log_step", lambda step: False))
         trainer.train_state.step += 1
         trainer.train_step()

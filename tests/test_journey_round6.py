@@ -163,17 +163,18 @@ def test_a_healed_groups_summary_counts_this_launchs_tokens(tmp_path):
 
     cfg = tiny_config(tmp_path, "--checkpoint.enable=false", "--metrics.enable_tensorboard=false")
     state = TrainState()
-    trainer = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=state, step=0,
-                              device=torch.device("cpu"), header="", evaluator=None,
-                              metrics=SimpleNamespace(is_log_step=lambda step: False))
-    hook = RunReport.from_trainer(trainer)
-    hook.on_train_start(trainer)
+    # the TrainContext fields the report reads
+    ctx = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=state, step=0,
+                          device=torch.device("cpu"), header="", callback=lambda cls: None,
+                          is_log_step=lambda step: False, checkpoints=lambda: (None, None))
+    hook = RunReport.from_context(ctx)
+    hook.on_train_start(ctx)
     state.tokens_seen = 90_000  # healed: the live group's count arrives with its state
     for step in (13, 14):
         state.tokens_seen += 512
-        trainer.step = step
-        hook.on_step_end(trainer, step, {"loss": 3.0, "tokens": 512})
-    block = hook.end_block(trainer, elapsed=2.0, report=None)
+        ctx.step = step
+        hook.on_step_end(ctx, step, {"loss": 3.0, "tokens": 512})
+    block = hook.end_block(ctx, elapsed=2.0, report=None)
     assert "1,024 tokens (512 tok/s)" in block and "(1,024 in this launch)" in block, block
     assert "91,024 seen in all" in block, block
 
@@ -210,11 +211,11 @@ def test_the_reports_hardware_line_names_every_launchs_machine(tmp_path, monkeyp
     from torchllm.report.markdown import summary_rows
 
     cfg = tiny_config(tmp_path)
-    trainer = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=TrainState(),
-                              device=torch.device("cpu"), header="")
+    ctx = SimpleNamespace(cfg=cfg, run_dir=tmp_path / "run", train_state=TrainState(),
+                          device=torch.device("cpu"), header="")  # what the report reads
     for machine in ("2 x CPU A", "CPU B", "CPU B"):  # three launches, on two machines
         monkeypatch.setattr(hook, "hardware", lambda device, m=machine: m)
-        hook.RunReport.from_trainer(trainer).on_train_start(trainer)
+        hook.RunReport.from_context(ctx).on_train_start(ctx)
     info = json.loads((tmp_path / "run" / "report" / "run.json").read_text())
     row = summary_rows(RunData("run", tmp_path / "run", cfg, info=info))["hardware"]
     assert "2 x CPU A" in row and row.count("CPU B") == 1, row

@@ -68,17 +68,17 @@ def _measure(rank: int, tmp_path, args: list[str], micro_steps: int) -> None:
         batches = [next(trainer.batches) for _ in range(micro_steps)]
         # FSDP2 runs: the gradient bytes held between micro-steps (each begins with
         # levers.micro_step) or, under PP, after each micro-batch's backward.
-        stages = getattr(trainer.pipeline, "stages", [trainer.model])
-        between, micro_step = [], trainer.levers.micro_step
+        stages = getattr(trainer.module.pipeline, "stages", [trainer.model])
+        between, micro_step = [], trainer.module.levers.micro_step
         if trainer.parallel_dims.fsdp_enabled:
-            trainer.levers.micro_step = lambda: (between.append(gradient_bytes(stages)),
+            trainer.module.levers.micro_step = lambda: (between.append(gradient_bytes(stages)),
                                                  micro_step())
-            for stage in getattr(trainer.pipeline, "pipeline_stages", ()):
+            for stage in getattr(trainer.module.pipeline, "pipeline_stages", ()):
                 stage.backward_maybe_with_nosync = _recording(stage.backward_maybe_with_nosync,
                                                               between, stages)
         baseline = live_tensor_bytes(trainer.model, trainer.optimizer)
         with PeakTensorMemory(baseline) as mem:
-            loss, _ = trainer.forward_backward(batches)
+            loss, _ = trainer.module.train_batch(batches)
         grads = sum(_local_bytes(p.grad) for p in trainer.model.parameters() if p.grad is not None)
         result = {"peak": mem.peak_bytes, "net": mem.net_peak_bytes, "baseline": baseline,
                   "grads": grads, "loss": float(loss), "between": between}

@@ -317,18 +317,22 @@ def test_cuda_memory_metrics_and_snapshots_when_a_gpu_is_present(tmp_path, tiny)
 
 
 def poison_step(monkeypatch, bad_step: int) -> None:
-    """Make the trainer's step `bad_step` produce a NaN loss and NaN gradients."""
-    forward_backward = Trainer.forward_backward
+    """Make the trainer's step `bad_step` (a fresh run's `bad_step`-th batch of its train
+    module) produce a NaN loss and NaN gradients."""
+    from torchllm.train_module import TrainModule
+
+    train_batch = TrainModule.train_batch
 
     def poisoned(self, micro_batches):
-        loss_sum, n_tokens = forward_backward(self, micro_batches)
-        if self.step == bad_step:
+        loss_sum, n_tokens = train_batch(self, micro_batches)
+        self.batches_trained = getattr(self, "batches_trained", 0) + 1
+        if self.batches_trained == bad_step:
             for p in self.model.parameters():
                 p.grad.fill_(float("nan"))
             loss_sum = loss_sum * float("nan")
         return loss_sum, n_tokens
 
-    monkeypatch.setattr(Trainer, "forward_backward", poisoned)
+    monkeypatch.setattr(TrainModule, "train_batch", poisoned)
 
 
 def adam_steps(trainer) -> int:

@@ -153,18 +153,16 @@ PP_PEERS = {0: [([1.0, 3.0], 1.0)], 1: [([2.0, 2.0], 2.0), ([4.0, 0.0], 3.0)]}  
 def _stats_worker(rank: int, tmp_path, role: str) -> None:
     from types import SimpleNamespace
 
-    from torchllm.metrics.moe_stats import MoEStats
+    from torchllm.metrics.moe_stats import MoEStats, token_groups
 
     singletons = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
     peers = dict(cp_group=dist.group.WORLD, pp_group=None) if role == "cp" else \
         dict(cp_group=None, pp_group=dist.group.WORLD)
     layers = [fake_layer(*layer) for layer in (CP_PEERS if role == "cp" else PP_PEERS)[rank]]
-    trainer = SimpleNamespace(
-        moe_layers=layers, model_args=SimpleNamespace(n_experts=2),
-        parallel_dims=SimpleNamespace(dp_group=singletons[rank], **peers),
-        cfg=SimpleNamespace(metrics=SimpleNamespace(log_freq=1),
-                            training=SimpleNamespace(steps=1)))
-    report = MoEStats.from_trainer(trainer).on_step_end(trainer, 1, {})
+    dims = SimpleNamespace(dp_group=singletons[rank], **peers)
+    stats = MoEStats(layers, log_freq=1, total_steps=1, groups=token_groups(dims),
+                     pp_group=dims.pp_group, n_experts=2)  # as from_context builds it
+    report = stats.on_step_end(None, 1, {})
     (tmp_path / f"stats{rank}.json").write_text(json.dumps(report.scalars))
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from torchllm.config import load_config
 from torchllm.metrics.moe_stats import MoEBiasBalancer
-from torchllm.models.moe import update_expert_bias
+from torchllm.models.moe import moe_layers, update_expert_bias
 from torchllm.models.qwen3 import Qwen3, Qwen3Args
 from torchllm.train import Trainer
 
@@ -119,23 +119,23 @@ def test_resume_restores_the_expert_bias_and_continues_bit_for_bit(tmp_path):
     straight_losses = straight.train()
     first = Trainer(tiny_config(tmp_path / "b", *RUN, "--training.stop_after_steps=2"))
     losses = first.train()
-    saved = [m.expert_bias.clone() for m in first.moe_layers]
+    saved = [m.expert_bias.clone() for m in moe_layers(first.model)]
     assert all(0 < b.abs().max() <= 2 * 0.01 + 1e-9 for b in saved)  # two updates of 0.01
     second = Trainer(tiny_config(tmp_path / "b", *RUN, "--training.stop_after_steps=2"))
     assert second.step == 2
-    for m, b in zip(second.moe_layers, saved):
+    for m, b in zip(moe_layers(second.model), saved):
         assert torch.equal(m.expert_bias, b)
     losses += second.train()
     assert losses == straight_losses
-    for a, b in zip(second.moe_layers, straight.moe_layers):
+    for a, b in zip(moe_layers(second.model), moe_layers(straight.model)):
         assert torch.equal(a.expert_bias, b.expert_bias)
     for (name, pa), pb in zip(second.model.state_dict().items(),
                               straight.model.state_dict().values()):
         assert torch.equal(pa, pb), name
     # The bias is logged on logging steps.
     (balancer,) = [cb for cb in second.callbacks if isinstance(cb, MoEBiasBalancer)]
-    report = balancer.on_step_end(second, 1, {"skipped": False})
-    bias = torch.stack([m.expert_bias for m in second.moe_layers])
+    report = balancer.on_step_end(second.context, 1, {"skipped": False})
+    bias = torch.stack([m.expert_bias for m in moe_layers(second.model)])
     assert report.scalars["moe/expert_bias_absmax"] == pytest.approx(float(bias.abs().max()))
     assert report.scalars["moe/expert_bias/e0"] == pytest.approx(float(bias[:, 0].mean()))
 

@@ -158,7 +158,7 @@ def test_trainer_logs_its_precision_choice(tmp_path, monkeypatch, fresh_probe, c
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
     trainer = Trainer(tiny_config(tmp_path, "--training.mixed_precision=auto"))
-    assert trainer.bf16 is False and trainer.precision_name() == "fp32"
+    assert trainer.bf16 is False and trainer.module.precision_name() == "fp32"
     assert_names(caplog.text, "precision: fp32", "auto", "AVX512_BF16")
 
 

@@ -175,7 +175,7 @@ def test_trainer_adds_the_weighted_aux_loss_to_the_gradient(tmp_path):
     reference = build_model(Qwen3, trainer.model_args)
     reference.load_state_dict(trainer.model.state_dict())
     batch = next(trainer.batches)
-    trainer.forward_backward([batch])
+    trainer.module.train_batch([batch])
     logits = reference(batch["inputs"])
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
     layers = [m for m in reference.modules() if isinstance(m, MoE)]

@@ -221,7 +221,8 @@ def test_chunked_loss_in_model_equals_plain(tmp_path, model_args, precision):
     batch = {k: v.clone() for k, v in next(plain.batches).items()}
     batch["targets"][0, 3:20] = IGNORE_INDEX  # padding across a chunk boundary
     batch["targets"][2, -5:] = IGNORE_INDEX
-    (loss, n), (chunked_loss, _) = plain.forward_backward([batch]), chunked.forward_backward([batch])
+    (loss, n), (chunked_loss, _) = (plain.module.train_batch([batch]),
+                                    chunked.module.train_batch([batch]))
     assert n == 4 * 32 - 17 - 5
     torch.testing.assert_close(chunked_loss, loss, rtol=1e-5 if precision == "none" else 1e-3,
                                atol=0)

@@ -56,8 +56,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     small = Trainer(tiny_config(tmp_path / "b", "--training.local_batch_size=2",
                                 "--training.global_batch_size=8"))
     assert small.grad_accum_steps == 4
-    loss_big, n_big = big.forward_backward([next(big.batches)])
-    loss_small, n_small = small.forward_backward([next(small.batches) for _ in range(4)])
+    loss_big, n_big = big.module.train_batch([next(big.batches)])
+    loss_small, n_small = small.module.train_batch([next(small.batches) for _ in range(4)])
     assert n_big == n_small
     torch.testing.assert_close(loss_big, loss_small)
     for (name, pb), ps in zip(big.model.named_parameters(), small.model.parameters()):
@@ -133,7 +133,7 @@ def test_loss_is_normalized_by_the_global_count_of_non_ignored_targets(tmp_path)
     micro = [{k: v.clone() for k, v in next(trainer.batches).items()} for _ in range(2)]
     micro[0]["targets"][0, :30] = -100  # padding: 2 + 32 kept tokens here, 64 in the other
     micro[1]["targets"][1, 5:7] = -100  # and 62 there
-    loss_sum, n_tokens = trainer.forward_backward(micro)
+    loss_sum, n_tokens = trainer.module.train_batch(micro)
     assert n_tokens == 2 + 32 + 62
     x = torch.cat([b["inputs"] for b in micro])
     y = torch.cat([b["targets"] for b in micro])
@@ -153,7 +153,7 @@ def test_loss_is_float32_under_bf16_autocast(tmp_path, chunked):
                                   "--training.seq_len=16", "--training.local_batch_size=2",
                                   *(["--training.chunked_loss"] if chunked else [])))
     batch = next(trainer.batches)
-    with torch.no_grad(), trainer.autocast():
+    with torch.no_grad(), trainer.module.autocast():
         logits = trainer.model(batch["inputs"])
     assert logits.dtype == torch.bfloat16  # the matmuls ran in bf16 ...
     expected = torch.nn.functional.cross_entropy(
@@ -162,9 +162,9 @@ def test_loss_is_float32_under_bf16_autocast(tmp_path, chunked):
     if chunked:
         trainer.model.register_forward_hook(lambda mod, args, out: seen.append(out))
     else:
-        loss_fn = trainer.loss_fn
-        trainer.loss_fn = lambda lg, t: seen.append(loss_fn(lg, t)) or seen[-1]
-    loss_sum, _ = trainer.forward_backward([batch])
+        loss_fn = trainer.module.loss_fn
+        trainer.module.loss_fn = lambda lg, t: seen.append(loss_fn(lg, t)) or seen[-1]
+    loss_sum, _ = trainer.module.train_batch([batch])
     assert [loss.dtype for loss in seen] == [torch.float32]  # ... the loss did not
     torch.testing.assert_close(seen[0].detach(), expected, rtol=2e-6, atol=0)
     torch.testing.assert_close(loss_sum, expected, rtol=2e-6, atol=0)
@@ -177,7 +177,7 @@ def test_bf16_training_follows_the_fp32_curve(tmp_path):
     args = ("--training.steps=8", "--optimizer.lr=3e-3")
     fp32 = Trainer(tiny_config(tmp_path / "a", *args, "--training.mixed_precision=none")).train()
     bf16 = Trainer(tiny_config(tmp_path / "b", *args, "--training.mixed_precision=bf16"))
-    assert bf16.precision_name() == "bf16 autocast"
+    assert bf16.module.precision_name() == "bf16 autocast"
     losses = bf16.train()
     assert losses == pytest.approx(fp32, rel=2e-2)
     assert losses != fp32

@@ -32,6 +32,7 @@ from mutants import session68
 from mutants import house_config
 from mutants import ft_api
 from mutants import ft_semi_sync
+from mutants import house_module
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -64,5 +65,6 @@ MUTANTS = [
     *house_config.MUTANTS,
     *ft_api.MUTANTS,
     *ft_semi_sync.MUTANTS,
+    *house_module.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -47,7 +47,7 @@ MUTANTS = [
         "ft_model_shape_not_compared",
         "groups of two model widths are not told apart (their all-reduce aborts in gloo)",
         "torchllm.ft.identity:group_record",
-        '"model.name": cfg.model.name, **_flat("model", trainer.model_args),',
+        '"model.name": cfg.model.name, **_flat("model", ctx.model_args),',
         '"model.name": cfg.model.name,',
         (RECORDS, FIELDS),
     ),

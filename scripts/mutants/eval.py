@@ -163,9 +163,9 @@ MUTANTS = [
         "val_reduced_over_the_world",
         "validation sums loss and tokens over every rank, not the data-parallel group (pipeline "
         "peers count the same batch twice)",
-        "torchllm.eval.in_training:Evaluator.from_trainer",
-        "trainer.autocast, group=trainer.parallel_dims.dp_group,",
-        "trainer.autocast, group=None,",
+        "torchllm.eval.in_training:Evaluator.from_context",
+        "ctx.module.autocast, group=dims.dp_group,",
+        "ctx.module.autocast, group=None,",
         ("tests/test_eval_validation.py::test_validation_is_the_same_on_every_layout[pp2]",),
     ),
     Mutant.at(
@@ -195,7 +195,7 @@ MUTANTS = [
     Mutant.at(
         "stop_at_loss_ignored", "validation.stop_at_loss is read but never stops the run",
         "torchllm.eval.in_training:Evaluator.on_step_end",
-        "            trainer.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)\n",
+        "            ctx.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)\n",
         "",
         ("tests/test_stop_at_loss.py::test_run_train_sh_stops_at_the_target_with_a_final_checkpoint_and_report",),
     ),

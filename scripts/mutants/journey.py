@@ -28,10 +28,9 @@ MUTANTS = [
     Mutant.at(
         "header_describes_the_unused_held_out_split",
         "the run header describes the held-out split, not the validation set scored",
-        "torchllm.metrics.header:trainer_header",
-        "                               getattr(trainer, \"val_batches\", None) or "
-        "trainer.val_loader.dataset,\n",
-        "                               trainer.val_loader.dataset,\n",
+        "torchllm.metrics.header:context_header",
+        "                               ctx.val_batches or ctx.val_loader.dataset,\n",
+        "                               ctx.val_loader.dataset,\n",
         (VS + "test_the_header_names_the_validation_set_as_it_is_scored",),
     ),
     Mutant.at(

@@ -79,7 +79,7 @@ MUTANTS = [
         "a healed replica group's end-of-run block counts the live group's tokens as its own",
         "torchllm.report.hook:RunReport.end_block",
         "        tokens = self.launch_tokens\n",
-        "        tokens = trainer.train_state.tokens_seen\n",
+        "        tokens = ctx.train_state.tokens_seen\n",
         (f"{ROUND6}test_a_healed_groups_summary_counts_this_launchs_tokens",
          "tests/test_fault_tolerance.py::"
          "test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step"),

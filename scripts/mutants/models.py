@@ -215,8 +215,8 @@ MUTANTS = [
     Mutant.at(
         "lora_moe_bias_updated",
         "LoRA on qwen3_moe with moe_bias_update_rate > 0 moves the frozen base's expert_bias",
-        "torchllm.metrics.moe_stats:MoEBiasBalancer.from_trainer",
-        "        if trainer.cfg.lora.enable:  # the routing biases",
+        "torchllm.metrics.moe_stats:MoEBiasBalancer.from_context",
+        "        if ctx.cfg.lora.enable:  # the routing biases",
         "        if False:  # the routing biases",
         ("tests/test_moe_balancing.py::"
          "test_lora_leaves_the_routing_biases_of_the_frozen_base_bit_identical",),

@@ -6,10 +6,17 @@ from mutants.base import Mutant
 
 MUTANTS = [
     Mutant.at(
-        "clipping_ignored", "the Trainer never clips (max_norm ignored)",
+        "wait_for_staging_removed", "the optimizer steps while an async save is still staging",
         "torchllm.train:Trainer.train_step",
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), max_norm,',
-        'stats["grad_norm"] = clip_grad_norm_(self.model.parameters(), 0.0,',
+        "            self.checkpointer.wait_for_staging()  # an async save must copy the weights first\n",
+        "",
+        ("tests/test_checkpoint.py::test_async_save_equals_sync_save",),
+    ),
+    Mutant.at(
+        "clipping_ignored", "the Trainer never clips (max_norm ignored)",
+        "torchllm.train_module:TrainModule.clip_grads",
+        "return clip_grad_norm_(self.model.parameters(), self.tcfg.max_norm,",
+        "return clip_grad_norm_(self.model.parameters(), 0.0,",
         ("tests/test_train.py::test_matches_plain_pytorch_reference_loop",),
     ),
     Mutant.at(
@@ -38,18 +45,11 @@ MUTANTS = [
     Mutant.at(
         "loss_normalized_per_micro_batch",
         "each micro-batch's loss is divided by its own token count (mean of means)",
-        "torchllm.train:Trainer.forward_backward",
+        "torchllm.train_module:TrainModule.train_batch",
         "(total * (self.dp_degree * self.cp.degree / global_tokens)).backward()",
         "(total * (self.dp_degree * self.cp.degree / (targets != IGNORE_INDEX).sum()"
         " / len(micro_batches))).backward()",
         ("tests/test_train.py::test_loss_is_normalized_by_the_global_count_of_non_ignored_targets",),
-    ),
-    Mutant.at(
-        "wait_for_staging_removed", "the optimizer steps while an async save is still staging",
-        "torchllm.train:Trainer.train_step",
-        "            self.checkpointer.wait_for_staging()  # an async save must copy the weights first\n",
-        "",
-        ("tests/test_checkpoint.py::test_async_save_equals_sync_save",),
     ),
     Mutant.at(
         "loader_workers_left_running", "Trainer.close leaves the data loader's workers running",

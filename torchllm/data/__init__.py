@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from torchllm.config.job_config import ConfigError
+from torchllm.config.job_config import ConfigError, reads_conversations
 from torchllm.data.chat.tokens import ChatTokenizer, has_native_template
 from torchllm.data.dataset import check_data, parse_data, parse_dataset
 from torchllm.data.loader import TrainLoader
@@ -145,7 +145,7 @@ def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
     dcfg, tcfg = job_config.data, job_config.training
     pin = tcfg.device != "cpu" and torch.cuda.is_available()
     train_loader = TrainLoader(train, dp_rank, dp_degree, dcfg.num_workers, dcfg.prefetch_factor,
-                               pin)
+                               pin, packed_chat=reads_conversations(dcfg))
     val_loader = torch.utils.data.DataLoader(val, batch_size=tcfg.local_batch_size,
                                              shuffle=False, pin_memory=pin)
     return train_loader, val_loader

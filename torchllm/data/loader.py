@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from torchllm.config.job_config import ConfigError
+from torchllm.data.packing.chat import processed_tokens
 from torchllm.log import logger
 
 
@@ -31,11 +32,16 @@ class TrainLoader:
     `state_dict()` adds the data-parallel rank and degree to the loader's state: the batches a
     rank reads depend on the degree, so resuming under another degree is refused rather than
     silently reading a different data order.
+
+    Each batch carries its own `processed_tokens` (a 0-dim tensor): the input tokens the model
+    processes, all of them but a packed chat batch's padding (`packed_chat`: the data reads
+    conversations); throughput, MFU and tokens seen count these.
     """
 
     def __init__(self, dataset, dp_rank: int, dp_degree: int, num_workers: int,
-                 prefetch_factor: int, pin_memory: bool):
+                 prefetch_factor: int, pin_memory: bool, packed_chat: bool = False):
         self.dataset, self.dp_rank, self.dp_degree = dataset, dp_rank, dp_degree
+        self.packed_chat = packed_chat
         self.num_workers = num_workers
         stateful = _stateful_loader_class()
         self.stateful = stateful is not None  # torchdata's loader (else an in-process one)
@@ -59,13 +65,14 @@ class TrainLoader:
             self.loader = stateful(dataset, **kwargs)
 
     def __iter__(self):
-        return iter(self.loader)
+        return CountedBatches(iter(self.loader), self.packed_chat)
 
     def close(self, iterator) -> None:
         """Stop the worker processes behind `iterator` (one of this loader's) now. Left to the
         garbage collector, an iterator held in a reference cycle (a Trainer's) is finalized
         after its queues and joins each worker until torch's 5 s timeout: 5 s per worker in
         every process that builds Trainers (notebooks, tests). A no-op without workers."""
+        iterator = getattr(iterator, "inner", iterator)  # (CountedBatches: the loader's own)
         shutdown = getattr(iterator, "_shutdown_workers", None)  # what its __del__ calls
         if shutdown is not None:
             shutdown()
@@ -133,3 +140,18 @@ class TrainLoader:
                         "ranks x %d sequences, now %d x %d, from sequence %d of the global "
                         "order", state["dp_degree"], batch, self.dp_degree, mine, windows)
         return True
+
+
+class CountedBatches:
+    """The loader's batches, each with its `processed_tokens` (TrainLoader's doc)."""
+
+    def __init__(self, inner, packed_chat: bool):
+        self.inner, self.packed_chat = inner, packed_chat
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        batch = next(self.inner)
+        batch["processed_tokens"] = torch.tensor(processed_tokens(batch, self.packed_chat))
+        return batch

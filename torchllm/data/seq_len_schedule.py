@@ -58,8 +58,9 @@ class SeqLenSchedule:
         return self.entries[-1][0]
 
     def cut(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-        """[B, seq_len] tensors -> [B x seq_len / LEN, LEN]; input/target pairs are kept."""
+        """[B, seq_len] tensors -> [B x seq_len / LEN, LEN]; input/target pairs are kept (a
+        0-dim count, the batch's processed_tokens, stays as it is)."""
         length = self.at(step)
         if length == batch["inputs"].shape[1]:
             return batch
-        return {k: v.reshape(-1, length) for k, v in batch.items()}
+        return {k: v.reshape(-1, length) if v.dim() else v for k, v in batch.items()}

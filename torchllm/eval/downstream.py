@@ -208,27 +208,27 @@ class DownstreamEval(Callback):
     """Every `eval.tasks_freq` steps, the CORE-style evaluation of `eval.tasks` (all dp ranks)."""
 
     @classmethod
-    def from_trainer(cls, trainer) -> "DownstreamEval | None":
-        e = trainer.cfg.eval
+    def from_context(cls, ctx) -> "DownstreamEval | None":
+        e = ctx.cfg.eval
         if not e.tasks_freq or not e.tasks:
             return None
         try:  # loaded once at start: a bad name or path fails now, not hours into the run
             tasks = load_tasks(e.tasks, e.tasks_fewshot, e.tasks_data_dir, e.hellaswag_data)
         except ValueError as err:
             raise ConfigError(f"eval.tasks: {err}", "eval.tasks") from None
-        return cls(trainer.cfg, tasks, trainer.parallel_dims.dp_group)
+        return cls(ctx.cfg, tasks, ctx.parallel_dims.dp_group)
 
     def __init__(self, cfg, tasks, group=None):
         self.cfg, self.tasks, self.group = cfg, tasks, group
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> StepReport | None:
         e = self.cfg.eval
         if step % e.tasks_freq:
             return None
         t0 = time.perf_counter()
-        result = evaluate(trainer.model, trainer.tokenizer, self.tasks, trainer.device,
+        result = evaluate(ctx.module.model, ctx.tokenizer, self.tasks, ctx.device,
                           e.tasks_limit, self.cfg.job.seed, e.tasks_batch_size, self.group,
-                          trainer.autocast)
+                          ctx.module.autocast)
         accs = " | ".join(f"{n} {t.acc:.3f}" for n, t in result.tasks.items())
         logger.info("downstream step %d: CORE %.4f | %s | %.1fs", step, result.core, accs,
                     time.perf_counter() - t0)

@@ -234,17 +234,16 @@ class Evaluator(Callback):
     after the last step). Every rank must call `after_step`: the work is split over `group`."""
 
     @classmethod
-    def from_trainer(cls, trainer) -> "Evaluator":
-        cfg = trainer.cfg
-        val_batches = getattr(trainer, "val_batches", None)  # built for the run header
+    def from_context(cls, ctx) -> "Evaluator":
+        cfg, dims = ctx.cfg, ctx.parallel_dims
+        val_batches = ctx.val_batches  # built for the run header
         if val_batches is None:
-            val_batches, _ = validation_loader(cfg, trainer.tokenizer, trainer.val_loader,
-                                               trainer.dp_rank, trainer.dp_degree,
-                                               trainer.global_batch)
-        evaluator = cls(cfg, trainer.model, trainer.tokenizer, trainer.device, val_batches,
-                        trainer.autocast, group=trainer.parallel_dims.dp_group,
-                        val_steps=len(val_batches), pipeline=trainer.pipeline)
-        evaluator.stop_requested = lambda: trainer.stops.stop_signal is not None
+            val_batches, _ = validation_loader(cfg, ctx.tokenizer, ctx.val_loader,
+                                               dims.dp_rank, dims.dp_degree, ctx.global_batch)
+        evaluator = cls(cfg, ctx.module.model, ctx.tokenizer, ctx.device, val_batches,
+                        ctx.module.autocast, group=dims.dp_group,
+                        val_steps=len(val_batches), pipeline=ctx.module.pipeline)
+        evaluator.stop_requested = lambda: ctx.stops.stop_signal is not None
         return evaluator
 
     # Whether a stop signal arrived (the trainer's StopConditions); a validation then ends at
@@ -252,13 +251,13 @@ class Evaluator(Callback):
     stop_requested: Callable[[], bool] = staticmethod(lambda: False)
     PROGRESS_MIN_BATCHES = 20  # validations of this many batches or more log each tenth
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> EvalReport:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> EvalReport:
         report = self.after_step(step, self.cfg.training.steps)
         loss = report.scalars.get(self.loss_tag)  # val/loss, or val/<name>/loss
         if loss is not None:
             self.last_val = (step, loss)  # the end-of-run block shows it
-            trainer.train_state.best_val_loss = min(trainer.train_state.best_val_loss, loss)
-            trainer.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)
+            ctx.train_state.best_val_loss = min(ctx.train_state.best_val_loss, loss)
+            ctx.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)
         return report
 
     @property

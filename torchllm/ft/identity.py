@@ -49,11 +49,11 @@ def _flat(prefix: str, obj) -> dict[str, str]:
     return out
 
 
-def group_record(trainer, run: str) -> dict:
-    """This group's identity record (module doc), from the trainer it is attached to."""
-    cfg, info = trainer.cfg, trainer.run_info
+def group_record(ctx, run: str) -> dict:
+    """This group's identity record (module doc), from the run's TrainContext (callbacks.py)."""
+    cfg, info = ctx.cfg, ctx.run_info
     tokenizer = info["tokenizer"]
-    config = {"model.name": cfg.model.name, **_flat("model", trainer.model_args),
+    config = {"model.name": cfg.model.name, **_flat("model", ctx.model_args),
               "training.local_batch_size": str(cfg.training.local_batch_size),
               "training.global_batch_size": str(info["global_batch_size"]),
               "training.steps": str(cfg.training.steps),
@@ -63,7 +63,7 @@ def group_record(trainer, run: str) -> dict:
               **{f"fault_tolerance.{k}": str(getattr(cfg.fault_tolerance, k)) for k in (
                   "semi_sync_method", "sync_steps", "outer_lr", "outer_momentum",
                   "outer_nesterov")},
-              "ranks per group (NGPU)": str(trainer.parallel_dims.world_size)}
+              "ranks per group (NGPU)": str(ctx.parallel_dims.world_size)}
     return {"protocol": PROTOCOL, "replica": cfg.fault_tolerance.replica_id, "run": run,
             "data": {k: v for k, v in info["data"].items() if k != "tokenizer_sha256"},
             "tokenizer": tokenizer.get("base_sha256") or str(tokenizer.get("name")),

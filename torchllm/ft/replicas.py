@@ -53,7 +53,7 @@ class SingleGroup:
     def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
         return dp_rank, dp_degree
 
-    def attach(self, trainer, others: dict) -> None:
+    def attach(self, ctx, others: dict) -> None:
         pass
 
     def begin_step(self) -> None:
@@ -126,21 +126,19 @@ class ReplicaGroups(SingleGroup):
         """Group r's rank i reads part r x dp_degree + i of group_size x dp_degree parts."""
         return self.replica_id * dp_degree + dp_rank, self.group_size * dp_degree
 
-    def attach(self, trainer, others: dict) -> None:
-        """After the trainer loaded its checkpoint: what a peer heals from (its model,
-        optimizer, schedule, data, counters and `others`' states), and the step the lighthouse
-        compares (a group behind the most advanced one heals)."""
-        def restart_batches():  # a new iterator at the loader's just restored position
-            trainer.train_loader.close(trainer.batches)
-            trainer.batches = iter(trainer.train_loader)
-
-        t = trainer
-        self.heal = HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader,
-                              t.train_state, others, restart_batches)
-        self.pg.record = group_record(t, self.run)  # what this group's peers must agree on
+    def attach(self, ctx, others: dict) -> None:
+        """After the loop loaded its checkpoint: what a peer heals from (the train module's
+        model, optimizer and schedule, the data position, counters and `others`' states), and
+        the step the lighthouse compares (a group behind the most advanced one heals). `ctx`:
+        the run's TrainContext (torchllm.callbacks); its restart_batches gives the loop a new
+        iterator at the loader's just restored position."""
+        m = ctx.module
+        self.heal = HealState(m.model, m.optimizer, m.lr_scheduler, ctx.train_loader,
+                              ctx.train_state, others, ctx.restart_batches)
+        self.pg.record = group_record(ctx, self.run)  # what this group's peers must agree on
         self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
                                             self.heal.state_dict)
-        self.manager.load_state_dict({"step": t.step, "batches_committed": t.step})
+        self.manager.load_state_dict({"step": ctx.step, "batches_committed": ctx.step})
 
     def begin_step(self) -> None:
         deadline = time.monotonic() + STARTUP_WAIT_S

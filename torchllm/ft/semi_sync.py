@@ -166,15 +166,15 @@ class SemiSyncGroups(ReplicaGroups):
             return {}
         return {"outer_optimizer": OptimizerState(model, self.state.outer)}
 
-    def attach(self, trainer, others: dict) -> None:
+    def attach(self, ctx, others: dict) -> None:
         if self.state is None:
-            self.saved_states(trainer.model)
-        self.last_step = trainer.cfg.training.steps
+            self.saved_states(ctx.module.model)
+        self.last_step = ctx.cfg.training.steps
         self.state.reset_anchor()  # the loaded weights were saved at a sync point
         self.state.apply_settings()
-        super().attach(trainer, {**others, "semi_sync": self.state})
+        super().attach(ctx, {**others, "semi_sync": self.state})
         # torchft compares the groups' count of commits (one per sync) to decide who heals.
-        syncs = trainer.step // self.sync_steps
+        syncs = ctx.step // self.sync_steps
         self.manager.load_state_dict({"step": syncs, "batches_committed": syncs})
 
     def is_sync_point(self, step: int) -> bool:

@@ -9,8 +9,8 @@
       data      embedded: 361 documents, 131,072 tokens; 485 windows of 257 tokens per epoch; ...
       tokenizer SentencePiece outputs/debug_model/data/tokenizer_embedded_sp4096.model (4096 tokens)
 
-Everything here is read from objects the trainer already built (duck-typed, so this module
-imports nothing above config/ at import time); the data line is what the training batches and
+Everything here is read from the run's TrainContext (torchllm.callbacks; duck-typed, so this
+module imports nothing above config/ at import time); the data line is what the training batches and
 the validation windows say of themselves (`describe()`), and which data specs read the Hub is
 asked of the data sources' registry, the one place that knows the sources.
 """
@@ -192,28 +192,28 @@ def model_shape(args) -> str:
             f"({args.n_kv_heads} kv) of {args.head_dim}, ffn {args.ffn_hidden_dim}")
 
 
-def trainer_header(trainer, counts: dict[str, int]) -> str:
-    """The header of a built Trainer (duck-typed: its config, model, loaders and layout)."""
+def context_header(ctx, counts: dict[str, int]) -> str:
+    """The header of a built run, from its TrainContext (its config, model, loaders, layout)."""
     from torchllm.models.lora import parameter_summary  # (LoRA: how many parameters train)
 
-    cfg, tcfg = trainer.cfg, trainer.cfg.training
+    cfg, tcfg = ctx.cfg, ctx.cfg.training
+    dims = ctx.parallel_dims
     return run_header(
-        cfg, run_dir=trainer.run_dir,
-        model_line=(f"{cfg.model.name}/{cfg.model.flavor} ({model_shape(trainer.model_args)}): "
+        cfg, run_dir=ctx.run_dir,
+        model_line=(f"{cfg.model.name}/{cfg.model.flavor} ({model_shape(ctx.model_args)}): "
                     f"{counts['params']:,} params "
                     f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
                     "vocab "
-                    f"{trainer.model_args.vocab_size} (tokenizer {trainer.tokenizer.vocab_size})"
-                    f"{parameter_summary(trainer.model, cfg)}"),
-        parallel_line=parallel_summary(trainer.parallel_dims, trainer.device,
-                                       trainer.precision_name(), cfg),
-        batch_line=(f"global batch {trainer.global_batch} seqs x {tcfg.seq_len} tokens = "
-                    f"{tcfg.local_batch_size} local x {trainer.dp_degree} dp x "
-                    f"{trainer.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
+                    f"{ctx.model_args.vocab_size} (tokenizer {ctx.tokenizer.vocab_size})"
+                    f"{parameter_summary(ctx.module.model, cfg)}"),
+        parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(), cfg),
+        batch_line=(f"global batch {ctx.global_batch} seqs x {tcfg.seq_len} tokens = "
+                    f"{tcfg.local_batch_size} local x {dims.dp_degree} dp x "
+                    f"{ctx.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),
         # validation: the set(s) as a validation scores them (eval.in_training.HeldOutBatches)
-        data_line=data_summary(trainer.train_loader.dataset,
-                               getattr(trainer, "val_batches", None) or trainer.val_loader.dataset,
-                               trainer.global_batch, tcfg.steps,
+        data_line=data_summary(ctx.train_loader.dataset,
+                               ctx.val_batches or ctx.val_loader.dataset,
+                               ctx.global_batch, tcfg.steps,
                                validation=cfg.validation.enable),
-        tokenizer_line=tokenizer_summary(trainer.tokenizer),
+        tokenizer_line=tokenizer_summary(ctx.tokenizer),
     )

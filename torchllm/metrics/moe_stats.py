@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from torchllm.callbacks import Callback, StepReport
 from torchllm.log import logger
-from torchllm.models.moe import MoE, update_expert_bias
+from torchllm.models.moe import MoE, moe_layers, update_expert_bias
 
 PER_EXPERT_MAX = 16
 
@@ -44,16 +44,16 @@ class MoEStats(Callback):
         self.pp_group = pp_group  # pipeline: each rank holds other layers; combined over it
 
     @classmethod
-    def from_trainer(cls, trainer) -> "MoEStats | None":
-        layers, dims = trainer.moe_layers, trainer.parallel_dims
+    def from_context(cls, ctx) -> "MoEStats | None":
+        layers, dims = moe_layers(ctx.module.model), ctx.parallel_dims
         # Under PP every rank of a MoE model takes part (its stages may hold no MoE layer).
-        n_experts = getattr(trainer.model_args, "n_experts", 0) if dims.pp_group is not None else 0
+        n_experts = getattr(ctx.model_args, "n_experts", 0) if dims.pp_group is not None else 0
         if not layers and not n_experts:
             return None
-        return cls(layers, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
+        return cls(layers, ctx.cfg.metrics.log_freq, ctx.cfg.training.steps,
                    token_groups(dims), dims.pp_group, n_experts)
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> StepReport | None:
         if not (step % self.log_freq == 0 or step in (1, self.total_steps)):
             return None
         seen = [m for m in self.layers if m.tokens_per_expert is not None]
@@ -99,19 +99,19 @@ class MoEBiasBalancer(Callback):
         self.log_freq, self.total_steps = log_freq, total_steps
 
     @classmethod
-    def from_trainer(cls, trainer) -> "MoEBiasBalancer | None":
-        rate = trainer.cfg.model.moe_bias_update_rate
-        layers = [m for m in trainer.moe_layers if m.expert_bias is not None]
+    def from_context(cls, ctx) -> "MoEBiasBalancer | None":
+        rate = ctx.cfg.model.moe_bias_update_rate
+        layers = [m for m in moe_layers(ctx.module.model) if m.expert_bias is not None]
         if rate <= 0 or not layers:
             return None
-        if trainer.cfg.lora.enable:  # the routing biases are the base's: frozen like its weights
+        if ctx.cfg.lora.enable:  # the routing biases are the base's: frozen like its weights
             logger.info("lora.enable: the MoE routing biases stay frozen (no aux-loss-free "
                         "balancing update; model.moe_bias_update_rate = %g is not applied)", rate)
             return None
-        return cls(layers, rate, trainer.cfg.metrics.log_freq, trainer.cfg.training.steps,
-                   token_groups(trainer.parallel_dims))
+        return cls(layers, rate, ctx.cfg.metrics.log_freq, ctx.cfg.training.steps,
+                   token_groups(ctx.parallel_dims))
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> StepReport | None:
         if metrics.get("skipped"):
             for m in self.layers:
                 m.expert_load.zero_()

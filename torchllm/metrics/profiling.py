@@ -27,22 +27,22 @@ MEMORY_HISTORY_ENTRIES = 100_000
 
 class Profiler(Callback):
     @classmethod
-    def from_trainer(cls, trainer) -> "Profiler":
+    def from_context(cls, ctx) -> "Profiler":
         from torchllm.ranks import rank
 
-        return cls(trainer.cfg.profiling, trainer.run_dir, trainer.device, rank())
+        return cls(ctx.cfg.profiling, ctx.run_dir, ctx.device, rank())
 
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, ctx) -> None:
         self.start()
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> None:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> None:
         self.step(step)
 
-    def on_exception(self, trainer, step: int, exc: BaseException) -> None:
+    def on_exception(self, ctx, step: int, exc: BaseException) -> None:
         if isinstance(exc, torch.OutOfMemoryError):
             self.on_oom(step)
 
-    def on_train_end(self, trainer) -> None:
+    def on_train_end(self, ctx) -> None:
         self.stop()
 
     def __init__(self, pcfg, run_dir: Path, device: torch.device, rank: int):

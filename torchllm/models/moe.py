@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from torchllm.loss import IGNORE_INDEX
+
 
 class GroupedExperts(nn.Module):
     """`n_experts` SwiGLU MLPs stored as one [E, ...] weight per projection."""
@@ -241,6 +243,33 @@ def auxiliary_loss(layers: list[MoE], aux_coef: float, z_coef: float,
     for m in layers:
         m.aux_loss = m.z_loss = None
     return total / (n_layers or len(layers))
+
+
+class AuxiliaryLoss:
+    """A MoE model's loss path: the token loss plus the layers' auxiliary (and z) losses of the
+    last forward, weighted by the micro-batch's trained tokens so that a step optimizes their
+    token-weighted mean (the token loss is a sum)."""
+
+    def __init__(self, layers: list[MoE], aux_coef: float, z_coef: float):
+        self.layers, self.aux_coef, self.z_coef = layers, aux_coef, z_coef
+
+    def __call__(self, loss: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        aux = auxiliary_loss(self.layers, self.aux_coef, self.z_coef)
+        return loss if aux is None else loss + aux * (targets != IGNORE_INDEX).sum()
+
+
+def token_loss(loss: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A family without loss terms of its own: the token loss as it is."""
+    return loss
+
+
+def family_loss(model: nn.Module, mcfg):
+    """`loss(token_loss_sum, targets) -> the micro-batch's objective` for `model`: with MoE
+    layers their auxiliary losses join it (model.moe_aux_loss_coef / moe_z_loss_coef)."""
+    layers = moe_layers(model)
+    if not layers:
+        return token_loss
+    return AuxiliaryLoss(layers, mcfg.moe_aux_loss_coef, mcfg.moe_z_loss_coef)
 
 
 class AttachLoss(torch.autograd.Function):

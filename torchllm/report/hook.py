@@ -26,6 +26,7 @@ from torchllm.callbacks import Callback, StepReport
 from torchllm.checkpoint.layout import complete_steps, step_dir
 from torchllm.config.job_config import reads_conversations
 from torchllm.config.paths import checkpoint_folder, tensorboard_folder
+from torchllm.eval.in_training import Evaluator
 from torchllm.log import logger, run_log_path
 from torchllm.metrics.progress import format_duration
 from torchllm.ranks import rank, world_size
@@ -47,11 +48,11 @@ def hardware(device: torch.device) -> str:
 
 class RunReport(Callback):
     @classmethod
-    def from_trainer(cls, trainer) -> "RunReport":
-        return cls(trainer)
+    def from_context(cls, ctx) -> "RunReport":
+        return cls(ctx)
 
-    def __init__(self, trainer):
-        self.cfg, self.run_dir = trainer.cfg, Path(trainer.run_dir)
+    def __init__(self, ctx):
+        self.cfg, self.run_dir = ctx.cfg, Path(ctx.run_dir)
         self.store = Store(self.run_dir)  # report/run.json, report.md and the plots
         self.rank0 = rank() == 0
         self.error: BaseException | None = None
@@ -59,7 +60,7 @@ class RunReport(Callback):
         self.last_val: tuple[int, float] | None = None
 
     # -- events --------------------------------------------------------------------------
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, ctx) -> None:
         self.start = time.perf_counter()
         # This launch's tokens are its steps' own: a replica group that heals from a live one
         # takes that group's token count (its whole run so far) during its first step.
@@ -68,42 +69,42 @@ class RunReport(Callback):
             info = self._info()
             # Every launch's hardware, in order, each distinct one once (a run resumed on
             # another machine or rank count shows both, not the last launch's alone).
-            here = hardware(trainer.device)
+            here = hardware(ctx.device)
             earlier = info.get("hardware_launches") or ([info["hardware"]]
                                                         if info.get("hardware") else [])
-            info.update(header=getattr(trainer, "header", ""), hardware=here,
+            info.update(header=ctx.header, hardware=here,
                         hardware_launches=[h for h in earlier if h != here] + [here])
             info["launches"] = info.get("launches", 0) + 1
             self._write_info(info)
             self.wall_before = info.get("wall_s", 0.0)
 
-    def on_step_end(self, trainer, step: int, metrics: dict) -> StepReport | None:
+    def on_step_end(self, ctx, step: int, metrics: dict) -> StepReport | None:
         self.losses.append(metrics["loss"])
         self.launch_tokens += int(metrics.get("tokens", 0))
-        evaluator = trainer.evaluator
+        evaluator = ctx.callback(Evaluator)
         if evaluator is not None and getattr(evaluator, "last_val", None):
             self.last_val = evaluator.last_val
         vcfg = self.cfg.validation
         val_step = vcfg.enable and (step % vcfg.freq == 0 or step == self.cfg.training.steps)
-        if trainer.metrics.is_log_step(step) or val_step:
-            return StepReport(scalars={TOKENS_TAG: float(trainer.train_state.tokens_seen)})
+        if ctx.is_log_step(step) or val_step:
+            return StepReport(scalars={TOKENS_TAG: float(ctx.train_state.tokens_seen)})
         return None
 
-    def on_exception(self, trainer, step: int, exc: BaseException) -> None:
+    def on_exception(self, ctx, step: int, exc: BaseException) -> None:
         self.error = exc
 
-    def on_train_end(self, trainer) -> None:
+    def on_train_end(self, ctx) -> None:
         elapsed = time.perf_counter() - self.start
         report = None
         if self.rank0:
             info = self._info()
             info["wall_s"] = self.wall_before + elapsed
-            info["checkpoint"] = str(self.checkpoint(trainer) or "none")
+            info["checkpoint"] = str(self.checkpoint(ctx) or "none")
             self._write_info(info)
             if self.cfg.metrics.report:
                 report = self.write_report()
         if self.error is None and self.losses:
-            logger.info(self.end_block(trainer, elapsed, report))
+            logger.info(self.end_block(ctx, elapsed, report))
 
     # -- pieces --------------------------------------------------------------------------
     def _info(self) -> dict:
@@ -139,30 +140,29 @@ class RunReport(Callback):
         logger.debug("report written in %.1fs (%d plots)", time.perf_counter() - t0, len(figures))
         return path
 
-    def checkpoint(self, trainer) -> Path | None:
+    def checkpoint(self, ctx) -> Path | None:
         """The newest checkpoint of this run (a save still being written counts)."""
         ccfg = self.cfg.checkpoint
         if not ccfg.enable:
             return None
         folder = checkpoint_folder(self.run_dir, ccfg.folder)
-        known = getattr(trainer.checkpointer, "steps", None)  # its list: no second listing
+        known, pending = ctx.checkpoints()  # the checkpointer's list: no second listing
         steps = list(known) if known is not None else complete_steps(folder)
-        pending = getattr(trainer.checkpointer, "pending", None)
-        if pending:
-            steps.append(pending["step"])
+        if pending is not None:
+            steps.append(pending)
         return step_dir(folder, max(steps)) if steps else None
 
-    def end_block(self, trainer, elapsed: float, report: Path | None) -> str:
+    def end_block(self, ctx, elapsed: float, report: Path | None) -> str:
         cfg, run = self.cfg, self.run_dir
         tokens = self.launch_tokens
         losses = self.losses
         lines = [
-            f"done: step {trainer.step}/{cfg.training.steps}, {len(losses)} steps in "
+            f"done: step {ctx.step}/{cfg.training.steps}, {len(losses)} steps in "
             f"{elapsed:.1f}s, {tokens:,} tokens ({tokens / max(elapsed, 1e-9):.0f} tok/s); loss "
             f"{losses[0]:.4f} -> {losses[-1]:.4f} (min {min(losses):.4f})"]
         rows = []
         if cfg.validation.enable and self.last_val is not None:
-            best = trainer.train_state.best_val_loss
+            best = ctx.train_state.best_val_loss
             step, value = self.last_val
             rows.append(("validation", f"loss {value:.4f} at step {step} (perplexity "
                                        f"{math.exp(min(value, 50)):.2f}); best {best:.4f}"))
@@ -171,10 +171,10 @@ class RunReport(Callback):
                                        "steps and after the last)"))
         else:
             rows.append(("validation", "off (--validation.enable to measure held-out loss)"))
-        rows.append(("tokens", f"{trainer.train_state.tokens_seen:,} seen in all "
+        rows.append(("tokens", f"{ctx.train_state.tokens_seen:,} seen in all "
                                f"({tokens:,} in this launch)"))
         rows.append(("wall time", format_duration(elapsed) + " this launch"))
-        ckpt = self.checkpoint(trainer)
+        ckpt = self.checkpoint(ctx)
         rows.append(("checkpoint", str(ckpt) if ckpt else
                      "none (checkpoint.enable = false: generate, evals and export need one)"))
         if cfg.metrics.enable_tensorboard:
