@@ -110,8 +110,8 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g = object.__new__(SemiSyncGroups)
     g.manager, g.min_replica_size, g.committed_here = _Manager(exchange, rank), 1, 0
     g.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 0})()})()
-    g.quorum_id, g.members, g.group_rank, g.group_world, g.group_size = 1, [0, 1], 0, 1, 2
-    g.pg = type("P", (), {"refusal": None})()
+    g.quorums, g.members, g.group_rank, g.group_world, g.group_size = 1, [0, 1], 0, 1, 2
+    g.pg = type("P", (), {"refusal": None, "quorums": 1, "members": [0, 1]})()
     g.transport = type("X", (), {"refusal": None, "sent_to": []})()
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
     g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False

@@ -23,11 +23,11 @@ so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) bes
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.state import OptimizerState
 from torchllm.config.job_config import ConfigError
+from torchllm.ft.reduce import mean_over_groups
 from torchllm.ft.replicas import GroupCheckpointer, ReplicaGroups
 from torchllm.log import logger
 
@@ -204,15 +204,10 @@ class SemiSyncGroups(ReplicaGroups):
         self.committed_here += 1
 
     def _mean(self, tensors: list[torch.Tensor]) -> bool:
-        """`tensors` averaged in place over the live groups (one all-reduce per dtype); whether
-        the groups commit."""
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.reshape(-1) for t in same])
-            self.bytes_sent += flat.numel() * flat.element_size()
-            self.manager.allreduce(flat, reduce_op=dist.ReduceOp.AVG).wait()
-            for t, part in zip(same, flat.split([t.numel() for t in same])):
-                t.copy_(part.view_as(t))
+        """`tensors` averaged in place over the live groups (torchft's public allreduce, its op
+        explicit: ft/reduce.py); whether the groups commit."""
+        self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+        mean_over_groups(self.manager, tensors)
         return self.manager.should_commit()
 
     def gate(self, checkpointer):
