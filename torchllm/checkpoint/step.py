@@ -1,6 +1,6 @@
 """A checkpoint step, opened ONCE and checked as a whole before any tensor is read: resume, the
 initial load, generate, the evals, `hf export` and `convert` all read through a `Step`, and
-`Step.load` is the only read of a checkpoint's tensors in torchllm.
+`Step.read` is the only read of a checkpoint's tensors in torchllm.
 
 - which step: a step folder as named (it must be complete), or for a run or checkpoint folder
   its newest complete step saved while training was healthy (`resolve_checkpoint`);
@@ -181,7 +181,7 @@ class Step:
         found = self.marker.get("precision")
         return found if found in ("bf16", "fp32") else None
 
-    def load(self, state_dict: dict, no_dist: bool = False) -> None:
+    def read(self, state_dict: dict, no_dist: bool = False) -> None:
         """DCP's load into `state_dict` (in place), from the checked index; stored values
         through `weights_only` (index.DataPlanner)."""
         reader = dcp_reader(self.path, self.metadata)
@@ -204,7 +204,7 @@ class Step:
         if not tensors:
             raise ValueError(f"checkpoint {self.path} holds no "
                              f"{what or f'tensors under {prefix!r}'}")
-        self.load(tensors, no_dist=True)
+        self.read(tensors, no_dist=True)
         return {key[len(prefix):]: value for key, value in tensors.items()}
 
     def weights(self) -> dict[str, torch.Tensor]:

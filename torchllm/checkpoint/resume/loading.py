@@ -19,16 +19,16 @@ from torchllm.checkpoint.layout import (
     warn_unusable,
 )
 from torchllm.checkpoint.step import Step, read_marker, resolve_checkpoint
-from torchllm.checkpoint.resume.restore import StepLoader
+from torchllm.checkpoint.resume.restore import Restore
 from torchllm.checkpoint.resume.retention import Retention
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
 
-class Loader:
-    """Restores a run: picks the step (agreed by every rank), `restore` loads it."""
+class Resume:
+    """Resumes a run: picks the step (agreed by every rank), `restore` restores it."""
 
-    def __init__(self, ccfg, restore: StepLoader, retention: Retention, model,
+    def __init__(self, ccfg, restore: Restore, retention: Retention, model,
                  loadable: list[str], has_optimizer: bool, load_hf=None):
         """`load_hf(model, folder, tokenizer_record)`: loads a Hugging Face folder's weights
         (checkpoint.initial_load_in_hf; torchllm.hf.load_initial_weights)."""
@@ -37,7 +37,7 @@ class Loader:
         self.model, self.loadable, self.has_optimizer = model, loadable, has_optimizer
         self.load_hf = load_hf
 
-    def load(self) -> int | None:
+    def pick(self) -> int | None:
         """Restore the newest loadable checkpoint of this run (or `initial_load_path`).
 
         Returns the step restored from this run's folder, 0 for initial weights, None for a
@@ -84,7 +84,7 @@ class Loader:
         candidates = [load_step] if load_step != -1 else self._candidates(steps)
         for step in reversed(candidates):
             path = step_dir(self.folder, step)
-            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)
+            error = self.restore.restore(path, self.cfg.exclude_from_loading, resume=True)
             if error is None:
                 logger.info("resumed from %s (step %d)", path, step)
                 self.restore.after_resume(path)
@@ -111,7 +111,7 @@ class Loader:
             path = resolve_checkpoint(self.cfg.initial_load_path)
             model_only = self.cfg.initial_load_model_only
             exclude = [k for k in self.loadable if k != "model"] if model_only else []
-            error = self.restore.load(path, exclude, resume=False)
+            error = self.restore.restore(path, exclude, resume=False)
             if error is not None:
                 raise RuntimeError(f"checkpoint.initial_load_path: {path} could not be loaded: "
                                    f"{error}")
