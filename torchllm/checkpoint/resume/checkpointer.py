@@ -142,8 +142,10 @@ class Checkpointer:
     def load(self) -> int | None:
         """Restore the newest loadable checkpoint of this run (or `initial_load_path`): the
         step restored from this run's folder, 0 for initial weights, None for a fresh start
-        (loading.Resume.pick: which step; restore.Restore.restore: open, fit, read, apply)."""
-        return self.resume.pick()
+        (loading.Resume.pick: which step, else Resume.start; restore.Restore.restore: open,
+        fit, read, apply)."""
+        step = self.resume.pick()
+        return step if step is not None else self.resume.start()
 
     def should_save(self, step: int, last: bool = False) -> bool:
         return self.enabled and (last or step % self.cfg.interval == 0)

@@ -15,7 +15,7 @@ from typing import Any
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.index import untrusted_cause
-from torchllm.checkpoint.integrity import describe_failure
+from torchllm.checkpoint.integrity import check_files, describe_failure
 from torchllm.checkpoint.layout import step_of
 from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.resume.fit import Fit, run_checks
@@ -24,6 +24,7 @@ from torchllm.checkpoint.step import Step
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import Location
+from torchllm.store import Store
 
 
 class Restore:
@@ -44,7 +45,7 @@ class Restore:
         # the loader continues the global batch order from it (data/loader.py).
         self.read_as: dict[str, str] = {}
 
-    def restore(self, path: Location, exclude: list[str], resume: bool) -> str | None:
+    def restore(self, path: Location | Store, exclude: list[str], resume: bool) -> str | None:
         """Restore `path` on every rank, or none: the cause (one line, every rank's) if any rank
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
         # 1. Open and fit (rank-local, before any collective): the step opened once (marker,
@@ -54,7 +55,7 @@ class Restore:
         try:
             step = self.opened = Step.open(path)
             if self.cfg.checksums:
-                problem = step.verify(self.agree.rank, self.agree.world)
+                problem = check_files(step.store, step.marker, self.agree.rank, self.agree.world)
             if problem is None:
                 fit = self._fit(step, exclude, resume)
         except ConfigError as e:
