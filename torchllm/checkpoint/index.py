@@ -249,7 +249,6 @@ class _LocalWriter(JsonIndexWriter, FileSystemWriter):
     pass
 
 
-@lru_cache(maxsize=None)
 def check_reads(where: str, metadata: Metadata, sizes: dict[str, int]) -> None:
     """Every read the index `where` records stays inside the step: a file COMPLETE lists (a
     plain name: no folder, no `..`), and an (offset, length) within its recorded size."""
@@ -265,6 +264,7 @@ def check_reads(where: str, metadata: Metadata, sizes: dict[str, int]) -> None:
                                     f"has {sizes[name]} bytes")
 
 
+@lru_cache(maxsize=None)
 def _fsspec_classes() -> tuple[type, type]:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
