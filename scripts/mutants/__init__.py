@@ -27,6 +27,7 @@ from mutants import memory_product
 from mutants import memory_estimate
 from mutants import ft_heal
 from mutants import valset
+from mutants import house_resume
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -54,5 +55,6 @@ MUTANTS = [
     *memory_estimate.MUTANTS,
     *ft_heal.MUTANTS,
     *valset.MUTANTS,
+    *house_resume.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
