@@ -63,7 +63,7 @@ class UntrustedCheckpoint(ConfigError):
 
 
 class UntrustedRead(UntrustedCheckpoint, CheckpointException):
-    """An UntrustedCheckpoint found by a DCP read (`step.Step.load`): one line, and still the
+    """An UntrustedCheckpoint found by a DCP read (`step.Step.read`): one line, and still the
     CheckpointException (every rank's failures) that DCP's read raises."""
 
     def __init__(self, message: str, failures: dict):
