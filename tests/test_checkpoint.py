@@ -236,7 +236,7 @@ def test_last_save_model_only_in_export_dtype(tmp_path):
     last = resolve_checkpoint(tmp_path / "run")
     assert last.name == "step-4" and Step.open(last).states == {"model"}
     sd = {k: torch.empty(v.shape, dtype=torch.bfloat16) for k, v in t.model.state_dict().items()}
-    Step.open(last).load({"model": sd})
+    Step.open(last).read({"model": sd})
     for name, value in t.model.state_dict().items():
         assert torch.equal(sd[name], value.to(torch.bfloat16)), name
 

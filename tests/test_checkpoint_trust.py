@@ -98,7 +98,7 @@ def saved_value(step: Path, key: str, fqn: str):
     sd = {key: {fqn: None}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        Step.open(step).load(sd, no_dist=True)
+        Step.open(step).read(sd, no_dist=True)
     return sd[key][fqn]
 
 
@@ -251,7 +251,7 @@ def test_dcp_reads_of_poisoned_values_are_refused_naming_the_file(run, tmp_path,
     shard = poison(step, marker)
     key, fqn = ("rng_rank0", "python") if poison is poison_rng_value else ("train_state", "json")
     with pytest.raises(CheckpointException) as e:
-        Step.open(step).load({key: {fqn: None}}, no_dist=True)
+        Step.open(step).read({key: {fqn: None}}, no_dist=True)
     cause = untrusted_cause(e.value)
     assert cause and str(shard) in cause and f"{key}.{fqn}" in cause, cause
     assert not marker.exists()

@@ -28,6 +28,7 @@ import errno
 import os
 import shutil
 import stat
+import zlib
 from pathlib import Path
 
 from torchllm.storage import FsspecStorage, Location, as_location, is_url, join, storage_for
@@ -153,21 +154,22 @@ class Store:
     def entries(self, name: str = "") -> dict[str, str]:
         """{entry name: kind} of what is directly in the root (or its subfolder `name`), links
         not followed. An absent folder has no entries."""
-        if self.remote:
-            folder = self.where(name)
-            out = {sub: "folder" for sub in self.storage.scan(folder)}
-            out.update({f: "file" for f in self.storage.files(folder)} if
-                       self.storage.is_dir(folder) else {})
-            return out
-        try:
-            fd = self._open_parent([*plain_parts(name, self.root), "."] if name else ["."])
-        except FileNotFoundError:
-            return {}
-        try:
-            return {e.name: _kind(e.stat(follow_symlinks=False).st_mode)
-                    for e in os.scandir(fd)}
-        finally:
-            os.close(fd)
+        parts = plain_parts(name, self.root) if name else []
+        if not self.remote:
+            try:
+                fd = self._open_parent([*parts, "."])
+            except FileNotFoundError:
+                return {}
+            try:
+                return {e.name: _kind(e.stat(follow_symlinks=False).st_mode)
+                        for e in os.scandir(fd)}
+            finally:
+                os.close(fd)
+        folder = self.where(name)
+        out = {sub: "folder" for sub in self.storage.scan(folder)}
+        out.update({f: "file" for f in self.storage.files(folder)} if
+                   self.storage.is_dir(folder) else {})
+        return out
 
     def files(self, name: str = "") -> dict[str, int]:
         """{name: size} of the regular files directly in the root (or subfolder `name`); links,
@@ -233,6 +235,15 @@ class Store:
 
     def read_text(self, name: str, max_bytes: int | None = None) -> str:
         return self.read_bytes(name, max_bytes).decode("utf-8")
+
+    def crc32(self, name: str, chunk: int = 16 << 20) -> str:
+        """CRC-32 of the regular file `name`, read in 16 MiB chunks (zlib releases the GIL
+        while hashing); a link is refused, never followed."""
+        crc = 0
+        with self.open(name) as f:
+            while block := f.read(chunk):
+                crc = zlib.crc32(block, crc)
+        return f"{crc:08x}"
 
     def open(self, name: str):
         """A binary read stream of the regular file `name`."""
@@ -306,3 +317,9 @@ class Store:
 def open_store(root: Location) -> Store:
     """The store of `root` (a local folder or a URL)."""
     return Store(root)
+
+
+def as_store(place: Location | Store) -> Store:
+    """`place` as a Store: a Store as it is (its file system is not resolved again), a local
+    path or URL opened."""
+    return place if isinstance(place, Store) else Store(place)

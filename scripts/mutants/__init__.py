@@ -33,6 +33,7 @@ from mutants import house_config
 from mutants import ft_api
 from mutants import ft_semi_sync
 from mutants import house_module
+from mutants import house_resume
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -66,5 +67,6 @@ MUTANTS = [
     *ft_api.MUTANTS,
     *ft_semi_sync.MUTANTS,
     *house_module.MUTANTS,
+    *house_resume.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

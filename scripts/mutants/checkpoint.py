@@ -38,7 +38,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "initial_load_model_only_ignored", "initial_load_path always loads the whole state",
-        "torchllm.checkpoint.resume.loading:Loader.load",
+        "torchllm.checkpoint.resume.loading:Resume.start",
         "            model_only = self.cfg.initial_load_model_only\n",
         "            model_only = False\n",
         ("tests/test_checkpoint.py::test_initial_load_model_only_or_full_state",),
@@ -46,7 +46,7 @@ MUTANTS = [
     Mutant.at(
         "unreadable_marker_skips_checksums",
         "an empty or garbage COMPLETE marker reads as a record without a file list, so the step "
-        "loads unverified", "torchllm.checkpoint.step:parse_marker",
+        "loads unverified", "torchllm.checkpoint.layout:parse_marker",
         '        raise MarkerError(f"marker {where} is {what}") from None\n',
         "        return {}\n",
         ("tests/test_resume_safety.py::test_unreadable_marker_is_an_unusable_step",),
@@ -62,8 +62,8 @@ MUTANTS = [
     Mutant.at(
         "object_store_partial_step_kept",
         "a step prefix without a marker (an upload cut short) stays on the store forever",
-        "torchllm.checkpoint.resume.loading:Loader._clean_partial",
-        "                    delete_step(step_dir(self.folder, step))\n",
+        "torchllm.checkpoint.resume.loading:Resume._clean_partial",
+        "                    self.folder.delete(step)\n",
         "                    pass\n",
         ("tests/test_object_storage.py::test_flipped_byte_in_a_shard_object_falls_back_and_"
          "partial_steps_are_deleted",),
@@ -135,7 +135,7 @@ MUTANTS = [
         "reader_uses_dcps_planner",
         "a Step loads with DCP's default planner (its stored values unpickled with "
         "weights_only=False)",
-        "torchllm.checkpoint.step:Step.load",
+        "torchllm.checkpoint.step:Step.read",
         "        dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), "
         "no_dist=no_dist)",
         "        dcp.load(state_dict, storage_reader=reader, no_dist=no_dist)",
@@ -145,7 +145,7 @@ MUTANTS = [
         "index_read_outside_the_step",
         "a recorded chunk path is joined to the step folder unchecked (`../` reads another "
         "run's weights)",
-        "torchllm.checkpoint.step:_check_reads",
+        "torchllm.checkpoint.index:check_reads",
         '        if name in ("", ".", "..") or "/" in name or "\\\\" in name or name not in sizes \\\n'
         "                or name == INDEX:\n",
         "        if False:\n",
@@ -155,7 +155,7 @@ MUTANTS = [
         "index_lengths_trusted",
         "a recorded (offset, length) is read without checking it against the file's recorded "
         "size (a 3 GB length reads 3 GB)",
-        "torchllm.checkpoint.step:_check_reads",
+        "torchllm.checkpoint.index:check_reads",
         "        if at < 0 or length < 0 or at + length > sizes[name]:\n",
         "        if at < 0 or length < 0:\n",
         ("tests/test_checkpoint_step.py::test_an_over_long_read_is_refused_before_reading",),
@@ -163,7 +163,7 @@ MUTANTS = [
     Mutant.at(
         "index_file_not_in_complete",
         "the index may read a file COMPLETE does not list (its CRC never checked)",
-        "torchllm.checkpoint.step:_recorded_sizes",
+        "torchllm.checkpoint.layout:recorded_sizes",
         "    files = marker.get(\"files\")\n    if not files:\n",
         "    files = None\n    if not files:\n",
         ("tests/test_checkpoint_step.py::test_an_over_long_read_is_refused_before_reading",),
@@ -188,7 +188,7 @@ MUTANTS = [
     Mutant.at(
         "resume_falls_back_from_untrusted",
         "a resume treats a value that would run code as a read error and falls back",
-        "torchllm.checkpoint.resume.restore:StepLoader.load",
+        "torchllm.checkpoint.resume.restore:Restore.restore",
         "            problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop",
         "            problem, misfit = describe_failure(e), None",
         ("tests/test_checkpoint_trust.py::"
@@ -260,7 +260,7 @@ MUTANTS = [
     Mutant.at(
         "weights_only_resumed_as_full_state",
         "a resume takes the newest complete step even when it holds weights only",
-        "torchllm.checkpoint.resume.loading:Loader._candidates",
+        "torchllm.checkpoint.resume.loading:Resume._candidates",
         "        good = [s for s in steps if s not in skip or s == 0]\n",
         "        good = list(steps)\n",
         ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
@@ -269,7 +269,7 @@ MUTANTS = [
         "resumed_lr_from_old_schedule",
         "the first resumed step's LR is the one the checkpoint's schedule set (training.steps "
         "changed), not this config's",
-        "torchllm.checkpoint.resume.restore:StepLoader.after_resume",
+        "torchllm.checkpoint.resume.restore:Restore.after_resume",
         "            current_lr(self.optimizer, self.lr_scheduler)\n",
         "            pass\n",
         ("tests/test_resume_trust.py::test_weights_only_final_save_is_passed_over_for_the_full_state",),
@@ -277,9 +277,9 @@ MUTANTS = [
     Mutant.at(
         "data_restart_keeps_position",
         "on_data_change = 'restart' says so but still loads the old data position",
-        "torchllm.checkpoint.resume.restore:StepLoader._data_change",
-        '        return [*exclude, "dataloader"]\n',
-        "        return exclude\n",
+        "torchllm.data.fingerprint:data_fit",
+        '    fit.exclude = [*fit.exclude, "dataloader"]\n',
+        "    fit.exclude = fit.exclude\n",
         ("tests/test_resume_trust.py::test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses[seq_len]",),
     ),
     Mutant.at(
@@ -310,9 +310,9 @@ MUTANTS = [
     ),
     Mutant.at(
         "inference_reads_unhealthy_newest", "generate / export of a run read the step saved while updates were skipped",
-        "torchllm.checkpoint.step:resolve_checkpoint",
-        "            return _newest_healthy(folder, steps)",
-        "            return step_dir(folder, steps[-1])",
+        "torchllm.checkpoint.layout:resolve_checkpoint",
+        "            return folder.newest_healthy(steps)",
+        "            return folder.step_path(steps[-1])",
         ("tests/test_resume_trust.py::test_bad_stretch_keeps_the_last_good_checkpoint_and_a_relaunch_resumes_it",),
     ),
     Mutant.at(
@@ -363,10 +363,10 @@ MUTANTS = [
     Mutant.at(
         "lora_resume_optimizer_not_restored",
         "a resume loads the weights but not the optimizer state (the adapters' AdamW moments)",
-        "torchllm.checkpoint.resume.loading:Loader.load",
-        "            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)",
-        "            error = self.restore.load(path, [*self.cfg.exclude_from_loading, "
-        "\"optimizer\"],\n                                      resume=True)",
+        "torchllm.checkpoint.resume.loading:Resume.pick",
+        "                                         self.cfg.exclude_from_loading, resume=True)",
+        "                                         [*self.cfg.exclude_from_loading, "
+        "\"optimizer\"],\n                                         resume=True)",
         ("tests/test_lora.py::test_shipped_config_trains_adapters_only_resumes_exactly_and_exports",),
     ),
     Mutant.at(

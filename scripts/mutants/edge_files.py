@@ -78,7 +78,7 @@ MUTANTS = [
         "step_entries_unchecked",
         "a step's entries are not checked when it is opened: a FIFO among them is ignored, and "
         "a linked shard is only caught by the checksums (a resume falls back past it)",
-        "torchllm.checkpoint.integrity:step_store",
+        "torchllm.checkpoint.step:read_step_folder",
         '        if kind not in ("file", "folder"):\n',
         '        if kind not in ("file", "folder", "link", "fifo"):\n',
         (T + "test_hf_export_refuses_a_step_holding_a_link_or_fifo[add_a_fifo]",

@@ -61,7 +61,7 @@ MUTANTS = [
     Mutant.at(
         "step_load_dumps_dcp_failures",
         "Step.load lets DCP's CheckpointException (every rank's traceback) reach hf export",
-        "torchllm.checkpoint.step:Step.load",
+        "torchllm.checkpoint.step:Step.read",
         "            if cause := untrusted_cause(e):\n",
         "            if cause := None:\n",
         (T + "test_a_weight_chunk_that_names_code_stops_the_resume",),
@@ -125,15 +125,15 @@ MUTANTS = [
     Mutant.at(
         "complex_weight_resumed",
         "a complex64 weight resumes into a float32 parameter (imaginary part dropped)",
-        "torchllm.checkpoint.resume.restore:StepLoader._fit",
-        "        if kinds := dtype_mismatch(step.metadata, sds):\n",
-        "        if kinds := None:\n",
+        "torchllm.checkpoint.family:family_fit",
+        "    if kinds := dtype_mismatch(metadata, sds):\n",
+        "    if kinds := None:\n",
         (T + "test_a_complex_weight_stops_the_resume",),
     ),
     Mutant.at(
         "nested_marker_crashes_resume",
         "a COMPLETE nested 200,000 deep crashes the resume (RecursionError) instead of falling back",
-        "torchllm.checkpoint.step:parse_marker",
+        "torchllm.checkpoint.layout:parse_marker",
         "    except RecursionError:\n",
         "    except ZeroDivisionError:\n",
         (T + "test_a_deeply_nested_marker_is_a_damaged_one",),

@@ -52,7 +52,7 @@ MUTANTS = [
     Mutant.at(
         "extra_rank_starts_its_data_fresh",
         "a rank the checkpoint holds no data position for reads the data from its beginning",
-        "torchllm.checkpoint.resume.restore:StepLoader._wanted",
+        "torchllm.checkpoint.resume.restore:Restore._wanted",
         "                wanted[\"dataloader_dp0\"] = state\n",
         "                continue\n",
         (f"{ROUND6}test_a_resume_on_another_rank_count_continues_the_global_batch_order_exactly",),

@@ -20,6 +20,7 @@ from torchllm.checkpoint.step import (
 from torchllm.checkpoint.resume.hparams import recorded_precision
 from torchllm.checkpoint.resume.saver import CheckpointSaveError
 from torchllm.checkpoint.state import TrainState
+from torchllm.checkpoint import fits  # noqa: F401 - registers the features' resume checks
 
 __all__ = ["EXPORT_DTYPES", "CheckpointSaveError", "Checkpointer", "CorruptCheckpoint",
            "MarkerError", "Step", "TrainState", "UntrustedCheckpoint", "complete_steps",

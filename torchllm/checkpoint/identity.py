@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from torchllm.checkpoint.layout import complete_steps, step_dir
+from torchllm.checkpoint.layout import StepFolders, as_folders
 from torchllm.checkpoint.step import MarkerError, read_marker
 from torchllm.log import logger
 from torchllm.storage import Location, is_url
@@ -31,11 +31,11 @@ from torchllm.storage import Location, is_url
 RUN_ID_FILE = "run_id"
 
 
-def owner(folder: Location, step: int) -> str | None:
+def owner(folder: Location | StepFolders, step: int) -> str | None:
     """The run id a complete step records (None: none recorded, or an unreadable marker, which
     the load itself reports)."""
     try:
-        return read_marker(step_dir(folder, step)).get("run_id")
+        return read_marker(as_folders(folder).step_store(step)).get("run_id")
     except MarkerError:
         return None
 
@@ -51,8 +51,9 @@ def run_id(run_dir: Path, folder: Location) -> str:
             return found
     found = None
     if not is_url(folder) and Path(run_dir).resolve() in Path(folder).resolve().parents:
-        steps = complete_steps(folder)
-        found = next((o for s in reversed(steps) if (o := owner(folder, s))), None)
+        folders = StepFolders(folder)
+        found = next((o for s in reversed(folders.complete()) if (o := owner(folders, s))),
+                     None)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     path.write_text((found or uuid.uuid4().hex) + "\n")
     if found:
@@ -61,15 +62,16 @@ def run_id(run_dir: Path, folder: Location) -> str:
     return path.read_text().strip()
 
 
-def foreign(folder: Location, steps: list[int], mine: str | None) -> str | None:
+def foreign(folder: Location | StepFolders, steps: list[int], mine: str | None) -> str | None:
     """Why `folder` (whose complete steps are `steps`) is not this run's to resume from, write
     into or prune: one line naming the folder, the other run and what to do; None when it is."""
     if mine is None:
         return None
+    folder = as_folders(folder)
     for step in reversed(steps):
         other = owner(folder, step)
         if other is not None and other != mine:
-            path = step_dir(folder, step)
+            path = folder.step_path(step)
             return (f"checkpoint.folder {folder} holds another run's checkpoints ({path} was "
                     f"written by run {other}; this run is {mine}): a run never resumes from, "
                     "writes into or prunes another run's steps. To start from its weights, set "

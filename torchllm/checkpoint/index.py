@@ -63,7 +63,7 @@ class UntrustedCheckpoint(ConfigError):
 
 
 class UntrustedRead(UntrustedCheckpoint, CheckpointException):
-    """An UntrustedCheckpoint found by a DCP read (`step.Step.load`): one line, and still the
+    """An UntrustedCheckpoint found by a DCP read (`step.Step.read`): one line, and still the
     CheckpointException (every rank's failures) that DCP's read raises."""
 
     def __init__(self, message: str, failures: dict):
@@ -249,6 +249,21 @@ class _LocalWriter(JsonIndexWriter, FileSystemWriter):
     pass
 
 
+def check_reads(where: str, metadata: Metadata, sizes: dict[str, int]) -> None:
+    """Every read the index `where` records stays inside the step: a file COMPLETE lists (a
+    plain name: no folder, no `..`), and an (offset, length) within its recorded size."""
+    for index, info in metadata.storage_data.items():
+        name, at, length = info.relative_path, info.offset, info.length
+        what = f"checkpoint index {where}: the entry of {index.fqn!r}"
+        if name in ("", ".", "..") or "/" in name or "\\" in name or name not in sizes \
+                or name == INDEX:
+            raise CorruptCheckpoint(f"{what} reads {name!r}, which is not a file of the step "
+                                    f"(COMPLETE lists {sorted(sizes)})")
+        if at < 0 or length < 0 or at + length > sizes[name]:
+            raise CorruptCheckpoint(f"{what} reads bytes {at}..{at + length} of {name}, which "
+                                    f"has {sizes[name]} bytes")
+
+
 @lru_cache(maxsize=None)
 def _fsspec_classes() -> tuple[type, type]:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -353,9 +368,10 @@ class _LocalReader(StepReader, FileSystemReader):
     pass
 
 
-def dcp_reader(location: Location, metadata: Metadata):
-    """DCP's reader for a step folder or prefix whose checked index is `metadata`."""
-    store = storage_for(location)
+def dcp_reader(location: Location, metadata: Metadata, storage=None):
+    """DCP's reader for a step folder or prefix whose checked index is `metadata` (`storage`:
+    its file system, when the caller bound it already)."""
+    store = storage or storage_for(location)
     if store.remote:
         return _fsspec_classes()[1](str(location), **store.options).use_index(metadata)
     return _LocalReader(str(location)).use_index(metadata)

@@ -7,93 +7,36 @@ All functions here are rank-local; the Checkpointer makes the ranks agree on the
 from __future__ import annotations
 
 import errno
-import zlib
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from torchllm.checkpoint.index import UntrustedCheckpoint
 from torchllm.checkpoint.layout import MARKER
-from torchllm.storage import Location, as_location, iter_chunks, name_of, parent_of, storage_for
-from torchllm.store import NOT_REGULAR, Confined, Store
-
-CHUNK = 16 << 20
-# The most a step's small files may hold before they are read (Step.open reads them whole).
-MAX_READ = {MARKER: 64 << 20, ".metadata": 1 << 30, "config.toml": 16 << 20}
-
-
-class UnsafeStepEntry(UntrustedCheckpoint):
-    """An entry of a step folder that is no regular file (a symbolic link, a FIFO, a socket, a
-    device): the step is refused as a whole before anything in it is read, on every rank (an
-    UntrustedCheckpoint: a resume stops instead of falling back to an older step)."""
-
-
-def step_store(path: Location) -> Store:
-    """The step folder `path` as a Store, its entries checked: UnsafeStepEntry (one line naming
-    the entry) for a link, FIFO or other non-regular entry in it. Links are never followed."""
-    store = Store(path)
-    if store.remote:  # an object store has no links or FIFOs (and one listing is enough)
-        return store
-    for name, kind in sorted(store.entries().items()):
-        if kind not in ("file", "folder"):
-            raise UnsafeStepEntry(
-                f"checkpoint {store.root}: {store.where(name)} is {NOT_REGULAR[kind]}; every "
-                "file of a step must be a regular file inside its folder (nothing of this step "
-                "is read)")
-    return store
-
-
-def read_step_folder(path: Location, names: tuple[str, ...]
-                     ) -> tuple[dict[str, int], dict[str, bytes | OSError]]:
-    """({name: size} of the regular files of the step folder `path` (`step_store`: refused
-    when an entry is a link or other non-regular file), {name: its bytes, or the OSError reading
-    it} for each of `names` present, each read bounded by MAX_READ)."""
-    store = step_store(path)
-    sizes = store.files()
-    read: dict[str, bytes | OSError] = {}
-    for name in names:
-        if name in sizes:
-            most = MAX_READ.get(name)
-            try:
-                if most is not None and sizes[name] > most:  # as listed: no request more
-                    raise Confined(f"{store.where(name)} is {sizes[name]:,} bytes, more than "
-                                   f"the {most:,} allowed")
-                read[name] = store.read_bytes(name, max_bytes=None if store.remote else most)
-            except OSError as e:
-                read[name] = e
-    return sizes, read
-
-
-def _crc32(store: Store, name: str) -> str:
-    """CRC-32 of the regular file `name` of `store`, read in 16 MiB chunks (zlib releases the
-    GIL while hashing); a link is refused, never followed."""
-    crc = 0
-    with store.open(name) as f:
-        for block in iter_chunks(f, CHUNK):
-            crc = zlib.crc32(block, crc)
-    return f"{crc:08x}"
+from torchllm.storage import Location, as_location, name_of, parent_of, storage_for
+from torchllm.store import NOT_REGULAR, Store, as_store
 
 
 def file_crc32(path: Location) -> str:
     """CRC-32 of a file or object (a link is refused, never followed)."""
     path = as_location(path)
-    return _crc32(Store(parent_of(path)), name_of(path))
+    return Store(parent_of(path)).crc32(name_of(path))
 
 
 def folder_checksums(path: Location) -> dict[str, dict]:
     """{file name: {"bytes", "crc32"}} for every regular file of a checkpoint folder but the
     markers (links and other entries are no files of it)."""
     store = Store(path)
-    return {name: {"bytes": size, "crc32": _crc32(store, name)}
+    return {name: {"bytes": size, "crc32": store.crc32(name)}
             for name, size in sorted(store.files().items())
             if name != MARKER and not name.startswith(f".{MARKER}")}
 
 
-def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) -> str | None:
+def verify_files(path: Location | Store, recorded: dict[str, dict], names: list[str]
+                 ) -> str | None:
     """Check `names` (a share of the recorded files) against the marker; the first problem.
     Read through the step's Store: a link or FIFO among them is never followed or opened."""
-    store = Store(path)
+    store = as_store(path)
     sizes = store.files() if names else {}
     for name in names:
         f = store.where(name)
@@ -105,13 +48,13 @@ def verify_files(path: Location, recorded: dict[str, dict], names: list[str]) ->
         size = sizes[name]
         if size != want["bytes"]:
             return f"file {f} has {size} bytes, {want['bytes']} when saved"
-        crc = _crc32(store, name)
+        crc = store.crc32(name)
         if crc != want["crc32"]:
             return f"file {f} is corrupted: CRC-32 {crc}, {want['crc32']} when saved"
     return None
 
 
-def check_files(path: Location, marker: dict, rank: int = 0, world: int = 1) -> str | None:
+def check_files(path: Location | Store, marker: dict, rank: int = 0, world: int = 1) -> str | None:
     """The first problem among this rank's share (every `world`-th name from `rank`) of the
     files the marker records; None when they all match, or the marker records none (a seed
     checkpoint written by convert or hf import)."""

@@ -1,26 +1,26 @@
 """A checkpoint step, opened ONCE and checked as a whole before any tensor is read: resume, the
 initial load, generate, the evals, `hf export` and `convert` all read through a `Step`, and
-`Step.load` is the only read of a checkpoint's tensors in torchllm.
+`Step.read` is the only read of a checkpoint's tensors in torchllm.
 
 - which step: a step folder as named (it must be complete), or for a run or checkpoint folder
-  its newest complete step saved while training was healthy (`resolve_checkpoint`);
-- the COMPLETE marker: a record `mark_complete` wrote, else `MarkerError` (`read_marker`); its
+  its newest complete step saved while training was healthy (layout.resolve_checkpoint);
+- the COMPLETE marker: a record `mark_complete` wrote, else `MarkerError` (layout.parse_marker); its
   file list (sizes, CRC-32s) and the identity record (run, data, tokenizer) come from it;
 - the index (`.metadata`, JSON: index.py), read once and checked against the file list: every
   recorded file is a plain name inside the step folder that COMPLETE lists, and every stored
-  (offset, length) lies inside that file's recorded size; else `CorruptCheckpoint` (a pickle
+  (offset, length) lies inside that file's recorded size (index.check_reads); else `CorruptCheckpoint` (a pickle
   index from an older torchllm: `UntrustedCheckpoint`, naming the one-time conversion);
-- every file against the marker's sizes and CRC-32s (`Step.verify`; a resume shares the files
-  out over its ranks), else `CorruptCheckpoint`;
+- every file against the marker's sizes and CRC-32s (`Step.verify`, integrity.check_files; a
+  resume shares the files out over its ranks), else `CorruptCheckpoint`;
 - the config it was written under (`Step.config`: the keys that import code are dropped);
 - the tokenizer the weights were trained with (`check_tokenizer`), else a ConfigError.
 
-`open_checkpoint(path)` does all of these and returns the `Step`.
+`open_checkpoint(path)` does all of these and returns the `Step`. The step folder is bound once
+as a Store (`Step.store`: file system + root); every read of it goes through that store.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -29,100 +29,72 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from torchllm.checkpoint.index import (
-    INDEX,
     CorruptCheckpoint,
     DataPlanner,
+    UntrustedCheckpoint,
     UntrustedRead,
     dcp_reader,
     untrusted_cause,
 )
 from torchllm.checkpoint.index_read import read_index
-from torchllm.checkpoint.integrity import check_files, read_step_folder
-from torchllm.checkpoint.layout import MARKER, complete_steps, step_dir, step_of
+from torchllm.checkpoint.integrity import check_files
+from torchllm.checkpoint.layout import (  # noqa: F401 - MarkerError, read_marker: step.py's API too
+    MARKER,
+    MarkerError,
+    parse_marker,
+    read_marker,
+    recorded_sizes,
+    resolve_checkpoint,
+    step_of,
+)
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
-from torchllm.log import logger
-from torchllm.storage import Location, as_location, join, parent_of, shown, storage_for
-
-
-class MarkerError(ValueError):
-    """A COMPLETE marker that cannot be read or holds no record: its step is not used."""
-
-
-def read_marker(path: Location) -> dict:
-    """The COMPLETE marker's record; MarkerError (one line naming the marker) when it cannot be
-    read, is empty or cut short, or is not the record `mark_complete` writes. Such a step is
-    unusable: without its record the files' checksums cannot be verified."""
-    marker = join(as_location(path), MARKER)
-    try:
-        data = storage_for(marker).read_bytes(marker)
-    except OSError as e:
-        data = e
-    return parse_marker(data, marker)
-
-
-def parse_marker(data: bytes | OSError, where) -> dict:
-    """The record in a COMPLETE marker's bytes (`read_marker`)."""
-    if isinstance(data, OSError):
-        raise MarkerError(f"marker {where} cannot be read ({data.strerror or data})")
-    try:
-        record = json.loads(data.decode())
-    except ValueError as e:  # empty, cut short, or not text at all
-        what = "empty" if not data.strip() else f"damaged (not a JSON record: {e})"
-        raise MarkerError(f"marker {where} is {what}") from None
-    except RecursionError:
-        raise MarkerError(f"marker {where} is damaged (nested too deeply)") from None
-    if not isinstance(record, dict) or "step" not in record:
-        raise MarkerError(f"marker {where} is damaged (no step record in it)")
-    return record
+from torchllm.storage import Location, join, parent_of, storage_for
+from torchllm.store import NOT_REGULAR, Confined, Store, as_store
 
 
 # ------------------------------------------------------------------------ which step
 
 
-def resolve_checkpoint(path: Location, folder_name: str = "checkpoint") -> Location:
-    """A complete step folder from a step folder, a checkpoint folder, or a run folder (each a
-    local path or a URL)."""
-    path = as_location(path)
-    store = storage_for(path)
-    if step_of(path) is not None:
-        if not store.is_file(join(path, MARKER)):
-            if not store.is_dir(path):
-                raise FileNotFoundError(f"checkpoint path {shown(path)} is not a folder")
-            raise FileNotFoundError(f"checkpoint {shown(path)} is incomplete (no {MARKER} "
-                                    "marker)")
-        return path
-    if not store.is_dir(path):
-        raise FileNotFoundError(f"checkpoint path {shown(path)} is not a folder")
-    for folder in (path, join(path, folder_name)):
-        steps = complete_steps(folder)
-        if steps:
-            return _newest_healthy(folder, steps)
-    raise FileNotFoundError(
-        f"no complete checkpoint under {path} (looked for step-<N>/{MARKER} in {path} and "
-        f"{join(path, folder_name)})"
-    )
-
-
-def _newest_healthy(folder: Location, steps: list[int]) -> Location:
-    """A run's newest step whose weights were saved while training was healthy (inference and
-    export of a run folder; a step named explicitly is read as it is): a step saved while the
-    loss guard skipped updates holds the weights that made them. The newest step when none is."""
-    for step in reversed(steps):
-        path = step_dir(folder, step)
-        try:
-            unhealthy = read_marker(path).get("healthy") is False
-        except MarkerError:
-            unhealthy = False  # the reader names the marker's problem
-        if not unhealthy:
-            if step != steps[-1]:
-                logger.warning("reading %s: the newer steps %s were saved while the loss guard "
-                               "skipped updates (name one to read it anyway)", path,
-                               [s for s in steps if s > step])
-            return path
-    return step_dir(folder, steps[-1])
-
-
 # ------------------------------------------------------------------------ the step
+
+# The most a step's small files may hold before they are read (Step.open reads them whole).
+MAX_READ = {MARKER: 64 << 20, ".metadata": 1 << 30, "config.toml": 16 << 20}
+
+
+class UnsafeStepEntry(UntrustedCheckpoint):
+    """An entry of a step folder that is no regular file (a symbolic link, a FIFO, a socket, a
+    device): the step is refused as a whole before anything in it is read, on every rank (an
+    UntrustedCheckpoint: a resume stops instead of falling back to an older step)."""
+
+
+def read_step_folder(path: Location | Store, names: tuple[str, ...]
+                     ) -> tuple[Store, dict[str, int], dict[str, bytes | OSError]]:
+    """The step folder `path` as a Store, its entries checked (UnsafeStepEntry, one line naming
+    the entry, for a link, FIFO or other non-regular entry in it: links are never followed);
+    {name: size} of its regular files, and {name: its bytes, or the OSError reading it} for
+    each of `names` present, each read bounded by MAX_READ."""
+    store = as_store(path)
+    if not store.remote:  # an object store has no links or FIFOs (and one listing is enough)
+        for name, kind in sorted(store.entries().items()):
+            if kind not in ("file", "folder"):
+                raise UnsafeStepEntry(
+                    f"checkpoint {store.root}: {store.where(name)} is {NOT_REGULAR[kind]}; "
+                    "every file of a step must be a regular file inside its folder (nothing of "
+                    "this step is read)")
+    sizes = store.files()
+    read: dict[str, bytes | OSError] = {}
+    for name in names:
+        if name in sizes:
+            most = MAX_READ.get(name)
+            try:
+                if most is not None and sizes[name] > most:  # as listed: no request more
+                    raise Confined(f"{store.where(name)} is {sizes[name]:,} bytes, more than "
+                                   f"the {most:,} allowed")
+                read[name] = store.read_bytes(name, max_bytes=None if store.remote else most)
+            except OSError as e:
+                read[name] = e
+    return store, sizes, read
+
 
 CONFIG = "config.toml"  # the config the step was written under (resume/saver.py writes it)
 # The marker's fields that say whose step this is (written by checkpoint/resume/saver.py).
@@ -133,27 +105,26 @@ class Step:
     """One complete step, opened once (`Step.open`): its folder (`path`), marker record
     (`marker`), index (`metadata`, checked against the marker's file list) and identity."""
 
-    def __init__(self, path: Location, marker: dict, metadata: Metadata,
+    def __init__(self, path: Location | Store, marker: dict, metadata: Metadata,
                  config_text: str | None = None):
-        self.path, self.marker, self.metadata = as_location(path), marker, metadata
+        self.store = as_store(path)  # the step folder, bound once (file system + root)
+        self.path, self.marker, self.metadata = self.store.root, marker, metadata
         self.config_text = config_text  # the step's own config.toml, as read at open
         # Top-level keys of the saved state ("model", "optimizer", ...).
         self.states = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
     @classmethod
-    def open(cls, path: Location) -> Step:
+    def open(cls, path: Location | Store) -> Step:
         """The step folder `path` as it is, read once (its marker, index and config): the
         marker parsed (MarkerError) and the index checked against the marker's files
         (CorruptCheckpoint, UntrustedCheckpoint; integrity.UnsafeStepEntry for a link, FIFO
         or other non-regular entry in the folder); the files' checksums are `verify`'s."""
-        path = as_location(path)
-        present, read = read_step_folder(path, (MARKER, CONFIG))  # no link, no FIFO
-        marker = parse_marker(read.get(MARKER, OSError("missing")), f"{path}/{MARKER}")
-        sizes = _recorded_sizes(marker, present, f"{path}/{MARKER}")
-        metadata = read_index(path, sizes)  # bounded by the recorded size
-        _check_reads(f"{path}/{INDEX}", metadata, sizes)
+        store, present, read = read_step_folder(path, (MARKER, CONFIG))  # no link, no FIFO
+        marker = parse_marker(read.get(MARKER, OSError("missing")), f"{store.root}/{MARKER}")
+        sizes = recorded_sizes(marker, present, f"{store.root}/{MARKER}")
+        metadata = read_index(store, sizes)  # bounded by the recorded size, reads inside it
         config = read.get(CONFIG)
-        return cls(path, marker, metadata, config.decode() if isinstance(config, bytes) else None)
+        return cls(store, marker, metadata, config.decode() if isinstance(config, bytes) else None)
 
     @classmethod
     def find(cls, path: Location, folder_name: str = "checkpoint") -> Step:
@@ -163,7 +134,7 @@ class Step:
     def verify(self, rank: int = 0, world: int = 1) -> str | None:
         """The first problem among this rank's share of the files against the marker's sizes
         and CRC-32s; None when they match (or the marker records none: checksums off)."""
-        return check_files(self.path, self.marker, rank, world)
+        return check_files(self.store, self.marker, rank, world)
 
     @property
     def step(self) -> int | None:
@@ -181,10 +152,10 @@ class Step:
         found = self.marker.get("precision")
         return found if found in ("bf16", "fp32") else None
 
-    def load(self, state_dict: dict, no_dist: bool = False) -> None:
+    def read(self, state_dict: dict, no_dist: bool = False) -> None:
         """DCP's load into `state_dict` (in place), from the checked index; stored values
         through `weights_only` (index.DataPlanner)."""
-        reader = dcp_reader(self.path, self.metadata)
+        reader = dcp_reader(self.path, self.metadata, self.store.storage)
         try:
             dcp.load(state_dict, storage_reader=reader, planner=DataPlanner(reader), no_dist=no_dist)
         except CheckpointException as e:  # a refusal, on every rank: one line, not DCP's dump
@@ -204,7 +175,7 @@ class Step:
         if not tensors:
             raise ValueError(f"checkpoint {self.path} holds no "
                              f"{what or f'tensors under {prefix!r}'}")
-        self.load(tensors, no_dist=True)
+        self.read(tensors, no_dist=True)
         return {key[len(prefix):]: value for key, value in tensors.items()}
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -254,34 +225,6 @@ class Step:
     def check_tokenizer(self, now: dict | None, use: str = "inference") -> None:
         """`check_same_tokenizer` of the step's recorded tokenizer against `now`."""
         check_same_tokenizer(self.marker.get("tokenizer"), now, f"checkpoint {self.path}", use)
-
-
-def _recorded_sizes(marker: dict, present: dict[str, int], where: str) -> dict[str, int]:
-    """{file: bytes} of the step: as COMPLETE records them (a file it does not list is no part
-    of the step), or with checksums off (no list) as the folder holds them (`present`)."""
-    files = marker.get("files")
-    if not files:
-        return present
-    if not isinstance(files, dict) or not all(
-            isinstance(f, dict) and type(f.get("bytes")) is int for f in files.values()):
-        raise MarkerError(f"marker {where} is damaged (its file list is not "
-                          "{name: {bytes, crc32}})")
-    return {name: f["bytes"] for name, f in files.items()}
-
-
-def _check_reads(where: str, metadata: Metadata, sizes: dict[str, int]) -> None:
-    """Every read the index `where` records stays inside the step: a file COMPLETE lists (a
-    plain name: no folder, no `..`), and an (offset, length) within its recorded size."""
-    for index, info in metadata.storage_data.items():
-        name, at, length = info.relative_path, info.offset, info.length
-        what = f"checkpoint index {where}: the entry of {index.fqn!r}"
-        if name in ("", ".", "..") or "/" in name or "\\" in name or name not in sizes \
-                or name == INDEX:
-            raise CorruptCheckpoint(f"{what} reads {name!r}, which is not a file of the step "
-                                    f"(COMPLETE lists {sorted(sizes)})")
-        if at < 0 or length < 0 or at + length > sizes[name]:
-            raise CorruptCheckpoint(f"{what} reads bytes {at}..{at + length} of {name}, which "
-                                    f"has {sizes[name]} bytes")
 
 
 def open_checkpoint(path: Location, folder_name: str = "checkpoint") -> Step:

@@ -29,10 +29,14 @@ split). A record written before `reads` (a field missing) is not compared: that 
 resumes as before, its config changes named by the resume's warning.
 
 `changes(saved, now)` says what differs, in words; checkpoint.on_data_change decides what a
-resume does about it (torchllm.checkpoint.resume.loading; docs/checkpointing.md).
+resume does about it (`data_fit`, the resume's fit check: torchllm/checkpoint/fits.py registers
+it; docs/checkpointing.md).
 """
 
 from __future__ import annotations
+
+from torchllm.config.job_config import ConfigError
+from torchllm.log import logger
 
 # The settings that choose which tokens train and validate (module doc), by config key.
 READS = ("data.text_column", "data.chat_column", "data.chat_packing", "data.val_fraction",
@@ -105,3 +109,27 @@ def changes(saved: dict, now: dict) -> list[str]:
         out += [f"{key} {was.get(key)!r} -> {now_reads.get(key)!r}" for key in READS
                 if key in was and was[key] != now_reads.get(key)]
     return out
+
+
+def data_fit(fit) -> None:
+    """The resume's fit check for the data identity (torchllm/checkpoint/resume/fit.py): on a
+    resume whose data differs from the checkpoint's, a ConfigError (on_data_change = 'error')
+    or the data position left out of the load (its order restarts)."""
+    saved, now = fit.step.marker.get("data"), fit.run_info.get("data")
+    if not fit.resume or not saved or not now or "dataloader" in fit.exclude:
+        return  # a checkpoint from before fingerprints: nothing to compare
+    if saved.get("tokenizer_sha256") != now.get("tokenizer_sha256"):
+        return  # another tokenizer: the identity check next names both files
+    what = "; ".join(changes(saved, now))
+    if not what:
+        return
+    if fit.cfg.on_data_change == "error":
+        raise ConfigError(
+            f"checkpoint {fit.where} was saved reading other data ({what}): its data position "
+            "does not point into this data order; resume with the data it was saved with, or "
+            "set checkpoint.on_data_change = 'restart' to read this data from its beginning "
+            "(step and token counters kept)", "checkpoint.on_data_change")
+    logger.warning("the data changed since %s (%s): reading it from its beginning in its "
+                   "new order (data position reset; step, token counters and LR schedule "
+                   "kept; checkpoint.on_data_change = 'restart')", fit.where, what)
+    fit.exclude = [*fit.exclude, "dataloader"]

@@ -76,7 +76,7 @@ def load_for_inference(
     state = model.state_dict()
     with warnings.catch_warnings():  # one process without a group is the intended use here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        reader.load({"model": state})
+        reader.read({"model": state})
     model.load_state_dict(state)
     model.eval()
     return model, cfg, tokenizer

@@ -338,6 +338,19 @@ def checkpoint_misfit(saved_toml: str | None, current_toml: str | None,
     return f"checkpoint {where}: {message}", message.split(" = ")[0].rsplit(" ", 1)[-1]
 
 
+def lora_fit(fit) -> None:
+    """The resume's fit check for LoRA (torchllm/checkpoint/resume/fit.py): a base checkpoint's
+    missing adapters keep their fresh init (put back at apply), and a step saved under other
+    [lora] settings leaves the message a shape refusal names instead of its own."""
+    fresh = fresh_adapters(fit.states, fit.step.metadata, fit.resume)  # LoRA on a base step
+    if fresh:
+        fit.on_apply.append(lambda states: states["model"].update(fresh))
+    misfit = checkpoint_misfit(fit.step.config_text, fit.run_info.get("config_toml"), fit.where,
+                               fit.resume)
+    if misfit:
+        fit.hints.append(misfit)
+
+
 def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True,
                   vocab: int | None = None) -> dict:
     """A checkpoint's weights as the plain model's: with LoRA, merged (W + alpha/rank * B @ A,

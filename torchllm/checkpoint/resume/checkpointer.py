@@ -3,7 +3,8 @@
 A Checkpointer is composed of parts, each its own file: the states it saves
 (checkpoint/state.py), the saver (saver.py: sync, async and mirrored saves, committed by the
 COMPLETE marker), retention (retention.py: the known steps, keep_latest_k), and the loader
-(loading.py: which step; restore.py: one step, opened once as a checkpoint/step.Step). Every
+(loading.py: which step; restore.py: one step, opened once as a checkpoint/step.Step, fit by
+the checks features register (fit.py), read and applied). Every
 decision that ranks could see differently (which checkpoint loads, whether a save failed or
 finished) is agreed over a small gloo group (agree.py), so ranks never hang or diverge.
 """
@@ -18,9 +19,9 @@ import torch
 from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.identity import run_id
 from torchllm.checkpoint.integrity import free_bytes, human, state_estimate
-from torchllm.checkpoint.resume.loading import Loader
+from torchllm.checkpoint.resume.loading import Resume
 from torchllm.checkpoint.resume.mirror import Mirror
-from torchllm.checkpoint.resume.restore import StepLoader
+from torchllm.checkpoint.resume.restore import Restore
 from torchllm.checkpoint.resume.hparams import hparams_snapshot
 from torchllm.checkpoint.resume.retention import Retention
 from torchllm.checkpoint.resume.saver import CheckpointSaveError, Saver
@@ -101,9 +102,9 @@ class Checkpointer:
 
         # The configured hyperparameters, before a load replaces them with the checkpoint's.
         hparams = hparams_snapshot(optimizer) if optimizer is not None else None
-        restore = StepLoader(ccfg, self.states, dataloader_key, rng_key, self.agree, optimizer,
+        restore = Restore(ccfg, self.states, dataloader_key, rng_key, self.agree, optimizer,
                              lr_scheduler, hparams, run_info)
-        self.loader = Loader(ccfg, restore, self.retention, model, self.loadable,
+        self.resume = Resume(ccfg, restore, self.retention, model, self.loadable,
                              optimizer is not None, load_hf)
         # Steps written locally first, uploaded in the background (object storage only).
         mirror = Mirror(Path(run_dir) / ccfg.local_mirror, self.agree.rank) \
@@ -141,8 +142,10 @@ class Checkpointer:
     def load(self) -> int | None:
         """Restore the newest loadable checkpoint of this run (or `initial_load_path`): the
         step restored from this run's folder, 0 for initial weights, None for a fresh start
-        (loading.Loader.load)."""
-        return self.loader.load()
+        (loading.Resume.pick: which step, else Resume.start; restore.Restore.restore: open,
+        fit, read, apply)."""
+        step = self.resume.pick()
+        return step if step is not None else self.resume.start()
 
     def should_save(self, step: int, last: bool = False) -> bool:
         return self.enabled and (last or step % self.cfg.interval == 0)

@@ -1,7 +1,8 @@
-"""Which step a Checkpointer loads: the newest this run's folder holds that every rank can load
-(falling back together, past the ones no resume takes), `checkpoint.load_step`, or the initial
-load (`checkpoint.initial_load_path`, a DCP step or with `initial_load_in_hf` a Hugging Face
-folder); the loading of one step is restore.py's.
+"""Which step a Checkpointer resumes from (`Resume.pick`): the newest this run's folder holds
+that every rank can load (falling back together, past the ones no resume takes), or
+`checkpoint.load_step`; with none, the initial weights (`Resume.start`:
+`checkpoint.initial_load_path`, a DCP step or with `initial_load_in_hf` a Hugging Face folder).
+Restoring one step (open, fit, read, apply) is restore.py's.
 """
 
 from __future__ import annotations
@@ -9,26 +10,18 @@ from __future__ import annotations
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchllm.checkpoint.integrity import describe_failure
-from torchllm.checkpoint.layout import (
-    WEIGHTS_ONLY,
-    delete_step,
-    move_aside,
-    not_resumable,
-    scan_steps,
-    step_dir,
-    warn_unusable,
-)
+from torchllm.checkpoint.layout import WEIGHTS_ONLY, not_resumable
 from torchllm.checkpoint.step import Step, read_marker, resolve_checkpoint
-from torchllm.checkpoint.resume.restore import StepLoader
+from torchllm.checkpoint.resume.restore import Restore
 from torchllm.checkpoint.resume.retention import Retention
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 
 
-class Loader:
-    """Restores a run: picks the step (agreed by every rank), `restore` loads it."""
+class Resume:
+    """Resumes a run: picks the step (agreed by every rank), `restore` restores it."""
 
-    def __init__(self, ccfg, restore: StepLoader, retention: Retention, model,
+    def __init__(self, ccfg, restore: Restore, retention: Retention, model,
                  loadable: list[str], has_optimizer: bool, load_hf=None):
         """`load_hf(model, folder, tokenizer_record)`: loads a Hugging Face folder's weights
         (checkpoint.initial_load_in_hf; torchllm.hf.load_initial_weights)."""
@@ -37,16 +30,14 @@ class Loader:
         self.model, self.loadable, self.has_optimizer = model, loadable, has_optimizer
         self.load_hf = load_hf
 
-    def load(self) -> int | None:
-        """Restore the newest loadable checkpoint of this run (or `initial_load_path`).
-
-        Returns the step restored from this run's folder, 0 for initial weights, None for a
-        fresh start. A checkpoint that fails to load on any rank is skipped on every rank with
+    def pick(self) -> int | None:
+        """Pick and restore the newest loadable checkpoint of this run: the step restored, None
+        when its folder holds none (then `start` takes the initial weights). A checkpoint that fails to load on any rank is skipped on every rank with
         a warning naming the cause, for the one before it; if a specific `load_step` was asked
         for, its failure is an error, and newer checkpoints are moved aside (never deleted).
         """
         rank0 = self.agree.rank == 0
-        scanned = self.agree.first_answer(scan_steps(self.folder) if rank0 else None)
+        scanned = self.agree.first_answer(self.folder.scan() if rank0 else None)
         steps = sorted(s for s, state in scanned.items() if state == "complete")
         self.retention.steps = self.retention.claim(steps)  # this run's, or refused
         if rank0:
@@ -68,7 +59,7 @@ class Loader:
             error = None
             if self.agree.rank == 0:
                 try:
-                    moved, dest = move_aside(self.folder, load_step)
+                    moved, dest = self.folder.move_aside(load_step)
                 except OSError as e:
                     error = f"could not move the newer checkpoints aside: {describe_failure(e)}"
                 else:
@@ -83,8 +74,9 @@ class Loader:
             self.retention.steps = [s for s in steps if s <= load_step]
         candidates = [load_step] if load_step != -1 else self._candidates(steps)
         for step in reversed(candidates):
-            path = step_dir(self.folder, step)
-            error = self.restore.load(path, self.cfg.exclude_from_loading, resume=True)
+            path = self.folder.step_path(step)
+            error = self.restore.restore(self.folder.step_store(step),
+                                         self.cfg.exclude_from_loading, resume=True)
             if error is None:
                 logger.info("resumed from %s (step %d)", path, step)
                 self.restore.after_resume(path)
@@ -98,6 +90,11 @@ class Loader:
         if steps:
             raise RuntimeError(f"none of the checkpoints {steps} in {self.folder} could be "
                                "loaded (causes in the warnings above)")
+        return None
+
+    def start(self) -> int | None:
+        """A run with no step of its own: its initial weights (`initial_load_path`, a DCP step,
+        or with `initial_load_in_hf` a Hugging Face folder): 0, or None (a fresh start)."""
         if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
             if self.load_hf is None:
                 raise ConfigError("checkpoint.initial_load_in_hf: this program does not load "
@@ -111,7 +108,7 @@ class Loader:
             path = resolve_checkpoint(self.cfg.initial_load_path)
             model_only = self.cfg.initial_load_model_only
             exclude = [k for k in self.loadable if k != "model"] if model_only else []
-            error = self.restore.load(path, exclude, resume=False)
+            error = self.restore.restore(path, exclude, resume=False)
             if error is not None:
                 raise RuntimeError(f"checkpoint.initial_load_path: {path} could not be loaded: "
                                    f"{error}")
@@ -125,12 +122,12 @@ class Loader:
         An unreadable marker is left to the load, which says why it cannot use it."""
         found = {}
         for step in steps:
-            path = step_dir(self.folder, step)
+            store = self.folder.step_store(step)
             try:
-                record = read_marker(path)
+                record = read_marker(store)
                 if "weights_only" not in record and "healthy" not in record and \
                         self.has_optimizer:
-                    if "optimizer" not in Step.open(path).states:
+                    if "optimizer" not in Step.open(store).states:
                         record["weights_only"] = True
             except (Exception, CheckpointException):  # noqa: BLE001 - the load reports it
                 continue
@@ -171,11 +168,11 @@ class Loader:
             only = (f", and {self.folder} holds no full-state checkpoint"
                     if key == "checkpoint.initial_load_path" else "")
             raise ConfigError(
-                f"checkpoint {step_dir(self.folder, weights[-1])} holds weights only "
+                f"checkpoint {self.folder.step_path(weights[-1])} holds weights only "
                 "(checkpoint.last_save_model_only): it cannot resume a run (no optimizer, LR "
                 f"schedule, data position or counters){only}; to train from these weights, "
                 "start a new run (another job.run_name) with checkpoint.initial_load_path = "
-                f"{step_dir(self.folder, weights[-1])}", key)
+                f"{self.folder.step_path(weights[-1])}", key)
 
     def _set_aside(self, step: int) -> None:
         """After resuming from `step`: move the newer steps no resume takes (weights only,
@@ -187,7 +184,7 @@ class Loader:
         error = None
         if self.agree.rank == 0:
             try:
-                moved, dest = move_aside(self.folder, step, only=newer)
+                moved, dest = self.folder.move_aside(step, only=newer)
                 logger.warning("moved the checkpoints %s (never resumed from) to %s (not "
                                "deleted); this run continues from step %d", moved, dest, step)
             except OSError as e:
@@ -202,12 +199,12 @@ class Loader:
         """Rank 0: warn about the steps that are never loaded, and delete the partial ones (a
         save or upload cut short: no marker, so nothing trusts them; on an object store they
         would linger and cost). Steps holding NaN/inf stay for inspection."""
-        warn_unusable(self.folder, scanned)
+        self.folder.warn_unusable(scanned)
         for step, state in sorted(scanned.items()):
             if state == "partial":
                 try:
-                    delete_step(step_dir(self.folder, step))
+                    self.folder.delete(step)
                 except OSError as e:
                     logger.warning("could not delete the incomplete checkpoint %s: %s",
-                                   step_dir(self.folder, step), describe_failure(e))
+                                   self.folder.step_path(step), describe_failure(e))
 

@@ -1,10 +1,10 @@
-"""Loading one step into a Checkpointer's states on every rank, or on none, and saying why a
+"""Restoring one step into a Checkpointer's states on every rank, or on none, and saying why a
 step did not load (which rank, file, key or shape).
 
-Three agreed phases, so no rank is ever left inside a collective alone: rank-local checks
-(checksums, keys and shapes, batch size, data and vocabulary changes) -> DCP's read through the
-reader (which itself raises on every rank when one fails) -> applying the states (rank-local
-again). A step that cannot fit this config (a ConfigError on any rank) stops every rank; any
+open -> fit -> read -> apply, in three agreed phases, so no rank is ever left inside a
+collective alone: rank-local checks (the step opened once, checksums, the fit checks features
+register: fit.py) -> DCP's read through the reader (which itself raises on every rank when one
+fails) -> applying the states (rank-local again). A step that cannot fit this config (a ConfigError on any rank) stops every rank; any
 other problem is returned, so the resume can fall back to an earlier step.
 """
 
@@ -12,27 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.tensor import DTensor
 
-from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.index import untrusted_cause
 from torchllm.checkpoint.integrity import check_files, describe_failure
 from torchllm.checkpoint.layout import step_of
-from torchllm.checkpoint.step import Step
+from torchllm.checkpoint.resume.agree import RankAgreement
+from torchllm.checkpoint.resume.fit import Fit, run_checks
 from torchllm.checkpoint.resume.hparams import apply_hparams, config_changes, current_lr
-from torchllm.checkpoint.stage.vocab_resize import full_templates, grow_vocab, plan_growth
+from torchllm.checkpoint.step import Step
 from torchllm.config.job_config import ConfigError
-from torchllm.data.fingerprint import changes as data_changes
 from torchllm.log import logger
-from torchllm.models.lora import checkpoint_misfit, fresh_adapters
 from torchllm.storage import Location
+from torchllm.store import Store
 
 
-class StepLoader:
-    """Loads a step into `states` (key -> object with load_state_dict(); this rank's data
+class Restore:
+    """Restores a step into `states` (key -> object with load_state_dict(); this rank's data
     loader and RNG states are under `dataloader_key` and `rng_key`). `hparams`: the configured
     optimizer hyperparameters (checkpoint.optimizer_hparams_from = 'config' puts them back)."""
 
@@ -43,25 +39,25 @@ class StepLoader:
         self.dataloader_key, self.rng_key = dataloader_key, rng_key
         self.optimizer, self.lr_scheduler, self.hparams = optimizer, lr_scheduler, hparams
         self.run_info = run_info or {}
-        self.loaded: Step | None = None  # the step `load` opened last
+        self.opened: Step | None = None  # the step `restore` opened last
         # Saved states read into another key's object: a rank the checkpoint has no data
         # position for (more data-parallel ranks than it was saved with) reads rank 0's, and
         # the loader continues the global batch order from it (data/loader.py).
         self.read_as: dict[str, str] = {}
 
-    def load(self, path: Location, exclude: list[str], resume: bool) -> str | None:
-        """Load `path` on every rank, or none: the cause (one line, every rank's) if any rank
+    def restore(self, path: Location | Store, exclude: list[str], resume: bool) -> str | None:
+        """Restore `path` on every rank, or none: the cause (one line, every rank's) if any rank
         cannot. Raises ConfigError on every rank when the checkpoint cannot fit this config."""
-        # 1. Rank-local checks, before any collective: the step opened once (marker, index
-        # checked against its files), checksums (each rank a share of the files), config fit
-        # (keys, shapes, batch size, data, vocabulary), and the templates to load into.
-        sds, problem, misfit, grow, fresh = {}, None, None, None, {}
+        # 1. Open and fit (rank-local, before any collective): the step opened once (marker,
+        # index checked against its files), checksums (each rank a share of the files), and
+        # the registered fit checks (fit.py: batch, data, vocabulary, LoRA, family).
+        fit, problem, misfit = None, None, None
         try:
-            step = self.loaded = Step.open(path)
+            step = self.opened = Step.open(path)
             if self.cfg.checksums:
-                problem = check_files(step.path, step.marker, self.agree.rank, self.agree.world)
+                problem = check_files(step.store, step.marker, self.agree.rank, self.agree.world)
             if problem is None:
-                sds, grow, fresh = self._fit(step, exclude, resume)
+                fit = self._fit(step, exclude, resume)
         except ConfigError as e:
             misfit = str(e)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - unreadable
@@ -70,7 +66,7 @@ class StepLoader:
             return problem
         # 2. Read (DCP gathers every rank's read errors and raises on all of them).
         try:
-            step.load(sds)
+            step.read(fit.states)
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             problem, misfit = describe_failure(e), untrusted_cause(e)  # code in it: stop
         if problem := self._agreed(misfit, problem):
@@ -78,11 +74,9 @@ class StepLoader:
         # 3. Apply (rank-local: a failure here is agreed on like the others; a ConfigError,
         # e.g. the data loader refusing another data-parallel degree, stops every rank).
         try:
-            if grow:
-                grow_vocab(sds["model"], *grow, self.run_info["tokenizer"]["vocab_size"])
-            if fresh:
-                sds["model"].update(fresh)
-            for key, sd in sds.items():
+            for action in fit.on_apply:
+                action(fit.states)
+            for key, sd in fit.states.items():
                 self.states[self.read_as.get(key, key)].load_state_dict(sd)
         except ConfigError as e:
             misfit = str(e)
@@ -90,46 +84,15 @@ class StepLoader:
             problem = describe_failure(e)
         return self._agreed(misfit, problem)
 
-    def _fit(self, step: Step, exclude: list[str], resume: bool):
-        """(state dicts to load into, vocabulary growth or None, fresh LoRA adapters) for
-        `step`; ConfigError when it cannot fit this config."""
-        where = str(step.path)
-        if resume:
-            self._check_batch(where, step.marker)
-            exclude = self._data_change(where, step.marker, exclude)  # position: same data
-        sds = {k: s.state_dict() for k, s in self._wanted(where, step.states, exclude).items()}
-        # A new run whose vocabulary adds tokens to the checkpoint's: the saved embedding /
-        # output rows are read whole (plain tensors replace the model's in `sds`) and grown
-        # at apply (vocab_resize.plan_growth raises on a vocabulary that cannot grow).
-        keys, saved_vocab = plan_growth(step.path, step.metadata, step.marker, sds["model"],
-                                        self.run_info.get("tokenizer"), resume) \
-            if "model" in sds else ([], 0)
-        grow = None
-        if keys and "optimizer" in sds:
-            raise ConfigError(
-                f"checkpoint {where} has a smaller vocabulary than this run, and its optimizer "
-                "state cannot grow with the embeddings: set checkpoint.initial_load_model_only "
-                "= true (a new stage takes the weights only)", "checkpoint.initial_load_model_only")
-        if keys:
-            grow = {k: sds["model"][k] for k in keys}, saved_vocab
-            sds["model"].update(full_templates(step.metadata, sds["model"], keys))
-        fresh = fresh_adapters(sds, step.metadata, resume)  # LoRA on a base checkpoint
-        lora = checkpoint_misfit(step.config_text, self.run_info.get("config_toml"), where,
-                                 resume)
-        mismatch = structure_mismatch(
-            step.metadata, {k: sds[k] for k in ("model", "optimizer") if k in sds})
-        if mismatch and lora:
-            raise ConfigError(*lora)
-        if mismatch:
-            raise ConfigError(
-                f"checkpoint {where} does not fit this model (saved shapes in "
-                f"{where}/.metadata): {mismatch}; did model.name or model.flavor change?",
-                "model.flavor")
-        if kinds := dtype_mismatch(step.metadata, sds):
-            raise ConfigError(f"checkpoint {where}/.metadata records {kinds}, which cannot "
-                              "hold its values: the step is not this model's (replace it with "
-                              "one from a trusted source)", "checkpoint")
-        return sds, grow, fresh
+    def _fit(self, step: Step, exclude: list[str], resume: bool) -> Fit:
+        """The registered checks (fit.py) on `step`, and the state dicts to read into;
+        ConfigError when it cannot fit this config."""
+        fit = Fit(step, self.cfg, self.run_info, resume, list(exclude))
+        run_checks(fit, "marker")
+        fit.states = {k: s.state_dict()
+                      for k, s in self._wanted(fit.where, step.states, fit.exclude).items()}
+        run_checks(fit, "states")
+        return fit
 
     def _agreed(self, misfit: str | None, problem: str | None) -> str | None:
         """Every rank's outcome: a ConfigError on every rank if any rank found the checkpoint
@@ -139,42 +102,9 @@ class StepLoader:
             raise ConfigError(misfit, "checkpoint")
         return self.agree.one([p for _, p in outcomes])
 
-    def _check_batch(self, path: str, marker: dict) -> None:
-        saved, now = marker.get("global_batch_size"), self.run_info.get("global_batch_size")
-        if saved and now and saved != now and not self.cfg.allow_global_batch_change:
-            raise ConfigError(
-                f"checkpoint {path} was trained with a global batch of {saved} sequences, this "
-                f"config makes {now}: set training.global_batch_size = {saved} to keep it "
-                "(gradient accumulation makes up the difference), or "
-                "checkpoint.allow_global_batch_change = true to resume with the new batch",
-                "checkpoint.allow_global_batch_change")
-
-    def _data_change(self, path: str, marker: dict, exclude: list[str]) -> list[str]:
-        """The states not to load, given whether the data differs from the checkpoint's
-        (torchllm.data.fingerprint): unchanged, the same; changed, a ConfigError
-        (on_data_change = 'error') or the data loader added (its position restarts)."""
-        saved, now = marker.get("data"), self.run_info.get("data")
-        if not saved or not now or "dataloader" in exclude:
-            return exclude  # a checkpoint from before fingerprints: nothing to compare
-        if saved.get("tokenizer_sha256") != now.get("tokenizer_sha256"):
-            return exclude  # another tokenizer: the identity check next names both files
-        what = "; ".join(data_changes(saved, now))
-        if not what:
-            return exclude
-        if self.cfg.on_data_change == "error":
-            raise ConfigError(
-                f"checkpoint {path} was saved reading other data ({what}): its data position "
-                "does not point into this data order; resume with the data it was saved with, or "
-                "set checkpoint.on_data_change = 'restart' to read this data from its beginning "
-                "(step and token counters kept)", "checkpoint.on_data_change")
-        logger.warning("the data changed since %s (%s): reading it from its beginning in its "
-                       "new order (data position reset; step, token counters and LR schedule "
-                       "kept; checkpoint.on_data_change = 'restart')", path, what)
-        return [*exclude, "dataloader"]
-
     def after_resume(self, path: Location) -> None:
         """One warning listing the config changes since `path` was saved, and what wins."""
-        saved, now = self.loaded.config_text, self.run_info.get("config_toml")
+        saved, now = self.opened.config_text, self.run_info.get("config_toml")
         if now and saved:
             changes = config_changes(saved, now, self.cfg.optimizer_hparams_from)
             if changes:
@@ -211,64 +141,3 @@ class StepLoader:
             elif kind != "rng":
                 logger.warning("checkpoint %s has no %s state; it starts fresh", path, kind)
         return wanted
-
-
-def _flat_tensors(obj, prefix: str) -> dict[str, torch.Tensor]:
-    """DCP's flattened names (dict keys joined by '.') of the tensors reachable through dicts."""
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            out.update(_flat_tensors(v, f"{prefix}.{k}"))
-        return out
-    return {}
-
-
-def _kind(dtype: torch.dtype) -> str:
-    return "complex" if dtype.is_complex else "floating-point" if dtype.is_floating_point \
-        else "bool" if dtype == torch.bool else "integer"
-
-
-def dtype_mismatch(metadata: Metadata, states: dict[str, dict]) -> str | None:
-    """The first saved tensor whose dtype is of another kind (complex, floating-point,
-    integer, bool) than the tensor it would load into: a complex64 weight for a float32
-    parameter would lose its imaginary part, a float for an integer its fraction."""
-    saved = metadata.state_dict_metadata
-    for name, t in (kv for key, sd in states.items() for kv in _flat_tensors(sd, key).items()):
-        md = saved.get(name)
-        if isinstance(md, TensorStorageMetadata) and type(t) in (torch.Tensor, torch.nn.Parameter,
-                                                                 DTensor):
-            was, now = md.properties.dtype, t.dtype
-            if _kind(was) != _kind(now) and not (_kind(now) == "floating-point"
-                                                 and _kind(was) in ("integer", "bool")):
-                return f"{name} as {str(was).removeprefix('torch.')} ({_kind(was)}), for a " \
-                       f"{str(now).removeprefix('torch.')} tensor"
-    return None
-
-
-def structure_mismatch(metadata: Metadata, states: dict[str, dict], limit: int = 4) -> str | None:
-    """What keeps `states` (top-level key -> state dict about to be loaded) from matching the
-    checkpoint: missing keys, unexpected model keys, and saved vs expected shapes."""
-    saved = metadata.state_dict_metadata
-    # Plain tensors and DTensors only: quantized subclasses (8-bit optimizer moments) are laid
-    # out by their own flattening, which DCP checks itself.
-    expected = {k: v for key, sd in states.items() for k, v in _flat_tensors(sd, key).items()
-                if type(v) in (torch.Tensor, torch.nn.Parameter, DTensor)}
-    missing, shapes = [], []
-    for name, t in expected.items():
-        md = saved.get(name)
-        if md is None:
-            missing.append(name)
-        elif isinstance(md, TensorStorageMetadata) and tuple(md.size) != tuple(t.shape):
-            shapes.append(f"{name} saved {list(md.size)} vs expected {list(t.shape)}")
-    unexpected = []
-    if "model" in states:
-        unexpected = [k for k in saved if k.startswith("model.") and k not in expected]
-    parts = []
-    for what, items in (("shape mismatch", shapes), ("missing", missing),
-                        ("unexpected", unexpected)):
-        if items:
-            more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-            parts.append(f"{what}: {', '.join(items[:limit])}{more}")
-    return "; ".join(parts) or None

@@ -10,13 +10,7 @@ from __future__ import annotations
 from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.identity import foreign
 from torchllm.checkpoint.integrity import describe_failure
-from torchllm.checkpoint.layout import (
-    complete_steps,
-    delete_step,
-    not_resumable,
-    scan_steps,
-    step_dir,
-)
+from torchllm.checkpoint.layout import StepFolders, as_folders, not_resumable
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
 from torchllm.storage import Location
@@ -24,11 +18,13 @@ from torchllm.storage import Location
 
 class Retention:
     """The known complete steps of `folder` (`steps`, oldest first; None until listed) and
-    why some are no resume candidates (`not_resumable`); rank 0 deletes, every rank agrees."""
+    why some are no resume candidates (`not_resumable`); rank 0 deletes, every rank agrees.
+    `folder` is bound once (layout.StepFolders); the saver and the resume use this one."""
 
-    def __init__(self, folder: Location, keep_latest_k: int, agree: RankAgreement,
+    def __init__(self, folder: Location | StepFolders, keep_latest_k: int, agree: RankAgreement,
                  run_id: str | None = None):
-        self.folder, self.keep_latest_k, self.agree = folder, keep_latest_k, agree
+        self.folder: StepFolders = as_folders(folder)
+        self.keep_latest_k, self.agree = keep_latest_k, agree
         self.run_id = run_id  # this run's (identity.py): another run's steps are never touched
         self.steps: list[int] | None = None  # complete steps: listed once, then kept here
         self.not_resumable: dict[int, str] = {}  # complete steps no resume takes: why
@@ -39,7 +35,7 @@ class Retention:
         (an object store's listing is slow, and a run lock keeps other writers out)."""
         if self.steps is None:
             rank0 = self.agree.rank == 0
-            steps = complete_steps(self.folder) if rank0 or not agree else None
+            steps = self.folder.complete() if rank0 or not agree else None
             steps = self.claim(steps, agree)
             self.steps = sorted(steps)
         return self.steps
@@ -61,12 +57,12 @@ class Retention:
         itself): rank 0 deletes every step of the folder, complete or not, once the complete
         ones are known to be this run's (identity.foreign: else nothing is deleted, and every
         rank raises a ConfigError naming the other run); then no rank knows of any step."""
-        steps = scan_steps(self.folder) if self.agree.rank == 0 else {}
+        steps = self.folder.scan() if self.agree.rank == 0 else {}
         complete = sorted(s for s, state in steps.items() if state == "complete")
         problem = foreign(self.folder, complete, self.run_id)
         if not problem and steps:
             for step in sorted(steps):
-                delete_step(step_dir(self.folder, step))  # the marker first
+                self.folder.delete(step)  # the marker first
             logger.warning("job.overwrite: deleted this run's previous checkpoints: %s (%d "
                            "step(s): %s)", self.folder, len(steps), sorted(steps))
         if problem := self.agree.first_answer(problem):
@@ -108,9 +104,9 @@ class Retention:
             self.forget(old)
             if self.agree.rank != 0:
                 continue
-            path = step_dir(self.folder, old)
+            path = self.folder.step_path(old)
             try:
-                delete_step(path)  # the marker first: never partly deleted yet complete
+                self.folder.delete(old)  # the marker first: never partly deleted yet complete
             except Exception as e:  # noqa: BLE001 - any store error, not only OSError
                 logger.warning("retention (checkpoint.keep_latest_k = %d) could not delete %s: "
                                "%s; it stays on disk, delete it by hand", k, path,

@@ -21,7 +21,6 @@ from torchllm.checkpoint.resume.agree import RankAgreement
 from torchllm.checkpoint.integrity import (
     describe_failure,
     folder_checksums,
-    free_bytes,
     human,
     is_disk_full,
     nonfinite_and_bytes,
@@ -30,18 +29,15 @@ from torchllm.checkpoint.integrity import (
 from torchllm.checkpoint.index import dcp_writer
 from torchllm.checkpoint.layout import (
     EXPORT_DTYPES,
-    delete_step,
     mark_complete,
     mark_nonfinite,
-    step_dir,
-    write_durably,
 )
 from torchllm.checkpoint.resume.mirror import Mirror, done_future
 from torchllm.checkpoint.resume.retention import Retention
 from torchllm.checkpoint.state import ModelState, OptimizerState
 from torchllm.config.job_config import ConfigError
 from torchllm.log import logger
-from torchllm.storage import Location, join, storage_for
+from torchllm.storage import Location, join
 
 
 class CheckpointSaveError(RuntimeError):
@@ -56,8 +52,8 @@ class Saver:
                  run_info: dict):
         self.cfg, self.states, self.model = ccfg, states, model
         self.retention, self.agree, self.device = retention, agree, device
-        self.folder = retention.folder
-        self.storage = storage_for(self.folder)
+        self.folder = retention.folder  # layout.StepFolders: bound once
+        self.storage = self.folder.store.storage
         self.mirror, self.run_info = mirror, run_info
         self.rank = agree.rank
         self.pending: dict | None = None  # the background save: step, future, stager, finite
@@ -95,7 +91,7 @@ class Saver:
              unhealthy: str | None = None) -> None:
         """Save `step` (blocking only for staging when async); see Checkpointer.save."""
         self.wait()
-        path = step_dir(self.folder, step)
+        path = self.folder.step_path(step)
         self.retention.known()  # listed once: never another run's folder (identity.py)
         steps, skip = self.retention.steps, self.retention.not_resumable
         if steps is not None and step in steps:
@@ -105,7 +101,7 @@ class Saver:
         early = None  # rank 0's error clearing the step: agreed on with the counts below
         if self.rank == 0:  # (the next collective keeps the others from writing before this)
             try:
-                delete_step(path)  # a crashed or stale save of this step; complete ones rewritten
+                self.folder.delete(step)  # a crashed or stale save of this step; complete ones rewritten
                 if self.mirror is not None:
                     self.mirror.remove(step)
             except Exception as e:  # noqa: BLE001 - any store error (botocore's are no OSError)
@@ -129,7 +125,7 @@ class Saver:
         if early is not None:
             self._failed(step, early)
             return
-        free = free_bytes(self.folder)
+        free = self.storage.free_bytes(self.folder.root)
         if not self.agree.all(free is None or free >= self.needed):
             self._failed(step, "not enough free space on that disk")
             return
@@ -238,9 +234,9 @@ class Saver:
 
     def _commit(self, step: int, nonfinite: int, files: dict | None = None,
                 kind: dict | None = None) -> None:
-        path = step_dir(self.folder, step)
+        path = self.folder.step_path(step)
         if "config_toml" in self.run_info:
-            write_durably(join(path, "config.toml"), self.run_info["config_toml"])
+            self.storage.write_durably(join(path, "config.toml"), self.run_info["config_toml"])
         if nonfinite:
             what = f"{nonfinite} saved tensors hold NaN or inf"
             mark_nonfinite(path, what)
@@ -267,18 +263,18 @@ class Saver:
 
     def _failed(self, step: int, cause: str) -> None:
         """Every rank: remove the partial folder, keep the rest, stop or carry on."""
-        path = step_dir(self.folder, step)
+        path = self.folder.step_path(step)
         removed = "partial folder removed"
         if self.rank == 0 and "checkpoint.store_timeout_s" in cause:  # it would wait again
             removed = "partial folder left (the next resume deletes it)"
         elif self.rank == 0:
             try:
-                delete_step(path)
+                self.folder.delete(step)
             except Exception:  # noqa: BLE001 - a store that fails: botocore's are no OSError
                 removed = "partial folder left (the next resume deletes it)"
         if self.mirror is not None:
             self.mirror.remove(step)
-        free = free_bytes(self.folder)
+        free = self.storage.free_bytes(self.folder.root)
         room = "" if free is None else f"; {human(free)} free"
         # An object store that just failed is not listed again: the steps known so far.
         steps = self.retention.steps

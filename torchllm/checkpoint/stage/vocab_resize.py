@@ -148,3 +148,26 @@ def grow_vocab(model_sd: dict, targets: dict, saved_vocab: int, vocab_size: int)
     logger.info("vocabulary grown at load: %d -> %d ids (%d -> %d rows with padding); rows "
                 "from id %d drawn around the mean of the saved rows in %s", saved_vocab,
                 vocab_size, saved_rows, rows, saved_vocab, ", ".join(targets))
+
+
+def vocab_fit(fit) -> None:
+    """The resume's fit check for a vocabulary stage (torchllm/checkpoint/resume/fit.py): the
+    same tokenizer (`plan_growth` refuses another), and for a new run whose vocabulary adds
+    tokens to the checkpoint's, the saved embedding / output rows read whole (plain tensors
+    replace the model's in the states to read) and grown at apply."""
+    if "model" not in fit.states:
+        return
+    sd, now = fit.states["model"], fit.run_info.get("tokenizer")
+    keys, saved_vocab = plan_growth(fit.step.path, fit.step.metadata, fit.step.marker, sd, now,
+                                    fit.resume)
+    if not keys:
+        return
+    if "optimizer" in fit.states:
+        raise ConfigError(
+            f"checkpoint {fit.where} has a smaller vocabulary than this run, and its optimizer "
+            "state cannot grow with the embeddings: set checkpoint.initial_load_model_only "
+            "= true (a new stage takes the weights only)", "checkpoint.initial_load_model_only")
+    targets = {k: sd[k] for k in keys}
+    sd.update(full_templates(fit.step.metadata, sd, keys))
+    fit.on_apply.append(
+        lambda states: grow_vocab(states["model"], targets, saved_vocab, now["vocab_size"]))
