@@ -31,7 +31,7 @@ from torchllm.parallel import destroy_distributed, gradient_sync
 from torchllm.run.process_exit import exit_process
 from torchllm.train import Trainer
 
-from test_host_syncs import step_events
+from builders.metrics import step_events
 
 
 def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False) -> int:

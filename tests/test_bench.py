@@ -16,6 +16,7 @@ from benchlib.report import (failure_reason, markdown_table, percentile,  # noqa
                              render_markdown, summarize)
 from benchlib.variants import Variant, build_matrix, parse_list  # noqa: E402
 from messages import assert_names
+from builders.bench import benchmark_script  # noqa: F401
 
 
 def test_matrix_is_the_product_of_the_lists_with_readable_names():
@@ -200,16 +201,6 @@ def test_performance_doc_tables_come_from_the_committed_json():
     for path in results:
         rows = json.loads(path.read_text())["rows"]
         assert render_markdown(rows) in doc, f"{path.name}'s tables are not in the doc"
-
-
-def benchmark_script(name: str):
-    """benchmarks/<name>.py as a module (the folder is scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_throughput_table_measures_against_the_faster_dtype():

@@ -20,7 +20,7 @@ from torchllm.data.sources.hf import StreamWindows
 from torchllm.data.mixture import MixtureBatches
 
 from conftest import tiny_config
-from test_data import TOK, make_hf_folder, resumed_equals_straight, take
+from builders.data import TOK, make_hf_folder, resumed_equals_straight, take
 
 CHAT_TOK = ChatTokenizer(TOK)
 SEQ = 64

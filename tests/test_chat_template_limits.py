@@ -22,7 +22,7 @@ from torchllm.data.chat.template import ChatTemplate
 from cli import run_train
 from conftest import tiny_args
 from messages import refused
-from test_data_chat import write_chat
+from builders.chat import write_chat
 
 CONV = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 GOOD = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + "

@@ -16,7 +16,7 @@ import pytest
 
 from cli import run_module, run_train
 from conftest import REPO, SHARED, tiny_args
-from test_data_chat import write_chat
+from builders.chat import write_chat
 
 pytestmark = pytest.mark.slow
 

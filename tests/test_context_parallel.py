@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from test_parallel_multiprocess import (GLOBAL_BATCH, PARITY, PARITY_STEPS, SMALL, assert_matches,
+from builders.launch import (GLOBAL_BATCH, PARITY, PARITY_STEPS, SMALL, assert_matches,
                                         launch)
 from torchllm.config import ConfigError
 from torchllm.data import build_data
@@ -17,12 +17,9 @@ from torchllm.models import model_args
 from torchllm.parallel import ContextParallel, build_parallel_dims
 from torchllm.parallel.context_parallel import head_tail_index
 from torchllm.train import Trainer
+from builders.data import DOCS, SHORT_DOCS, fill, write_short_docs  # noqa: F401
 
 CP = "--parallelism.context_parallel_degree=2"
-# Short documents (lines of the embedded corpus): the 16-token windows hold several of them.
-SHORT_DOCS = "--data.dataset=local:{tmp}/short_docs.jsonl"
-DOCS = ("--model.attn_mask_type=block_causal", "--model.restart_positions_per_document=true",
-        SHORT_DOCS)
 WINDOW = ("--model.sliding_window=5",)
 GPT2 = ("--model.name=gpt2", "--model.tie_embeddings=false")
 TWO = {
@@ -84,20 +81,6 @@ def test_cp_validates_and_resolves_dp_shard(tmp_path):
     cfg = tiny_config(tmp_path, CP, "--training.seq_len=16")
     dims = build_parallel_dims(cfg, 4, "cpu", model_args(cfg))
     assert (dims.dp_shard, dims.cp, dims.dp_degree, dims.fsdp_enabled) == (2, 2, 2, True)
-
-
-def write_short_docs(path) -> None:
-    from torchllm.data.sources.embedded import embedded_documents
-
-    lines = [line.strip() for doc in embedded_documents() for line in doc.split("\n")]
-    with open(path, "w") as f:
-        for line in lines:
-            if 10 <= len(line) <= 30:
-                f.write(json.dumps({"text": line}) + "\n")
-
-
-def fill(args, tmp):
-    return [a.format(tmp=tmp) for a in args]
 
 
 @pytest.fixture(scope="module")

@@ -17,32 +17,7 @@ from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
 from conftest import REPO, TORCHRUN, shared_path, tiny_config
 from messages import assert_names, raises_naming
-
-
-class ByteTokenizer:
-    """UTF-8 bytes + 3; BOS 1, EOS 2: trivially checkable ids for loader tests."""
-
-    vocab_size, bos_id, eos_id = 259, 1, 2
-
-    def encode(self, text, bos=False, eos=False):
-        return [1] * bos + [b + 3 for b in text.encode()] + [2] * eos
-
-    def decode(self, ids):
-        return bytes(i - 3 for i in ids if i > 2).decode(errors="replace")
-
-
-TOK = ByteTokenizer()
-
-
-def corpus_texts(n=120, seed=0):
-    rng = np.random.default_rng(seed)
-    letters = list("abcdefghijklmnopqrstuvwxyz ")  # random text: no two windows are equal
-    return [f"doc{i:04d} " + "".join(rng.choice(letters, rng.integers(5, 150))) for i in range(n)]
-
-
-def write_jsonl(path, texts, column="text"):
-    path.write_text("".join(json.dumps({column: t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    return path
+from builders.data import ByteTokenizer, TOK, assert_batches_equal, corpus_texts, make_hf_folder, resumed_equals_straight, take, write_jsonl  # noqa: F401
 
 
 @pytest.fixture
@@ -53,39 +28,6 @@ def jsonl(tmp_path):
 def cfg_for(tmp_path, dataset, *extra, seq=16, batch=2):
     return tiny_config(tmp_path, f"--data.dataset={dataset}", f"--training.seq_len={seq}",
                        f"--training.local_batch_size={batch}", *extra)
-
-
-def take(loader, k):
-    it = iter(loader)
-    return [next(it) for _ in range(k)]
-
-
-def assert_batches_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys() and {"inputs", "targets", "positions"} <= x.keys()
-        for key in x:
-            assert torch.equal(x[key], y[key]), key
-
-
-def resumed_equals_straight(cfg, tokenizer, rank: int, dp: int, stop: int = 7, more: int = 40):
-    """Oracle for exact resume: a straight loader's batches `stop`..`stop + more` against a new
-    loader built from its state after `stop` batches (pickled, as a checkpoint holds it).
-    Returns those batches for further checks."""
-    import pickle
-
-    from torchllm.data import build_data
-
-    loader, _ = build_data(cfg, tokenizer, rank, dp)
-    it = iter(loader)
-    for _ in range(stop):
-        next(it)
-    state = pickle.loads(pickle.dumps(loader.state_dict()))
-    after = [next(it) for _ in range(more)]
-    resumed, _ = build_data(cfg, tokenizer, rank, dp)
-    resumed.load_state_dict(state)
-    assert_batches_equal(take(resumed, more), after)
-    return after
 
 
 def test_packing_conserves_tokens_and_positions(tmp_path, jsonl):
@@ -241,15 +183,6 @@ def test_local_jsonl_parquet_txt_read_through_datasets_offline(tmp_path):
     jsonl_docs, parquet_docs, txt_docs = json.loads(proc.stdout.splitlines()[-1])
     assert jsonl_docs == texts and parquet_docs == texts
     assert txt_docs == ["line one\n\nline two\n"]  # a .txt file is one document
-
-
-def make_hf_folder(tmp_path, n_files=4, per_file=8):
-    folder = tmp_path / "hub_like"
-    folder.mkdir()
-    texts = corpus_texts(n_files * per_file, seed=1)
-    for f in range(n_files):
-        write_jsonl(folder / f"part-{f}.jsonl", texts[f * per_file : (f + 1) * per_file])
-    return folder, texts
 
 
 @pytest.mark.parametrize("workers", [0, 2])

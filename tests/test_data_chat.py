@@ -17,6 +17,7 @@ from torchllm.data.packing.chat import unpadded_tokens, window_rows
 
 from conftest import shared_path, tiny_config
 from messages import assert_names, raises_naming
+from builders.chat import write_chat  # noqa: F401
 
 CONV = [
     {"role": "system", "content": "You are terse."},
@@ -187,11 +188,6 @@ def test_sft_throughput_counts_processed_tokens_and_trained_ones_apart(tmp_path)
     assert all(t < p < b["inputs"].numel() for t, p, b in zip(trained, processed, served))
 
 
-def write_chat(path, convs):
-    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
-    return path
-
-
 def test_chat_source_through_build_data(tmp_path, caplog):
     convs = [[{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}]
              for w in ["apple", "banana", "cherry", "dates", "elder", "figs"] * 3]
@@ -299,7 +295,7 @@ def test_sft_makes_the_model_reproduce_the_replies(tmp_path, capsys):
 def test_mixture_of_text_and_conversations(tmp_path):
     """A chat source mixes with a text source: text windows train on every token, chat windows
     on the replies only; both come in the same batch format."""
-    from test_data import TOK, corpus_texts, write_jsonl
+    from builders.data import TOK, corpus_texts, write_jsonl
 
     text = write_jsonl(tmp_path / "text.jsonl", corpus_texts())
     chat = write_chat(tmp_path / "chat.jsonl", [
@@ -335,7 +331,7 @@ def take_batches(loader, k):
 
 
 def test_generate_chat_needs_a_chat_tokenizer(tmp_path, capfd):
-    from test_eval_loading import write_run
+    from builders.eval import write_run
     from torchllm import generate
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())

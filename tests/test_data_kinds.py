@@ -24,7 +24,7 @@ from torchllm.run.launch import check_config
 
 import cli
 from conftest import REPO, tiny_args, tiny_config
-from test_data import (TOK, corpus_texts, make_hf_folder,
+from builders.data import (TOK, corpus_texts, make_hf_folder,
                        resumed_equals_straight, take, write_jsonl)
 
 SOURCES_DIR = REPO / "torchllm" / "data" / "sources"

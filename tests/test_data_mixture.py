@@ -13,7 +13,7 @@ from torchllm.metrics.mixture_log import MixtureLog
 
 from conftest import tiny_config
 from messages import assert_names, raises_naming
-from test_data import TOK, assert_batches_equal, take, write_jsonl
+from builders.data import TOK, assert_batches_equal, take, write_jsonl
 
 SEQ = 16
 LETTERS = {"a": "abcdefghij", "b": "klmnopqrst", "c": "uvwxyz"}

@@ -13,7 +13,7 @@ from torchllm.data import build_data
 from torchllm.data.chat.tokens import ChatTokenizer
 
 from conftest import tiny_config
-from test_data import TOK, corpus_texts
+from builders.data import TOK, corpus_texts
 from messages import assert_names
 
 

@@ -15,7 +15,7 @@ from torchllm.eval.downstream import load_tasks
 
 from cli import run_module
 from conftest import shared_path, tiny_args, tiny_config
-from test_data import TOK, corpus_texts, write_jsonl
+from builders.data import TOK, corpus_texts, write_jsonl
 
 NOT_UTF8 = "café au lait".encode("latin-1")
 

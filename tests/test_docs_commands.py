@@ -224,7 +224,7 @@ def fresh_clone(dest: Path) -> Path:
 
 def fixtures(clone: Path) -> None:
     """The input files the docs' examples name (`corpus/`, `more.jsonl`, HellaSwag's jsonl)."""
-    from test_eval_hellaswag import write_tiny_jsonl
+    from builders.eval import write_tiny_jsonl
 
     from torchllm.data.sources.embedded import embedded_documents
 

@@ -19,6 +19,7 @@ from torchllm.tools import activation_bytes as ab  # noqa: E402
 from torchllm.tools import estimate_memory as em  # noqa: E402
 from torchllm.tools.model_info import model_info  # noqa: E402
 from torchllm.train import Trainer  # noqa: E402
+from builders.memory import measure  # noqa: F401
 
 MB = 1_000_000
 
@@ -44,18 +45,6 @@ def test_peak_tensor_memory_only_counts_the_steady_range():
             del x
     assert m.net_peak_bytes == 3 * MB
     del kept
-
-
-def measure(tmp_path, *extra):
-    # Step 2 (the measured one) must not be a logging step: those snapshot the params to
-    # report update ratios, which a normal step does not hold.
-    cfg = tiny_config(tmp_path, "--training.steps=3", "--metrics.log_freq=100",
-                      "--metrics.enable_tensorboard=false", "--metrics.progress_bar=false", *extra)
-    trainer = Trainer(cfg)
-    rec = StepRecorder(trainer)
-    trainer.train()
-    estimate = em.estimate_memory(cfg, trainer.model_args, 1)
-    return rec.tensor_memory.peak_bytes, estimate
 
 
 VOCAB_8K = ("--training.local_batch_size=8", "--training.seq_len=128", "--model.vocab_size=8192",

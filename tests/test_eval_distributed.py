@@ -15,7 +15,7 @@ from torchllm.eval.in_training import HeldOutBatches
 from torchllm.eval.validation import validate
 
 from conftest import SHARED, spawn_gloo
-from test_eval_hellaswag import tiny_model, tokenizer, write_tiny_jsonl  # noqa: F401 (fixture)
+from builders.eval import tiny_model, tokenizer, write_tiny_jsonl  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
 VAL_STEPS, VAL_BATCH = 3, 2

@@ -14,7 +14,7 @@ from torchllm.eval.hellaswag import score_rows
 from torchllm.eval.tasks import TASKS, Item, chance, load_items, parse_task
 
 from conftest import shared_path, spawn_gloo, tiny_args
-from test_eval_hellaswag import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
+from builders.eval import tiny_model, tokenizer, whole_string_ids  # noqa: F401 (fixture)
 
 CPU = torch.device("cpu")
 MAX_LEN = 1024
@@ -240,7 +240,7 @@ EXPECTED_DEFAULT = {"arc_easy", "arc_challenge", "piqa", "winogrande", "openbook
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     return write_run(tmp_path_factory.mktemp("downstream_cli"), complete_steps=(1,),
                      incomplete_steps=())[0]

@@ -17,57 +17,7 @@ from torchllm.models.llama.model import Transformer
 
 from conftest import build_model, shared_path
 from messages import assert_names, raises_naming
-
-TINY_EXAMPLES = [
-    {"ind": 0, "activity_label": "Cooking", "ctx": "A man cracks two eggs into a bowl. He",
-     "endings": ["whisks them with a fork.", "throws the bowl at the moon.",
-                 "paints the eggs blue and green.", "reads a newspaper upside down."], "label": 0},
-    {"ind": 1, "activity_label": "Running", "ctx": "The runner ties her shoes and",
-     "endings": ["starts to jog down the road.", "eats them.", "swims.", "sings to a cat."],
-     "label": 0},
-    {"ind": 2, "activity_label": "Python", "ctx": "The function returns a value that",
-     "endings": ["is printed.", "the caller can use in an expression later on.", "x", "is."],
-     "label": 1},
-    {"ind": 3, "activity_label": "Weather", "ctx": "It starts to rain, so they",
-     "endings": ["open their umbrellas.", "light a fire in the lake.", "fly.", "go."],
-     "label": 0},
-    {"ind": 4, "activity_label": "Music", "ctx": "She sits at the piano and",
-     "endings": ["plays a quiet song.", "eats the keys one by one while the audience cheers.",
-                 "becomes a piano.", "a"], "label": 0},
-]
-
-
-def write_tiny_jsonl(path, examples=TINY_EXAMPLES):
-    path.write_text("".join(json.dumps(ex) + "\n" for ex in examples))
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hs_tok") / "sp512.model"
-    return SentencePieceTokenizer(train_sentencepiece(embedded_documents(), 512, out))
-
-
-def tiny_model(max_seq_len=160, seed=0):
-    args = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
-                     max_seq_len=max_seq_len)
-    model = build_model(Transformer, args, seed)
-    with torch.no_grad():  # a larger output scale spreads the scores (fewer near-ties)
-        model.output.weight.mul_(8)
-    return model.eval()
-
-
-def whole_string_ids(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """Independent reference for how the model sees a pair (lm-eval's rule): the context's
-    trailing whitespace goes to the continuation, the whole string is encoded once, and the
-    continuation is what follows the context's own encoding (which must be a prefix of it)."""
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation, bos=True)
-    ctx = tokenizer.encode(context, bos=True)
-    assert whole[: len(ctx)] == ctx, (context, continuation)
-    return ctx, whole[len(ctx):]
+from builders.eval import TINY_EXAMPLES, tiny_model, tokenizer, whole_string_ids, write_tiny_jsonl  # noqa: F401
 
 
 def brute_force(model, tokenizer, example):
@@ -161,7 +111,7 @@ def test_hub_code_path_reads_a_local_dataset_folder(tmp_path, monkeypatch):
 
 
 def test_cli_prints_table_and_writes_json(tmp_path, capsys):
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     data = write_tiny_jsonl(tmp_path / "tiny.jsonl")
@@ -180,7 +130,7 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
 
 
 def test_cli_applies_config_overrides(tmp_path, capsys):
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     data = write_tiny_jsonl(tmp_path / "tiny.jsonl")

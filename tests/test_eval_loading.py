@@ -21,32 +21,7 @@ from torchllm.eval.loading import load_for_inference
 
 from conftest import tiny_config
 from messages import raises_naming
-
-
-def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
-    """A run folder as the trainer and checkpointer lay it out; returns (run_dir, {step: state})."""
-    cfg = tiny_config(tmp_path, "--job.run_name=run", "--model.max_seq_len=128")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
-    tokenizer = build_tokenizer(cfg, run_dir / "data")
-    with torch.device("meta"):
-        model = models.get("llama3").build(models.model_args(cfg, tokenizer.vocab_size))
-    model.to_empty(device="cpu")
-    states = {}
-    for step in complete_steps:
-        torch.manual_seed(step)
-        model.init_weights()
-        states[step] = {k: v.clone() for k, v in model.state_dict().items()}
-        step_dir = run_dir / "checkpoint" / f"step-{step}"
-        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.save({"model": model.state_dict()}, storage_writer=dcp_writer(step_dir))
-        mark_complete(step_dir, step, folder_checksums(step_dir))  # as the checkpointer does
-    for step in incomplete_steps:  # a save that never finished: data, but no marker
-        shutil.copytree(step_dir, run_dir / "checkpoint" / f"step-{step}",
-                        ignore=shutil.ignore_patterns("COMPLETE"))
-    return run_dir, states
+from builders.eval import write_run  # noqa: F401
 
 
 @pytest.fixture(scope="module")

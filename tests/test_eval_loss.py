@@ -15,7 +15,7 @@ from torchllm.eval.loss import evaluate_loss, main
 from torchllm.train import Trainer
 
 from conftest import tiny_config
-from test_data import corpus_texts
+from builders.data import corpus_texts
 
 
 @pytest.mark.slow

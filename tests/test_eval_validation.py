@@ -22,7 +22,7 @@ from torchllm.run.rundir import run_name
 from torchllm.train import Trainer
 
 from conftest import REPO, TORCHRUN, build_model, tiny_args, tiny_config
-from test_eval_hellaswag import write_tiny_jsonl
+from builders.eval import write_tiny_jsonl
 
 from messages import raises_naming
 
@@ -197,7 +197,7 @@ def one_process_validation(tmp, *extra) -> dict:
 def layouts(tmp_path_factory):
     """One process (dense, 2 x 2 accumulated; MoE, 4), then one torchrun launch of 2 gloo ranks
     running every layout (tests/parallel_worker.py)."""
-    from test_parallel_multiprocess import launch_failure
+    from builders.launch import launch_failure
 
     tmp = tmp_path_factory.mktemp("val_layouts")  # the first run trains the shared tokenizer
     single = {"dense": one_process_validation(tmp, "--training.local_batch_size=2"),

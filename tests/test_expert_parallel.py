@@ -124,16 +124,16 @@ FOUR = {
 
 @pytest.fixture(scope="module")
 def moe_reference(tmp_path_factory):
-    from test_parallel_multiprocess import QWEN3_MOE, run_reference
+    from builders.launch import QWEN3_MOE, run_reference
 
-    from test_parallel_multiprocess import SMALL
+    from builders.launch import SMALL
 
     tmp = tmp_path_factory.mktemp("ep")
     return tmp, run_reference(tmp, *QWEN3_MOE, **SMALL)
 
 
 def launch_layouts(tmp, nproc: int, runs: dict, **extra_spec) -> dict:
-    from test_parallel_multiprocess import QWEN3_MOE, SMALL, launch
+    from builders.launch import QWEN3_MOE, SMALL, launch
 
     return launch(tmp, nproc, {name: [*QWEN3_MOE, *args] for name, args in runs.items()},
                   **SMALL, **extra_spec)
@@ -151,7 +151,7 @@ def two_ranks(moe_reference):
 def test_ep_training_on_two_ranks_matches_one_process(moe_reference, two_ranks):
     """Losses (rel 1e-4) and gradient norms (rel 1e-3) over PARITY_STEPS steps: an expert gradient
     scaled by the ep degree (a wrong FSDP2 divisor) moves the norms, Adam hides it in the losses."""
-    from test_parallel_multiprocess import assert_matches
+    from builders.launch import assert_matches
 
     tmp, ref = moe_reference
     got = two_ranks[0]
@@ -165,7 +165,7 @@ def test_ep_training_on_two_ranks_matches_one_process(moe_reference, two_ranks):
 
 @pytest.mark.slow
 def test_ep_with_fsdp2_and_hsdp_on_four_ranks_matches_one_process(moe_reference):
-    from test_parallel_multiprocess import assert_matches
+    from builders.launch import assert_matches
 
     tmp, ref = moe_reference
     got = launch_layouts(tmp, 4, FOUR)

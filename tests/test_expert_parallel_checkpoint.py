@@ -10,7 +10,7 @@ import torch
 from torchllm.train import Trainer
 
 from conftest import tiny_args, tiny_config
-from test_checkpoint_dist import (
+from builders.checkpoint import (
     COMMON,
     assert_same_tensors,
     saved_state,

@@ -21,14 +21,9 @@ import torch
 
 from conftest import REPO, tiny_args, wait_for
 from torchllm.config import ConfigError, load_config
+from builders.ft import STEP, free_port, steps_of  # noqa: F401
 
 pytest.importorskip("torchft")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -129,16 +124,8 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
 
 # -- the acceptance run ---------------------------------------------------------------------
 
-STEP = re.compile(r"step\s+(\d+)/(\d+) \| loss \S+ \| lr \S+ \| grad_norm (\S+)")
 STEPS, KILL_AT = 40, 3
 RELAUNCHED = "=== ft_local: replica group 1 relaunched"
-
-
-def steps_of(log: Path | str) -> dict[int, str]:
-    """step -> its printed grad norm (the last line printed for it), in a log or its text."""
-    if isinstance(log, Path):
-        log = log.read_text(errors="replace") if log.exists() else ""
-    return {int(m[1]): m[3] for m in STEP.finditer(log)}
 
 
 class Throttle(threading.Thread):
@@ -186,7 +173,7 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
         wait_for(lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300,
                  what=f"group 1 at step {KILL_AT}")
         # ft_local.sh's lighthouse listens on fault_tolerance.bind (127.0.0.1) only.
-        from test_ft_heal_data import listening
+        from builders.ft import listening
 
         assert listening(int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])) == ["0100007F"]
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)

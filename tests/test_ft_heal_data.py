@@ -25,6 +25,7 @@ import torch
 from conftest import tiny_args
 from messages import assert_names, raises_naming, refused
 from torchllm.config import ConfigError, load_config
+from builders.ft import listening  # noqa: F401
 
 pytest.importorskip("torchft")
 
@@ -236,20 +237,6 @@ def test_a_trainers_state_goes_through_the_transport_and_back_equal(tmp_path, tr
 
 # -- (4) the address it listens on -----------------------------------------------------------
 
-def listening(port: int) -> list[str]:
-    """The local addresses (hex, as /proc/net/tcp* writes them) listening on `port`."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        if not os.path.exists(table):
-            continue
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hexport = local.split(":")
-                if state == "0A" and int(hexport, 16) == port:
-                    found.append(address)
-    return found
-
 
 def test_the_transport_listens_on_fault_tolerance_bind_only(tmp_path, transports):
     if not os.path.exists("/proc/net/tcp"):
@@ -291,7 +278,7 @@ def test_a_relaunched_group_with_another_secret_is_refused_on_both_sides(tmp_pat
     import subprocess
 
     from conftest import REPO, wait_for
-    from test_fault_tolerance import free_port, steps_of
+    from builders.ft import free_port, steps_of
 
     logs = tmp_path / "logs"
     env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",

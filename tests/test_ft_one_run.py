@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, shared_path, tiny_args, wait_for
 from messages import assert_names
-from test_fault_tolerance import free_port
+from builders.ft import free_port
 from torchllm.config import ConfigError, load_config
 
 pytest.importorskip("torchft")

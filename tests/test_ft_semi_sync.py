@@ -256,7 +256,7 @@ LOSS = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+)")
 
 @pytest.mark.slow
 def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
-    from test_fault_tolerance import free_port
+    from builders.ft import free_port
     from torchllm.checkpoint import open_checkpoint
 
     logs = tmp_path / "logs"

@@ -13,6 +13,7 @@ from torchllm.models.kv_cache import KVCache
 from torchllm.models.llama.model import Transformer
 
 from conftest import build_model
+from builders.eval import CANDIDATE_PROMPTS  # noqa: F401
 
 TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=40)
 PROMPTS = [[1, 5, 9, 14, 3, 7], [1, 20], [1, 8, 8, 31, 2, 60, 11, 4, 19]]
@@ -102,18 +103,11 @@ def parse_blocks(out: str, head: str, tail: str) -> list[tuple[str, str]]:
     return blocks
 
 
-# Candidate prompts: the test uses those whose greedy first token is a word piece ('▁that'),
-# the case where the completion decoded alone loses its space (which ones depends on the
-# checkpoint's weights and tokenizer, so they are picked at run time).
-CANDIDATE_PROMPTS = ["The meaning of life is", "Python", "It that", "With", "The", "In the",
-                     "This is", "For", "When", "If", "Return", "import", "A", "It is", "You"]
-
-
 def test_cli_prints_the_completion_as_the_whole_sequence_decodes(tmp_path, capsys):
     """Each completion printed is decode(prompt + completion) after decode(prompt) (issue 29:
     decoding the completion alone loses the boundary space with SentencePiece), under its
     prompt; the ids are greedy generation's."""
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
@@ -148,7 +142,7 @@ def test_cli_prints_the_completion_as_the_whole_sequence_decodes(tmp_path, capsy
 def test_cli_takes_config_overrides_like_the_eval_clis(tmp_path, capfd):
     """--section.key=value arguments override the run's config (here eval.max_new_tokens, which
     an unset --max-new-tokens takes); anything else is one error line, exit code 2."""
-    from test_eval_loading import write_run
+    from builders.eval import write_run
     from torchllm.config import load_config
 
     run_dir, _ = write_run(tmp_path, complete_steps=(1,), incomplete_steps=())

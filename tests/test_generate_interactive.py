@@ -26,7 +26,7 @@ def model():
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run folder with one complete step (read by the CLI tests here)."""
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     return write_run(tmp_path_factory.mktemp("interactive"), complete_steps=(1,),
                      incomplete_steps=())[0]
@@ -77,7 +77,7 @@ def test_streamed_text_waits_for_whole_characters():
 
 
 def test_interactive_cli_answers_each_stdin_line(run_dir, capsys):
-    from test_generate import CANDIDATE_PROMPTS
+    from builders.eval import CANDIDATE_PROMPTS
 
     model, _, tokenizer = load_for_inference(run_dir, "cpu")
 

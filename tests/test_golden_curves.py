@@ -160,7 +160,7 @@ def train(args: list[str]) -> dict:
 def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
     """Every named 2-rank run in one torchrun launch of this file (see worker())."""
     from conftest import TORCHRUN
-    from test_parallel_multiprocess import launch_failure
+    from builders.launch import launch_failure
 
     tmp.mkdir(parents=True, exist_ok=True)
     spec, out = tmp / "two_ranks.json", tmp / "two_ranks_out.json"

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO, TORCHRUN, shared_path, tiny_config
-from test_eval_hellaswag import tiny_model, tokenizer  # noqa: F401 (fixture)
+from builders.eval import tiny_model, tokenizer  # noqa: F401 (fixture)
 from messages import assert_names
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e .[test])")
@@ -305,7 +305,7 @@ def test_unknown_task_and_bad_option_are_one_line(tmp_path, capsys, monkeypatch)
     from pathlib import Path
 
     from lm_eval.tasks import manager
-    from test_eval_loading import write_run
+    from builders.eval import write_run
 
     from torchllm.eval.harness.cli import main
 

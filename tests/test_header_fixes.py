@@ -12,8 +12,8 @@ from torchllm.data.chat.tokens import ChatTokenizer
 from torchllm.metrics.header import config_changes, data_summary
 
 from conftest import tiny_config
-from test_data import TOK, corpus_texts, write_jsonl
-from test_data_chat import write_chat
+from builders.data import TOK, corpus_texts, write_jsonl
+from builders.chat import write_chat
 
 
 def summary(cfg, tok=TOK):

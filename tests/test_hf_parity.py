@@ -18,12 +18,10 @@ from torchllm.models.gpt2 import GPT2, GPT2Args
 from torchllm.models.llama import LlamaArgs, Transformer
 
 from conftest import build_model
+from builders.models import SEQ, TOL, VOCAB, randomize, tokens  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 100  # unpadded; the torchllm models below pad it to 128
-SEQ = 24
-TOL = 1e-4
 
 LLAMA = {
     "mha-untied": LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, hidden_dim=96,
@@ -44,21 +42,10 @@ FAMILIES = [(LlamaAdapter, Transformer, a) for a in LLAMA.values()] + [
 IDS = [f"llama-{k}" for k in LLAMA] + [f"gpt2-{k}" for k in GPT]
 
 
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if p.ndim == 1 else 0.0))
-
-
 def torchllm_model(model_cls, args, seed=0):
     model = build_model(model_cls, args, seed)
     randomize(model, seed)
     return model.eval()
-
-
-def tokens():
-    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
 
 
 def hf_logits(hf_dir, x):

@@ -66,7 +66,7 @@ def test_tiktoken_exports_a_tokenizer_json_with_the_runs_ids(tmp_path, name):
 
 
 def jinja_tokenizer(tmp_path):
-    from test_chat_template import tokenizer_folder
+    from builders.chat import tokenizer_folder
 
     return load_tokenizer(tokenizer_folder(tmp_path / "src", "qwen3"))
 

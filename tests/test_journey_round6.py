@@ -14,14 +14,7 @@ from conftest import REPO, tiny_args
 
 import torchllm.hub as hub
 from torchllm.eval.downstream import DownstreamResult, TaskResult
-
-
-def documented_tags() -> list[re.Pattern]:
-    """The tags of docs/metrics.md's table (`<group>` matching one path part)."""
-    text = (REPO / "docs" / "metrics.md").read_text()
-    tags = re.findall(r"^\| `([a-z_]+/[^`]+)` \|", text, re.M)
-    return [re.compile(re.sub(r"<[^>]+>", "[^/]+", re.escape(t).replace(r"\<", "<")
-                              .replace(r"\>", ">")) + "$") for t in tags]
+from builders.docs import documented_tags  # noqa: F401
 
 
 def test_every_scalar_a_run_writes_is_in_the_metrics_docs_table(tmp_path):

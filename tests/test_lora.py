@@ -18,6 +18,7 @@ from torchllm.train import Trainer
 
 from cli import run_train
 from conftest import REPO, build_model, tiny_args
+from builders.models import peft_model  # noqa: F401
 
 CONFIG = "train_configs/llama3_debug_sft_lora.toml"
 
@@ -228,15 +229,6 @@ def torchllm_logits(run) -> tuple[torch.Tensor, torch.Tensor]:
         return model(ids)[..., : tok.vocab_size], ids
 
 
-def peft_model(base_dir, adapter):
-    """peft's PeftModel of `adapter` on the transformers model in `base_dir`, float32, eval."""
-    import peft
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    return peft.PeftModel.from_pretrained(base, adapter).eval()
-
-
 @pytest.fixture(scope="module")
 def lora_run(base_run):
     """A LoRA run (in-process, 2 steps) from base_run's checkpoint: the adapters moved."""
@@ -335,7 +327,7 @@ def test_memory_estimate_counts_lora_as_the_benchmark_measures(tmp_path):
 def test_lora_on_two_ranks_matches_one_process(tmp_path):
     """FSDP2 (frozen and trainable parameters in one unit), DDP (only the adapters bucketed),
     and FSDP2 with AC + compile: the losses and grad norms of a single process's LoRA run."""
-    from test_parallel_multiprocess import assert_matches, launch, run_reference
+    from builders.launch import assert_matches, launch, run_reference
 
     lora = ("--lora.enable", "--lora.rank=4")
     ref = run_reference(tmp_path, *lora)
@@ -359,7 +351,7 @@ def test_lora_sft_on_conversations_from_a_base_checkpoint(base_run):
     lora.train_embeddings, bf16 autocast, full AC and compile, from base_run's checkpoint: the
     frozen weights stay bit-identical, the adapters and the embedding tables train, and only
     they have optimizer state."""
-    from test_data_chat import write_chat
+    from builders.chat import write_chat
 
     data = write_chat(base_run / "sft.jsonl", [
         [{"role": "user", "content": f"Name a {w}."}, {"role": "assistant", "content": a}]

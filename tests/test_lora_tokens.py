@@ -18,8 +18,8 @@ from torchllm.models.lora import is_adapter_key
 from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args
-from test_data_chat import write_chat
-from test_lora import peft_model
+from builders.chat import write_chat
+from builders.models import peft_model
 
 CONFIG = "train_configs/llama3_debug_sft_lora.toml"
 STEPS = 12

@@ -88,7 +88,7 @@ def test_estimate_of_qwen3_activations_against_measured(tmp_path, name, low):
     estimate (balanced experts) leaves out: how busy depends on the tokens routed (0.95 measured
     on the 95% split; 0.87 since validation off trains on every window; issue 62 keeps this gap
     open, bench_memory's ep2 row too)."""
-    from test_estimate_memory import measure
+    from builders.memory import measure
 
     measured, estimate = measure(tmp_path, f"--model.name={name}",
                                  "--training.local_batch_size=8", "--training.seq_len=128")

@@ -92,7 +92,7 @@ def test_float8_converts_attention_not_router_or_experts():
 
     from torchllm.parallel.float8 import apply_float8
 
-    from test_parallel import EmulatedFloat8Matmul
+    from builders.models import EmulatedFloat8Matmul
 
     model, ref = tiny_moe(), tiny_moe()
     cfg = load_config(["--float8.enable", "--float8.emulate", "--float8.recipe=tensorwise"])

@@ -21,7 +21,7 @@ from torchllm.train import Trainer
 
 from conftest import REPO, tiny_args, tiny_config
 from s3_server import s3, s3_endpoint, s3_module  # noqa: F401 - fixtures
-from test_checkpoint_dist import (
+from builders.checkpoint import (
     COMMON,
     FSDP2,
     assert_same_tensors,
@@ -301,7 +301,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
     shards:s3:// equal those from the disk copy, read as ranged GETs of just its windows; and
     ./run_train.sh trains on it with the losses of the same run on disk."""
     from cli import run_train
-    from test_data import assert_batches_equal, take
+    from builders.data import assert_batches_equal, take
 
     from torchllm import storage
     from torchllm.data import build_data

@@ -18,6 +18,7 @@ from torchllm.parallel.compile import apply_compile
 from torchllm.parallel.float8 import apply_float8
 
 from messages import raises_naming
+from builders.models import EmulatedFloat8Matmul  # noqa: F401
 
 ARGS = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=16,
                  hidden_dim=128)
@@ -192,33 +193,6 @@ def test_float8_swaps_exactly_the_eligible_linears_and_trains_emulated(recipe):
     assert torch.isfinite(model.layers["0"].attention.wq.weight).all()
 
 
-class EmulatedFloat8Matmul(torch.autograd.Function):
-    """x @ w.T with torchao's tensorwise recipe, written out by hand: x and w cast to e4m3, the
-    output gradient to e5m2, each with one dynamic scale max(dtype) / amax(tensor)."""
-
-    @staticmethod
-    def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        amax = t.detach().abs().max().double().clamp(min=1e-12)
-        scale = (torch.finfo(dtype).max / amax).float()
-        limit = torch.finfo(dtype).max
-        return (t.float() * scale).clamp(-limit, limit).to(dtype).float() / scale
-
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        e4m3 = torch.float8_e4m3fn
-        return EmulatedFloat8Matmul.cast(x, e4m3) @ EmulatedFloat8Matmul.cast(w, e4m3).T
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, w = ctx.saved_tensors
-        cast = EmulatedFloat8Matmul.cast
-        g = cast(grad.reshape(-1, grad.shape[-1]), torch.float8_e5m2)
-        grad_x = (g @ cast(w, torch.float8_e4m3fn)).reshape(x.shape)
-        grad_w = g.T @ cast(x.reshape(-1, x.shape[-1]), torch.float8_e4m3fn)
-        return grad_x, grad_w
-
-
 def test_float8_tensorwise_equals_a_hand_written_emulation():
     """Loss and every gradient of the float8 model equal those of the same model whose eligible
     linears run EmulatedFloat8Matmul, to fp32 summation-order differences (1e-5). A scale off by
@@ -252,7 +226,6 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors():
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pb.grad, pa.grad)
     assert clip_grad_norm_(b.parameters(), 0.0) == pytest.approx(0.1, rel=1e-5)  # 0 = no clipping
-
 
 
 @pytest.mark.slow

@@ -20,39 +20,14 @@ from torchllm.train import Trainer
 
 from conftest import REPO, TORCHRUN, tiny_args, tiny_config
 from parallel_worker import qk_norm_weights
+from builders.launch import COMMON, GLOBAL_BATCH, PARITY, PARITY_STEPS, QWEN3_MOE, SMALL, STEPS, assert_matches, common_args, launch, launch_failure, run_reference  # noqa: F401
 
-STEPS = 7  # warm-up 2 + 5 steps at the peak rate: a wrong scale or reduction shows from step 1
-GLOBAL_BATCH = 8
-
-
-def common_args(steps: int) -> tuple[str, ...]:
-    return (
-        f"--training.steps={steps}", "--training.seq_len=16", "--lr_scheduler.warmup_steps=2",
-        "--optimizer.lr=3e-3", "--training.max_norm=0.5", "--job.deterministic",
-        "--job.run_name=parallel", f"--training.global_batch_size={GLOBAL_BATCH}",
-    )
-
-
-COMMON = common_args(STEPS)  # (test_pipeline's and test_lora's layouts, launch's defaults)
-# This module's layouts (and test_context_parallel's, test_expert_parallel's): warm-up 2 + 3
-# steps is enough for the argument above (a wrong scale shows in step 1's gradient norm, a wrong
-# reduction in step 2's loss) and leaves bf16's curve a clear descent; 2 blocks, not the debug
-# flavor's 4, still shard, gather and prefetch across blocks at ~60% of the per-step cost.
-PARITY_STEPS = 5
-PARITY = (*common_args(PARITY_STEPS), "--model.n_layers=2")
-SMALL = {"steps": PARITY_STEPS, "common": PARITY}  # run_reference's and launch's keywords
 
 FLOAT8 = ("--float8.enable", "--float8.emulate")
 GPT2 = ("--model.name=gpt2", "--model.tie_embeddings=false")  # TP needs an untied head
 # Qwen3 at lr 1e-3: at 3e-3 its curve is chaotic enough that a mere regrouping of the batch
 # (2 micro-steps) moves step 9's grad norm by 1e-3; at 1e-3 layouts agree to ~1e-5.
 QWEN3 = ("--model.name=qwen3", "--model.tie_embeddings=false", "--optimizer.lr=1e-3")
-# The load-balancing loss is a per-micro-batch statistic (like every token-choice MoE's), so a
-# different split of the batch optimizes a slightly different objective: parity runs without it.
-# MoE at lr 3e-4: top-k routing is discontinuous, and at 1e-3 a 1e-6 relative perturbation of the
-# weights (what TP's summation order gives) flips routes and moves step 3's loss by 2e-4 (one
-# process, measured on an AMD EPYC host); at 3e-4 the same perturbation moves it by < 5e-7.
-QWEN3_MOE = ("--model.name=qwen3_moe", "--model.moe_aux_loss_coef=0", "--optimizer.lr=3e-4")
 TWO = {  # "accumulate" = local batch 2 x 2 micro-steps per rank
     "ddp_accumulate": ["--parallelism.dp_mode=ddp", "--training.local_batch_size=2"],
     "ddp_fp16_hook": ["--parallelism.data_parallel_replicate_degree=2",
@@ -106,60 +81,6 @@ FLOAT8_RUNS = {"fsdp_float8", "ddp_float8"}
 BF16_RUNS = {"fsdp_bf16"}  # compared with the fp32 curve at a bf16 tolerance (below)
 
 
-def run_reference(tmp_path, *extra, steps: int = STEPS, common: tuple = COMMON):
-    trainer = Trainer(tiny_config(
-        tmp_path, *common, f"--training.local_batch_size={GLOBAL_BATCH}", *extra))
-    metrics = [trainer.train_step() for _ in range(steps)]
-    trainer.close()  # frees the run folder for the ranks' runs
-    out = {k: [m[k] for m in metrics] for k in ("loss", "grad_norm")}
-    out["qk_norm"] = qk_norm_weights(trainer.model)
-    return out
-
-
-def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
-           record_qk_norm=(), train=(), steps: int = STEPS, common: tuple = COMMON,
-           **extra_spec) -> dict:
-    """One torchrun launch of tests/parallel_worker.py running every run in `runs` for `steps`
-    recorded steps; `train`: runs trained whole (Trainer.train()) instead."""
-    spec = {
-        **extra_spec,  # (parallel_worker's other keys: "ep_layer")
-        "runs": {name: tiny_args(tmp_path, *common, *args) for name, args in runs.items()},
-        "steps": steps,
-        "count_sync": list(count_sync),
-        "record_dtypes": list(record_dtypes),
-        "record_qk_norm": list(record_qk_norm),
-        "train": list(train),
-    }
-    spec_path, out_path = tmp_path / f"spec{nproc}.json", tmp_path / f"out{nproc}.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone",
-         f"--nproc_per_node={nproc}", str(REPO / "tests" / "parallel_worker.py"),
-         str(spec_path), str(out_path)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, launch_failure(proc)
-    return json.loads(out_path.read_text())
-
-
-def launch_failure(proc: subprocess.CompletedProcess) -> str:
-    """What a failed torchrun launch printed, for the assertion message: each rank's first
-    error (one rank's crash makes the others fail at their next collective, with long
-    tracebacks that would push it out of a plain tail), then torchrun's own lines."""
-    lines = (proc.stdout + proc.stderr).splitlines()
-    first: dict[str, int] = {}
-    for i, line in enumerate(lines):
-        rank = re.match(r"\[rank(\d+)\]:", line)
-        if rank and re.search(r"Traceback|terminate called|Error|Fatal|Abort", line):
-            first.setdefault(rank[1], i)
-    heads = [f"--- rank {r}'s first error ---\n" + "\n".join(lines[i : i + 30])
-             for r, i in sorted(first.items())]
-    own = "\n".join(line for line in lines if not line.startswith("[rank"))
-    return "\n".join(heads)[-12000:] + "\n--- the launcher ---\n" + own[-3000:]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
@@ -183,13 +104,6 @@ def two_process(reference):
 def four_process(reference):
     tmp, _ = reference
     return launch(tmp, 4, FOUR, **SMALL)
-
-
-def assert_matches(got: dict, ref: dict, loose: bool) -> None:
-    rel = 2e-2 if loose else 1e-4
-    assert got["loss"] == pytest.approx(ref["loss"], rel=rel), (got["loss"], ref["loss"])
-    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=rel * 10), (
-        got["grad_norm"], ref["grad_norm"])
 
 
 @pytest.mark.slow
@@ -300,6 +214,6 @@ def test_run_train_sh_with_two_ranks(reference):
 @pytest.mark.parametrize("name", ["ddp_accumulate", "fsdp_reshard_always_accumulate"])
 def test_one_host_sync_per_step_on_two_ranks(name, two_process):
     """The global token count is all-reduced on the device: no sync before the forward."""
-    from test_host_syncs import assert_one_sync_after_the_forwards
+    from builders.metrics import assert_one_sync_after_the_forwards
 
     assert_one_sync_after_the_forwards(two_process["host_syncs"][name], forwards=2)

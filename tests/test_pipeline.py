@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import tb_scalars, tiny_config
-from test_context_parallel import DOCS, fill, write_short_docs
-from test_parallel_multiprocess import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
+from builders.data import DOCS, fill, write_short_docs
+from builders.launch import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
 from torchllm import models
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.config import ConfigError
@@ -274,7 +274,7 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, cap
     saves step 5. The tools that load a checkpoint whole (HF export, generation, HellaSwag)
     read it in one process, whatever its config's pipeline degree; one process without PP
     resumes it and continues exactly as the uninterrupted single-process run."""
-    from test_eval_hellaswag import write_tiny_jsonl
+    from builders.eval import write_tiny_jsonl
 
     from torchllm import generate
     from torchllm.hf.cli import main as hf_cli

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import build_model, tiny_config
-from test_hf_parity import SEQ, TOL, VOCAB, randomize, tokens
+from builders.models import SEQ, TOL, VOCAB, randomize, tokens
 from torchllm.hf.folder import write_hf_weights
 from torchllm.hf.load import convert_from_hf
 from torchllm.models.qwen3.hf import Qwen3Adapter, Qwen3MoeAdapter

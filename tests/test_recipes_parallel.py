@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from test_parallel_multiprocess import launch_failure
+from builders.launch import launch_failure
 from messages import assert_names
 
 STEPS = 6

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from conftest import REPO, shared_path
-from test_bench import benchmark_script
+from builders.bench import benchmark_script
 from messages import assert_names
 
 pytest.importorskip("transformers")  # the reference loop's model (imported here: it sets env)

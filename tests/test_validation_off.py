@@ -16,7 +16,7 @@ import re
 import pytest
 
 from cli import run_module, run_train
-from test_validation_set import SHAKESPEARE
+from builders.data import SHAKESPEARE
 
 pytestmark = pytest.mark.slow
 

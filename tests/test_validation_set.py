@@ -22,17 +22,9 @@ import pytest
 
 from cli import run_module, run_train
 from conftest import REPO
+from builders.data import ARGS, SEQ, SHAKESPEARE, header_validation, texts  # noqa: F401
 
 pytestmark = pytest.mark.slow
-
-SEQ = 32
-ARGS = ["--training.device=cpu", "--model.flavor=debug", f"--training.seq_len={SEQ}",
-        "--training.local_batch_size=4", "--data.tokenizer=bytes", "--metrics.log_freq=1",
-        "--lr_scheduler.warmup_steps=1", "--training.mixed_precision=none",
-        "--metrics.progress_bar=false", "--job.print_config=false", "--metrics.report=false",
-        "--validation.enable", "--validation.freq=2", "--checkpoint.enable",
-        "--checkpoint.interval=1000"]
-SHAKESPEARE = REPO / "torchllm" / "data" / "assets" / "tinyshakespeare.txt"
 
 
 def env() -> dict:
@@ -42,15 +34,6 @@ def env() -> dict:
     e.pop("NGPU", None)
     e.pop("CONFIG_FILE", None)
     return e
-
-
-def texts(tmp: Path) -> tuple[Path, Path]:
-    """A one-document novel (pre-training) and a longer text of its own (validation)."""
-    words = SHAKESPEARE.read_text()
-    novel, val = tmp / "novel.txt", tmp / "val.txt"
-    novel.write_text(words[:30_000])
-    val.write_text(words[30_000:130_000])
-    return novel, val
 
 
 def train_args(tmp: Path, *extra: str) -> list[str]:
@@ -71,20 +54,6 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("valset")
     texts(tmp)
     return tmp, train(tmp, "--training.steps=4")
-
-
-def header_validation(out: str) -> str:
-    """The run header's validation part, its wrapped lines joined."""
-    lines = out.split("\n")
-    start = next(i for i, line in enumerate(lines) if "  data      " in line)
-    block = []
-    for line in lines[start:]:
-        text = re.sub(r"^\[rank0\]:", "", line)
-        if block and not text.startswith("            "):
-            break
-        block.append(text.strip().removeprefix("data").strip())
-    data = " ".join(block)
-    return data[data.index("| validation "):]
 
 
 def test_the_header_names_the_validation_set_as_it_is_scored(run):

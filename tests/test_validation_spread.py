@@ -15,8 +15,8 @@ import pytest
 
 from cli import run_module, run_train
 from conftest import tb_scalars
-from test_journey_round6 import documented_tags
-from test_validation_set import ARGS, SEQ, header_validation, texts
+from builders.docs import documented_tags
+from builders.data import ARGS, SEQ, header_validation, texts
 
 pytestmark = pytest.mark.slow
 

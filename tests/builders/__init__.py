@@ -1,0 +1,1 @@
+"""Builders the test modules share (no test module imports another)."""
