@@ -6,7 +6,8 @@ through scripts/ft_local.sh); torchft's lighthouse decides each step which group
 
 from torchllm.ft.heal import HealState
 from torchllm.ft.lighthouse import check_fault_tolerance
-from torchllm.ft.replicas import ReplicaGroups, ReplicasBelowMinimum, SingleGroup, build_replicas
+from torchllm.ft.build import build_replicas
+from torchllm.ft.replicas import ReplicaGroups, ReplicasBelowMinimum, SingleGroup
 from torchllm.ft.rundir import replica_run
 
 __all__ = ["HealState", "ReplicaGroups", "ReplicasBelowMinimum", "SingleGroup", "build_replicas",

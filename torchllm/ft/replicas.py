@@ -30,10 +30,9 @@ import torch.distributed as dist
 from torchllm.config.job_config import ConfigError
 from torchllm.ft.heal import HealState
 from torchllm.ft.identity import checked_group, group_record
-from torchllm.ft.lighthouse import check_fault_tolerance, import_torchft, lighthouse_address
+from torchllm.ft.lighthouse import import_torchft
 from torchllm.ft.reduce import (max_over_groups, mean_over_groups, reset_step_loads, step_buffers,
                                 sum_over_groups, warn_untested_torchft)
-from torchllm.ft.rundir import group_run
 from torchllm.ft.secret import load_secret
 from torchllm.ft.transport import DropRefusalTraces, data_transport
 from torchllm.log import logger
@@ -246,19 +245,3 @@ class GroupCheckpointer:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
-    """The run's replica groups: a no-op SingleGroup unless fault_tolerance.enable."""
-    if not cfg.fault_tolerance.enable:
-        return SingleGroup()
-    run = group_run(cfg)  # (cfg names this group's folder, <run>-replica<R>)
-    check_fault_tolerance(cfg, os.environ, run)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    groups = ReplicaGroups
-    if cfg.fault_tolerance.semi_sync_method != "none":  # DiLoCo / LocalSGD
-        from torchllm.ft.semi_sync import SemiSyncGroups as groups
-    return groups(cfg.fault_tolerance, rank, world, group_batch, run,
-                  lighthouse_address(os.environ, run, cfg.job.dump_folder,
-                                     cfg.fault_tolerance.bind))

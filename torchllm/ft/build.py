@@ -1,0 +1,27 @@
+"""The run's replica groups, as fault_tolerance asks: none, step-synchronous (replicas.py) or
+semi-synchronous (semi_sync.py)."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from torchllm.ft.lighthouse import check_fault_tolerance, lighthouse_address
+from torchllm.ft.replicas import ReplicaGroups, SingleGroup
+from torchllm.ft.rundir import group_run
+from torchllm.ft.semi_sync import SemiSyncGroups
+
+
+def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
+    """The run's replica groups: a no-op SingleGroup unless fault_tolerance.enable."""
+    if not cfg.fault_tolerance.enable:
+        return SingleGroup()
+    run = group_run(cfg)  # (cfg names this group's folder, <run>-replica<R>)
+    check_fault_tolerance(cfg, os.environ, run)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    groups = ReplicaGroups if cfg.fault_tolerance.semi_sync_method == "none" else SemiSyncGroups
+    return groups(cfg.fault_tolerance, rank, world, group_batch, run,
+                  lighthouse_address(os.environ, run, cfg.job.dump_folder,
+                                     cfg.fault_tolerance.bind))
