@@ -37,7 +37,7 @@ from builders.metrics import step_events
 def reduce_collectives(trainer: Trainer, n_micro: int, always_sync: bool = False) -> int:
     """All-reduce / reduce-scatter calls issued by one forward_backward over n_micro batches."""
     batches = [next(trainer.batches) for _ in range(n_micro)]
-    patch = mock.patch("torchllm.train.gradient_sync",
+    patch = mock.patch("torchllm.train_module.gradient_sync",
                        lambda model, enabled, pcfg: gradient_sync(model, True, pcfg)) if always_sync else None
     if patch:
         patch.start()

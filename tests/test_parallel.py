@@ -243,6 +243,6 @@ def test_trainer_applies_ac_and_compile_from_config(tmp_path):
     for block in wrapped.model.layers.values():  # compile(checkpoint_wrapper(block))
         assert type(block).__name__ == "OptimizedModule"
         assert type(block._orig_mod).__name__ == "CheckpointWrapper"
-    assert wrapped.loss_fn is not plain.loss_fn  # the loss is compiled too
+    assert wrapped.module.loss_fn is not plain.module.loss_fn  # the loss is compiled too
     losses = [wrapped.train_step()["loss"] for _ in range(2)]
     assert losses == pytest.approx(plain_losses, rel=1e-5)

@@ -234,11 +234,12 @@ def test_a_disk_that_fills_during_a_save_is_named(small_disk, tmp_path, monkeypa
     """The pre-save check sees room (another writer fills the disk during the save): torch's
     write fails on the real 8 MB tmpfs ("unexpected pos" or ENOSPC) and the line says "no space
     left on <folder>" with the bytes needed."""
-    from torchllm.checkpoint.resume import checkpointer, saver
+    from torchllm.checkpoint.resume import saver
+    from torchllm.storage import LocalStorage
 
     disk, mounted = small_disk(tmp_path / "run" / "checkpoint", "8m")
-    for module in (checkpointer, saver):  # the launch's check and the save's: "plenty"
-        monkeypatch.setattr(module, "free_bytes", lambda folder: 1 << 40)
+    # the launch's check and the save's (both ask the folder's storage): "plenty"
+    monkeypatch.setattr(LocalStorage, "free_bytes", lambda self, folder: 1 << 40)
     if not mounted:  # DCP's own writer writes rank 0's data file into /dev/full
         save = saver.dcp.save
 
