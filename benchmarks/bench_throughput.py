@@ -78,7 +78,9 @@ class TorchllmPeer:
         if self.trainer is None:
             raise SystemExit("torchllm config error (see above)")
         data = batches(vocab, batch, seq)
-        self.trainer.batches = iter(data * 1000000)
+        from torchllm.data.loader import CountedBatches  # each batch counts its tokens, as the loader's
+
+        self.trainer.batches = CountedBatches(iter(data * 1000000), packed_chat=False)
         self.tokens = batch * seq
         self.flops_per_token = self.trainer.flops_per_token
         self.args = self.trainer.model_args
