@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.server
 import io
-import logging
 import os
 import pickle
 import socket
@@ -25,7 +24,7 @@ import torch
 from conftest import tiny_args
 from messages import assert_names, raises_naming, refused
 from torchllm.config import ConfigError, load_config
-from builders.ft import listening  # noqa: F401
+from builders.ft import listening, log_lines  # noqa: F401 (log_lines: a fixture)
 
 pytest.importorskip("torchft")
 
@@ -46,21 +45,6 @@ def transports():
     yield make
     for t in made:
         t.shutdown()
-
-
-@pytest.fixture
-def log_lines():
-    """The lines torchllm's logger writes (its console)."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    handler = Keep()
-    logging.getLogger("torchllm").addHandler(handler)
-    yield lines
-    logging.getLogger("torchllm").removeHandler(handler)
 
 
 def serve(answer: bytes, key: bytes | None = None) -> tuple[str, http.server.HTTPServer]:

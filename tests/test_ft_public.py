@@ -11,7 +11,6 @@ same way in both, name the live groups, and hold equal MoE routing biases after 
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import threading
@@ -20,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from builders.ft import log_lines  # noqa: F401 (a fixture)
 from conftest import tiny_args
 from messages import assert_names, raises_naming, refused
 from torchllm.config import ConfigError, load_config
@@ -126,23 +126,6 @@ def groups(tmp_path, monkeypatch):
     for t in trainers:
         t.close()
     house.close()
-
-
-@pytest.fixture
-def log_lines():
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    handler, log = Keep(), logging.getLogger("torchllm")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)  # (the quorum lines are info)
-    yield lines
-    log.removeHandler(handler)
-    log.setLevel(level)
 
 
 # -- the pieces, in one process: two groups' process groups in two threads (fast) ------------

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
 import os
 import re
 import socket
+from pathlib import Path
+
+import pytest
 
 
 def free_port() -> int:
@@ -37,3 +40,21 @@ def listening(port: int) -> list[str]:
                 if state == "0A" and int(hexport, 16) == port:
                     found.append(address)
     return found
+
+
+@pytest.fixture
+def log_lines():
+    """The lines torchllm's logger writes (its console), info and up."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler, log = Keep(), logging.getLogger("torchllm")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)  # (the quorum lines are info)
+    yield lines
+    log.removeHandler(handler)
+    log.setLevel(level)
