@@ -35,10 +35,10 @@ from torchllm.checkpoint.index import (
 )
 from torchllm.checkpoint.state import JSONState, TrainState
 from torchllm.checkpoint.step import CorruptCheckpoint, Step
-from torchllm.train import Trainer
 
 import cli
-from conftest import tiny_args, tiny_config
+from builders.checkpoint import copy_run, trained_once
+from conftest import tiny_args
 from checkpoint_edits import reseal
 from messages import refused
 
@@ -52,15 +52,12 @@ CONVERT = "torchllm.checkpoint.convert_legacy"  # the command a refused index na
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A finished 2-step run with its checkpoint at step 2 (copied by each test)."""
-    root = tmp_path_factory.mktemp("trained")
-    Trainer(tiny_config(root, *CKPT)).train()
-    return root
+    return trained_once(tmp_path_factory, *CKPT)
 
 
 @pytest.fixture
 def run(trained, tmp_path):
-    shutil.copytree(trained, tmp_path / "root")
-    return tmp_path / "root"
+    return copy_run(trained, tmp_path / "root")
 
 
 def step_of(root: Path) -> Path:

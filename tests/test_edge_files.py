@@ -23,6 +23,7 @@ import pytest
 from torchllm.config import to_toml
 
 from cli import run_module, run_train
+from builders.checkpoint import copy_run
 from conftest import tiny_args, tiny_config
 from messages import refused
 
@@ -157,8 +158,7 @@ def trained(tmp_path_factory):
 
 @pytest.fixture
 def root(trained, tmp_path):
-    shutil.copytree(trained, tmp_path / "dump")
-    return tmp_path / "dump"
+    return copy_run(trained, tmp_path / "dump")
 
 
 def step(root: Path, n: int) -> Path:

@@ -32,10 +32,10 @@ from torchllm.checkpoint import convert_legacy
 from torchllm.checkpoint.index import INDEX, UntrustedCheckpoint, encode_index
 from torchllm.checkpoint.layout import MARKER, scan_steps
 from torchllm.checkpoint.step import Step
-from torchllm.train import Trainer
 
 import cli
-from conftest import REPO, tiny_args, tiny_config
+from builders.checkpoint import copy_run, trained_once
+from conftest import REPO, tiny_args
 from checkpoint_edits import edit_index, reseal
 from messages import refused
 
@@ -50,15 +50,12 @@ CONVERT = "torchllm.checkpoint.convert_legacy"
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A finished 4-step run with checkpoints at steps 2 and 4 (copied by each test)."""
-    root = tmp_path_factory.mktemp("trained")
-    Trainer(tiny_config(root, *CKPT)).train()
-    return root
+    return trained_once(tmp_path_factory, *CKPT)
 
 
 @pytest.fixture
 def run(trained, tmp_path):
-    shutil.copytree(trained, tmp_path / "root")
-    return tmp_path / "root"
+    return copy_run(trained, tmp_path / "root")
 
 
 def step(root: Path, n: int) -> Path:

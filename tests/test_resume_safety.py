@@ -19,6 +19,7 @@ from torchllm.checkpoint.step import read_marker
 from torchllm.train import Trainer
 
 from cli import run_module
+from builders.checkpoint import copy_run, trained_once
 from conftest import tiny_args, tiny_config
 
 CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
@@ -28,15 +29,12 @@ CKPT = ["--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A finished 4-step run with checkpoints at steps 2 and 4 (copied by each test)."""
-    root = tmp_path_factory.mktemp("trained")
-    Trainer(tiny_config(root, *CKPT)).train()
-    return root
+    return trained_once(tmp_path_factory, *CKPT)
 
 
 @pytest.fixture
 def run(trained, tmp_path):
-    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
-    return tmp_path
+    return copy_run(trained, tmp_path)
 
 
 @pytest.fixture

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 import json
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -53,3 +54,19 @@ def saved_state(step_dir) -> dict:
     return {**{f"model.{k}": v for k, v in open_checkpoint(step_dir).tensors("model.").items()},
             **{f"optimizer.{k}": v
                for k, v in open_checkpoint(step_dir).tensors("optimizer.").items()}}
+
+
+def trained_once(tmp_path_factory, *args: str) -> Path:
+    """The dump folder of a finished run of tiny_config(folder, *args): a module-scoped
+    fixture trains it once, and each test works on a copy (copy_run)."""
+    from torchllm.train import Trainer
+
+    root = tmp_path_factory.mktemp("trained")
+    Trainer(tiny_config(root, *args)).train()
+    return root
+
+
+def copy_run(trained: Path, dest: Path) -> Path:
+    """A copy of a trained dump folder at `dest` (made if absent) for one test to change."""
+    shutil.copytree(trained, dest, dirs_exist_ok=True)
+    return dest
