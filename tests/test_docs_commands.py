@@ -98,6 +98,8 @@ SKIP = {  # substring of the command -> why it does not run here
     "bench_gpu.py": "the 1B throughput run on a GPU (its CPU path: tests/test_cluster_tools.py)",
     "bench_fault_tolerance.py": "a lighthouse, 2 replica groups and a plain run, each killed and "
                                 "relaunched: minutes (tests/test_fault_tolerance.py runs the same)",
+    "bench_revisions.py": "checks out a git revision (a fresh copy here is no clone) and runs "
+                          "two trees' configs: tests/test_bench_revisions.py runs it",
     "bench_semi_sync.py": "3 runs of a lighthouse and 2 replica groups: minutes "
                           "(tests/test_ft_semi_sync.py runs two DiLoCo groups the same way)",
 }
@@ -202,8 +204,8 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
     # The skip list stays small: installs, the suite itself, servers, and commands that need
     # GPUs, clusters or the network (gpu.md and the GPU sections add most of those), and the
     # fault-tolerance benchmarks (several launches killed and relaunched, or 3 runs of 2 replica
-    # groups: minutes).
-    assert len(skipped) <= 22, skipped
+    # groups: minutes), and the revision benchmark (a git checkout; its own test runs it).
+    assert len(skipped) <= 23, skipped
     # The lines that run as processes (not in this process: see in_process) stay few: several
     # ranks (torchrun, NGPU=2) and shell programs (cat, ls). A new one is a new launch in the
     # e2e tier.

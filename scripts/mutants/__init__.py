@@ -29,6 +29,7 @@ from mutants import memory_measure
 from mutants import ft_heal
 from mutants import valset
 from mutants import session68
+from mutants import session69
 from mutants import house_config
 from mutants import ft_api
 from mutants import ft_semi_sync
@@ -63,6 +64,7 @@ MUTANTS = [
     *ft_heal.MUTANTS,
     *valset.MUTANTS,
     *session68.MUTANTS,
+    *session69.MUTANTS,
     *house_config.MUTANTS,
     *ft_api.MUTANTS,
     *ft_semi_sync.MUTANTS,

@@ -1,0 +1,27 @@
+"""Mutants of this round's lead-engineer work (the side-by-side revision benchmark)."""
+
+from __future__ import annotations
+
+from mutants.base import Mutant
+
+REVISIONS = ("tests/test_bench_revisions.py::"
+             "test_both_trees_run_their_own_code_and_the_ratio_is_after_over_before",)
+
+MUTANTS = [
+    Mutant(
+        "bench_revisions_runs_this_tree_twice",
+        "bench_revisions starts every process in this checkout, so 'before' times this code",
+        "benchmarks/bench_revisions.py",
+        '    return {"cwd": tree,',
+        '    return {"cwd": REPO,',
+        REVISIONS,
+    ),
+    Mutant(
+        "bench_revisions_ratio_inverted",
+        "bench_revisions reports before / after as after / before",
+        "benchmarks/bench_revisions.py",
+        '        row["step_ratio"] = round(row["after_step_ms"] / row["before_step_ms"], 3)',
+        '        row["step_ratio"] = round(row["before_step_ms"] / row["after_step_ms"], 3)',
+        REVISIONS,
+    ),
+]
