@@ -147,8 +147,8 @@ MUTANTS = [
         "empty_validation_split_unwarned",
         "a held-out validation split of 0 windows goes unsaid",
         "torchllm.metrics.header:data_warnings",
-        "    if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0\n",
-        "    if (held is not None and len(val_dataset) < 0 and cfg.data.val_fraction > 0\n",
+        "    if (held is not None and len(val_dataset) == 0 and dcfg.val_fraction > 0\n",
+        "    if (held is not None and len(val_dataset) < 0 and dcfg.val_fraction > 0\n",
         (CE + "test_the_shipped_sft_config_on_a_small_chat_file_warns",),
     ),
     Mutant.at(

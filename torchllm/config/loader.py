@@ -272,9 +272,9 @@ def section_rows(name: str, obj) -> list[tuple[dataclasses.Field, Any, Any, str]
     return rows
 
 
-def help_text(cfg: JobConfig | None = None) -> str:
+def help_text() -> str:
     """`--help`: every key by section with its type, default and help string."""
-    cfg = cfg or JobConfig()
+    cfg = JobConfig()
     out = [
         "usage: ./run_train.sh [--section.key=value ...]   (or python -m torchllm.train ...)",
         "Precedence: command line > TOML file (--job.config_file) > defaults.",
