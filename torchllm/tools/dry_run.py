@@ -178,9 +178,9 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
     the memory estimate and the communication of the whole config, as the target sees it)."""
     cfg = copy.deepcopy(cfg)
     for_target(cfg.training, cfg.float8)
-    spec = models.get(cfg.model.name)
     model_args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
     dims = build_parallel_dims(cfg, world_size, cfg.training.device, model_args)
+    spec = models.get(cfg.model.name)
     accum = check_batch(cfg.training, dims.dp_degree)
     estimate = estimate_memory(cfg, model_args, world_size)
     report = {
