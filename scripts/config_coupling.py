@@ -35,7 +35,6 @@ _LOADER = ("the loader builds the config: it sets a key of any section by name, 
 # "path:function" -> why it takes the whole JobConfig (see the module docstring).
 ENTRY_POINTS = {
     "torchllm/config/loader.py:_all_keys": _LOADER,
-    "torchllm/config/loader.py:_suggest": _LOADER,
     "torchllm/config/loader.py:_section": _LOADER,
     "torchllm/config/loader.py:_set": _LOADER,
     "torchllm/config/loader.py:_select_entries": _LOADER,
