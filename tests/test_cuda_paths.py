@@ -123,6 +123,7 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
     from torchllm.parallel.dims import ParallelDims
     from torchllm.models import get
     from torchllm.parallel.parallelize import parallelize_model
+    from torchllm.parallel.plan import ParallelPlan
 
     from conftest import build_model
 
@@ -139,7 +140,9 @@ def test_float8_warns_without_compile_and_rowwise_compile_emulates_eager_casts(
     try:
         dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, world_size=1)
         dims.device_type = "cpu"
-        parallelize_model(model, get("llama3"), dims, cfg)
+        parallelize_model(model, get("llama3"), dims, ParallelPlan(
+            cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+            cfg.training.mixed_precision))
     finally:
         logger.removeHandler(caplog.handler)
     assert ("float8 casts run unfused" in caplog.text) == (not compiled)

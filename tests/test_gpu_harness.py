@@ -213,7 +213,7 @@ def test_bench_gpu_peer_is_torchllms_model_shape(config):
                        "--training.device=cpu", "--data.tokenizer_vocab_size=512"])
     peer, vocab = peer_model(cfg, torch.device("meta"))
     with torch.device("meta"):
-        ours = Transformer(models.model_args(cfg, tokenizer_vocab_hint(cfg)))
+        ours = Transformer(models.model_args(cfg, tokenizer_vocab_hint(cfg.data)))
     assert vocab == ours.args.vocab_size
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(peer) == count(ours)

@@ -95,3 +95,19 @@ def test_a_source_that_runs_out_every_step_says_so_once(tmp_path, caplog):
     assert len(count) == 1 and " ran out " in count[0]
     n = int(count[0].split(" ran out ")[1].split()[0])
     assert n >= 9  # 2 windows of this source per step: a new epoch each time
+
+
+def test_a_held_out_split_of_no_windows_is_warned_of_only_when_it_is_held_out(tmp_path):
+    """data_warnings takes the [data] and [validation] sections and whether the training data
+    holds a split out: a split of 0 windows is named (with data.val_fraction, the key to
+    raise) only then, and not for a validation that reads a split of its own."""
+    from types import SimpleNamespace
+
+    from torchllm.metrics.header import data_warnings
+
+    cfg = tiny_config(tmp_path, "--validation.enable", "--data.val_fraction=0.001")
+    train = SimpleNamespace()  # no per-source sizes: only the validation split is in question
+    (warning,) = data_warnings(cfg.data, cfg.validation, True, train, [], 4, 10)
+    assert "0 windows" in warning and "data.val_fraction = 0.001" in warning, warning
+    assert data_warnings(cfg.data, cfg.validation, False, train, [], 4, 10) == []
+    assert data_warnings(cfg.data, cfg.validation, True, train, [object()], 4, 10) == []

@@ -1,11 +1,13 @@
 """Monitoring: TensorBoard events vs what the trainer computed, norms and update ratios, the
 FLOPs/MFU formula for the 1B reference, progress display, W&B wiring, profiler traces."""
 
+import dataclasses
 import io
 import json
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from torchllm.metrics.flops import flops_per_token, gpu_peak_flops, mfu_stats, p
 from torchllm.metrics.memory import GiB
 from torchllm.metrics.norms import grad_norms, l2_norm, track_update, watched_groups
 from torchllm.metrics.progress import Progress, format_duration
+from torchllm.config.paths import tensorboard_folder
 from torchllm.metrics.writers import build_writers
 from torchllm.models import model_args
 from torchllm.models.llama.args import LlamaArgs
@@ -231,14 +234,21 @@ def test_progress_bar_on_a_terminal_and_plain_otherwise():
     assert format_duration(3725) == "1:02:05" and format_duration(65) == "1:05"
 
 
+def run_writers(cfg, name: str, rank: int) -> list:
+    """build_writers as the Trainer calls it: run `name` under cfg's dump folder."""
+    return build_writers(cfg.metrics, tensorboard_folder(cfg.job, cfg.metrics, name), name,
+                         Path(cfg.job.dump_folder) / name, rank,
+                         config=dataclasses.asdict(cfg))
+
+
 def test_writer_folders_per_rank(tmp_path):
     cfg = tiny_config(tmp_path, "--metrics.rank_0_only=false")
-    (writer,) = build_writers(cfg, "r", tmp_path / "r", rank=1)
+    (writer,) = run_writers(cfg, "r", rank=1)
     assert writer.folder == tmp_path / "tb" / "r" / "rank_1"
     writer.close()
-    assert build_writers(tiny_config(tmp_path), "r", tmp_path / "r", rank=1) == []
-    assert build_writers(tiny_config(tmp_path, "--metrics.enable_tensorboard=false"), "r",
-                         tmp_path / "r", rank=0) == []
+    assert run_writers(tiny_config(tmp_path), "r", rank=1) == []
+    assert run_writers(tiny_config(tmp_path, "--metrics.enable_tensorboard=false"), "r",
+                       rank=0) == []
 
 
 def test_wandb_is_used_when_enabled_and_optional(tmp_path, monkeypatch, log_text):
@@ -255,7 +265,7 @@ def test_wandb_is_used_when_enabled_and_optional(tmp_path, monkeypatch, log_text
     monkeypatch.setitem(sys.modules, "wandb", fake)
     cfg = tiny_config(tmp_path, "--metrics.enable_wandb", "--metrics.enable_tensorboard=false",
                       "--metrics.wandb_project=proj")
-    (writer,) = build_writers(cfg, "r", tmp_path / "r", rank=0)
+    (writer,) = run_writers(cfg, "r", rank=0)
     writer.write(3, {"loss/avg": 1.5})
     writer.close()
     init = calls[0][1]
@@ -264,7 +274,7 @@ def test_wandb_is_used_when_enabled_and_optional(tmp_path, monkeypatch, log_text
     assert calls[1:] == [("log", 3, {"loss/avg": 1.5}), ("finish",)]
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed: import fails
-    assert build_writers(cfg, "r", tmp_path / "r", rank=0) == []
+    assert run_writers(cfg, "r", rank=0) == []
     assert_names(log_text(), "metrics.enable_wandb", "pip install wandb")  # the key, the fix
 
 

@@ -17,6 +17,7 @@ def worker(rank: int, tmp_path) -> None:
     from torchllm.metrics import norms
     from torchllm.metrics.norms import l2_norm, l2_norms, track_update
     from torchllm.metrics.reduce import loss_stats, to_host
+    from torchllm.config.paths import tensorboard_folder
     from torchllm.metrics.writers import build_writers
 
     # Rank 0: 3 tokens, summed loss 6 (mean 2); rank 1: 5 tokens, summed loss 20 (mean 4).
@@ -43,7 +44,8 @@ def worker(rank: int, tmp_path) -> None:
         sharded.data.mul_(1.5)  # an update of exactly 0.5·W
 
     cfg = tiny_config(tmp_path, "--metrics.rank_0_only=false")
-    (writer,) = build_writers(cfg, "run", tmp_path / "run", dist.get_rank())
+    (writer,) = build_writers(cfg.metrics, tensorboard_folder(cfg.job, cfg.metrics, "run"),
+                              "run", tmp_path / "run", dist.get_rank())
     writer.write(1, {"loss/avg": stats["loss"]})
     writer.close()
     result = {**stats, "norm": norm, "full_norm": full.norm().item(), **out,

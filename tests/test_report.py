@@ -149,7 +149,7 @@ def test_next_lines_use_the_runs_local_eval_copies(tmp_path, capfd):
     tasks = tmp_path / "task copies"
     run = tmp_path / "no run"
     cfg = tiny_config(tmp_path, f"--eval.hellaswag_data={hs}", f"--eval.tasks_data_dir={tasks}")
-    lines = evals_offline(cfg, shlex.quote(str(run)), " --tasks arc_easy,copa")
+    lines = evals_offline(cfg.eval, shlex.quote(str(run)), " --tasks arc_easy,copa")
     assert [shlex.split(ln) for ln in lines] == [
         ["python", "-m", "torchllm.eval.hellaswag", "--checkpoint", str(run), "--limit", "200",
          "--data", str(hs)],
@@ -162,7 +162,7 @@ def test_next_lines_use_the_runs_local_eval_copies(tmp_path, capfd):
         assert "unrecognized" not in err  # the flag the line passes is the CLI's
     for where in (str(tmp_path / "missing.jsonl"), "Rowan/hellaswag"):
         cfg = tiny_config(tmp_path, f"--eval.hellaswag_data={where}")
-        hub_hs, hub_tasks = evals_offline(cfg, "RUN", "")
+        hub_hs, hub_tasks = evals_offline(cfg.eval, "RUN", "")
         assert hub_hs.endswith("--limit 200  # downloads it; offline: --data hellaswag_val.jsonl")
         assert hub_tasks.endswith("# downloads them; offline: --data-dir DIR (docs/evaluation.md)")
 

@@ -90,15 +90,20 @@ def test_trainer_prints_a_short_header_with_the_data_summary(tmp_path, caplog):
 
 def test_parallel_line_names_every_dim_in_use():
     from torchllm.metrics.header import parallel_summary
+    from torchllm.parallel import ParallelPlan
     from torchllm.parallel.dims import ParallelDims
+
+    def plan(cfg):
+        return ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+                            cfg.training.mixed_precision)
 
     cfg = load_config(["--parallelism.pipeline_parallel_degree=2",
                        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
                        "--parallelism.pipeline_parallel_microbatch_size=2"])
     dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=2, world_size=32, cp=2, ep=2, pp=2)
-    line = parallel_summary(dims, "cuda", "bf16", cfg)
+    line = parallel_summary(dims, "cuda", "bf16", plan(cfg))
     assert line.startswith("32 processes on cuda: PP 2 (Interleaved1F1B, micro-batches of 2) x "
                            "HSDP replicate 2 x shard 2, CP 2, TP 2, EP 2 | bf16 |"), line
     plain = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, world_size=1)
-    assert parallel_summary(plain, "cpu", "fp32", load_config([])).startswith(
+    assert parallel_summary(plain, "cpu", "fp32", plan(load_config([]))).startswith(
         "1 process on cpu: no data parallelism | fp32")

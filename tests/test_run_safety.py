@@ -385,7 +385,8 @@ def test_overwrite_deletes_only_this_runs_folders_and_says_what(tmp_path, log_te
     (tmp_path / "tb" / "r" / "events.out.tfevents.2.host").write_text("old curves")
     def prepare(*args):
         cfg = tiny_config(tmp_path, "--job.run_name=r", *args)
-        return prepare_run_dir(run_folders(cfg), torch.device("cpu"), stale_s=60,
+        return prepare_run_dir(run_folders(cfg.job, cfg.checkpoint, cfg.metrics),
+                               torch.device("cpu"), stale_s=60,
                                overwrite=cfg.job.overwrite, resumes=cfg.checkpoint.enable,
                                replica=False)
 

@@ -19,7 +19,8 @@ from torchllm import models
 from torchllm.callbacks import StepReport, TrainContext, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import JobConfig, to_toml
-from torchllm.data import build_data
+from torchllm.config.paths import tensorboard_folder
+from torchllm.data import build_data, holds_out
 from torchllm.data.fingerprint import data_fingerprint
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
@@ -122,7 +123,8 @@ class Trainer:
         self.context = self._context(counts)
         logger.info(self.context.header)
         if dp_rank == 0:  # a source read hundreds of times, a validation split of nothing
-            for warning in data_warnings(cfg, self.train_loader.dataset, self.val_loader.dataset,
+            for warning in data_warnings(cfg.data, cfg.validation, holds_out(cfg),
+                                         self.train_loader.dataset, self.val_loader.dataset,
                                          global_batch, tcfg.steps):
                 logger.warning("data: %s", warning)
         # A guard that stops the run saves first (when checkpointing is on) for inspection.
@@ -142,9 +144,10 @@ class Trainer:
         write_run_config(cfg, self.run_dir)
         # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
-            cfg, self.model, self.optimizer, self.device, run_name(cfg), self.run_dir,
+            cfg.metrics, tcfg.steps, self.model, self.optimizer, self.device, run_name(cfg),
+            self.run_dir, tensorboard_folder(cfg.job, cfg.metrics, run_name(cfg)),
             self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
-            start_step=self.step,
+            start_step=self.step, config=dataclasses.asdict(cfg),
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)

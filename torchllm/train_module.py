@@ -53,7 +53,10 @@ class TrainModule:
         self.model.train()
         # Speed levers acting at run time: bf16 weights cast once per step, the SDPA kernels,
         # CUDA-graph step boundaries (torchllm.parallel.levers).
-        self.levers = StepLevers(cfg, self.model, bf16, device.type)
+        self.levers = StepLevers(self.model, bf16, device.type,
+                                 cast_weights_once=cfg.training.cast_weights_once,
+                                 sdpa_backend=cfg.model.sdpa_backend,
+                                 cudagraphs=cfg.compile.cudagraphs)
         # The family's loss path: the token loss plus its own terms (MoE: auxiliary losses).
         self.family_loss = family_loss(self.model, cfg.model)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, device)

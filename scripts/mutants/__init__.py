@@ -35,6 +35,7 @@ from mutants import ft_api
 from mutants import ft_semi_sync
 from mutants import house_module
 from mutants import house_resume
+from mutants import house_config_b
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -70,5 +71,6 @@ MUTANTS = [
     *ft_semi_sync.MUTANTS,
     *house_module.MUTANTS,
     *house_resume.MUTANTS,
+    *house_config_b.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

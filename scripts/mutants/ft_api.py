@@ -96,7 +96,7 @@ MUTANTS = [
         "fault_tolerance.process_group = 'nccl' with training.device = 'cpu' passes the config "
         "check on a GPU machine (NCCL then fails on CPU tensors mid-run)",
         "torchllm.config.sections_ft:fault_tolerance_errors",
-        '    if ft.process_group == "nccl" and cfg.training.device == "cpu":\n',
+        '    if ft.process_group == "nccl" and device == "cpu":\n',
         "    if False:\n",
         (T + "test_nccl_with_training_on_cpu_is_refused_at_config_load_on_a_gpu_machine",),
     ),

@@ -147,9 +147,11 @@ MUTANTS = [
         "empty_validation_split_unwarned",
         "a held-out validation split of 0 windows goes unsaid",
         "torchllm.metrics.header:data_warnings",
-        "    if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0\n",
-        "    if (held is not None and len(val_dataset) < 0 and cfg.data.val_fraction > 0\n",
-        (CE + "test_the_shipped_sft_config_on_a_small_chat_file_warns",),
+        "    if (held is not None and len(val_dataset) == 0 and dcfg.val_fraction > 0\n",
+        "    if (held is not None and len(val_dataset) < 0 and dcfg.val_fraction > 0\n",
+        (CE + "test_the_shipped_sft_config_on_a_small_chat_file_warns",
+         "tests/test_header_fixes.py::"
+         "test_a_held_out_split_of_no_windows_is_warned_of_only_when_it_is_held_out"),
     ),
     Mutant.at(
         "report_plots_single_steps",

@@ -79,8 +79,8 @@ MUTANTS = [
     Mutant.at(
         "next_downstream_wrong_flag", "the end block's downstream command passes the local copies "
         "with a flag the CLI does not have", "torchllm.report.hook:evals_offline",
-        "                      f\"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}\")",
-        "                      f\"--data {shlex.quote(cfg.eval.tasks_data_dir)}\")",
+        "                      f\"--data-dir {shlex.quote(ecfg.tasks_data_dir)}\")",
+        "                      f\"--data {shlex.quote(ecfg.tasks_data_dir)}\")",
         ("tests/test_report.py::test_next_lines_use_the_runs_local_eval_copies",),
     ),
     Mutant.at(

@@ -189,9 +189,11 @@ class JobConfig:
         for key, ok, allowed in self.rules():
             if not ok:
                 raise ConfigError(f"{key} = {self.value(key)}: {allowed}", key)
-        for key, message in path_errors(self):
+        for key, message in path_errors(self.job, self.checkpoint, self.profiling, self.metrics):
             raise ConfigError(message, key)
-        for key, message in fault_tolerance_errors(self):
+        for key, message in fault_tolerance_errors(
+                self.fault_tolerance, self.checkpoint, self.training.device,
+                self.parallelism.pipeline_parallel_degree):
             raise ConfigError(message, key)
         if self.data.tokenizer == "from_initial_load" and not self.checkpoint.initial_load_path:
             raise ConfigError(

@@ -50,9 +50,9 @@ def _not_its_key(section: str, key: str, value: Any, obj) -> ConfigError:
         "or select one of those", f"{section}.{key}")
 
 
-def _suggest(section: str, key: str, cfg: JobConfig) -> str:
-    """' did you mean X?' for an unknown key, or '' when nothing is close."""
-    keys = _all_keys(cfg)
+def _suggest(section: str, key: str, keys: list[str]) -> str:
+    """' did you mean X?' for an unknown key, of all the dotted `keys` (`_all_keys`), or ''
+    when nothing is close."""
     same_name = [k for k in keys if k.split(".")[1] == key]
     if same_name:
         return f"; did you mean {same_name[0]}?"
@@ -84,7 +84,8 @@ def _set(cfg: JobConfig, section: str, key: str, value: Any, where: str, from_cl
     if key not in types_:
         if section in components.SELECTORS and components.owners(section, key):
             raise _not_its_key(section, key, value, obj)
-        raise ConfigError(f"{where}: unknown key {section}.{key}{_suggest(section, key, cfg)}")
+        hint = _suggest(section, key, _all_keys(cfg))
+        raise ConfigError(f"{where}: unknown key {section}.{key}{hint}")
     try:
         if from_cli:
             converted = parse_string(value, types_[key])
@@ -272,9 +273,9 @@ def section_rows(name: str, obj) -> list[tuple[dataclasses.Field, Any, Any, str]
     return rows
 
 
-def help_text(cfg: JobConfig | None = None) -> str:
+def help_text() -> str:
     """`--help`: every key by section with its type, default and help string."""
-    cfg = cfg or JobConfig()
+    cfg = JobConfig()
     out = [
         "usage: ./run_train.sh [--section.key=value ...]   (or python -m torchllm.train ...)",
         "Precedence: command line > TOML file (--job.config_file) > defaults.",

@@ -31,10 +31,10 @@ def run_name(job) -> str:
     return Path(job.config_file).stem if job.config_file else "default"
 
 
-def tensorboard_folder(cfg, run_name: str) -> Path:
-    """Where a run's TensorBoard events go (per-rank subfolders under it without
-    metrics.rank_0_only: torchllm.metrics.writers)."""
-    return Path(cfg.job.dump_folder) / cfg.metrics.tb_folder / run_name
+def tensorboard_folder(job, metrics, run_name: str) -> Path:
+    """Where a run's TensorBoard events go, from the [job] and [metrics] sections (per-rank
+    subfolders under it without metrics.rank_0_only: torchllm.metrics.writers)."""
+    return Path(job.dump_folder) / metrics.tb_folder / run_name
 
 
 def checkpoint_folder(run_dir: Location, folder: str) -> Location:
@@ -52,12 +52,13 @@ class RunFolders:
     tensorboard_root: Path  # <job.dump_folder>/<metrics.tb_folder>: every run's, never deleted
 
 
-def run_folders(cfg) -> RunFolders:
-    """The run's folders, from job.dump_folder, the run name, checkpoint.folder and
-    metrics.tb_folder (each checked by `path_errors` when the config loads)."""
-    name, dump = run_name(cfg.job), Path(cfg.job.dump_folder)
-    return RunFolders(dump / name, checkpoint_folder(dump / name, cfg.checkpoint.folder),
-                      tensorboard_folder(cfg, name), dump / cfg.metrics.tb_folder)
+def run_folders(job, checkpoint, metrics) -> RunFolders:
+    """The run's folders, from the [job], [checkpoint] and [metrics] sections: job.dump_folder,
+    the run name, checkpoint.folder and metrics.tb_folder (each checked by `path_errors` when
+    the config loads)."""
+    name, dump = run_name(job), Path(job.dump_folder)
+    return RunFolders(dump / name, checkpoint_folder(dump / name, checkpoint.folder),
+                      tensorboard_folder(job, metrics, name), dump / metrics.tb_folder)
 
 
 def bad_name(name: str) -> bool:
@@ -93,24 +94,27 @@ def local_url(url: str) -> str | None:
     return None
 
 
-def path_errors(cfg) -> list[tuple[str, str]]:
-    """(key, message) for every folder key that would leave its parent folder."""
+def path_errors(job, checkpoint, profiling, metrics) -> list[tuple[str, str]]:
+    """(key, message) for every folder key of these sections that would leave its parent
+    folder."""
     errors = []
-    name = run_name(cfg.job)
+    sections = {"checkpoint": checkpoint, "profiling": profiling, "metrics": metrics}
+    name = run_name(job)
     if bad_name(name):
-        if cfg.job.run_name is not None:
+        if job.run_name is not None:
             errors.append(("job.run_name",
                            f"job.run_name = {name!r}: must be {NAME_ALLOWED}"))
         else:
             errors.append(("job.run_name", f"the run name {name!r} (the stem of job.config_file "
-                           f"{cfg.job.config_file!r}) is not one folder name; set "
+                           f"{job.config_file!r}) is not one folder name; set "
                            "--job.run_name to one (no '/', not '.' or '..')"))
     subfolders = [("checkpoint.folder", "the run folder"),
                   ("profiling.traces_folder", "the run folder"),
                   ("profiling.memory_snapshot_folder", "the run folder"),
                   ("metrics.tb_folder", "job.dump_folder")]
     for key, where in subfolders:
-        value = cfg.value(key)
+        section, _, field = key.partition(".")
+        value = getattr(sections[section], field)
         if key == "checkpoint.folder" and "://" in value:
             if problem := local_url(value) or missing_package(value):
                 errors.append((key, f"{key} = {problem}"))
@@ -120,18 +124,18 @@ def path_errors(cfg) -> list[tuple[str, str]]:
                            + SUBFOLDER_ALLOWED.format(where=where)
                            + (" (or an fsspec URL such as s3://bucket/prefix)"
                               if key == "checkpoint.folder" else "")))
-    mirror = cfg.checkpoint.local_mirror
-    if mirror and "://" not in cfg.checkpoint.folder:
+    mirror = checkpoint.local_mirror
+    if mirror and "://" not in checkpoint.folder:
         errors.append(("checkpoint.local_mirror", f"checkpoint.local_mirror = {mirror!r} mirrors "
                        "a checkpoint folder on object storage, but checkpoint.folder = "
-                       f"{cfg.checkpoint.folder!r} is local; set checkpoint.folder to a URL "
+                       f"{checkpoint.folder!r} is local; set checkpoint.folder to a URL "
                        "(s3://bucket/prefix) or leave local_mirror unset"))
     elif mirror and bad_subfolder(mirror):
         errors.append(("checkpoint.local_mirror", f"checkpoint.local_mirror = {mirror!r}: must "
                        "be " + SUBFOLDER_ALLOWED.format(where="the run folder")))
-    tb_top = PurePosixPath(cfg.metrics.tb_folder.replace("\\", "/")).parts[:1]
+    tb_top = PurePosixPath(metrics.tb_folder.replace("\\", "/")).parts[:1]
     if not errors and tb_top == (name,):
         errors.append(("job.run_name", f"job.run_name = {name!r} is the first folder of "
-                       f"metrics.tb_folder ({cfg.metrics.tb_folder!r}), where every run's "
+                       f"metrics.tb_folder ({metrics.tb_folder!r}), where every run's "
                        "TensorBoard events go; choose another run name"))
     return errors

@@ -70,9 +70,11 @@ NCCL_ON_CPU = ("fault_tolerance.process_group = 'nccl' needs CUDA, but {where}: 
                "fault_tolerance.process_group = 'gloo' (works on CPU and GPU), or train on CUDA")
 
 
-def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
-    """(key, message) for every value-only problem of [fault_tolerance] (off: none)."""
-    ft = cfg.fault_tolerance
+def fault_tolerance_errors(ft: FaultTolerance, checkpoint, device: str,
+                           pipeline_degree: int) -> list[tuple[str, str]]:
+    """(key, message) for every value-only problem of [fault_tolerance] `ft` (off: none), with
+    what it constrains elsewhere: the [checkpoint] section, training.device and
+    parallelism.pipeline_parallel_degree."""
     if not ft.enable:
         if ft.semi_sync_method != "none":
             return [("fault_tolerance.semi_sync_method", "fault_tolerance.semi_sync_method = "
@@ -98,22 +100,22 @@ def fault_tolerance_errors(cfg) -> list[tuple[str, str]]:
     if not ft.secret_env.isidentifier():
         return [("fault_tolerance.secret_env", f"fault_tolerance.secret_env = {ft.secret_env!r} "
                  "is not an environment variable's name (e.g. TORCHLLM_FT_SECRET)")]
-    if ft.process_group == "nccl" and cfg.training.device == "cpu":
+    if ft.process_group == "nccl" and device == "cpu":
         return [("fault_tolerance.process_group", NCCL_ON_CPU.format(where="training.device = "
                                                                      "'cpu'"))]
-    pp = cfg.parallelism.pipeline_parallel_degree
+    pp = pipeline_degree
     if pp > 1:
         return [("fault_tolerance.enable", "fault_tolerance.enable with "
                  f"parallelism.pipeline_parallel_degree = {pp} is not supported: torchft replicates "
                  "whole groups over the data-parallel dimension and heals a group from one peer "
                  "rank per rank, which a pipeline's stages do not line up with; use "
                  "pipeline_parallel_degree = 1 (DDP, FSDP2, TP or CP inside each group)")]
-    return semi_sync_errors(cfg)
+    return semi_sync_errors(ft, checkpoint)
 
 
-def semi_sync_errors(cfg) -> list[tuple[str, str]]:
-    """(key, message) for semi-synchronous training's settings (method 'none': none)."""
-    ft, ckpt = cfg.fault_tolerance, cfg.checkpoint
+def semi_sync_errors(ft: FaultTolerance, ckpt) -> list[tuple[str, str]]:
+    """(key, message) for semi-synchronous training's settings (method 'none': none), with
+    the [checkpoint] section `ckpt` they constrain."""
     if ft.semi_sync_method == "none":
         return []
     if ft.sync_steps < 1:

@@ -20,8 +20,12 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchllm.config.job_config import JobConfig
+
+if TYPE_CHECKING:
+    from torchllm.parallel.plan import ParallelPlan
 
 WIDTH = 100
 SHOWN_ELSEWHERE = {("job", "config_file"), ("job", "description")}
@@ -30,12 +34,13 @@ SHOWN_ELSEWHERE = {("job", "config_file"), ("job", "description")}
 HF_ONLY = {("data", "hf_subset"), ("data", "hf_split")}  # meaningless without an HF source
 
 
-def _uses_hf(cfg: JobConfig) -> bool:
-    """Whether any data spec reads a Hugging Face dataset ('hf:...', 'chat:hf:...', a named one,
-    or a spec the sources do not know: shown rather than hidden)."""
+def _uses_hf(dcfg, vcfg) -> bool:
+    """Whether any data spec of the [data] and [validation] sections reads a Hugging Face
+    dataset ('hf:...', 'chat:hf:...', a named one, or a spec the sources do not know: shown
+    rather than hidden)."""
     from torchllm.data.sources import reads_hub
 
-    specs = [cfg.data.dataset, cfg.validation.dataset, *(s.dataset for s in cfg.data.sources)]
+    specs = [dcfg.dataset, vcfg.dataset, *(s.dataset for s in dcfg.sources)]
     return any(reads_hub(spec) for spec in filter(None, specs))
 
 
@@ -43,7 +48,7 @@ def config_changes(cfg: JobConfig) -> dict[str, list[str]]:
     """{section: ["key=value", ...]} for every value that differs from the dataclass default
     (data.hf_subset / hf_split only where some data source is a Hugging Face dataset)."""
     defaults = JobConfig()
-    skip = SHOWN_ELSEWHERE | (set() if _uses_hf(cfg) else HF_ONLY)
+    skip = SHOWN_ELSEWHERE | (set() if _uses_hf(cfg.data, cfg.validation) else HF_ONLY)
     out: dict[str, list[str]] = {}
     for name, section in cfg.sections():
         default = getattr(defaults, name)
@@ -88,11 +93,13 @@ def data_summary(train_dataset, val_dataset, global_batch: int, steps: int,
 MANY_EPOCHS = 100  # more passes over the same windows than this: the run memorizes them
 
 
-def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
+def data_warnings(dcfg, vcfg, held_out: bool, train_dataset, val_dataset, global_batch: int,
                   steps: int) -> list[str]:
     """What the header's data line implies and a user should hear of: a source the run reads
     more than MANY_EPOCHS times (a small file packed into a few windows), and a held-out
-    validation split of 0 windows (data.val_fraction of too few windows)."""
+    validation split of 0 windows (data.val_fraction of too few windows). `dcfg`, `vcfg`: the
+    [data] and [validation] sections; `held_out`: whether the training data holds a validation
+    split out (torchllm.data.holds_out)."""
     out = []
     names = getattr(train_dataset, "names", None)
     if names is not None:  # a mixture, or one source as a mixture of one (e.g. chat:)
@@ -114,21 +121,20 @@ def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
                 f"{epochs:,.0f} times ({steps:,} steps x {global_batch} windows): the model will "
                 "memorize them; give more data, fewer training.steps, or for conversations "
                 "data.chat_packing = 'pad' (one conversation per window)")
-    from torchllm.data import holds_out
-
     held = getattr(val_dataset, "__len__", None)
-    if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0
-            and holds_out(cfg) and not cfg.validation.split):
+    if (held is not None and len(val_dataset) == 0 and dcfg.val_fraction > 0
+            and held_out and not vcfg.split):
         out.append(
             f"the held-out validation split is 0 windows (data.val_fraction = "
-            f"{cfg.data.val_fraction:g} of too few windows): there is nothing to validate on; "
+            f"{dcfg.val_fraction:g} of too few windows): there is nothing to validate on; "
             "give more data or a larger data.val_fraction (at least one window)")
     return out
 
 
-def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
+def parallel_summary(dims, device, precision: str, plan: ParallelPlan) -> str:
     """Processes, the parallel layout (PP, data, CP, TP, EP), precision, compile and AC in one
-    line."""
+    line; `plan`: the run's torchllm.parallel.plan.ParallelPlan (its [parallelism], [float8],
+    [activation_checkpoint] and [compile] sections)."""
     world = dims.world_size
     head = f"{world} process{'es' if world > 1 else ''} on {device}"
     if dims.fsdp_enabled and dims.dp_replicate_enabled:
@@ -140,24 +146,24 @@ def parallel_summary(dims, device, precision: str, cfg: JobConfig) -> str:
     else:
         layout = "no data parallelism"
     if dims.pp_enabled:
-        pcfg = cfg.parallelism
+        pcfg = plan.parallelism
         layout = (f"PP {dims.pp} ({pcfg.pipeline_parallel_schedule}, micro-batches of "
                   f"{pcfg.pipeline_parallel_microbatch_size}) x {layout}")
     for name, degree in (("CP", dims.cp), ("TP", dims.tp), ("EP", dims.ep)):
         if degree > 1:
             layout += f", {name} {degree}"
-    compiled = "compile " + ("on" if cfg.compile.enable else "off")
-    float8 = f" | float8 {cfg.float8.recipe}" if cfg.float8.enable else ""
+    compiled = "compile " + ("on" if plan.compile.enable else "off")
+    float8 = f" | float8 {plan.float8.recipe}" if plan.float8.enable else ""
     return (f"{head}: {layout} | {precision}{float8} | {compiled} | "
-            f"AC {cfg.activation_checkpoint.mode}")
+            f"AC {plan.activation_checkpoint.mode}")
 
 
-def run_header(cfg: JobConfig, *, run_dir: Path, model_line: str, parallel_line: str,
-               batch_line: str, data_line: str, tokenizer_line: str) -> str:
-    """The header as one multi-line string (the first line is the run's name)."""
-    title = f"run {run_dir.name}" + (f": {cfg.job.description}" if cfg.job.description else "")
-    source = cfg.job.config_file or "defaults (no job.config_file)"
-    changes = config_changes(cfg)
+def run_header(job, changes: dict[str, list[str]], *, run_dir: Path, model_line: str,
+               parallel_line: str, batch_line: str, data_line: str, tokenizer_line: str) -> str:
+    """The header as one multi-line string (the first line is the run's name): `job`, the [job]
+    section (description, config file); `changes`, what config_changes lists."""
+    title = f"run {run_dir.name}" + (f": {job.description}" if job.description else "")
+    source = job.config_file or "defaults (no job.config_file)"
     changed = [("changed" if i == 0 else "", f"{section}: {' '.join(items)}")
                for i, (section, items) in enumerate(changes.items())]
     rows = [
@@ -195,18 +201,21 @@ def model_shape(args) -> str:
 def context_header(ctx, counts: dict[str, int]) -> str:
     """The header of a built run, from its TrainContext (its config, model, loaders, layout)."""
     from torchllm.models.lora import parameter_summary  # (LoRA: how many parameters train)
+    from torchllm.parallel.plan import ParallelPlan
 
     cfg, tcfg = ctx.cfg, ctx.cfg.training
     dims = ctx.parallel_dims
+    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+                        tcfg.mixed_precision)
     return run_header(
-        cfg, run_dir=ctx.run_dir,
+        cfg.job, config_changes(cfg), run_dir=ctx.run_dir,
         model_line=(f"{cfg.model.name}/{cfg.model.flavor} ({model_shape(ctx.model_args)}): "
                     f"{counts['params']:,} params "
                     f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
                     "vocab "
                     f"{ctx.model_args.vocab_size} (tokenizer {ctx.tokenizer.vocab_size})"
                     f"{parameter_summary(ctx.module.model, cfg)}"),
-        parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(), cfg),
+        parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(), plan),
         batch_line=(f"global batch {ctx.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {dims.dp_degree} dp x "
                     f"{ctx.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),

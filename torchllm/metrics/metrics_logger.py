@@ -24,18 +24,22 @@ from torchllm.ranks import rank, world_size
 
 
 class MetricsLogger:
-    def __init__(self, cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device, run_name: str, run_dir: Path, flops_per_token: int,
-                 peak, guard, group=None, start_step: int = 0):
-        """`peak`: a flops.Peak (or None: no MFU); `group`: the data-parallel process group
-        (None = the default group, if any); `start_step`: the step the run resumed from
-        (0 = a fresh start)."""
-        self.log_freq, self.total_steps = cfg.metrics.log_freq, cfg.training.steps
+    def __init__(self, mcfg, steps: int, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, device: torch.device, run_name: str,
+                 run_dir: Path, tb_folder: Path, flops_per_token: int, peak, guard, group=None,
+                 start_step: int = 0, config: dict | None = None):
+        """`mcfg`: the [metrics] section; `steps`: training.steps; `tb_folder`: the run's
+        TensorBoard folder (torchllm.config.paths.tensorboard_folder); `peak`: a flops.Peak (or
+        None: no MFU); `group`: the data-parallel process group (None = the default group, if
+        any); `start_step`: the step the run resumed from (0 = a fresh start); `config`: the
+        run's config as a dict (W&B records it)."""
+        self.log_freq, self.total_steps = mcfg.log_freq, steps
         self.model, self.optimizer, self.device, self.group = model, optimizer, device, group
         self.flops_per_token, self.peak, self.guard = flops_per_token, peak, guard
         self.groups = watched_groups(model)
-        self.writers = build_writers(cfg, run_name, run_dir, rank(), start_step)
-        self.progress = Progress(cfg.training.steps, live=cfg.metrics.progress_bar and rank() == 0)
+        self.writers = build_writers(mcfg, tb_folder, run_name, run_dir, rank(), start_step,
+                                     config)
+        self.progress = Progress(steps, live=mcfg.progress_bar and rank() == 0)
         self.interval = self._empty_interval()
 
     @staticmethod

@@ -11,10 +11,8 @@ before any writer exists (torchllm.run.rundir).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from torchllm.config.paths import tensorboard_folder  # the folder layout is the config's
 from torchllm.log import logger
 
 
@@ -56,15 +54,16 @@ class TensorBoardWriter:
 
 
 class WandbWriter:
-    def __init__(self, wandb, project: str, run_name: str, run_dir: Path, config, rank: int,
-                 per_rank: bool):
+    def __init__(self, wandb, project: str, run_name: str, run_dir: Path, config: dict | None,
+                 rank: int, per_rank: bool):
+        """`config`: the run's whole config as a dict (W&B records it with the run)."""
         self.wandb = wandb
         self.run = wandb.init(
             project=project,
             name=f"{run_name}-rank{rank}" if per_rank else run_name,
             group=run_name if per_rank else None,
             dir=str(run_dir),
-            config=dataclasses.asdict(config),
+            config=config,
         )
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
@@ -78,18 +77,20 @@ class WandbWriter:
         self.run.finish()
 
 
-def build_writers(cfg, run_name: str, run_dir: Path, rank: int, start_step: int = 0) -> list:
-    """The writers this rank uses (none on ranks other than 0 under rank_0_only).
+def build_writers(mcfg, tb_folder: Path, run_name: str, run_dir: Path, rank: int,
+                  start_step: int = 0, config: dict | None = None) -> list:
+    """The writers this rank uses, as the [metrics] section `mcfg` says (none on ranks other
+    than 0 under rank_0_only).
 
-    `start_step`: the step the run resumed from (0 for a fresh start)."""
-    mcfg = cfg.metrics
+    `tb_folder`: the run's TensorBoard folder (torchllm.config.paths.tensorboard_folder, the
+    layout the config's keys name); `start_step`: the step the run resumed from (0 for a fresh
+    start); `config`: the run's config as a dict, which W&B records."""
     if mcfg.rank_0_only and rank != 0:
         return []
     per_rank = not mcfg.rank_0_only
     writers = []
     if mcfg.enable_tensorboard:
-        folder = tensorboard_folder(cfg, run_name)
-        writers.append(TensorBoardWriter(folder / f"rank_{rank}" if per_rank else folder,
+        writers.append(TensorBoardWriter(tb_folder / f"rank_{rank}" if per_rank else tb_folder,
                                          start_step))
     if mcfg.enable_wandb:
         try:
@@ -98,6 +99,6 @@ def build_writers(cfg, run_name: str, run_dir: Path, rank: int, start_step: int 
             logger.warning("metrics.enable_wandb = true but wandb is not installed "
                            "(pip install wandb); logging without it")
         else:
-            writers.append(WandbWriter(wandb, mcfg.wandb_project, run_name, run_dir, cfg, rank,
-                                       per_rank))
+            writers.append(WandbWriter(wandb, mcfg.wandb_project, run_name, run_dir, config,
+                                       rank, per_rank))
     return writers

@@ -17,12 +17,14 @@ from torchllm.parallel.float8 import register_float8_scale_precompute
 from torchllm.parallel.init import init_model_weights
 from torchllm.parallel.parallelize import build_parallel_dims, parallelize_model
 from torchllm.parallel.pipeline_schedule import Pipeline
+from torchllm.parallel.plan import ParallelPlan
 
 __all__ = [
     "FirstCollectiveError",
     "ContextParallel",
     "apply_cp",
     "ParallelDims",
+    "ParallelPlan",
     "Pipeline",
     "any_rank",
     "build_loss_fn",

@@ -30,16 +30,16 @@ def single_device(dims) -> bool:
                 or dims.cp_enabled or dims.ep_enabled)
 
 
-def check_levers(cfg, dims, device_type: str) -> None:
-    """Every lever asked for must work on this device and layout (else a one-line ConfigError)."""
-    tcfg, ccfg = cfg.training, cfg.compile
+def check_levers(tcfg, ccfg, fcfg, mcfg, dims, device_type: str) -> None:
+    """Every lever the [training], [compile] and [model] sections ask for must work on this
+    device and layout, and with [float8] `fcfg` (else a one-line ConfigError)."""
     if tcfg.cast_weights_once:
         if not single_device(dims):
             raise ConfigError(
                 "training.cast_weights_once is for one device: under FSDP2 its mixed-precision "
                 "policy casts the gathered weights already, and DDP/TP/PP hook the weights it "
                 "swaps; set it to false", "training.cast_weights_once")
-        if cfg.float8.enable:
+        if fcfg.enable:
             raise ConfigError(
                 "training.cast_weights_once with float8.enable: float8 casts the weights itself; "
                 "turn one of them off", "training.cast_weights_once")
@@ -77,15 +77,15 @@ def check_levers(cfg, dims, device_type: str) -> None:
             raise ConfigError(
                 "compile.cudagraphs = true needs compile.enable = true and compile.backend = "
                 "'inductor'", "compile.cudagraphs")
-    backend = cfg.model.sdpa_backend
+    backend = mcfg.sdpa_backend
     if backend in CUDA_ONLY_SDPA and device_type != "cuda":
         raise ConfigError(
             f"model.sdpa_backend = '{backend}' needs CUDA; on CPU use 'auto', 'flash' or 'math'",
             "model.sdpa_backend")
-    if backend != "auto" and cfg.model.attention != "sdpa":
+    if backend != "auto" and mcfg.attention != "sdpa":
         raise ConfigError(
             f"model.sdpa_backend = '{backend}' applies to model.attention = 'sdpa' (it is "
-            f"'{cfg.model.attention}'); leave it 'auto'", "model.sdpa_backend")
+            f"'{mcfg.attention}'); leave it 'auto'", "model.sdpa_backend")
 
 
 def sdpa_context(backend: str):
@@ -121,10 +121,13 @@ class OwnGradients:
 class StepLevers:
     """What the trainer wraps its steps in for the levers that act at run time."""
 
-    def __init__(self, cfg, model: nn.Module, bf16: bool, device_type: str):
-        self.cast = CastWeightsOnce(model) if cfg.training.cast_weights_once and bf16 else None
-        self.sdpa_backend = cfg.model.sdpa_backend
-        self.cudagraphs = cfg.compile.cudagraphs and device_type == "cuda"
+    def __init__(self, model: nn.Module, bf16: bool, device_type: str, *,
+                 cast_weights_once: bool, sdpa_backend: str, cudagraphs: bool):
+        """The levers training.cast_weights_once, model.sdpa_backend and compile.cudagraphs
+        ask for."""
+        self.cast = CastWeightsOnce(model) if cast_weights_once and bf16 else None
+        self.sdpa_backend = sdpa_backend
+        self.cudagraphs = cudagraphs and device_type == "cuda"
         self.grads = OwnGradients(model) if self.cudagraphs else None
 
     @contextlib.contextmanager

@@ -20,12 +20,15 @@ from torchllm.parallel.float8 import apply_float8, check_float8_hardware
 from torchllm.parallel.levers import check_levers
 from torchllm.parallel.float8 import inductor_options as float8_inductor_options  # noqa: I001
 from torchllm.parallel.pipeline import check_pipeline
+from torchllm.parallel.plan import ParallelPlan
 from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
 
 
 def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
-    """Every parallelism check that needs no process group: degrees, model shape, options."""
+    """Every parallelism check that needs no process group: degrees, model shape, options. An
+    entry point (scripts/config_coupling.py): the layout constrains most sections, so it reads
+    the whole config and hands each check its own sections."""
     dims = ParallelDims.from_config(job_config.parallelism, world_size)
     dims.device_type = device_type
     dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
@@ -43,7 +46,8 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "training.seq_len",
         )
     if dims.pp_enabled:  # schedule, micro-batches, the stages' split, what PP cannot run yet
-        check_pipeline(job_config, model_args, dims.pp)
+        check_pipeline(job_config.parallelism, job_config.training, job_config.model.name,
+                       job_config.eval, model_args, dims.pp)
     if dims.cp_enabled:
         check_cp_lengths(job_config.training, dims.cp, dims.tp)
         if job_config.model.dropout:  # (chunked_attention's pairs run without dropout)
@@ -96,7 +100,8 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
     check_lora(job_config, dims)
     check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
-    check_levers(job_config, dims, device_type)  # the speed levers (torchllm.parallel.levers)
+    check_levers(job_config.training, job_config.compile, job_config.float8, job_config.model,
+                 dims, device_type)  # the speed levers (torchllm.parallel.levers)
     return dims
 
 
@@ -116,9 +121,10 @@ def check_cp_lengths(tcfg, cp: int, tp: int) -> None:
             )
 
 
-def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims, job_config) -> None:
-    """Apply, in place, on the meta-device model of family `spec` (its declared plans):
-    CP -> EP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
+def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims,
+                      plan: ParallelPlan) -> None:
+    """Apply, in place, on the meta-device model of family `spec` (its declared plans) what
+    `plan` (its config sections) asks: CP -> EP -> TP -> float8 -> AC -> compile -> FSDP2 | DDP.
 
     Under pipeline parallelism `model` is one stage (torchllm.parallel.pipeline: the split comes
     first), and this runs once per stage on the stage's own blocks.
@@ -141,8 +147,8 @@ def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims, j
       root), which keeps their communication outside the compiled graphs, and they shard or
       replicate the final parameters, whatever the steps before made of them.
     """
-    pcfg, applied = job_config.parallelism, []
-    compiled = job_config.compile.enable and "model" in job_config.compile.components
+    pcfg, applied = plan.parallelism, []
+    compiled = plan.compile.enable and "model" in plan.compile.components
     if parallel_dims.cp_enabled:
         apply_cp(model, parallel_dims.cp_group)
         applied.append(f"CP {parallel_dims.cp} (all-gather K/V, head-tail chunks)")
@@ -152,21 +158,21 @@ def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims, j
     if parallel_dims.tp_enabled:
         apply_tp(model, parallel_dims.mesh["tp"], spec.tp_plan)
         applied.append(f"TP {parallel_dims.tp} (sequence parallel)")
-    if job_config.float8.enable:
-        names = apply_float8(model, job_config.float8, parallel_dims.device_type,
+    if plan.float8.enable:
+        names = apply_float8(model, plan.float8, parallel_dims.device_type,
                              parallel_dims.fsdp_enabled, compiled)
-        applied.append(f"float8 {job_config.float8.recipe} on {len(names)} linears")
-    counts = apply_ac(model, job_config.activation_checkpoint)
+        applied.append(f"float8 {plan.float8.recipe} on {len(names)} linears")
+    counts = apply_ac(model, plan.activation_checkpoint)
     if counts:
-        applied.append(f"AC {job_config.activation_checkpoint.mode} {counts}")
+        applied.append(f"AC {plan.activation_checkpoint.mode} {counts}")
     if compiled:
-        n = apply_compile(model, job_config.compile, float8_inductor_options(job_config.float8))
-        applied.append(f"compiled {n} blocks" if job_config.compile.granularity == "block"
+        n = apply_compile(model, plan.compile, float8_inductor_options(plan.float8))
+        applied.append(f"compiled {n} blocks" if plan.compile.granularity == "block"
                        else f"compiled the whole model ({n} blocks)")
     if parallel_dims.fsdp_enabled:
         bf16 = parallel_dims.bf16
         if bf16 is None:
-            bf16 = use_bf16(job_config.training.mixed_precision, parallel_dims.device_type)
+            bf16 = use_bf16(plan.mixed_precision, parallel_dims.device_type)
         apply_fsdp(
             model,
             parallel_dims.fsdp_mesh(),

@@ -115,9 +115,10 @@ def stage_blocks(n_layers: int, n_stages: int, layers_per_stage: int = 0,
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
 
-def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
-    """Every pipeline check that needs no process group; returns the stages' blocks."""
-    pcfg, tcfg = job_config.parallelism, job_config.training
+def check_pipeline(pcfg, tcfg, model_name: str, ecfg, model_args, pp: int) -> list[list[int]]:
+    """Every pipeline check that needs no process group, of the [parallelism] and [training]
+    sections, the family `model_name` and the [eval] section (in-training evals need the whole
+    model); returns the stages' blocks."""
     name = pcfg.pipeline_parallel_schedule
     schedule_class(name)
     n_stages = pp * stages_per_rank(name)
@@ -139,8 +140,8 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
             f"training.local_batch_size ({tcfg.local_batch_size}) / {mkey} ({mb}) = {n_micro}; "
             "use a multiple of pp micro-batches (local_batch_size / micro-batch size)", mkey)
     unsupported = [
-        (models.get(job_config.model.name).pipeline is None, "model.name",
-         f"model.name = {job_config.model.name!r} is not pipeline-parallel yet; use llama "
+        (models.get(model_name).pipeline is None, "model.name",
+         f"model.name = {model_name!r} is not pipeline-parallel yet; use llama "
          "or qwen3 (RoPE models whose stages drop the embedding / head)"),
         (pcfg.expert_parallel_degree > 1, "parallelism.expert_parallel_degree",
          "expert_parallel_degree > 1 with pipeline_parallel_degree > 1 is not supported yet; "
@@ -149,7 +150,7 @@ def check_pipeline(job_config, model_args, pp: int) -> list[list[int]]:
         (model_args.tie_embeddings, "model.tie_embeddings",
          "model.tie_embeddings = true cannot be split: the embedding (first stage) and the "
          "output head (last stage) would share a weight; set it to false"),
-        (job_config.eval.sample_freq or job_config.eval.hellaswag_freq, "eval.sample_freq",
+        (ecfg.sample_freq or ecfg.hellaswag_freq, "eval.sample_freq",
          "in-training samples and HellaSwag (eval.sample_freq, eval.hellaswag_freq) need the "
          "whole model; with pipeline_parallel_degree > 1 set them to 0 and run "
          "python -m torchllm.generate / the HellaSwag eval on the saved checkpoint"),

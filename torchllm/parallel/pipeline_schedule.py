@@ -33,6 +33,7 @@ from torchllm.parallel.pipeline import (
     rank_stages,
     schedule_class,
 )
+from torchllm.parallel.plan import ParallelPlan
 
 
 class Pipeline:
@@ -67,29 +68,33 @@ class Pipeline:
                             scale_grads=False)
 
     @classmethod
-    def build(cls, spec, model_args, dims, job_config, device, loss_fn) -> "Pipeline":
-        pcfg = job_config.parallelism
-        blocks = check_pipeline(job_config, model_args, dims.pp)
+    def build(cls, spec, model_args, dims, plan: ParallelPlan, device, loss_fn, *, tcfg, mcfg,
+              ecfg, seed: int) -> "Pipeline":
+        """This rank's stages of family `spec`, each parallelized by `plan` (a ParallelPlan)
+        and initialized from `seed` (job.seed), and their schedule; `tcfg`, `mcfg`, `ecfg`: the
+        [training], [model] and [eval] sections (micro-batches, the chunked loss, MoE losses,
+        what PP cannot run yet)."""
+        pcfg = plan.parallelism
+        blocks = check_pipeline(pcfg, tcfg, mcfg.name, ecfg, model_args, dims.pp)
         ids = rank_stages(pcfg.pipeline_parallel_schedule, dims.pp, dims.pp_rank)
         stages = []
         build = lambda: spec.build(model_args)  # noqa: E731
         for i in ids:
             stage = build_stage(build, spec.pipeline, blocks[i], first=i == 0,
                                 last=i == len(blocks) - 1)
-            parallelize_model(stage, spec, dims, job_config)  # TP, float8, AC, compile, FSDP2
-            init_stage_weights(stage, build, device, job_config.job.seed)
+            parallelize_model(stage, spec, dims, plan)  # TP, float8, AC, compile, FSDP2
+            init_stage_weights(stage, build, device, seed)
             stage.train()
             stages.append(stage)
         logger.info("pipeline: %s, %d stages (blocks %s), pp rank %d runs stages %s",
                     pcfg.pipeline_parallel_schedule, len(blocks),
                     [f"{b[0]}-{b[-1]}" for b in blocks], dims.pp_rank, ids)
-        n_micro = job_config.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
+        n_micro = tcfg.local_batch_size // pcfg.pipeline_parallel_microbatch_size
         pipeline = cls(stages, ids, len(blocks), pcfg.pipeline_parallel_schedule, n_micro,
                        loss_fn, dims, device, rank_model(stages, build, spec.pipeline),
                        reduce_every_microstep(pcfg))
         with torch.device("meta"):
             pipeline.whole = build()  # the unsplit model, for FLOP counts (never materialized)
-        mcfg, tcfg = job_config.model, job_config.training
         pipeline.attach_moe_losses(mcfg.moe_aux_loss_coef, mcfg.moe_z_loss_coef)
         pipeline.chunk_tokens = tcfg.loss_chunk_tokens if tcfg.chunked_loss else 0
         return pipeline

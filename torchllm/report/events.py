@@ -66,9 +66,10 @@ class RunData:
         return np.interp(steps, xs, ys, right=None)
 
 
-def tensorboard_dir(run_dir: Path, cfg: JobConfig | None) -> Path:
-    """Where the run's events are (see the module docstring)."""
-    tb_folder = cfg.metrics.tb_folder if cfg is not None else "tb"
+def tensorboard_dir(run_dir: Path, mcfg) -> Path:
+    """Where the run's events are (see the module docstring), by its [metrics] section `mcfg`
+    (None: a run folder without a readable config, the default tb_folder)."""
+    tb_folder = mcfg.tb_folder if mcfg is not None else "tb"
     folder = run_dir.parent / tb_folder / run_dir.name
     return folder / "rank_0" if (folder / "rank_0").is_dir() else folder
 
@@ -130,7 +131,7 @@ def load_run(run_dir: str | Path) -> RunData:
                               file_runs_code=False, file_text=text)  # a run folder's: data
         except ConfigError:
             cfg = None  # written by another version: the report goes on without it
-    tb_dir = tensorboard_dir(run_dir, cfg)
+    tb_dir = tensorboard_dir(run_dir, cfg.metrics if cfg is not None else None)
     scalars, texts = read_events(tb_dir)
     text = read_if_there(store, INFO_NAME)
     try:

@@ -178,7 +178,7 @@ class RunReport(Callback):
         rows.append(("checkpoint", str(ckpt) if ckpt else
                      "none (checkpoint.enable = false: generate, evals and export need one)"))
         if cfg.metrics.enable_tensorboard:
-            tb = tensorboard_folder(cfg, run.name)
+            tb = tensorboard_folder(cfg.job, cfg.metrics, run.name)
             rows.append(("tensorboard", f"{tb}  (tensorboard --logdir {shlex.quote(str(tb.parent))})"))
         log = run_log_path()
         if log is not None:
@@ -195,7 +195,7 @@ class RunReport(Callback):
                    else '--prompt "Once upon a time"')
             nxt = [f"python -m torchllm.generate --checkpoint {q} {ask}",
                    f"python -m torchllm.eval.loss --checkpoint {q}  # or --data local:FILE",
-                   *evals_offline(cfg, q, tasks),
+                   *evals_offline(cfg.eval, q, tasks),
                    f"python -m torchllm.hf export --checkpoint {q} "
                    f"--out {shlex.quote('hf/' + run.name)}"]
         else:
@@ -206,19 +206,20 @@ class RunReport(Callback):
         return "\n".join([lines[0], *(f"  {k:<12}{v}" for k, v in rows)])
 
 
-def evals_offline(cfg, q: str, tasks: str) -> list[str]:
-    """The HellaSwag and downstream commands: with the run's local copies when it names them
-    (eval.hellaswag_data a file, eval.tasks_data_dir), else the Hub form and the offline one."""
-    hs = cfg.eval.hellaswag_data
+def evals_offline(ecfg, q: str, tasks: str) -> list[str]:
+    """The HellaSwag and downstream commands: with the run's local copies when its [eval]
+    section `ecfg` names them (eval.hellaswag_data a file, eval.tasks_data_dir), else the Hub
+    form and the offline one."""
+    hs = ecfg.hellaswag_data
     if Path(hs).is_file():
         hellaswag = f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200 " \
                     f"--data {shlex.quote(hs)}"
     else:
         hellaswag = (f"python -m torchllm.eval.hellaswag --checkpoint {q} --limit 200  "
                      "# downloads it; offline: --data hellaswag_val.jsonl")
-    if cfg.eval.tasks_data_dir:
+    if ecfg.tasks_data_dir:
         downstream = (f"python -m torchllm.eval.downstream --checkpoint {q}{tasks} "
-                      f"--data-dir {shlex.quote(cfg.eval.tasks_data_dir)}")
+                      f"--data-dir {shlex.quote(ecfg.tasks_data_dir)}")
     else:
         downstream = (f"python -m torchllm.eval.downstream --checkpoint {q}{tasks}  "
                       "# downloads them; offline: --data-dir DIR (docs/evaluation.md)")

@@ -61,7 +61,7 @@ def resolve_run(cfg: JobConfig) -> Run:
     parallel_dims = build_parallel_dims(cfg, env_world_size(), device.type, models.model_args(cfg))
     parallel_dims.build_mesh(device, cfg.comm.init_timeout_seconds)
     # One run per folder (a lock), and no fresh start over a previous run's outputs.
-    folders = run_folders(cfg)
+    folders = run_folders(cfg.job, cfg.checkpoint, cfg.metrics)
     folder = folders.run
     lock = prepare_run_dir(folders, device, stale_s=60 * cfg.job.lock_stale_minutes,
                            overwrite=cfg.job.overwrite, resumes=cfg.checkpoint.enable,

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from torchllm import models
 from torchllm.config import ConfigError, load_config
-from torchllm.parallel import build_parallel_dims, parallelize_model
+from torchllm.parallel import ParallelPlan, build_parallel_dims, parallelize_model
 from torchllm.parallel.data_parallel import reshard_after_forward
 from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
@@ -58,20 +58,19 @@ from torchllm.tools.model_info import tokenizer_vocab_hint
 GiB = 1024**3
 
 
-def target_config(cfg):
-    """The config as the target cluster sees it: CUDA unless cpu was asked for; float8's
-    hardware check is about the cluster's GPUs, so it is emulated here."""
-    cfg = copy.deepcopy(cfg)
-    if cfg.training.device == "auto":
-        cfg.training.device = "cuda"
-    if cfg.float8.enable:
-        cfg.float8.emulate = True
-    return cfg
+def for_target(tcfg, fcfg) -> None:
+    """The [training] and [float8] sections as the target cluster sees them, in place: CUDA
+    unless cpu was asked for; float8's hardware check is about the cluster's GPUs, so it is
+    emulated here."""
+    if tcfg.device == "auto":
+        tcfg.device = "cuda"
+    if fcfg.enable:
+        fcfg.emulate = True
 
 
-def check_batch(cfg, dp_degree: int) -> int:
-    """The Trainer's global-batch rule; returns the gradient-accumulation steps."""
-    tcfg = cfg.training
+def check_batch(tcfg, dp_degree: int) -> int:
+    """The Trainer's global-batch rule for the [training] section; returns the
+    gradient-accumulation steps."""
     per_pass = tcfg.local_batch_size * dp_degree
     global_batch = per_pass if tcfg.global_batch_size == -1 else tcfg.global_batch_size
     if global_batch % per_pass:
@@ -82,16 +81,16 @@ def check_batch(cfg, dp_degree: int) -> int:
     return global_batch // per_pass
 
 
-def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
-    """Bytes each rank sends per optimizer step, per parallel dimension (module docstring)."""
+def comm_volume(spec, model_args, dims, accum: int, pcfg, tcfg, fcfg) -> dict[str, dict[str, int]]:
+    """Bytes each rank sends per optimizer step, per parallel dimension (module docstring), for
+    family `spec` under the [parallelism], [training] and [float8] sections."""
     with torch.device("meta"):
-        model = models.get(cfg.model.name).build(model_args)
-    pcfg, tcfg = cfg.parallelism, cfg.training
+        model = spec.build(model_args)
     act = 2 if bf16_params(tcfg.mixed_precision, tcfg.device) else 4
     reduce = 2 if pcfg.fsdp_reduce_dtype == "bf16" else 4
-    keep = float8_module_filter(cfg.float8.filter_fqns)
-    f8_names = {f"{n}.weight" for n, m in model.named_modules() if cfg.float8.enable and keep(m, n)}
-    f8_gather = uses_float8_all_gather(cfg.float8, dims.fsdp_enabled)
+    keep = float8_module_filter(fcfg.filter_fqns)
+    f8_names = {f"{n}.weight" for n, m in model.named_modules() if fcfg.enable and keep(m, n)}
+    f8_gather = uses_float8_all_gather(fcfg, dims.fsdp_enabled)
 
     def gathered(named) -> float:  # bytes of params as FSDP2 all-gathers them (per TP shard)
         return sum(p.numel() * (1 if f8_gather and n in f8_names else act)
@@ -140,14 +139,12 @@ def comm_volume(cfg, model_args, dims, accum: int) -> dict[str, dict[str, int]]:
     return out
 
 
-def sharded_model(cfg, model_args, dims):
+def sharded_model(spec, model_args, dims, plan: ParallelPlan):
     """Rank 0's real model under the real parallelize_model, on the meta device (no memory)."""
-    spec = models.get(cfg.model.name)
-    run_cfg = copy.deepcopy(cfg)
-    run_cfg.compile.enable = False  # tracing happens at the first call, not here
     with torch.device("meta"):
         model = spec.build(model_args)
-    parallelize_model(model, spec, dims, run_cfg)
+    # compile off: tracing happens at the first call, not here
+    parallelize_model(model, spec, dims, plan.without_compile())
     return model
 
 
@@ -157,12 +154,12 @@ def local_param_bytes(model) -> int:
                for p in model.parameters())
 
 
-def fake_step(model, model_args, cfg) -> dict:
-    """Materialize rank 0's shards on CPU and run a forward + backward (values: see docstring)."""
+def fake_step(model, model_args, tcfg) -> dict:
+    """Materialize rank 0's shards on CPU and run a forward + backward of a [training]
+    section's batch shape (values: see docstring)."""
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     model.init_weights(buffer_device=torch.device("cpu"))
-    tcfg = cfg.training
     x = torch.randint(0, model_args.vocab_size, (tcfg.local_batch_size, tcfg.seq_len))
     logits = model(x)
     expected = (tcfg.local_batch_size, tcfg.seq_len, model_args.vocab_size)
@@ -177,10 +174,14 @@ def fake_step(model, model_args, cfg) -> dict:
 
 def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
             max_gib: float = 8.0) -> dict:
-    cfg = target_config(cfg)
-    model_args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
+    """The tool's report (an entry point, scripts/config_coupling.py: the Trainer's checks,
+    the memory estimate and the communication of the whole config, as the target sees it)."""
+    cfg = copy.deepcopy(cfg)
+    for_target(cfg.training, cfg.float8)
+    model_args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
     dims = build_parallel_dims(cfg, world_size, cfg.training.device, model_args)
-    accum = check_batch(cfg, dims.dp_degree)
+    spec = models.get(cfg.model.name)
+    accum = check_batch(cfg.training, dims.dp_degree)
     estimate = estimate_memory(cfg, model_args, world_size)
     report = {
         "world_size": world_size,
@@ -189,7 +190,8 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
                    "fsdp": dims.fsdp_enabled, "ddp": dims.ddp_enabled},
         "grad_accum_steps": accum,
         "memory": estimate,
-        "comm_bytes_per_step": comm_volume(cfg, model_args, dims, accum),
+        "comm_bytes_per_step": comm_volume(spec, model_args, dims, accum, cfg.parallelism,
+                                           cfg.training, cfg.float8),
         "config": cfg,  # (main's verdict names the levers it has left; not in the JSON)
     }
     if not (fake or step):
@@ -204,13 +206,15 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
     try:
         dims.build_mesh(torch.device("cpu"))
         dims.device_type = cfg.training.device  # dtype decisions follow the target device
-        model = sharded_model(cfg, model_args, dims)
+        model = sharded_model(spec, model_args, dims, ParallelPlan(
+            cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+            cfg.training.mixed_precision))
         local = local_param_bytes(model)
         report["fake"] = {"rank0_param_bytes": local,
                           "estimate_param_bytes": estimate["terms_bytes"]["params"],
                           "ratio": round(local / estimate["terms_bytes"]["params"], 4)}
         if step:
-            report["fake"]["step"] = fake_step(model, model_args, cfg)
+            report["fake"]["step"] = fake_step(model, model_args, cfg.training)
     finally:
         dims.mesh = dims.dp_flat_mesh = None
         dist.destroy_process_group()

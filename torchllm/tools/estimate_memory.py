@@ -93,7 +93,7 @@ def check_trainer_config(train_args: list[str], world_size: int, target_device: 
 def _checked(cfg, world_size: int, target_device: str | None = None):
     from torchllm.parallel import build_parallel_dims
 
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
+    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
     device = target_device or (cfg.training.device if cfg.training.device != "auto"
                                else resolve_device("auto").type)
     optim.get(cfg.optimizer.name)  # a registered optimizer
@@ -110,7 +110,7 @@ def vocab_source(cfg, model_args) -> str:
     v = f"{model_args.vocab_size:,}"
     if cfg.model.vocab_size:
         return f"{v} (model.vocab_size)"
-    if tokenizer_vocab_hint(cfg) is not None:
+    if tokenizer_vocab_hint(cfg.data) is not None:
         return (f"{v} (the tokenizer data.tokenizer = {cfg.data.tokenizer!r} trains: "
                 f"data.tokenizer_vocab_size; set model.vocab_size for a real tokenizer's)")
     return (f"{v} (flavor {cfg.model.flavor}'s; the run takes its tokenizer's, "
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load_config(argv)
-        args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
+        args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
         result = estimate_memory(cfg, args, world_size)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

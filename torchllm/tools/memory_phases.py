@@ -57,7 +57,7 @@ def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
                  "accumulates": False}]
     pcfg = cfg.parallelism
     schedule, pp = pcfg.pipeline_parallel_schedule, dims.pp
-    stages = check_pipeline(cfg, model_args, pp)
+    stages = check_pipeline(cfg.parallelism, cfg.training, cfg.model.name, cfg.eval, model_args, pp)
     v = stages_per_rank(schedule)
     n_micro = cfg.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
     ranks = []

@@ -18,13 +18,16 @@ from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.metrics.header import model_shape
 
 
-def tokenizer_vocab_hint(cfg) -> int | None:
-    """The vocab a run would get from its tokenizer, when knowable without loading one."""
-    return cfg.data.tokenizer_vocab_size if cfg.data.tokenizer in ("auto", "train") else None
+def tokenizer_vocab_hint(dcfg) -> int | None:
+    """The vocab a run would get from its tokenizer, when knowable without loading one, by its
+    [data] section."""
+    return dcfg.tokenizer_vocab_size if dcfg.tokenizer in ("auto", "train") else None
 
 
 def model_info(cfg) -> dict:
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg))
+    """The tool's report (an entry point, scripts/config_coupling.py: the model's args come
+    from the whole config, models.model_args)."""
+    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
     with torch.device("meta"):
         model = models.get(cfg.model.name).build(args)
     shapes = Counter(

@@ -1,0 +1,40 @@
+"""scripts/config_coupling.py, issue 64's measure of functions that take the whole JobConfig:
+the entry points it names (ENTRY_POINTS, each with its reason) are functions that still take
+it, and its report shows them apart from the others."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from cli import run_script
+from conftest import REPO
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("config_coupling",
+                                                  REPO / "scripts" / "config_coupling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_named_entry_point_still_takes_the_whole_config():
+    coupling = _script()
+    found = {f"{Path(path).relative_to(REPO).as_posix()}:{name}"
+             for path, name, _ in coupling.scan([REPO / "torchllm"])}
+    stale = sorted(set(coupling.ENTRY_POINTS) - found)
+    assert not stale, f"named entry points that no longer take the whole JobConfig: {stale}"
+    assert all(why.strip() for why in coupling.ENTRY_POINTS.values())  # a reason each
+
+
+def test_the_report_marks_entry_points_and_counts_them_apart():
+    ran = run_script("scripts/config_coupling.py", "--list", "torchllm")
+    assert ran.returncode == 0, ran.out
+    lines = ran.stdout.splitlines()
+    marked = [ln for ln in lines if "[entry point: " in ln]
+    assert any(ln.startswith("torchllm/parallel/build.py:build_model(") for ln in marked), marked
+    assert not any(ln.startswith("torchllm/train.py:") for ln in marked)  # not named: not one
+    total, named = len(lines) - 1, len(marked)
+    assert lines[-1].startswith(f"{total} functions in "), lines[-1]
+    assert f"({named} named entry points, {total - named} others)" in lines[-1], lines[-1]
