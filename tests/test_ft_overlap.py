@@ -111,3 +111,28 @@ def test_the_mean_across_groups_inside_the_groups_reduction_equals_the_after_bac
         assert r["grad_diff"] <= 1e-6 * r["grad_scale"], r
         assert r["oracle_diff"] <= 1e-6 * r["grad_scale"], r  # the mean of both groups'
         assert r["weight_diff"] <= 1e-6, r
+
+
+@pytest.mark.slow
+def test_the_benchmark_reports_fault_tolerances_per_step_cost_at_the_tiniest_shape(tmp_path):
+    """benchmarks/bench_fault_tolerance.py --cost-only: 2 groups through ft_local.sh (overlap on,
+    off) and the same 2 launches without torchft, 3 steps each, 1 rank a group (the cheapest:
+    there the overlapped path has no group reduction to hook into; the docs' table has 2)."""
+    from cli import run_script
+
+    out = tmp_path / "cost.json"
+    ran = run_script("benchmarks/bench_fault_tolerance.py", "--cost-only", "--cost-steps=3",
+                     "--ranks=1", f"--json={out}", "--timeout=500", "--training.seq_len=32",
+                     "--training.local_batch_size=2", "--data.tokenizer=bytes",
+                     "--lr_scheduler.warmup_steps=1", timeout=600)
+    assert ran.returncode == 0, ran.out[-3000:]
+    result = json.loads(out.read_text())
+    assert "cores" in result["machine"] and result["machine"] in ran.stdout  # detected now
+    cost = result["step_cost"]
+    for name in ("without_torchft_ms", "overlapped_ms", "after_backward_ms"):
+        assert cost[name] > 0, cost
+    for name in ("overlapped", "after_backward"):  # each against the run without torchft
+        assert cost[f"{name}_cost_ms"] == round(cost[f"{name}_ms"]
+                                                 - cost["without_torchft_ms"], 1), cost
+        assert f"{cost[f'{name}_cost_ms']:+} ms" in ran.stdout
+    assert "| without torchft (2 launches side by side) |" in ran.stdout
