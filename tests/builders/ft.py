@@ -86,9 +86,36 @@ class Throttle(threading.Thread):
             if max(steps_of(self.survivor_log), default=0) < self.past:
                 time.sleep(0.2)
                 continue
+            # (torchrun starts each worker in a session of its own: the group's ranks are the
+            # launcher's process group's descendants, each in its own process group)
+            groups = process_groups_under(self.pgid)
             try:
-                os.killpg(self.pgid, signal.SIGSTOP)
+                for pgid in groups:
+                    os.killpg(pgid, signal.SIGSTOP)
                 self.done.wait(3.0)
             finally:
-                os.killpg(self.pgid, signal.SIGCONT)
+                for pgid in groups:
+                    try:
+                        os.killpg(pgid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
             self.done.wait(0.3)
+
+
+def process_groups_under(pgid: int) -> list[int]:
+    """`pgid` and the process groups of its members' descendants (from /proc)."""
+    parent, group = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry)], group[int(entry)] = int(fields[1]), int(fields[2])
+    inside = {p for p, g in group.items() if g == pgid}
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in inside} - inside
+        inside |= more
+        grew = bool(more)
+    return sorted({pgid} | {group[p] for p in inside})
