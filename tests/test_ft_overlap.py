@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import build_model, spawn_gloo
+from conftest import build_model, spawn_gloo, tiny_args
 
 
 class GroupsManager:
@@ -136,3 +136,26 @@ def test_the_benchmark_reports_fault_tolerances_per_step_cost_at_the_tiniest_sha
                                                  - cost["without_torchft_ms"], 1), cost
         assert f"{cost[f'{name}_cost_ms']:+} ms" in ran.stdout
     assert "| without torchft (2 launches side by side) |" in ran.stdout
+
+
+@pytest.mark.slow
+def test_groups_that_average_in_different_places_refuse_each_other_naming_the_key(tmp_path):
+    """An overlapped group all-reduces per FSDP2 unit, the other once after backward: their
+    all-reduces would not line up, so the identity check refuses the pair first."""
+    from messages import assert_names
+    from torchllm.config import load_config
+    from torchllm.ft.identity import group_record, refusal
+    from torchllm.train import Trainer
+
+    records = []
+    for overlap in ("true", "false"):
+        t = Trainer(load_config(tiny_args(
+            tmp_path / overlap, "--data.tokenizer=bytes", "--validation.enable=false",
+            "--eval.sample_freq=0", "--checkpoint.enable=false", "--training.steps=3",
+            f"--fault_tolerance.overlap={overlap}")))
+        try:
+            records.append(group_record(t.context, "run"))
+        finally:
+            t.close()
+    assert_names(refusal(records[1], records[0], "http://lh:1"), "fault_tolerance.overlap",
+                 "True", "False")

@@ -10,6 +10,7 @@ T = "tests/test_ft_overlap.py::"
 EQUAL = T + "test_the_mean_across_groups_inside_the_groups_reduction_equals_the_after_backward_one"
 HEAL = ("tests/test_ft_fsdp_heal.py::"
         "test_a_killed_fsdp2_group_of_two_ranks_heals_to_its_peers_weights_and_optimizer")
+REFUSED = T + "test_groups_that_average_in_different_places_refuse_each_other_naming_the_key"
 BENCH = T + "test_the_benchmark_reports_fault_tolerances_per_step_cost_at_the_tiniest_shape"
 
 MUTANTS = [
@@ -28,6 +29,11 @@ MUTANTS = [
         "of two ranks train on their own gradients and drift apart",
         "torchllm.ft.replicas:ReplicaGroups.begin_step", "self.overlap.active = True",
         "self.overlap.active = False", (HEAL,)),
+    Mutant.at(
+        "ft_overlap_not_compared", "groups with and without the overlapped mean are not refused "
+        "(their all-reduces do not line up: gloo aborts or hangs)",
+        "torchllm.ft.identity:group_record", '"overlap", "semi_sync_method"',
+        '"semi_sync_method"', (REFUSED,)),
     Mutant.at(
         "ft_bench_cost_not_against_plain", "the benchmark's per-step cost is the step time "
         "with torchft, not its difference from the same run without it",
