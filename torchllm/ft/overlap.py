@@ -61,7 +61,7 @@ class OverlappedMean:
         if units:
             for unit in units:
                 unit.set_all_reduce_hook(self.mean)
-                # (the unit's own parameters; its children's are theirs)
+                # (every parameter under a unit: the root unit holds what no block holds)
                 for p in unit.parameters():
                     self.covered.add(id(p))
             self.kind = "FSDP2"
