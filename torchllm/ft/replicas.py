@@ -78,6 +78,10 @@ class SingleGroup:
 class ReplicaGroups(SingleGroup):
     """One replica group of `group_size`, kept in step with the live others by torchft."""
 
+    # The gradient mean inside FSDP2's / DDP's reduction (ft/overlap.py; attach installs it).
+    overlap_wanted = False
+    overlap: OverlappedMean | None = None
+
     def __init__(self, ftcfg, group_rank: int, group_world: int, group_batch: int,
                  run: str, lighthouse: str, timeout_s: float = 60.0):
         torchft = import_torchft()
@@ -86,9 +90,8 @@ class ReplicaGroups(SingleGroup):
         self.replica_id, self.group_size = ftcfg.replica_id, ftcfg.group_size
         self.min_replica_size = ftcfg.min_replica_size
         self.group_rank, self.group_world, self.group_batch = group_rank, group_world, group_batch
-        # the gradient mean inside FSDP2's / DDP's reduction (ft/overlap.py; every step's only)
+        # (every step's gradients only: not semi-synchronous groups')
         self.overlap_wanted = ftcfg.overlap and ftcfg.semi_sync_method == "none"
-        self.overlap: OverlappedMean | None = None
         for name in ("torchft", "torchft_quorums", "torchft_commits"):  # a line per step else
             logging.getLogger(name).setLevel(logging.WARNING)
         if group_world > 1:  # torchrun's store (MASTER_ADDR/PORT) holds the manager's address
