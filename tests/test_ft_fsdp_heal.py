@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
