@@ -15,8 +15,19 @@ Without: one ./run_train.sh launch (same model and data, checkpoints every
 last checkpoint. Measured: the steps lost (run again after the resume) and the seconds from the
 kill until training is past the killed step again.
 
+Heal time: from the relaunch to the relaunched group's first committed step (it printed it:
+a step line is printed after the commit), beside the plain run's restart: from its relaunch to
+its first step after resuming from the last checkpoint.
+
+Per-step cost (--cost-steps; 0 skips it): without kills, 2 replica groups of --ranks CPU ranks
+each (FSDP2 inside a group) train --cost-steps steps through scripts/ft_local.sh, with the
+cross-group mean inside FSDP2's reduction (fault_tolerance.overlap, the default) and after
+backward (overlap=false), against the same two launches side by side without torchft (the same
+processes on the machine, each its own run): the median step time of each (its first 2 steps,
+start-up, left out). --cost-only measures only that.
+
 Times are wall-clock seconds from the moment this script sees a log line (polled every 0.1 s).
-Prints a table; --json writes the numbers.
+Prints a table (and the machine it ran on, detected at run time); --json writes the numbers.
 """
 
 from __future__ import annotations
@@ -92,9 +103,9 @@ def last_step(f: Follower) -> int:
     return max((s for _, s, _ in f.steps()), default=0)
 
 
-def train_args(a, work: Path) -> list[str]:
+def train_args(a, work: Path, steps: int | None = None) -> list[str]:
     return ["--training.device=cpu", f"--job.dump_folder={work}", "--job.print_config=false",
-            f"--training.steps={a.steps}", "--metrics.log_freq=1", "--metrics.report=false",
+            f"--training.steps={steps or a.steps}", "--metrics.log_freq=1", "--metrics.report=false",
             "--validation.enable=false", "--eval.sample_freq=0", "--checkpoint.enable=true",
             f"--checkpoint.interval={a.checkpoint_interval}", *a.overrides]
 
@@ -124,6 +135,8 @@ def with_ft(a, work: Path) -> dict:
                             a.timeout, "the survivor's next step")
         healed = g1b.wait(lambda: g1b.first(r"healed from a live peer"), a.timeout,
                           "the relaunched group's heal")
+        first = g1b.wait(lambda: next(iter(g1b.steps()), None), a.timeout,
+                         "the relaunched group's first committed step")
         for p in procs:
             p.wait(timeout=a.timeout)
     finally:
@@ -141,6 +154,7 @@ def with_ft(a, work: Path) -> dict:
     return {"killed_at_step": a.kill_at, "survivor_steps_lost": 0, "survivor_step_attempts_rerun": reruns,
             "kill_to_next_step_s": round(next_step[0] - killed, 1),
             "relaunch_to_healed_s": round(healed[0] - relaunched, 1), "healed_at_step": healed_step,
+            "relaunch_to_first_committed_step_s": round(first[0] - relaunched, 1),
             "median_step_ms": statistics.median(ms for _, _, ms in g0.steps()),
             "codes": [(logs / "replica_0.code").read_text().strip(),
                       (relaunch_logs / "replica_1.code").read_text().strip()]}
@@ -166,7 +180,10 @@ def without_ft(a, work: Path) -> dict:
     with open(work / "second.log", "w") as out:
         q = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=out,
                              stderr=subprocess.STDOUT)
+        relaunched = time.monotonic()
         try:
+            first_step = second.wait(lambda: next(iter(second.steps()), None), a.timeout,
+                                     "the restart's first step")
             past = second.wait(lambda: next(((t, s) for t, s, _ in second.steps() if s > at),
                                             None), a.timeout, "a step past the killed one")
             q.wait(timeout=a.timeout)
@@ -178,8 +195,77 @@ def without_ft(a, work: Path) -> dict:
     resumed_step = int(re.search(r"\(step (\d+)\)", resumed[1])[1]) if resumed else 0
     return {"killed_at_step": at, "resumed_from_step": resumed_step,
             "steps_lost": at - resumed_step, "kill_to_past_kill_step_s": round(past[0] - killed, 1),
+            "relaunch_to_first_step_s": round(first_step[0] - relaunched, 1),
             "median_step_ms": statistics.median(ms for _, _, ms in first.steps()),
             "code": q.returncode}
+
+
+def _run_to_end(cmds: list[tuple[list[str], dict, Path]], timeout: float) -> list[int]:
+    """Run the commands side by side to their end, each's output into its log; their codes."""
+    procs = []
+    try:
+        for cmd, env, log in cmds:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "w") as out:
+                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
+                                              stdout=out, stderr=subprocess.STDOUT))
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def _median_step_ms(logs: list[Path], steps: int) -> float:
+    """The median step time over the logs' steps past the first 2 (start-up, first gathers)."""
+    ms = []
+    for log in logs:
+        found = {int(m[1]): int(m[3]) for m in STEP.finditer(log.read_text(errors="replace"))}
+        if sorted(found) != list(range(1, steps + 1)):
+            raise SystemExit(f"bench_fault_tolerance: {log} printed steps {sorted(found)}")
+        ms += [v for k, v in found.items() if k > min(2, steps - 1)]
+    return statistics.median(ms)
+
+
+def step_cost(a, work: Path) -> dict:
+    """Median step ms: 2 groups through ft_local.sh (overlapped, after backward) and the same
+    two launches without torchft, one after the other, on this machine (module doc)."""
+    args = [*train_args(a, work, a.cost_steps), "--checkpoint.enable=false"]
+    env = {**os.environ, "NGPU": str(a.ranks)}
+    plain = [([str(REPO / "run_train.sh"), *args, f"--job.dump_folder={work / f'plain{i}'}"],
+              env, work / f"plain{i}.log") for i in (0, 1)]
+    codes = _run_to_end(plain, a.timeout)
+    out = {"ranks_per_group": a.ranks, "steps": a.cost_steps,
+           "without_torchft_ms": _median_step_ms([log for *_, log in plain], a.cost_steps)}
+    for name, overlap in (("overlapped_ms", "true"), ("after_backward_ms", "false")):
+        logs = work / name
+        cmd = [str(REPO / "scripts" / "ft_local.sh"), "2", *args,
+               f"--job.dump_folder={work / name}", f"--fault_tolerance.overlap={overlap}"]
+        codes += _run_to_end([(cmd, {**env, "FT_LOG_DIR": str(logs), "TORCHFT_LIGHTHOUSE":
+                                     f"http://localhost:{free_port()}"}, work / f"{name}.log")],
+                             a.timeout)
+        out[name] = _median_step_ms([logs / "replica_0.log", logs / "replica_1.log"],
+                                    a.cost_steps)
+    if any(codes):
+        raise SystemExit(f"bench_fault_tolerance: a cost run failed (exit codes {codes}; {work})")
+    base = out["without_torchft_ms"]
+    for name in ("overlapped_ms", "after_backward_ms"):
+        out[name.replace("_ms", "_cost_ms")] = round(out[name] - base, 1)
+    return out
+
+
+def cost_table(c: dict) -> str:
+    r = c["ranks_per_group"]
+    return "\n".join([
+        f"| per step ({c['steps']} steps, 2 groups x {r} ranks) | median step | fault "
+        "tolerance's cost |",
+        "|---|---|---|",
+        f"| without torchft (2 launches side by side) | {c['without_torchft_ms']} ms | - |",
+        f"| torchft, mean inside the group's reduction (overlap) | {c['overlapped_ms']} ms | "
+        f"{c['overlapped_cost_ms']:+} ms |",
+        f"| torchft, mean after backward (overlap=false) | {c['after_backward_ms']} ms | "
+        f"{c['after_backward_cost_ms']:+} ms |",
+    ])
 
 
 def cpu_name() -> str:
@@ -204,6 +290,9 @@ def table(ft: dict, plain: dict) -> str:
         f"step) | {plain['kill_to_past_kill_step_s']} (relaunch, load, redo) |",
         f"| seconds from relaunch to rejoined | {ft['relaunch_to_healed_s']} (healed at step "
         f"{ft['healed_at_step']}) | - |",
+        f"| heal time: seconds from relaunch to its first committed step | "
+        f"{ft['relaunch_to_first_committed_step_s']} | {plain['relaunch_to_first_step_s']} "
+        f"(restart from the step {plain['resumed_from_step']} checkpoint) |",
         f"| median step time | {ft['median_step_ms']} ms | {plain['median_step_ms']} ms |",
     ])
 
@@ -216,22 +305,34 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--work_dir", type=Path)
+    ap.add_argument("--cost-steps", type=int, default=12,
+                    help="steps of each per-step cost run (0: no cost runs)")
+    ap.add_argument("--ranks", type=int, default=2, help="CPU ranks per group in the cost runs")
+    ap.add_argument("--cost-only", action="store_true", help="only the per-step cost runs")
     a, a.overrides = ap.parse_known_args(argv)
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="bench-ft-"))
+    machine = f"{cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    result = {"machine": machine,
+              "args": {"steps": a.steps, "kill_at": a.kill_at, "cost_steps": a.cost_steps,
+                       "ranks": a.ranks, "checkpoint_interval": a.checkpoint_interval,
+                       "overrides": a.overrides}}
     try:
-        ft = with_ft(a, work / "ft")
-        plain = without_ft(a, work / "plain")
+        if not a.cost_only:
+            result["with_torchft"] = with_ft(a, work / "ft")
+            result["without_torchft"] = without_ft(a, work / "plain")
+        if a.cost_steps or a.cost_only:
+            result["step_cost"] = step_cost(a, work / "cost")
     finally:
         if a.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(table(ft, plain))
+    print(f"machine: {machine}")
+    if "with_torchft" in result:
+        print(table(result["with_torchft"], result["without_torchft"]))
+    if "step_cost" in result:
+        print(cost_table(result["step_cost"]))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({
-            "machine": f"{cpu_name()}, {os.cpu_count()} cores",
-            "args": {"steps": a.steps, "kill_at": a.kill_at,
-                     "checkpoint_interval": a.checkpoint_interval, "overrides": a.overrides},
-            "with_torchft": ft, "without_torchft": plain}, indent=2) + "\n")
+        a.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

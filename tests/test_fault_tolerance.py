@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import REPO, tiny_args, wait_for
 from torchllm.config import ConfigError, load_config
-from builders.ft import STEP, free_port, steps_of  # noqa: F401
+from builders.ft import RELAUNCHED, Throttle, free_port, steps_of
 
 pytest.importorskip("torchft")
 
@@ -125,37 +122,6 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
 # -- the acceptance run ---------------------------------------------------------------------
 
 STEPS, KILL_AT = 40, 3
-RELAUNCHED = "=== ft_local: replica group 1 relaunched"
-
-
-class Throttle(threading.Thread):
-    """Holds the survivor back (SIGSTOP 3 s, SIGCONT 0.3 s: under the 10 s heartbeat timeout, so
-    it stays in the quorum) once it is 3 steps past the kill, until the relaunch has healed: the
-    relaunch's start-up on a loaded machine (the whole suite on 2 cores) must not outlast the
-    survivor's remaining steps, or the survivor finishes alone and the relaunch has no peer."""
-
-    def __init__(self, pgid: int, survivor_log: Path, relaunch_log: Path, past: int):
-        super().__init__(daemon=True)
-        self.pgid, self.survivor_log, self.relaunch_log, self.past = pgid, survivor_log, relaunch_log, past
-        self.done = threading.Event()
-
-    def healed(self) -> bool:
-        text = self.relaunch_log.read_text(errors="replace") if self.relaunch_log.exists() else ""
-        return "healed from a live peer" in text.partition(RELAUNCHED)[2]
-
-    def run(self):
-        while not self.done.is_set() and not self.healed():
-            if max(steps_of(self.survivor_log), default=0) < self.past:
-                time.sleep(0.2)
-                continue
-            try:
-                os.killpg(self.pgid, signal.SIGSTOP)
-                self.done.wait(3.0)
-            finally:
-                os.killpg(self.pgid, signal.SIGCONT)
-            self.done.wait(0.3)
-
-
 @pytest.mark.slow
 def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp_path):
     logs = tmp_path / "logs"

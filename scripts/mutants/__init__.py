@@ -36,6 +36,7 @@ from mutants import ft_semi_sync
 from mutants import house_module
 from mutants import house_resume
 from mutants import house_config_b
+from mutants import ft_overlap
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -72,5 +73,6 @@ MUTANTS = [
     *house_module.MUTANTS,
     *house_resume.MUTANTS,
     *house_config_b.MUTANTS,
+    *ft_overlap.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,61 @@ def log_lines():
     yield lines
     log.removeHandler(handler)
     log.setLevel(level)
+
+
+RELAUNCHED = "=== ft_local: replica group 1 relaunched"
+
+
+class Throttle(threading.Thread):
+    """Holds the survivor back (SIGSTOP 3 s, SIGCONT 0.3 s: under the 10 s heartbeat timeout, so
+    it stays in the quorum) once it is 3 steps past the kill, until the relaunch has healed: the
+    relaunch's start-up on a loaded machine (the whole suite on 2 cores) must not outlast the
+    survivor's remaining steps, or the survivor finishes alone and the relaunch has no peer."""
+
+    def __init__(self, pgid: int, survivor_log: Path, relaunch_log: Path, past: int):
+        super().__init__(daemon=True)
+        self.pgid, self.survivor_log, self.relaunch_log, self.past = pgid, survivor_log, relaunch_log, past
+        self.done = threading.Event()
+
+    def healed(self) -> bool:
+        text = self.relaunch_log.read_text(errors="replace") if self.relaunch_log.exists() else ""
+        return "healed from a live peer" in text.partition(RELAUNCHED)[2]
+
+    def run(self):
+        while not self.done.is_set() and not self.healed():
+            if max(steps_of(self.survivor_log), default=0) < self.past:
+                time.sleep(0.2)
+                continue
+            # (torchrun starts each worker in a session of its own: the group's ranks are the
+            # launcher's process group's descendants, each in its own process group)
+            groups = process_groups_under(self.pgid)
+            try:
+                for pgid in groups:
+                    os.killpg(pgid, signal.SIGSTOP)
+                self.done.wait(3.0)
+            finally:
+                for pgid in groups:
+                    try:
+                        os.killpg(pgid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+            self.done.wait(0.3)
+
+
+def process_groups_under(pgid: int) -> list[int]:
+    """`pgid` and the process groups of its members' descendants (from /proc)."""
+    parent, group = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry)], group[int(entry)] = int(fields[1]), int(fields[2])
+    inside = {p for p, g in group.items() if g == pgid}
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in inside} - inside
+        inside |= more
+        grew = bool(more)
+    return sorted({pgid} | {group[p] for p in inside})

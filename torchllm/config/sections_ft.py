@@ -49,6 +49,11 @@ class FaultTolerance:
         "process group): gloo (CPU, or GPUs through host memory) or nccl (GPU to GPU: the groups "
         "must train on CUDA)"
     )
+    overlap: bool = opt(
+        True, "Average the gradients across groups inside the group's own reduction, unit by "
+        "unit as backward produces them (FSDP2's all-reduce hook, a DDP comm hook), instead of "
+        "over all of them after backward (always so for a group of one rank); same numbers"
+    )
     semi_sync_method: Literal["none", "diloco", "local_sgd"] = opt(
         "none", "How the groups stay together: none = gradients averaged every step; diloco = "
         "each group trains sync_steps steps alone, then the groups average their parameter "

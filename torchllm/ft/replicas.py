@@ -31,6 +31,7 @@ from torchllm.config.job_config import ConfigError
 from torchllm.ft.heal import HealState
 from torchllm.ft.identity import checked_group, group_record
 from torchllm.ft.lighthouse import import_torchft
+from torchllm.ft.overlap import OverlappedMean
 from torchllm.ft.reduce import (max_over_groups, mean_over_groups, reset_step_loads, step_buffers,
                                 sum_over_groups, warn_untested_torchft)
 from torchllm.ft.secret import load_secret
@@ -77,6 +78,10 @@ class SingleGroup:
 class ReplicaGroups(SingleGroup):
     """One replica group of `group_size`, kept in step with the live others by torchft."""
 
+    # The gradient mean inside FSDP2's / DDP's reduction (ft/overlap.py; attach installs it).
+    overlap_wanted = False
+    overlap: OverlappedMean | None = None
+
     def __init__(self, ftcfg, group_rank: int, group_world: int, group_batch: int,
                  run: str, lighthouse: str, timeout_s: float = 60.0):
         torchft = import_torchft()
@@ -85,6 +90,8 @@ class ReplicaGroups(SingleGroup):
         self.replica_id, self.group_size = ftcfg.replica_id, ftcfg.group_size
         self.min_replica_size = ftcfg.min_replica_size
         self.group_rank, self.group_world, self.group_batch = group_rank, group_world, group_batch
+        # (every step's gradients only: not semi-synchronous groups')
+        self.overlap_wanted = ftcfg.overlap and ftcfg.semi_sync_method == "none"
         for name in ("torchft", "torchft_quorums", "torchft_commits"):  # a line per step else
             logging.getLogger(name).setLevel(logging.WARNING)
         if group_world > 1:  # torchrun's store (MASTER_ADDR/PORT) holds the manager's address
@@ -138,6 +145,13 @@ class ReplicaGroups(SingleGroup):
         self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
                                             self.heal.state_dict)
         self.manager.load_state_dict({"step": ctx.step, "batches_committed": ctx.step})
+        if self.overlap_wanted:
+            self.overlap = OverlappedMean(self.manager)
+            kind = self.overlap.install(m.model, ctx.parallel_dims,
+                                        ctx.cfg.parallelism.ddp_comm_hook)
+            if kind:
+                logger.info("fault tolerance: gradients averaged across replica groups inside "
+                            "%s's reduction (overlapped with backward)", kind)
 
     def begin_step(self) -> None:
         deadline = time.monotonic() + STARTUP_WAIT_S
@@ -151,6 +165,8 @@ class ReplicaGroups(SingleGroup):
             self._note_quorum(healed_before)
             live = self.manager.num_participants()
             if live >= self.min_replica_size:
+                if self.overlap is not None:  # this step's backward crosses groups
+                    self.overlap.active = True
                 return
             if self.committed_here or time.monotonic() > deadline:
                 why = (f"{live} live replica group(s) ({', '.join(map(str, self.members))}), "
@@ -194,7 +210,11 @@ class ReplicaGroups(SingleGroup):
         the groups to commit this step; False: a group failed during it (run it again)."""
         # (torchft's public allreduce, its op explicit: ft/reduce.py), with the buffers that
         # change outside the gradients (the MoE routing loads and biases)
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if self.overlap is not None:  # the hooks averaged theirs during backward (overlap.py)
+            self.overlap.active = False
+            grads = self.overlap.after_backward(model)
+        else:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
         mean_over_groups(self.manager, grads + step_buffers(model))
         # The loss over every live group's tokens: sums of (loss x tokens), tokens, processed.
         sums = torch.stack([stats["loss"] * stats["trained_tokens"], stats["trained_tokens"],

@@ -76,15 +76,20 @@ def apply_fsdp(
     fully_shard(model, reshard_after_forward=reshard_policy != "never", **kwargs)
 
 
-def apply_ddp(model: nn.Module, dp_mesh, bucket_cap_mb: int = 25, comm_hook: str = "none") -> None:
+def apply_ddp(model: nn.Module, dp_mesh, bucket_cap_mb: int = 25, comm_hook: str = "none",
+              static_buckets: bool = False) -> None:
     """Composable DDP (the module keeps its class and names) over a 1-D dp mesh, in place.
 
     The DDP reducer is built at the first forward, when it also broadcasts rank 0's weights;
     comm_hook bf16/fp16 halves the all-reduce traffic by sending compressed gradients.
+    static_buckets (replica groups, ft/overlap.py): the buckets stay as built, never rebuilt
+    after the first step in gradient-ready order, so that a relaunched group's buckets are its
+    peers' (DDP rebuilds only without find_unused_parameters, which torchft's own DDP sets too).
     """
     from torch.distributed._composable.replicate import replicate
 
-    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=bucket_cap_mb)
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=bucket_cap_mb,
+              **({"find_unused_parameters": True} if static_buckets else {}))
     if comm_hook != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

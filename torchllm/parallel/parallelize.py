@@ -192,7 +192,7 @@ def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims,
         )
     elif parallel_dims.ddp_enabled:
         apply_ddp(model, parallel_dims.mesh["dp_replicate"], pcfg.ddp_bucket_cap_mb,
-                  pcfg.ddp_comm_hook)
+                  pcfg.ddp_comm_hook, static_buckets=job_config.fault_tolerance.enable)
         applied.append(f"DDP {parallel_dims.dp_replicate} (comm hook {pcfg.ddp_comm_hook})")
     if applied:
         logger.info("parallelize: %s", " -> ".join(applied))
