@@ -134,6 +134,7 @@ def _rank(rank: int, script: str, args: list[str], env: dict, logs: str) -> None
     """One rank of fork_ranks (forked from the fork server): torchrun's per-worker variables,
     its console in logs/rank<rank>.log, SCRIPT run as __main__ (it ends the process itself with
     exit_process, or returns)."""
+    import multiprocessing
     import runpy
     import sys
 
@@ -146,6 +147,9 @@ def _rank(rank: int, script: str, args: list[str], env: dict, logs: str) -> None
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                       ROLE_RANK=str(rank))
     torch.set_num_threads(1)  # OMP_NUM_THREADS=1 (the server's torch read its own at import)
+    # The platform's default start method, as in a fresh process (a forked rank inherits
+    # "forkserver": its data-loader workers would start a server that re-runs SCRIPT).
+    multiprocessing.set_start_method(None, force=True)
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
