@@ -182,9 +182,14 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
 
 def fresh_clone(dest: Path) -> Path:
     """The repository's files as a fresh clone has them (tracked + new, not ignored)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:  # a copy of the tree without git (scripts/mutation_check.py)
+        shutil.copytree(REPO, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".git", "__pycache__", "*.egg-info", "outputs", ".pytest_cache", "*.pyc", "build",
+            "dist"))
+        return dest
+    for name in filter(None, listed.stdout.split("\0")):
         if (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
