@@ -73,12 +73,7 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
            **extra_spec) -> dict:
     """One launch of `nproc` gloo ranks running tests/parallel_worker.py's main on every run in
     `runs` for `steps` recorded steps; `train`: runs trained whole (Trainer.train()) instead.
-
-    The ranks are forked from the preloaded fork server (conftest.preloaded_forkserver: ~0.1 s a
-    rank instead of a torchrun and N interpreters importing torch, ~4 CPU-s each) with the
-    environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR/PORT, one thread): the
-    parity tests' subject is the numbers, not the launcher (test_launch_path, test_launcher and
-    the docs' NGPU=2 lines start real torchrun workers). Each rank's console: rank<N>.log."""
+    The ranks are forked by fork_ranks (their consoles: launch<nproc>_logs/rank<N>.log)."""
     spec = {
         **extra_spec,  # (parallel_worker's other keys: "ep_layer")
         "runs": {name: tiny_args(tmp_path, *common, *args) for name, args in runs.items()},
@@ -151,6 +146,7 @@ def _rank(rank: int, script: str, args: list[str], env: dict, logs: str) -> None
     # "forkserver": its data-loader workers would start a server that re-runs SCRIPT).
     multiprocessing.set_start_method(None, force=True)
     sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` has it
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
