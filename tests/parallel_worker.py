@@ -1,5 +1,6 @@
-"""Run by torchrun from tests/test_parallel_multiprocess.py: several training variants in one
-process group, so that the cost of starting N Python processes is paid once.
+"""The ranks of builders.launch.launch (the parity tests: test_parallel_multiprocess.py,
+test_pipeline.py, ...): several training variants in one process group, so that starting the
+ranks is paid once. fork_ranks runs it as a script on each rank, as torchrun would:
 
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 

@@ -15,7 +15,7 @@ from torchllm.data import build_data, build_tokenizer
 from torchllm.data.prepare import main as prepare_cli
 from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
-from conftest import REPO, TORCHRUN, shared_path, tiny_config
+from conftest import REPO, shared_path, tiny_config
 from messages import assert_names, raises_naming
 from builders.data import ByteTokenizer, TOK, assert_batches_equal, corpus_texts, make_hf_folder, resumed_equals_straight, take, write_jsonl  # noqa: F401
 
@@ -324,15 +324,14 @@ exit_process(0)  # not a plain exit: see torchllm.run.process_exit
 
 @pytest.mark.slow
 def test_two_gloo_ranks_share_one_tokenizer_split_the_data_and_resume(tmp_path):
+    from builders.launch import fork_ranks
+
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     args = [f"--job.dump_folder={tmp_path}", "--data.tokenizer_vocab_size=512",
             "--training.seq_len=32", "--data.num_workers=2"]
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         str(script), str(tmp_path), *args, "--training.local_batch_size=2"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
-    )
+    proc = fork_ranks(script, 2, str(tmp_path), *args, "--training.local_batch_size=2",
+                      logs=tmp_path / "logs", timeout=300)  # (the ranks torchrun would start)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["tokenizer_embedded_sp512.model"]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]

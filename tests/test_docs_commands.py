@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from builders.docs import commands
 from conftest import REPO
 
 pytestmark = pytest.mark.e2e  # what users type: the e2e tier (-m e2e)
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SHELL = {"", "sh", "bash", "shell"}
 
 RUN_TINY = ["--training.steps=3", "--training.seq_len=32", "--training.local_batch_size=2",
             "--data.tokenizer_vocab_size=512", "--metrics.log_freq=1",
@@ -114,46 +114,15 @@ SCRIPT_ENV = {"NGPU", "NPROC", "LOG_RANK", "LOG_DIR", "NNODES", "NODE_RANK", "MA
 # TORCHLLM_DOCS_TIMES=FILE: each command's CPU and wall seconds are appended to FILE.
 TIMES = os.environ.get("TORCHLLM_DOCS_TIMES")
 MAX_PROCESSES = 2  # commands asking for more processes (GPUs) than this are skipped
-NOT_COMMANDS = {  # (document, first line of a plain ``` block that is not shell) -> what it is
-    ("checkpointing.md", "<dump_folder>/"): "a folder layout",
+# What a documented command's console must carry besides its exit code 0: (document, command as
+# written) -> strings. The launch is the one a user types, so no other test starts it again.
+PRINTS = {
+    # FSDP2 over 2 torchrun workers: the layout, every step, and the batch's split (TINY's
+    # local batch 2, sequence 32, global batch -1 = every rank's)
+    ("parallelism.md", "NGPU=2 ./run_train.sh --parallelism.data_parallel_shard_degree=2"): (
+        "FSDP2 replicate=1 shard=2", "done: step 3/3, 3 steps",
+        "global batch 4 seqs x 32 tokens = 2 local x 2 dp x 1 accumulation"),
 }
-
-
-def shell_blocks(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of each shell code block."""
-    out, lines = [], path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        m = re.match(r"^```(\w*)\s*$", lines[i])
-        if not m:
-            i += 1
-            continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        body = lines[i + 1 : end]
-        first = body[0] if body else ""
-        known = any(path.name == doc and first.startswith(prefix)
-                    for doc, prefix in NOT_COMMANDS)
-        if m.group(1) in SHELL and not known:
-            out.append((i + 2, "\n".join(body)))
-        i = end + 1
-    return out
-
-
-def commands(path: Path) -> list[tuple[int, str]]:
-    """(line number, command without comments) of each command of a document."""
-    out = []
-    for start, block in shell_blocks(path):
-        pending, first = "", None
-        for n, line in enumerate(block.splitlines(), start):
-            if not line.strip() or (not pending and line.lstrip().startswith("#")):
-                continue
-            first = n if not pending else first
-            pending += line.rstrip().removesuffix("\\") + " " if line.rstrip().endswith("\\") \
-                else line
-            if not line.rstrip().endswith("\\"):
-                out.append((first, shlex.join(shlex.split(pending, comments=True))))
-                pending = ""
-    return out
 
 
 def program(command: str) -> str:
@@ -215,9 +184,14 @@ def test_every_documented_command_is_runnable_or_skipped_for_a_stated_reason():
 
 def fresh_clone(dest: Path) -> Path:
     """The repository's files as a fresh clone has them (tracked + new, not ignored)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:  # a copy of the tree without git (scripts/mutation_check.py)
+        shutil.copytree(REPO, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".git", "__pycache__", "*.egg-info", "outputs", ".pytest_cache", "*.pyc", "build",
+            "dist"))
+        return dest
+    for name in filter(None, listed.stdout.split("\0")):
         if (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
@@ -370,21 +344,21 @@ def newcomer(tmp_path_factory, request):
     documents run one after the other, each document's commands in order, a command line that
     an earlier document ran (its files are there) once. No two documents write the same run
     (own run names, or OWN_RUN) or file.
-    Returns (clone, README's (command, output) list, {doc: its exception or None})."""
+    Returns (clone, README's (command, output) list, {doc: its exception or its (command,
+    output) list})."""
     clone = fresh_clone(tmp_path_factory.mktemp("clone"))
     fixtures(clone)
     done: dict = {}
     ran = run_document(REPO / "README.md", clone, done=done)
     selected = sorted({item.callspec.params["doc"] for item in request.session.items
                        if item.originalname == "test_documented_commands_run"})
-    errors = {}
+    results = {}
     for doc in selected:
         try:
-            run_document(REPO / "docs" / doc, clone, done=done)
-            errors[doc] = None
+            results[doc] = run_document(REPO / "docs" / doc, clone, done=done)
         except BaseException as e:  # reported by that document's test
-            errors[doc] = e
-    return clone, ran, errors
+            results[doc] = e
+    return clone, ran, results
 
 
 @pytest.mark.slow
@@ -410,7 +384,14 @@ def test_newcomer_path_from_a_fresh_clone(newcomer):
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", [p.name for p in DOCS[1:]])
 def test_documented_commands_run(newcomer, doc):
-    """Each docs/*.md's commands run as written (see the newcomer fixture)."""
-    error = newcomer[2][doc]
-    if error is not None:
-        raise error
+    """Each docs/*.md's commands run as written (see the newcomer fixture), and print what
+    PRINTS names."""
+    ran = newcomer[2][doc]
+    if isinstance(ran, BaseException):
+        raise ran
+    outputs = dict(ran)
+    for (name, cmd), strings in PRINTS.items():
+        if name == doc:
+            assert cmd in outputs, f"{doc}: no command {cmd!r} ran (PRINTS)"
+            for text in strings:
+                assert text in outputs[cmd], f"{doc}: {cmd}: no {text!r}\n{outputs[cmd][-4000:]}"

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
-import subprocess
 import torch
 import torch.nn.functional as F
 
@@ -21,7 +19,7 @@ from torchllm.models.llama.model import Transformer
 from torchllm.run.rundir import run_name
 from torchllm.train import Trainer
 
-from conftest import REPO, TORCHRUN, build_model, tiny_args, tiny_config
+from conftest import REPO, build_model, tiny_args, tiny_config
 from builders.eval import write_tiny_jsonl
 
 from messages import raises_naming
@@ -195,9 +193,9 @@ def one_process_validation(tmp, *extra) -> dict:
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    """One process (dense, 2 x 2 accumulated; MoE, 4), then one torchrun launch of 2 gloo ranks
-    running every layout (tests/parallel_worker.py)."""
-    from builders.launch import launch_failure
+    """One process (dense, 2 x 2 accumulated; MoE, 4), then one launch of 2 gloo ranks running
+    every layout (tests/parallel_worker.py, forked by builders.launch.fork_ranks)."""
+    from builders.launch import fork_ranks, launch_failure
 
     tmp = tmp_path_factory.mktemp("val_layouts")  # the first run trains the shared tokenizer
     single = {"dense": one_process_validation(tmp, "--training.local_batch_size=2"),
@@ -205,12 +203,8 @@ def layouts(tmp_path_factory):
     spec = {"runs": {name: tiny_args(tmp, *LAYOUT, *args) for name, args in LAYOUTS.items()},
             "steps": VAL_STEPS, "validate": list(LAYOUTS)}
     (tmp / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         str(REPO / "tests" / "parallel_worker.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env=env, capture_output=True, text=True, timeout=600)
+    proc = fork_ranks(REPO / "tests" / "parallel_worker.py", 2, str(tmp / "spec.json"),
+                      str(tmp / "out.json"), logs=tmp / "launch_logs")
     assert proc.returncode == 0, launch_failure(proc)
     return single, json.loads((tmp / "out.json").read_text())
 

@@ -70,7 +70,7 @@ SINGLE = {  # one process each, in the test's process
     "mixture": (*LLAMA, "--data.sources=local:{data}/a.jsonl=0.7,local:{data}/b.jsonl=0.3"),
     "sft": (*LLAMA, "--data.dataset=chat:{data}/chat.jsonl", "--training.seq_len=64"),
 }
-TWO_RANKS = {  # one torchrun launch, 2 gloo ranks, the runs one after the other
+TWO_RANKS = {  # one launch of 2 gloo ranks (fork_ranks), the runs one after the other
     "qwen3_moe_ep2": (*QWEN3_MOE, "--parallelism.expert_parallel_degree=2",
                       "--training.local_batch_size=2"),
     "llama_pp2": (*LLAMA, "--parallelism.pipeline_parallel_degree=2"),
@@ -158,25 +158,20 @@ def train(args: list[str]) -> dict:
 
 
 def launch_two_ranks(names: list[str], tmp: Path, data: Path) -> dict:
-    """Every named 2-rank run in one torchrun launch of this file (see worker())."""
-    from conftest import TORCHRUN
-    from builders.launch import launch_failure
+    """Every named 2-rank run in one launch of this file on 2 gloo ranks (see worker(); the
+    ranks forked as builders.launch.fork_ranks does: torchrun's variables, one thread)."""
+    from builders.launch import fork_ranks, launch_failure
 
     tmp.mkdir(parents=True, exist_ok=True)
     spec, out = tmp / "two_ranks.json", tmp / "two_ranks_out.json"
     spec.write_text(json.dumps({n: run_args(n, tmp, data) for n in names}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         __file__, "--worker", str(spec), str(out)],
-        env=env, capture_output=True, text=True, timeout=600)
+    proc = fork_ranks(__file__, 2, "--worker", str(spec), str(out), logs=tmp / "two_ranks_logs")
     assert proc.returncode == 0, launch_failure(proc)
     return json.loads(out.read_text())
 
 
 def worker(spec_path: str, out_path: str) -> None:
-    """Under torchrun: train each run of the spec; rank 0 writes {name: curve}."""
+    """On each of the 2 ranks: train each run of the spec; rank 0 writes {name: curve}."""
     import torch.distributed as dist
 
     from torchllm.parallel import destroy_distributed

@@ -3,8 +3,6 @@ real (tiny) training runs; `transformers` loading the exported folders is the or
 
 import json
 import os
-import signal
-import subprocess
 
 import pytest
 import torch
@@ -20,7 +18,7 @@ from torchllm.models.gpt2 import GPT2Args
 from torchllm.models.llama import LlamaArgs, Transformer
 from torchllm.train import Trainer
 
-from conftest import REPO, TORCHRUN, tiny_config
+from conftest import tiny_config
 from messages import assert_names, raises_naming
 
 transformers = pytest.importorskip("transformers")
@@ -255,23 +253,14 @@ exit_process(0)  # not a plain exit: see torchllm.run.process_exit
 
 @pytest.mark.slow
 def test_initial_hf_load_into_an_fsdp_sharded_model_on_two_ranks(tmp_path):
+    from builders.launch import fork_ranks  # (the 2 ranks torchrun would start)
+
     worker = tmp_path / "worker.py"
     worker.write_text(FSDP_WORKER)
     (tmp_path / "hf").mkdir()
-    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
-    proc = subprocess.Popen(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         str(worker), str(tmp_path / "hf")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,  # so a hang can be ended with both workers
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    proc = fork_ranks(worker, 2, str(tmp_path / "hf"), logs=tmp_path / "logs", timeout=240)
+    stdout = proc.stdout
+    assert proc.returncode == 0, stdout[-3000:] + proc.stderr[-3000:]
     assert "FSDP LOAD OK" in stdout
 
 

@@ -10,15 +10,13 @@ are floating-point summation orders.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
 
 from torchllm.train import Trainer
 
-from conftest import REPO, TORCHRUN, tiny_args, tiny_config
+from conftest import tiny_args, tiny_config  # noqa: F401
 from parallel_worker import qk_norm_weights
 from builders.launch import COMMON, GLOBAL_BATCH, PARITY, PARITY_STEPS, QWEN3_MOE, SMALL, STEPS, assert_matches, common_args, launch, launch_failure, run_reference  # noqa: F401
 
@@ -187,27 +185,6 @@ def test_float8_all_gather_matches_unsharded_float8(reference, two_process):
     first = reference[1]["untied"]["loss"][0]
     assert fsdp["loss"][0] == pytest.approx(first, rel=1e-2)
     assert fsdp["loss"][0] != first  # float8 casts really ran
-
-
-@pytest.mark.slow
-def test_run_train_sh_with_two_ranks(reference):
-    """The documented launch: NGPU=2 ./run_train.sh --parallelism.data_parallel_shard_degree=2."""
-    tmp, _ = reference
-    # A run of its own (the shipped config saves checkpoints: in run "parallel" they would make
-    # the module's later launches a refused fresh start), on run "parallel"'s cached tokenizer.
-    tokenizer = tmp / "parallel" / "data" / "tokenizer_embedded_sp512.model"
-    env = {**os.environ, "NGPU": "2", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        ["./run_train.sh", "--parallelism.data_parallel_shard_degree=2", "--training.steps=3",
-         "--training.seq_len=16", "--training.local_batch_size=2", "--metrics.log_freq=1",
-         f"--data.tokenizer={tokenizer}", f"--job.dump_folder={tmp}",
-         "--job.run_name=run_train_sh", "--job.print_config=false"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    assert "FSDP2 replicate=1 shard=2" in out and "done: step 3/3, 3 steps" in out, out[-6000:]
-    assert "global batch 4 seqs x 16 tokens = 2 local x 2 dp x 1 accumulation" in out
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Recipes on 2 gloo ranks: schedules, chunked loss, Muon and reduce/compression dtypes compose
 with FSDP2/DDP and give the single-process losses.
 
-As a test module it launches one torchrun; as a script it is that launch's worker:
+As a test module it launches 2 gloo ranks (builders.launch.fork_ranks); as a script it is
+their worker (as it is under torchrun too):
 
     torchrun --nproc_per_node=2 tests/test_recipes_parallel.py SPEC.json OUT.json
 """
@@ -9,12 +10,11 @@ As a test module it launches one torchrun; as a script it is that launch's worke
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 
-from builders.launch import launch_failure
+from builders.launch import fork_ranks, launch_failure
 from messages import assert_names
 
 STEPS = 6
@@ -75,8 +75,7 @@ def worker(spec_path: str, out_path: str) -> None:
 def results(tmp_path_factory):
     from torchllm.train import Trainer
 
-    import subprocess
-    from conftest import REPO, TORCHRUN, tiny_args, tiny_config
+    from conftest import tiny_args, tiny_config
 
     tmp = tmp_path_factory.mktemp("recipes")
     reference = {name: run_steps(Trainer(tiny_config(tmp, *COMMON, "--training.local_batch_size=4",
@@ -85,13 +84,7 @@ def results(tmp_path_factory):
     spec = {name: tiny_args(tmp, *COMMON, *args) for name, (args, _, _) in RUNS.items()}
     spec_path, out_path = tmp / "spec.json", tmp / "out.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         __file__, str(spec_path), str(out_path)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
+    proc = fork_ranks(__file__, 2, str(spec_path), str(out_path), logs=tmp / "launch_logs")
     assert proc.returncode == 0, launch_failure(proc)
     return reference, json.loads(out_path.read_text())
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 
 import pytest
 import torch
@@ -19,7 +17,8 @@ from torchllm.config import ConfigError
 from torchllm.train import Trainer
 
 from cli import run_module
-from conftest import REPO, TORCHRUN, tiny_args, tiny_config
+from builders.checkpoint import torchrun_jobs
+from conftest import tiny_args, tiny_config
 
 pytestmark = pytest.mark.slow  # every test trains a run or two
 
@@ -121,15 +120,8 @@ def test_vocab_grows_under_fsdp_on_two_ranks(tmp_path):
     tok = tmp_path / "base" / "data" / "tokenizer_embedded_sp512.model"
     mid = tiny_args(tmp_path, *fsdp, "--job.run_name=mid", f"--data.tokenizer={tok}",
                     "--data.chat_tokens=true", f"--checkpoint.initial_load_path={tmp_path / 'base'}")
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps([{"train": base}, {"load": mid, "out": str(tmp_path / "mid.pt")}]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2",
-         str(REPO / "tests" / "checkpoint_worker.py"), "--jobs", str(jobs)],
-        env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    torchrun_jobs(tmp_path / "jobs.json",
+                  [{"train": base}, {"load": mid, "out": str(tmp_path / "mid.pt")}])
     got = torch.load(tmp_path / "mid.pt")
     assert_grown({k[len("model."):]: v for k, v in got.items() if k.startswith("model.")},
                  open_checkpoint(tmp_path / "base").tensors())

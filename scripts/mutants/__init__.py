@@ -37,6 +37,7 @@ from mutants import house_module
 from mutants import house_resume
 from mutants import house_config_b
 from mutants import ft_overlap
+from mutants import suite_trim
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -74,5 +75,6 @@ MUTANTS = [
     *house_resume.MUTANTS,
     *house_config_b.MUTANTS,
     *ft_overlap.MUTANTS,
+    *suite_trim.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

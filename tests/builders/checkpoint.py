@@ -35,9 +35,15 @@ def torchrun(*argv: str, script: str | None = None, timeout: int = 600) -> str:
 
 
 def torchrun_jobs(path: Path, jobs: list[dict]) -> str:
-    """Several train / load jobs in one torchrun launch (tests/checkpoint_worker.py --jobs)."""
+    """Several train / load jobs on 2 gloo ranks (tests/checkpoint_worker.py --jobs), forked as
+    torchrun's workers by builders.launch.fork_ranks; returns the ranks' console."""
+    from builders.launch import fork_ranks
+
     path.write_text(json.dumps(jobs))
-    return torchrun("--jobs", str(path), script="checkpoint_worker.py")
+    proc = fork_ranks(REPO / "tests" / "checkpoint_worker.py", 2, "--jobs", str(path),
+                      logs=path.with_name(path.stem + "_logs"))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 def tb_losses(tmp_path, run: str) -> list[tuple[int, float]]:

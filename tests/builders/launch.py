@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
+import time
+from pathlib import Path
+
+import torch.multiprocessing as mp
 
 from parallel_worker import qk_norm_weights
 import pytest
 
 from torchllm.train import Trainer
 
-from conftest import REPO, TORCHRUN, tiny_args, tiny_config
+from conftest import REPO, preloaded_forkserver, tiny_args, tiny_config
 
 
 STEPS = 7  # warm-up 2 + 5 steps at the peak rate: a wrong scale or reduction shows from step 1
@@ -66,8 +71,9 @@ def run_reference(tmp_path, *extra, steps: int = STEPS, common: tuple = COMMON):
 def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
            record_qk_norm=(), train=(), steps: int = STEPS, common: tuple = COMMON,
            **extra_spec) -> dict:
-    """One torchrun launch of tests/parallel_worker.py running every run in `runs` for `steps`
-    recorded steps; `train`: runs trained whole (Trainer.train()) instead."""
+    """One launch of `nproc` gloo ranks running tests/parallel_worker.py's main on every run in
+    `runs` for `steps` recorded steps; `train`: runs trained whole (Trainer.train()) instead.
+    The ranks are forked by fork_ranks (their consoles: launch<nproc>_logs/rank<N>.log)."""
     spec = {
         **extra_spec,  # (parallel_worker's other keys: "ep_layer")
         "runs": {name: tiny_args(tmp_path, *common, *args) for name, args in runs.items()},
@@ -79,16 +85,79 @@ def launch(tmp_path, nproc: int, runs: dict, count_sync=(), record_dtypes=(),
     }
     spec_path, out_path = tmp_path / f"spec{nproc}.json", tmp_path / f"out{nproc}.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*TORCHRUN, "--standalone",
-         f"--nproc_per_node={nproc}", str(REPO / "tests" / "parallel_worker.py"),
-         str(spec_path), str(out_path)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
+    proc = fork_ranks(REPO / "tests" / "parallel_worker.py", nproc, str(spec_path),
+                      str(out_path), logs=tmp_path / f"launch{nproc}_logs")
     assert proc.returncode == 0, launch_failure(proc)
     return json.loads(out_path.read_text())
+
+
+def fork_ranks(script, nproc: int, *args: str, logs, timeout: float = 600
+               ) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=NPROC SCRIPT ARGS` for the tests' own worker
+    scripts (parallel_worker.py, a test module's worker): each rank runs SCRIPT as __main__ in a
+    process forked from the preloaded fork server (conftest.preloaded_forkserver: ~0.1 s a rank
+    instead of a torchrun and N interpreters importing torch, ~4 CPU-s each), with the variables
+    torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT), OMP_NUM_THREADS=1
+    and this process's environment. For tests whose subject is what the ranks compute; the
+    launcher itself (signals, a killed rank, the rendezvous) is tested with real torchrun workers
+    (test_launch_path, test_launcher, test_checkpoint_dist, the docs' NGPU=2 lines).
+    Returns what torchrun's would: the exit code (the first failing rank's) and every rank's
+    console (logs/rank<N>.log) with torchrun's "[rank<N>]:" prefix."""
+    logs = Path(logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
+    ranks = mp.start_processes(_rank, args=(str(script), list(args), env, str(logs)),
+                               nprocs=nproc, join=False, start_method=preloaded_forkserver())
+    deadline, code, error = time.monotonic() + timeout, 0, ""
+    try:
+        while not ranks.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{Path(script).name} on {nproc} ranks ran past {timeout} s")
+    except Exception as e:  # a rank raised or died (join stops the others), or the time ran out
+        for p in ranks.processes:
+            if p.is_alive():
+                p.kill()
+        code, error = getattr(e, "exit_code", None) or 1, f"{type(e).__name__}: {e}"
+    out = "".join(f"[rank{r}]: {line}\n" for r in range(nproc) if (logs / f"rank{r}.log").is_file()
+                  for line in (logs / f"rank{r}.log").read_text(errors="replace").splitlines())
+    return subprocess.CompletedProcess([str(script), *args], code, out, error)
+
+
+def _rank(rank: int, script: str, args: list[str], env: dict, logs: str) -> None:
+    """One rank of fork_ranks (forked from the fork server): torchrun's per-worker variables,
+    its console in logs/rank<rank>.log, SCRIPT run as __main__ (it ends the process itself with
+    exit_process, or returns)."""
+    import multiprocessing
+    import runpy
+    import sys
+
+    import torch
+
+    log = os.open(f"{logs}/rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.environ.clear()
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
+                      ROLE_RANK=str(rank))
+    torch.set_num_threads(1)  # OMP_NUM_THREADS=1 (the server's torch read its own at import)
+    # The platform's default start method, as in a fresh process (a forked rank inherits
+    # "forkserver": its data-loader workers would start a server that re-runs SCRIPT).
+    multiprocessing.set_start_method(None, force=True)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` has it
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def launch_failure(proc: subprocess.CompletedProcess) -> str:
