@@ -35,7 +35,8 @@ LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "
 
 
 class Checkpointer:
-    """Saves and restores model, optimizer, scheduler, data position, counters and RNGs."""
+    """Saves and restores the run's one training state (training_state.py): model, optimizer,
+    scheduler, data position, counters, the loop's and features' objects, RNGs."""
 
     def __init__(
         self,
@@ -57,9 +58,9 @@ class Checkpointer:
         """`state`: the run's one training state (training_state.py: the list a heal copies
         too; the trainer's); without it, the state of `model`, `optimizer`, `lr_scheduler`,
         `dataloader`, `train_state` and `others` (more objects with state_dict()/
-        load_state_dict(), saved under their keys) and the RNG states. `run_info`: `config_toml` (written
-        into each step folder, compared at resume) and `global_batch_size` (must not change
-        silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
+        load_state_dict(), saved under their keys) and the RNG states. `run_info`:
+        `config_toml` (written into each step folder, compared at resume) and
+        `global_batch_size` (must not change silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
         for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
         (job.overwrite): the steps of a checkpoint URL are deleted first (Retention.clear; a
         local checkpoint folder was deleted with the run folder's outputs, run/rundir.py)."""
@@ -94,8 +95,9 @@ class Checkpointer:
                 f"{', '.join(self.loadable)}", "checkpoint.exclude_from_loading",
             )
         # Per-rank pieces get per-rank keys: DCP keeps one copy of identically named values.
-        dataloader_key, rng_key = f"dataloader_dp{dp_rank}", f"rng_rank{self.agree.rank}"
         self.states: dict[str, Any] = state.saved_states(dp_rank, self.agree.rank)
+        keys = {p.name: state.key(p, dp_rank, self.agree.rank) for p in state.pieces.values()}
+        dataloader_key, rng_key = keys.get("dataloader"), keys.get("rng")
 
         # The configured hyperparameters, before a load replaces them with the checkpoint's.
         hparams = hparams_snapshot(optimizer) if optimizer is not None else None
