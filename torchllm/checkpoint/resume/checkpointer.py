@@ -60,8 +60,9 @@ class Checkpointer:
         `dataloader`, `train_state` and `others` (more objects with state_dict()/
         load_state_dict(), saved under their keys) and the RNG states. `run_info`:
         `config_toml` (written into each step folder, compared at resume) and
-        `global_batch_size` (must not change silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
-        for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
+        `global_batch_size` (must not change silently). `load_hf(model, folder,
+        tokenizer_record)`: what loads a Hugging Face folder for
+        checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
         (job.overwrite): the steps of a checkpoint URL are deleted first (Retention.clear; a
         local checkpoint folder was deleted with the run folder's outputs, run/rundir.py)."""
         self.cfg = ccfg
