@@ -91,8 +91,7 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
     fresh = Trainer(load_config(tiny_args(tmp_path / "b", *args)))
 
     def heal_of(t):
-        return HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader, t.train_state,
-                         {"loss_guard": t.guard}, lambda: restart(t))
+        return HealState(t.state, lambda: restart(t))  # the trainer's one training state
 
     def restart(t):
         t.train_loader.close(t.batches)

@@ -186,8 +186,7 @@ def test_a_trainers_state_goes_through_the_transport_and_back_equal(tmp_path, tr
     fresh = Trainer(load_config(tiny_args(tmp_path / "b", *args)))
 
     def heal_of(t):
-        return HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader, t.train_state,
-                         {"loss_guard": t.guard}, lambda: None)
+        return HealState(t.state, lambda: None)  # the trainer's one training state
 
     try:
         for _ in range(2):

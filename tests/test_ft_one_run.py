@@ -189,8 +189,7 @@ def test_a_heal_into_another_width_is_refused_naming_the_weight(tmp_path):
     from torchllm.ft import HealState
 
     def heal_of(t):
-        return HealState(t.model, t.optimizer, t.lr_scheduler, t.train_loader, t.train_state,
-                         {"loss_guard": t.guard}, lambda: None)
+        return HealState(t.state, lambda: None)  # the trainer's one training state
 
     live, other = _trainer(tmp_path / "a"), _trainer(tmp_path / "b", "--model.dim=128")
     try:

@@ -17,7 +17,7 @@ import time
 
 from torchllm import models
 from torchllm.callbacks import StepReport, TrainContext, build_callbacks
-from torchllm.checkpoint import Checkpointer, TrainState
+from torchllm.checkpoint import Checkpointer, TrainState, TrainingState
 from torchllm.config import JobConfig, to_toml
 from torchllm.config.paths import tensorboard_folder
 from torchllm.data import build_data, holds_out
@@ -131,12 +131,9 @@ class Trainer:
         self.guard = LossGuard(cfg.metrics, save_checkpoint=self.save_dropped_step)
         # Profiler, validation, samples, HellaSwag, ...: each on its own schedule.
         self.callbacks = build_callbacks(CALLBACKS, self.context)
-        stateful = {cb.checkpoint_key: cb for cb in self.callbacks if cb.checkpoint_key}
+        self.state = self._training_state()
         self.checkpointer = self.replicas.gate(Checkpointer(  # FT: the lowest live group saves
-            cfg.checkpoint, self.run_dir, self.model, self.optimizer, self.lr_scheduler,
-            dataloader=self.train_loader, train_state=self.train_state, dp_rank=dp_rank,
-            device=self.device,
-            others={"loss_guard": self.guard, **stateful, **self.replicas.saved_states(self.model)},
+            cfg.checkpoint, self.run_dir, state=self.state, dp_rank=dp_rank, device=self.device,
             run_info=self.run_info, load_hf=load_initial_weights, fresh=cfg.job.overwrite))
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
@@ -151,8 +148,22 @@ class Trainer:
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
-        self.replicas.attach(self.context, {"loss_guard": self.guard, **stateful})  # a heal's
+        self.replicas.attach(self.context, self.state)  # what a heal copies: the same state
         self.comm_timeout_set = False  # comm.init_timeout_seconds until the first step ends
+
+    def _training_state(self) -> TrainingState:
+        """The run's one training state (checkpoint/training_state.py): what each checkpoint
+        saves and a heal copies, each piece added once, in the order a checkpoint holds them."""
+        state = TrainingState(self.module.pieces())  # model, optimizer, LR schedule
+        state.add("dataloader", self.train_loader)  # (its rank's part: peer_state_dict)
+        state.add("train_state", self.train_state)
+        state.add("loss_guard", self.guard)
+        for cb in self.callbacks:
+            if cb.checkpoint_key:
+                state.add(cb.checkpoint_key, cb)
+        self.replicas.register_state(state, self.model)  # (DiLoCo: the outer optimizer)
+        state.add_rng()
+        return state
 
     def _context(self, counts: dict[str, int]) -> TrainContext:
         """The run as callbacks, the header, eval, report and fault tolerance may read it."""

@@ -9,8 +9,11 @@ family's own loss terms (MoE: load balancing, models.moe.family_loss). The loop
     module.clip_grads()                 the gradient norm, clipped to training.max_norm
     module.optim_step()                 the update (the loop's guard decides whether it runs)
     module.lr_step(); module.zero_grad()
-    module.state_dict() / load_state_dict()   model, optimizer and LR schedule under the keys a
-                                        checkpoint step holds them (checkpoint.state's wrappers)
+    module.pieces()                     model, optimizer and LR schedule: the first pieces of the
+                                        run's one training state (checkpoint/training_state.py),
+                                        which the loop's checkpoints save and a heal copies
+    module.state_dict() / load_state_dict()   those pieces under the keys a checkpoint step
+                                        holds them (checkpoint.state's wrappers)
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import contextlib
 
 import torch
 
-from torchllm.checkpoint.state import JSONState, ModelState, OptimizerState
+from torchllm.checkpoint.training_state import MODEL, OPTIMIZER, Piece, TrainingState
 from torchllm.loss import IGNORE_INDEX
 from torchllm.models.lora import added_tokens
 from torchllm.models.moe import family_loss
@@ -137,10 +140,14 @@ class TrainModule:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def pieces(self) -> list[Piece]:
+        """The module's part of the run's training state: model, optimizer, LR schedule."""
+        return [Piece("model", self.model, MODEL),
+                Piece("optimizer", self.optimizer, OPTIMIZER, model=self.model),
+                Piece("lr_scheduler", self.lr_scheduler)]
+
     def _states(self) -> dict:
-        return {"model": ModelState(self.model),
-                "optimizer": OptimizerState(self.model, self.optimizer),
-                "lr_scheduler": JSONState(self.lr_scheduler)}
+        return TrainingState(self.pieces()).saved_states()
 
     def state_dict(self) -> dict:
         """The training state under a checkpoint step's keys: model, optimizer, lr_scheduler."""

@@ -38,6 +38,7 @@ from mutants import house_resume
 from mutants import house_config_b
 from mutants import ft_overlap
 from mutants import suite_trim
+from mutants import house_state
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -76,5 +77,6 @@ MUTANTS = [
     *house_config_b.MUTANTS,
     *ft_overlap.MUTANTS,
     *suite_trim.MUTANTS,
+    *house_state.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

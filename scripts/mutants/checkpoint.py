@@ -9,24 +9,24 @@ IDENTITY = "tests/test_identity_trust.py::"
 MUTANTS = [
     Mutant.at(
         "scheduler_not_restored", "a resumed run starts the LR schedule from step 0",
-        "torchllm.checkpoint.resume.checkpointer:Checkpointer.__init__",
-        "        if lr_scheduler is not None:\n",
-        "        if False:\n",
+        "torchllm.train_module:TrainModule.pieces",
+        ',\n                Piece("lr_scheduler", self.lr_scheduler)]',
+        "]",
         ("tests/test_checkpoint.py::test_stop_after_steps_then_continue_matches_schedule",),
     ),
     Mutant.at(
         "optimizer_not_restored_on_fallback",
         "checkpoints lose the optimizer state (seen when falling back past a corrupt one)",
-        "torchllm.checkpoint.resume.checkpointer:Checkpointer.__init__",
-        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
-        "            pass\n",
+        "torchllm.checkpoint.training_state:TrainingState.saved_states",
+        "for p in self.pieces.values()}",
+        "for p in self.pieces.values() if p.kind != OPTIMIZER}",
         ("tests/test_checkpoint.py::test_corrupt_checkpoint_falls_back_to_earlier_one",),
     ),
     Mutant.at(
         "gpt2_optimizer_not_restored", "GPT-2 resumes without its optimizer state",
-        "torchllm.checkpoint.resume.checkpointer:Checkpointer.__init__",
-        "            self.states[\"optimizer\"] = OptimizerState(model, optimizer)\n",
-        "            pass\n",
+        "torchllm.checkpoint.training_state:TrainingState.saved_states",
+        "for p in self.pieces.values()}",
+        "for p in self.pieces.values() if p.kind != OPTIMIZER}",
         ("tests/test_gpt2.py::test_trains_and_resumes_through_the_trainer",),
     ),
     Mutant.at(
@@ -95,9 +95,9 @@ MUTANTS = [
     Mutant.at(
         "golden_checkpoint_key_renamed",
         "a refactor renames a checkpoint state key: its own saves load, older checkpoints do not",
-        "torchllm.checkpoint.resume.checkpointer:Checkpointer.__init__",
-        'self.states["train_state"] = JSONState(train_state)',
-        'self.states["trainer_state"] = JSONState(train_state)',
+        "torchllm.train:Trainer._training_state",
+        'state.add("train_state", self.train_state)',
+        'state.add("trainer_state", self.train_state)',
         ("tests/test_golden_curves.py::test_recorded_checkpoint_resumes_exactly",),
     ),
     Mutant.at(

@@ -12,7 +12,7 @@ MUTANTS = [
         "ft_heal_skips_optimizer",
         "a relaunched replica group heals weights, schedule and data but keeps its own (fresh) "
         "optimizer state: its updates differ from the live group's",
-        "torchllm.ft.heal:HealState.load_state_dict",
+        "torchllm.ft.heal:_apply",
         "            opt.load_state_dict(state)\n",
         "            pass  # the optimizer state is not taken from the peer\n",
         ("tests/test_fault_tolerance.py::"

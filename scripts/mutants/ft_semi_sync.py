@@ -114,9 +114,9 @@ MUTANTS = [
         "ft_semi_sync_outer_state_as_json",
         "the outer optimizer's momentum saved as a JSON text (no DCP tensors: unsharded, and "
         "model-sized lists of numbers)",
-        "torchllm.checkpoint.resume.checkpointer:Checkpointer.__init__",
-        "obj if isinstance(obj, OptimizerState) else JSONState(obj)",
-        "JSONState(obj)",
+        SS + "SemiSyncGroups.register_state",
+        "self.state.outer, OPTIMIZER, model=model,",
+        "self.state.outer, model=model,",
         (FT_LOCAL,),
     ),
     Mutant(

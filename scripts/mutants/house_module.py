@@ -45,8 +45,8 @@ MUTANTS = [
         "train_module_state_without_the_schedule",
         "the train module's state leaves out the LR schedule",
         "torchllm.train_module:TrainModule._states",
-        '                "lr_scheduler": JSONState(self.lr_scheduler)}',
-        "                }",
+        "TrainingState(self.pieces()).saved_states()",
+        "TrainingState(self.pieces()[:2]).saved_states()",
         (SEAMS + "test_the_train_module_state_is_what_a_checkpoint_step_holds",),
     ),
 ]

@@ -20,9 +20,10 @@ from torchllm.checkpoint.step import (
 from torchllm.checkpoint.resume.hparams import recorded_precision
 from torchllm.checkpoint.resume.saver import CheckpointSaveError
 from torchllm.checkpoint.state import TrainState
+from torchllm.checkpoint.training_state import TrainingState
 from torchllm.checkpoint import fits  # noqa: F401 - registers the features' resume checks
 
 __all__ = ["EXPORT_DTYPES", "CheckpointSaveError", "Checkpointer", "CorruptCheckpoint",
-           "MarkerError", "Step", "TrainState", "UntrustedCheckpoint", "complete_steps",
+           "MarkerError", "Step", "TrainState", "TrainingState", "UntrustedCheckpoint", "complete_steps",
            "mark_complete", "open_checkpoint", "read_marker", "recorded_precision",
            "resolve_checkpoint", "step_dir", "step_of"]

@@ -84,6 +84,25 @@ class TrainLoader:
                 "num_workers": self.num_workers,
                 "batch_size": getattr(self.dataset, "batch_size", None), "loader": state}
 
+    def peer_state_dict(self) -> dict:
+        """What a peer replica group may take of this loader's state (a heal): the position
+        without this rank's identity (`dp_rank`: the receiver keeps its own part of the data,
+        at the same count). ConfigError when the position is this group's own (a streamed
+        source's offset): a relaunched group could not take it from a peer."""
+        if not getattr(self.dataset, "position_is_a_count", lambda: False)():
+            raise ConfigError(
+                "fault_tolerance.enable with a streamed data source is not supported: a "
+                "stream's position is its own group's, and a relaunched group could not take "
+                "it from a peer; use window sources (local files, shards:, embedded, mixtures "
+                "of them)", "fault_tolerance.enable")
+        state = self.state_dict()
+        del state["dp_rank"]  # the sender's
+        return state
+
+    def load_peer_state_dict(self, state: dict) -> None:
+        """A peer's position (peer_state_dict), read into this rank's own part of the data."""
+        self.load_state_dict({**state, "dp_rank": self.dp_rank})
+
     def load_state_dict(self, state: dict) -> None:
         """Restore; the next `iter(loader)` continues right after the last saved batch (on
         another data-parallel layout: at the same place in the global batch order)."""

@@ -168,6 +168,10 @@ class MixtureBatches(IndexedBatches):
             state["streams"] = streams
         return state
 
+    def position_is_a_count(self) -> bool:
+        """A streamed source's position is its own offset, not a count of batches."""
+        return not self._streams()
+
     def load_state_dict(self, state: dict) -> None:
         self.yielded = int(state["yielded"])
         streams = self._streams()

@@ -54,6 +54,11 @@ class IndexedBatches(torch.utils.data.IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         self.yielded = int(state["yielded"])
 
+    def position_is_a_count(self) -> bool:
+        """Whether the position is the count of batches alone, which means the same in every
+        replica group (each reads its own part of the data at that count)."""
+        return True
+
 
 class WindowBatches(IndexedBatches):
     """Endless batches for one data-parallel rank; epochs continue inside (see module doc)."""

@@ -1,14 +1,16 @@
 """What a relaunched replica group receives from a live peer to train in step with it.
 
-The peer's state at the start of the step both are about to run: weights, optimizer state, LR
-schedule, data position, counters (step, tokens seen) and the loss guard's and callbacks' state.
-Tensors travel as local tensors (an FSDP2 group's rank sends its own shard to the same rank of
-the receiving group, whose layout is the same), and go back into the receiver's own tensors.
-The data position is the peer's count of batches read: each group reads its own part of the data
-(its replica id), so the receiver continues its own part at the same count. It travels as data
-(torchllm/ft/transport.py: raw tensors and JSON, to and from groups with the run's shared secret
-only, after their identity records agreed that they are of one run and config, identity.py);
-load_state_dict checks the peer's weights' names, shapes and dtypes against this group's own.
+The peer's state at the start of the step both are about to run: the run's one training state
+(torchllm/checkpoint/training_state.py: the list a checkpoint saves too), every piece but the
+rank-local ones (RNG states; the data loader sends what it says a peer may take, its position
+without its rank). Tensors travel as local tensors (an FSDP2 group's rank sends its own shard to
+the same rank of the receiving group, whose layout is the same), and go back into the receiver's
+own tensors. The data position is the peer's count of batches read: each group reads its own
+part of the data (its replica id), so the receiver continues its own part at the same count. It
+travels as data (torchllm/ft/transport.py: raw tensors and JSON, to and from groups with the
+run's shared secret only, after their identity records agreed that they are of one run and
+config, identity.py); load_state_dict checks the peer's pieces' names and its weights' and
+optimizer states' names, shapes and dtypes against this group's own before changing anything.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
+from torchllm.checkpoint.training_state import MODEL, OPTIMIZER
 from torchllm.config.job_config import ConfigError
 
 
@@ -34,66 +37,84 @@ def _optimizers(optimizer) -> list:
     return list(getattr(optimizer, "optimizers", [optimizer]))  # an OptimizerList's children
 
 
-def rank_free_position(loader) -> bool:
-    """Whether the loader's position is a count of batches, the same meaning in every group
-    (window sources and their mixtures); a stream's position is its own group's offset."""
-    from torchllm.data.windows import IndexedBatches
-
-    dataset = loader.dataset
-    return isinstance(dataset, IndexedBatches) and "streams" not in dataset.state_dict()
+def _refused(problem: str) -> ConfigError:
+    return ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}",
+                       "fault_tolerance.enable")
 
 
 class HealState:
-    """The state_dict()/load_state_dict() pair torchft's Manager sends and applies."""
+    """The state_dict()/load_state_dict() pair torchft's Manager sends and applies: the pieces
+    of `state` (a TrainingState) a peer may take. `restart_data`: the loop's, a new iterator at
+    the loader's just restored position."""
 
-    def __init__(self, model, optimizer, lr_scheduler, loader, train_state, others: dict,
-                 restart_data):
-        if not rank_free_position(loader):
-            raise ConfigError(
-                "fault_tolerance.enable with a streamed data source is not supported: a "
-                "stream's position is its own group's, and a relaunched group could not take "
-                "it from a peer; use window sources (local files, shards:, embedded, mixtures "
-                "of them)", "fault_tolerance.enable")
-        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
-        self.loader, self.train_state, self.others = loader, train_state, others
-        self.restart_data = restart_data  # the trainer's: a new iterator at the loaded position
+    def __init__(self, state, restart_data):
+        self.state, self.pieces = state, state.sent()
+        for piece in self.pieces.values():  # a piece no peer could take: refused at launch
+            getattr(piece.peer, "check", lambda: None)()
+        self.train_state = state.get("train_state")  # the step counter
+        self.restart_data = restart_data
         self.healed_at: int | None = None  # the step of the last heal (for the console note)
 
     def state_dict(self) -> dict:
-        data = dict(self.loader.state_dict())
-        data.pop("dp_rank")  # the sender's; the receiver keeps its own part of the data
-        return {
-            "model": _local(self.model.state_dict()),
-            "optimizer": [_local(o.state_dict()) for o in _optimizers(self.optimizer)],
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "data": data,
-            "train_state": self.train_state.state_dict(),
-            "others": {k: o.state_dict() for k, o in self.others.items()},
-        }
+        return {name: _sent(piece) for name, piece in self.pieces.items()}
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
-        own = self.model.state_dict()
-        if problem := _other_model(own, sd["model"]):
-            raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}; "
-                              "replica groups must run the same model config (model.*)",
-                              "fault_tolerance.enable")
-        for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
-            if problem := _other_optimizer(opt, state):
-                raise ConfigError(f"fault tolerance: a heal from a live peer refused: {problem}",
-                                  "fault_tolerance.enable")
-        for name, tensor in own.items():
-            _local(tensor).copy_(sd["model"][name])
-        for opt, state in zip(_optimizers(self.optimizer), sd["optimizer"]):
-            opt.load_state_dict(state)
-            _shard_like_params(opt)
-        self.lr_scheduler.load_state_dict(sd["lr_scheduler"])
-        self.loader.load_state_dict({**sd["data"], "dp_rank": self.loader.dp_rank})
-        self.train_state.load_state_dict(sd["train_state"])
-        for key, obj in self.others.items():
-            obj.load_state_dict(sd["others"][key])
+        if set(sd) != set(self.pieces):
+            raise _refused(f"the peer sends the pieces {', '.join(sorted(sd))}, this group has "
+                           f"{', '.join(self.pieces)}; replica groups must run the same "
+                           "config")
+        for name, piece in self.pieces.items():  # every check before anything changes
+            if problem := _misfit(piece, sd[name]):
+                raise _refused(problem)
+        for name, piece in self.pieces.items():
+            _apply(piece, sd[name])
         self.restart_data()
         self.healed_at = self.train_state.step
+
+
+def _sent(piece):
+    """What a heal sends of `piece`: local tensors for the model and optimizers, an object's
+    state_dict() (or its `peer` form) as data."""
+    if piece.peer is not None:
+        return piece.peer.state_dict()
+    if piece.kind == MODEL:
+        return _local(piece.obj.state_dict())
+    if piece.kind == OPTIMIZER:
+        return [_local(o.state_dict()) for o in _optimizers(piece.obj)]
+    return piece.obj.state_dict()
+
+
+def _misfit(piece, theirs) -> str | None:
+    """How the peer's form of `piece` does not fit this group's, or None."""
+    if piece.peer is not None:
+        return None  # (its own load_state_dict checks)
+    if piece.kind == MODEL:
+        if not isinstance(theirs, dict):
+            return f"the peer's {piece.name} is not a state_dict"
+        problem = _other_model(piece.obj.state_dict(), theirs)
+        return problem and f"{problem}; replica groups must run the same model config (model.*)"
+    if piece.kind == OPTIMIZER:
+        mine = _optimizers(piece.obj)
+        if not isinstance(theirs, list) or len(theirs) != len(mine):
+            return f"the peer's {piece.name} is not {len(mine)} optimizer state(s)"
+        return next((p for o, s in zip(mine, theirs) if (p := _other_optimizer(o, s))), None)
+    return None
+
+
+def _apply(piece, theirs) -> None:
+    """`theirs` (checked by _misfit) into this group's `piece`."""
+    if piece.peer is not None:
+        piece.peer.load_state_dict(theirs)
+    elif piece.kind == MODEL:
+        for name, tensor in piece.obj.state_dict().items():
+            _local(tensor).copy_(theirs[name])
+    elif piece.kind == OPTIMIZER:
+        for opt, state in zip(_optimizers(piece.obj), theirs):
+            opt.load_state_dict(state)
+            _shard_like_params(opt)
+    else:
+        piece.obj.load_state_dict(theirs)
 
 
 def _other_model(own: dict, theirs: dict) -> str | None:

@@ -53,7 +53,7 @@ class SingleGroup:
     def data_shard(self, dp_rank: int, dp_degree: int) -> tuple[int, int]:
         return dp_rank, dp_degree
 
-    def attach(self, ctx, others: dict) -> None:
+    def attach(self, ctx, state) -> None:
         pass
 
     def begin_step(self) -> None:
@@ -65,8 +65,8 @@ class SingleGroup:
     def end_step(self) -> None:
         pass  # semi-synchronous groups sync here (semi_sync.py)
 
-    def saved_states(self, model: torch.nn.Module) -> dict:
-        return {}  # what a checkpoint saves beside the trainer's (semi_sync.py: outer optimizer)
+    def register_state(self, state, model: torch.nn.Module) -> None:
+        pass  # pieces of the training state of its own (semi_sync.py: the outer optimizer)
 
     def gate(self, checkpointer):
         return checkpointer
@@ -132,15 +132,13 @@ class ReplicaGroups(SingleGroup):
         """Group r's rank i reads part r x dp_degree + i of group_size x dp_degree parts."""
         return self.replica_id * dp_degree + dp_rank, self.group_size * dp_degree
 
-    def attach(self, ctx, others: dict) -> None:
-        """After the loop loaded its checkpoint: what a peer heals from (the train module's
-        model, optimizer and schedule, the data position, counters and `others`' states), and
-        the step the lighthouse compares (a group behind the most advanced one heals). `ctx`:
-        the run's TrainContext (torchllm.callbacks); its restart_batches gives the loop a new
+    def attach(self, ctx, state) -> None:
+        """After the loop loaded its checkpoint: what a peer heals from (`state`: the run's one
+        training state, checkpoint/training_state.py, the list its checkpoints save), and the
+        step the lighthouse compares (a group behind the most advanced one heals). `ctx`: the
+        run's TrainContext (torchllm.callbacks); its restart_batches gives the loop a new
         iterator at the loader's just restored position."""
-        m = ctx.module
-        self.heal = HealState(m.model, m.optimizer, m.lr_scheduler, ctx.train_loader,
-                              ctx.train_state, others, ctx.restart_batches)
+        self.heal = HealState(state, ctx.restart_batches)
         self.pg.record = group_record(ctx, self.run)  # what this group's peers must agree on
         self.manager.register_state_dict_fn("torchllm", self.heal.load_state_dict,
                                             self.heal.state_dict)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from torchllm.checkpoint.state import OptimizerState
+from torchllm.checkpoint.training_state import OPTIMIZER, Piece
 from torchllm.config.job_config import ConfigError
 from torchllm.ft.reduce import mean_over_groups
 from torchllm.ft.replicas import GroupCheckpointer, ReplicaGroups
@@ -103,7 +103,7 @@ class OuterStep:
         self.reset_anchor()
         return True
 
-    # -- what a heal copies (local tensors; HealState sends them as data) --
+    # -- what a heal copies (the outer_optimizer piece's form: local tensors, sent as data) --
 
     def momentum(self) -> list[torch.Tensor]:
         if self.outer is None:
@@ -157,22 +157,23 @@ class SemiSyncGroups(ReplicaGroups):
         self.quorum_taken = False  # this launch's first step takes a quorum wherever it is
         self.bytes_sent, self.syncs = 0, 0
 
-    def saved_states(self, model: torch.nn.Module) -> dict:
-        """What a checkpoint saves beside the trainer's states: the outer optimizer (DiLoCo)."""
+    def register_state(self, state, model: torch.nn.Module) -> None:
+        """DiLoCo's outer optimizer, one piece of the training state: a checkpoint saves its
+        momentum (DCP tensors, key `outer_optimizer`), a heal sends the outer step's state (the
+        momentum and the parameters at the last sync, which a checkpoint taken at a sync point
+        need not: they are its weights). LocalSGD has no state of its own."""
         ft = self.ftcfg
         self.state = OuterStep(model, ft.semi_sync_method, ft.outer_lr, ft.outer_momentum,
                                ft.outer_nesterov)
-        if self.state.outer is None:
-            return {}
-        return {"outer_optimizer": OptimizerState(model, self.state.outer)}
+        if self.state.outer is not None:
+            state.add_piece(Piece("outer_optimizer", self.state.outer, OPTIMIZER, model=model,
+                                  peer=self.state))
 
-    def attach(self, ctx, others: dict) -> None:
-        if self.state is None:
-            self.saved_states(ctx.module.model)
+    def attach(self, ctx, state) -> None:
         self.last_step = ctx.cfg.training.steps
         self.state.reset_anchor()  # the loaded weights were saved at a sync point
         self.state.apply_settings()
-        super().attach(ctx, {**others, "semi_sync": self.state})
+        super().attach(ctx, state)
         # torchft compares the groups' count of commits (one per sync) to decide who heals.
         syncs = ctx.step // self.sync_steps
         self.manager.load_state_dict({"step": syncs, "batches_committed": syncs})

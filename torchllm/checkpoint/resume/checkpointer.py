@@ -25,7 +25,7 @@ from torchllm.checkpoint.resume.restore import Restore
 from torchllm.checkpoint.resume.hparams import hparams_snapshot
 from torchllm.checkpoint.resume.retention import Retention
 from torchllm.checkpoint.resume.saver import CheckpointSaveError, Saver
-from torchllm.checkpoint.state import ModelState, OptimizerState, JSONState, RNGState
+from torchllm.checkpoint.training_state import TrainingState
 from torchllm.config.job_config import ConfigError
 from torchllm.config.paths import checkpoint_folder
 from torchllm.log import logger
@@ -35,13 +35,14 @@ LOADABLE = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "
 
 
 class Checkpointer:
-    """Saves and restores model, optimizer, scheduler, data position, counters and RNGs."""
+    """Saves and restores the run's one training state (training_state.py): model, optimizer,
+    scheduler, data position, counters, the loop's and features' objects, RNGs."""
 
     def __init__(
         self,
         ccfg,
         run_dir: Path,
-        model: torch.nn.Module,
+        model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         lr_scheduler: Any = None,
         dataloader: Any = None,
@@ -52,12 +53,16 @@ class Checkpointer:
         run_info: dict[str, Any] | None = None,
         load_hf=None,
         fresh: bool = False,
+        state: TrainingState | None = None,
     ):
-        """`others`: more objects with state_dict()/load_state_dict(), saved under their keys
-        (identical on every rank, like the train state). `run_info`: `config_toml` (written
-        into each step folder, compared at resume) and `global_batch_size` (must not change
-        silently). `load_hf(model, folder, tokenizer_record)`: what loads a Hugging Face folder
-        for checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
+        """`state`: the run's one training state (training_state.py: the list a heal copies
+        too; the trainer's); without it, the state of `model`, `optimizer`, `lr_scheduler`,
+        `dataloader`, `train_state` and `others` (more objects with state_dict()/
+        load_state_dict(), saved under their keys) and the RNG states. `run_info`:
+        `config_toml` (written into each step folder, compared at resume) and
+        `global_batch_size` (must not change silently). `load_hf(model, folder,
+        tokenizer_record)`: what loads a Hugging Face folder for
+        checkpoint.initial_load_in_hf (torchllm.hf.load_initial_weights). `fresh`
         (job.overwrite): the steps of a checkpoint URL are deleted first (Retention.clear; a
         local checkpoint folder was deleted with the run folder's outputs, run/rundir.py)."""
         self.cfg = ccfg
@@ -77,28 +82,23 @@ class Checkpointer:
                                    run_info.get("run_id"))
         if fresh:
             self.retention.clear()
-        others = others or {}
-        self.loadable = [*LOADABLE, *others]
+        if state is None:
+            state = TrainingState.of(model, optimizer, lr_scheduler, dataloader, train_state,
+                                     others)
+        self.state = state
+        model, optimizer, lr_scheduler = (state.get(k) for k in ("model", "optimizer",
+                                                                  "lr_scheduler"))
+        self.loadable = [*LOADABLE, *(name for name in state.names() if name not in LOADABLE)]
         bad = set(ccfg.exclude_from_loading) - set(self.loadable)
         if bad:
             raise ConfigError(
                 f"checkpoint.exclude_from_loading has unknown entries {sorted(bad)}; allowed: "
                 f"{', '.join(self.loadable)}", "checkpoint.exclude_from_loading",
             )
-        # Per-rank objects get per-rank keys: DCP keeps one copy of identically named values.
-        dataloader_key, rng_key = f"dataloader_dp{dp_rank}", f"rng_rank{self.agree.rank}"
-        self.states: dict[str, Any] = {"model": ModelState(model)}
-        if optimizer is not None:
-            self.states["optimizer"] = OptimizerState(model, optimizer)
-        if lr_scheduler is not None:
-            self.states["lr_scheduler"] = JSONState(lr_scheduler)
-        if dataloader is not None:
-            self.states[dataloader_key] = JSONState(dataloader)
-        if train_state is not None:
-            self.states["train_state"] = JSONState(train_state)
-        for key, obj in others.items():  # (an optimizer's state goes through DCP as the main one)
-            self.states[key] = obj if isinstance(obj, OptimizerState) else JSONState(obj)
-        self.states[rng_key] = RNGState()
+        # Per-rank pieces get per-rank keys: DCP keeps one copy of identically named values.
+        self.states: dict[str, Any] = state.saved_states(dp_rank, self.agree.rank)
+        keys = {p.name: state.key(p, dp_rank, self.agree.rank) for p in state.pieces.values()}
+        dataloader_key, rng_key = keys.get("dataloader"), keys.get("rng")
 
         # The configured hyperparameters, before a load replaces them with the checkpoint's.
         hparams = hparams_snapshot(optimizer) if optimizer is not None else None
