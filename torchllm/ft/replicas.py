@@ -145,7 +145,7 @@ class ReplicaGroups(SingleGroup):
         self.manager.load_state_dict({"step": ctx.step, "batches_committed": ctx.step})
         if self.overlap_wanted:
             self.overlap = OverlappedMean(self.manager)
-            kind = self.overlap.install(m.model, ctx.parallel_dims,
+            kind = self.overlap.install(ctx.module.model, ctx.parallel_dims,
                                         ctx.cfg.parallelism.ddp_comm_hook)
             if kind:
                 logger.info("fault tolerance: gradients averaged across replica groups inside "
