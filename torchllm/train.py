@@ -42,7 +42,8 @@ from torchllm.report.hook import RunReport
 from torchllm.run import process
 from torchllm.run.process_exit import exit_process
 from torchllm.run.resolve import Run, resolve_run
-from torchllm.run.rundir import run_name, write_run_config
+from torchllm.config.paths import run_name
+from torchllm.run.rundir import write_run_config
 from torchllm.run.stopping import StopConditions
 from torchllm.train_module import TrainModule
 
@@ -139,10 +140,10 @@ class Trainer:
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.
-        write_run_config(cfg, self.run_dir)
+        write_run_config(to_toml(cfg), self.run_dir)
         # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
-            cfg, self.model, self.optimizer, self.device, run_name(cfg), self.run_dir,
+            cfg, self.model, self.optimizer, self.device, run_name(cfg.job), self.run_dir,
             self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
             start_step=self.step,
         )

@@ -21,8 +21,10 @@ def build_model(spec, model_args, parallel_dims, cfg, device, loss_fn, new_token
         pipeline = Pipeline.build(spec, model_args, parallel_dims, cfg, device, loss_fn)
         return pipeline.model, pipeline
     with torch.device("meta"):  # (lora.enable: with adapters, base frozen; models/lora.py)
-        model = build_with_lora(spec, model_args, cfg, new_tokens)
+        model = build_with_lora(spec, model_args, cfg.lora, cfg.model, cfg.float8.enable,
+                                new_tokens)
     parallelize_model(model, spec, parallel_dims, cfg)
-    init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg, new_tokens), device,
-                       cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
+    init_model_weights(model, lambda: build_with_lora(spec, model_args, cfg.lora, cfg.model,
+                                                      cfg.float8.enable, new_tokens),
+                       device, cfg.job.seed, cfg.parallelism.fsdp_cpu_offload)
     return model, None

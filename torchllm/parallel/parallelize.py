@@ -93,7 +93,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
-    check_lora(job_config, dims)
+    check_lora(job_config.lora, job_config.model.name, job_config.float8.enable, dims)
     check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
     check_levers(job_config, dims, device_type)  # the speed levers (torchllm.parallel.levers)
