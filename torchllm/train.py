@@ -19,7 +19,7 @@ from torchllm import models
 from torchllm.callbacks import StepReport, TrainContext, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState
 from torchllm.config import JobConfig, to_toml
-from torchllm.data import build_data
+from torchllm.data import Batching, build_data
 from torchllm.data.fingerprint import data_fingerprint
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
@@ -94,7 +94,8 @@ class Trainer:
         # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
         self.replicas = build_replicas(cfg, self.parallel_dims, global_batch)
         self.train_loader, self.val_loader = build_data(
-            cfg, self.tokenizer, *self.replicas.data_shard(dp_rank, dp_degree))
+            cfg.data, cfg.validation, Batching.of(tcfg, cfg.job, cfg.model), self.tokenizer,
+            *self.replicas.data_shard(dp_rank, dp_degree))
 
         spec = models.get(cfg.model.name)
         self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
@@ -119,7 +120,8 @@ class Trainer:
         # data fingerprint says what the data position means (a resume compares it).
         self.run_info = {"config_toml": to_toml(cfg), "global_batch_size": global_batch,
                          "precision": self.precision, "tokenizer": tokenizer,
-                         "data": data_fingerprint(cfg, tokenizer["base_sha256"])}
+                         "data": data_fingerprint(cfg.data, cfg.validation, tokenizer["base_sha256"],
+                                                  seq_len=tcfg.seq_len, seed=cfg.job.seed)}
         self.context = self._context(counts)
         logger.info(self.context.header)
         if dp_rank == 0:  # a source read hundreds of times, a validation split of nothing
@@ -157,7 +159,8 @@ class Trainer:
         cfg, dims = self.cfg, self.parallel_dims
         # The validation set(s) as a validation will score them: the header names them.
         val_batches = validation_loader(
-            cfg, self.tokenizer, self.val_loader, dims.dp_rank, dims.dp_degree,
+            cfg.data, cfg.validation, cfg.training, Batching.of(cfg.training, cfg.job, cfg.model),
+            self.tokenizer, self.val_loader, dims.dp_rank, dims.dp_degree,
             self.global_batch)[0] if cfg.validation.enable else None
         ctx = TrainContext(
             cfg, self.run_dir, self.device, dims, self.tokenizer, self.model_args, self.module,

@@ -182,7 +182,7 @@ class HFStream(Source):
         text = column != self.dcfg.chat_column  # a conversation is a list of messages
         return [v for v, _ in zip(stream_texts(self, column, self.spec, text), range(n))]
 
-    def stream_windows(self, ctx: Context, column: str, pack):
+    def stream_windows(self, ctx: Context, column: str, pack: "TextPacking | ChatPacking"):
         """(this rank's StreamWindows of `column`'s values packed by `pack`, the validation
         windows of the held-out first data.val_documents rows): text (`windows`) and
         conversations (chat:hf:NAME) stream through this one reader (the packings call it)."""
