@@ -33,7 +33,7 @@ MUTANTS = [
         "data_reads_validation_as_written", "validation.dataset = data.dataset (the held-out "
         "split, as before) is recorded as written: a resume naming it is refused",
         "torchllm.data.fingerprint:reads",
-        '    if not dedicated_validation(vcfg, dcfg):\n        out["validation.dataset"] = ""\n',
+        '    if not dedicated_validation(dcfg, vcfg):\n        out["validation.dataset"] = ""\n',
         "",
         (READS + "test_the_same_reads_resume",),
     ),

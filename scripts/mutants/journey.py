@@ -13,7 +13,7 @@ MUTANTS = [
         "dedicated_validation_holds_out_training_text",
         "a dedicated validation.dataset still holds data.val_fraction of the training text out",
         "torchllm.data:holds_out",
-        "vcfg.enable and not dedicated_validation(vcfg, dcfg)",
+        "vcfg.enable and not dedicated_validation(dcfg, vcfg)",
         "vcfg.enable",
         (VS + "test_nothing_is_held_out_of_training_for_a_dedicated_validation_set",),
     ),

@@ -48,8 +48,8 @@ MUTANTS = [
     Mutant.at(
         "valset_off_still_holds_out", "with validation off, data.val_fraction of a corpus or "
         "a chat file is still held out and never trained", "torchllm.data:holds_out",
-        "    return vcfg.enable and not dedicated_validation(vcfg, dcfg)",
-        "    return not dedicated_validation(vcfg, dcfg)",
+        "    return vcfg.enable and not dedicated_validation(dcfg, vcfg)",
+        "    return not dedicated_validation(dcfg, vcfg)",
         (O + "test_a_corpus_trains_on_all_of_its_text_with_validation_off",
          O + "test_conversations_train_on_every_window_with_validation_off"),
     ),

@@ -106,19 +106,19 @@ def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
     return dataset.whole_stream(tokenizer, max_tokens if dataset.source.streams else None)
 
 
-def dedicated_validation(vcfg, dcfg) -> bool:
+def dedicated_validation(dcfg, vcfg) -> bool:
     """Whether validation reads a set of its own (validation.dataset, other than data.dataset)
-    instead of a split held out of the training data (`vcfg`, `dcfg`: the [validation] and
-    [data] sections)."""
+    instead of a split held out of the training data (`dcfg`, `vcfg`: the [data] and
+    [validation] sections)."""
     return bool(vcfg.dataset) and vcfg.dataset != dcfg.dataset and not vcfg.split
 
 
-def holds_out(vcfg, dcfg) -> bool:
+def holds_out(dcfg, vcfg) -> bool:
     """Whether the training data holds a validation split out (data.val_fraction of a corpus
     or of conversations, data.val_documents of a stream): only when validation is on and
     reads that split. With validation off, or a dedicated validation.dataset, every window
     trains (shards keep their own val files, never trained either way)."""
-    return vcfg.enable and not dedicated_validation(vcfg, dcfg)
+    return vcfg.enable and not dedicated_validation(dcfg, vcfg)
 
 
 def training_data(dcfg, vcfg):
@@ -126,7 +126,7 @@ def training_data(dcfg, vcfg):
     a dedicated validation.dataset), a copy that holds nothing out (data.val_fraction and
     data.val_documents 0): a split validation never reads would only be text withheld from
     training for nothing."""
-    if holds_out(vcfg, dcfg):
+    if holds_out(dcfg, vcfg):
         return dcfg
     out = copy.deepcopy(dcfg)
     out.val_fraction, out.val_documents = 0.0, 0

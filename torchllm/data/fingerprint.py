@@ -71,7 +71,7 @@ def reads(dcfg, vcfg) -> dict:
     for key in READS:
         section, name = key.split(".")
         out[key] = getattr(applied[section], name)
-    if not dedicated_validation(vcfg, dcfg):
+    if not dedicated_validation(dcfg, vcfg):
         out["validation.dataset"] = ""
     return out
 

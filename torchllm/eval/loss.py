@@ -66,13 +66,13 @@ def evaluation_batches(dcfg, vcfg, tcfg, batching: Batching, tokenizer, data: st
     run's [data], [validation] and [training] sections and `batching` (its Batching);
     `global_batch`: the run's (default: training.global_batch_size for one rank)."""
     vcfg = copy.deepcopy(vcfg)
-    held_nothing = not holds_out(vcfg, dcfg)  # validation off: the run trained on every window
+    held_nothing = not holds_out(dcfg, vcfg)  # validation off: the run trained on every window
     vcfg.enable = True
     if data is not None:  # --data: that set, not the one the run validated on
         vcfg.split = ""
         vcfg.dataset = "" if data == dcfg.dataset else data
     # else: the run's own validation set (validation.dataset / split, or the held-out split)
-    own = not dedicated_validation(vcfg, dcfg) and not vcfg.split
+    own = not dedicated_validation(dcfg, vcfg) and not vcfg.split
     if steps is not None:
         vcfg.steps = steps
     if max_tokens is not None:

@@ -118,7 +118,7 @@ def data_warnings(cfg: JobConfig, train_dataset, val_dataset, global_batch: int,
 
     held = getattr(val_dataset, "__len__", None)
     if (held is not None and len(val_dataset) == 0 and cfg.data.val_fraction > 0
-            and holds_out(cfg.validation, cfg.data) and not cfg.validation.split):
+            and holds_out(cfg.data, cfg.validation) and not cfg.validation.split):
         out.append(
             f"the held-out validation split is 0 windows (data.val_fraction = "
             f"{cfg.data.val_fraction:g} of too few windows): there is nothing to validate on; "
