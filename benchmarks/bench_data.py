@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from torchllm.config import load_config
-from torchllm.data import build_data, build_tokenizer
+from torchllm.data import Batching, build_data, build_tokenizer
 from torchllm.data.prepare import prepare
 from torchllm.data.sources.embedded import embedded_documents
 from torchllm.train import Trainer
@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 def loader_tokens_per_s(cfg, tokenizer, batches: int) -> tuple[float, float]:
     """(tokens/s over `batches` batches after the first, seconds to build and yield the first)."""
     t0 = time.perf_counter()
-    loader, _ = build_data(cfg, tokenizer, 0, 1)
+    batching = Batching.of(cfg.training, cfg.job, cfg.model)
+    loader, _ = build_data(cfg.data, cfg.validation, batching, tokenizer, 0, 1)
     it = iter(loader)
     first = next(it)
     startup = time.perf_counter() - t0
@@ -54,7 +55,7 @@ def main() -> None:
     base = ["--job.config_file", str(REPO / "train_configs" / "debug_model.toml"),
             f"--job.dump_folder={work}", "--job.print_config=false"]
     cfg = load_config(base)
-    tokenizer = build_tokenizer(cfg, work / "tok")
+    tokenizer = build_tokenizer(cfg.data, work / "tok")
     tok_path = str(next((work / "tok").glob("*.model")))
 
     docs = embedded_documents()

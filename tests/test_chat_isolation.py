@@ -21,6 +21,7 @@ from torchllm.models.attention import TokenLayout
 
 from cli import run_train
 from conftest import REPO, tiny_args, tiny_config
+from builders.data import data_args
 
 
 def write_convs(path, n: int = 24):
@@ -52,8 +53,8 @@ def test_packed_conversations_train_as_if_each_were_alone(tmp_path):
     args = (f"--data.dataset=chat:{data}", "--data.tokenizer=bytes", "--training.seq_len=160",
             "--data.val_fraction=0", "--training.local_batch_size=2")
     cfg = tiny_config(tmp_path, *args)
-    tok = build_tokenizer(cfg, tmp_path / "data")
-    batch = next(iter(build_data(cfg, tok, 0, 1)[0]))
+    tok = build_tokenizer(cfg.data, tmp_path / "data")
+    batch = next(iter(build_data(*data_args(cfg), tok, 0, 1)[0]))
     model_args = models.model_args(cfg, tok.vocab_size)
     assert (model_args.attn_mask_type, model_args.restart_positions_per_document) == (
         "block_causal", True)  # chat data: the unset keys isolate the conversations
@@ -83,11 +84,11 @@ def test_packed_conversations_train_as_if_each_were_alone(tmp_path):
                        "model.restart_positions_per_document = false")):
         bad = tiny_config(tmp_path, *args, flag)
         with pytest.raises(ConfigError, match="data.chat_packing = 'pad'") as e:
-            build_data(bad, tok, 0, 1)
+            build_data(*data_args(bad), tok, 0, 1)
         assert key in str(e.value) and "\n" not in str(e.value)
     # One conversation per window is independent under plain causal attention too.
-    build_data(tiny_config(tmp_path, *args, "--model.attn_mask_type=causal",
-                           "--data.chat_packing=pad"), tok, 0, 1)
+    build_data(*data_args(tiny_config(tmp_path, *args, "--model.attn_mask_type=causal",
+                           "--data.chat_packing=pad")), tok, 0, 1)
 
 
 def _per_target(batch, packed, alone_logits):
@@ -128,7 +129,7 @@ def test_run_train_sh_sft_config_loss_is_transformers_loss_of_each_conversation_
     model, cfg, tok = load_for_inference(run, "cpu")
     assert (model.args.attn_mask_type, model.args.restart_positions_per_document) == (
         "block_causal", True)
-    loader = iter(build_data(cfg, tok, 0, 1)[0])
+    loader = iter(build_data(*data_args(cfg), tok, 0, 1)[0])
     served = [next(loader) for _ in range(3)]  # the 3 steps' batches, in the run's order
     batch = served[0]
     # Tokens seen count the tokens the model processed: every input but the packing's padding
@@ -166,8 +167,8 @@ def test_the_sft_isolation_benchmarks_oracle_trains_what_the_trainer_trains(tmp_
     from bench_sft_isolation import assistant_targets, conversations, training_split
 
     data = write_convs(tmp_path / "chat.jsonl")
-    tok = build_tokenizer(tiny_config(tmp_path, f"--data.dataset=chat:{data}",
-                                      "--data.tokenizer=bytes"), tmp_path / "data")
+    tok = build_tokenizer((tiny_config(tmp_path, f"--data.dataset=chat:{data}",
+                                      "--data.tokenizer=bytes")).data, tmp_path / "data")
     template = ChatTemplate(tok)
     start, end = tok.added["<|assistant_start|>"], tok.added["<|assistant_end|>"]
     rendered = [template.render(m) for m in conversations(60)]

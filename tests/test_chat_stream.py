@@ -20,7 +20,7 @@ from torchllm.data.sources.hf import StreamWindows
 from torchllm.data.mixture import MixtureBatches
 
 from conftest import tiny_config
-from builders.data import TOK, make_hf_folder, resumed_equals_straight, take
+from builders.data import data_args, TOK, make_hf_folder, resumed_equals_straight, take
 
 CHAT_TOK = ChatTokenizer(TOK)
 SEQ = 64
@@ -90,7 +90,7 @@ def packed_windows(convs: list[list[dict]], window: int) -> list[tuple[list[int]
 
 def test_a_chat_stream_serves_whole_conversations_in_stream_order(tmp_path):
     cfg, convs = chat_mix(tmp_path, batch=4)
-    loader, val = build_data(cfg, CHAT_TOK, 0, 1)
+    loader, val = build_data(*data_args(cfg), CHAT_TOK, 0, 1)
     ds = loader.dataset
     assert isinstance(ds, MixtureBatches) and all(isinstance(s, StreamWindows)
                                                   for s in ds.sources)
@@ -125,7 +125,7 @@ def test_a_chat_hub_dataset_is_streamed_not_read_whole(tmp_path):
     """The last file of the chat dataset ends in a line that is not JSON: reading the dataset
     whole at start fails on it; streaming reads only what the batches need."""
     cfg, _ = chat_mix(tmp_path, broken_tail=True, per_file=20)
-    loader, _ = build_data(cfg, CHAT_TOK, 0, 1)
+    loader, _ = build_data(*data_args(cfg), CHAT_TOK, 0, 1)
     assert isinstance(loader.dataset.sources[1], StreamWindows)
     batches = take(loader, 5)
     assert any((b["targets"] == IGNORE).any() for b in batches)
@@ -143,4 +143,4 @@ def test_a_chat_stream_without_assistant_turns_is_one_error_at_start(tmp_path):
                       "--data.val_documents=3")
     with pytest.raises(ConfigError, match=rf"chat:hf:{folder}: none of the first 32 "
                                           "conversations has an assistant turn"):
-        build_data(cfg, CHAT_TOK, 0, 1)
+        build_data(*data_args(cfg), CHAT_TOK, 0, 1)

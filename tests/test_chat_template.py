@@ -64,13 +64,13 @@ def test_own_template_renders_like_transformers_and_masks_the_assistant_turns(tm
 def test_a_tokenizer_with_a_template_gets_no_added_tokens(tmp_path):
     folder = tokenizer_folder(tmp_path, "qwen3")
     cfg = tiny_config(tmp_path, f"--data.tokenizer={folder}", "--data.chat_tokens=true")
-    tok = build_tokenizer(cfg, tmp_path / "data")
+    tok = build_tokenizer(cfg.data, tmp_path / "data")
     assert not isinstance(tok, ChatTokenizer)
     # Without a template (the same tokenizer.json) the six added tokens are the fallback.
     config = json.loads((folder / "tokenizer_config.json").read_text())
     del config["chat_template"]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    tok = build_tokenizer(cfg, tmp_path / "data")
+    tok = build_tokenizer(cfg.data, tmp_path / "data")
     assert isinstance(tok, ChatTokenizer) and ChatTemplate(tok).kind == "tokens"
 
 

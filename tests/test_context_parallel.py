@@ -17,7 +17,7 @@ from torchllm.models import model_args
 from torchllm.parallel import ContextParallel, build_parallel_dims
 from torchllm.parallel.context_parallel import head_tail_index
 from torchllm.train import Trainer
-from builders.data import DOCS, SHORT_DOCS, fill, write_short_docs  # noqa: F401
+from builders.data import data_args, DOCS, SHORT_DOCS, fill, write_short_docs  # noqa: F401
 
 CP = "--parallelism.context_parallel_degree=2"
 WINDOW = ("--model.sliding_window=5",)
@@ -93,7 +93,7 @@ def reference(tmp_path_factory):
                           *fill(extra, tmp))
         trainer = Trainer(cfg)
         if SHORT_DOCS in extra:  # the block_causal runs really see several documents a window
-            loader, _ = build_data(cfg, trainer.tokenizer, 0, 1)  # (not the trainer's own)
+            loader, _ = build_data(*data_args(cfg), trainer.tokenizer, 0, 1)  # (not the trainer's own)
             positions = next(iter(loader))["positions"]
             assert (positions[:, 1:] == 0).sum() >= positions.shape[0]
         metrics = [trainer.train_step() for _ in range(PARITY_STEPS)]

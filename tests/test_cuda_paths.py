@@ -230,7 +230,9 @@ def test_in_training_samples_use_the_trainers_device(monkeypatch):
 
     monkeypatch.setattr(in_training, "generate", fake_generate)
     cfg = load_config(["--eval.sample_freq=1", "--validation.enable=false"])
-    evaluator = in_training.Evaluator(cfg, _tiny("llama3"), Tok(), torch.device("cpu"), [])
+    evaluator = in_training.Evaluator(cfg.validation, cfg.eval, _tiny("llama3"), Tok(),
+                                      torch.device("cpu"), [], seed=cfg.job.seed,
+                                      last_step=cfg.training.steps)
     evaluator.samples(1)
     assert seen["device"] == torch.device("cpu")
 

@@ -17,7 +17,7 @@ from torchllm.data.sources.shards import HEADER_BYTES, open_split, token_dtype
 
 from conftest import REPO, shared_path, tiny_config
 from messages import assert_names, raises_naming
-from builders.data import ByteTokenizer, TOK, assert_batches_equal, corpus_texts, make_hf_folder, resumed_equals_straight, take, write_jsonl  # noqa: F401
+from builders.data import data_args, ByteTokenizer, TOK, assert_batches_equal, corpus_texts, make_hf_folder, resumed_equals_straight, take, write_jsonl  # noqa: F401
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def cfg_for(tmp_path, dataset, *extra, seq=16, batch=2):
 def test_packing_conserves_tokens_and_positions(tmp_path, jsonl):
     cfg = cfg_for(tmp_path, f"local:{jsonl}", "--data.val_fraction=0",
                   "--data.shuffle_windows=false", batch=1)
-    train, _ = build_data(cfg, TOK, 0, 1)
+    train, _ = build_data(*data_args(cfg), TOK, 0, 1)
     ds = train.dataset
     windows = [ds.batch(n) for n in range(ds.batches_per_epoch)]
     stream = torch.cat([torch.cat([w["inputs"][0], w["targets"][0, -1:]]) for w in windows])
@@ -54,7 +54,7 @@ def test_packing_conserves_tokens_and_positions(tmp_path, jsonl):
 def test_resume_is_exact(tmp_path, jsonl, workers, dp):
     cfg = cfg_for(tmp_path, f"local:{jsonl}", f"--data.num_workers={workers}")
     for rank in range(dp):
-        loader, _ = build_data(cfg, TOK, rank, dp)
+        loader, _ = build_data(*data_args(cfg), TOK, rank, dp)
         it = iter(loader)
         # Run past an epoch boundary before and after the checkpoint.
         n_epoch = loader.dataset.batches_per_epoch
@@ -62,7 +62,7 @@ def test_resume_is_exact(tmp_path, jsonl, workers, dp):
             next(it)
         state = loader.state_dict()
         after = [next(it) for _ in range(5)]
-        resumed, _ = build_data(cfg, TOK, rank, dp)
+        resumed, _ = build_data(*data_args(cfg), TOK, rank, dp)
         resumed.load_state_dict(state)
         assert_batches_equal(take(resumed, 5), after)
         assert state["dp_degree"] == dp
@@ -87,22 +87,22 @@ def test_resume_under_another_dp_degree_continues_the_global_order_or_is_refused
     """1 rank x 4 sequences, 3 batches read; 2 ranks x 2 resume: each rank's next batch is its
     half of the batch the one rank reads next. A position that falls inside the new layout's
     batch (1 batch of 2 on 1 rank; 2 ranks x 2 read 4 at a time) is refused in one line."""
-    one, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=4), TOK, 0, 1)
+    one, _ = build_data(*data_args(cfg_for(tmp_path, f"local:{jsonl}", batch=4)), TOK, 0, 1)
     it = iter(one)
     for _ in range(3):
         next(it)
     state, want = one.state_dict(), next(it)
     halves = []
     for r in range(2):
-        rank, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, r, 2)
+        rank, _ = build_data(*data_args(cfg_for(tmp_path, f"local:{jsonl}", batch=2)), TOK, r, 2)
         rank.load_state_dict(state)
         halves.append(take(rank, 1)[0])
     # (the processed-token counts of the halves add up to the whole batch's)
     assert_batches_equal([{k: torch.cat([h[k] for h in halves]) if want[k].dim()
                            else sum(h[k] for h in halves) for k in want}], [want])
-    small, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, 0, 1)
+    small, _ = build_data(*data_args(cfg_for(tmp_path, f"local:{jsonl}", batch=2)), TOK, 0, 1)
     take(small, 1)
-    other, _ = build_data(cfg_for(tmp_path, f"local:{jsonl}", batch=2), TOK, 0, 2)
+    other, _ = build_data(*data_args(cfg_for(tmp_path, f"local:{jsonl}", batch=2)), TOK, 0, 2)
     with raises_naming(ConfigError, "degree 1", "degree 2", "checkpoint.exclude_from_loading"):
         other.load_state_dict(small.state_dict())
 
@@ -110,8 +110,8 @@ def test_resume_under_another_dp_degree_continues_the_global_order_or_is_refused
 def test_ranks_are_disjoint_cover_the_epoch_and_concatenate_to_one_rank(tmp_path, jsonl):
     cfg2 = cfg_for(tmp_path, f"local:{jsonl}", batch=2)
     cfg1 = cfg_for(tmp_path, f"local:{jsonl}", batch=4)
-    ranks = [build_data(cfg2, TOK, r, 2)[0].dataset for r in range(2)]
-    single = build_data(cfg1, TOK, 0, 1)[0].dataset
+    ranks = [build_data(*data_args(cfg2), TOK, r, 2)[0].dataset for r in range(2)]
+    single = build_data(*data_args(cfg1), TOK, 0, 1)[0].dataset
     n = single.batches_per_epoch
     assert ranks[0].batches_per_epoch == n
     seen = []
@@ -129,8 +129,8 @@ def test_ranks_are_disjoint_cover_the_epoch_and_concatenate_to_one_rank(tmp_path
 
 def test_epoch_order_differs_per_epoch_and_is_reproducible(tmp_path, jsonl):
     cfg = cfg_for(tmp_path, f"local:{jsonl}")
-    a, b = (build_data(cfg, TOK, 0, 1)[0].dataset for _ in range(2))
-    other = build_data(cfg_for(tmp_path, f"local:{jsonl}", "--job.seed=7"), TOK, 0, 1)[0].dataset
+    a, b = (build_data(*data_args(cfg), TOK, 0, 1)[0].dataset for _ in range(2))
+    other = build_data(*data_args(cfg_for(tmp_path, f"local:{jsonl}", "--job.seed=7")), TOK, 0, 1)[0].dataset
     e0, e1 = a.epoch_order(0), a.epoch_order(1)
     assert sorted(e0.tolist()) == sorted(e1.tolist()) == list(range(len(e0)))
     assert not np.array_equal(e0, e1)
@@ -142,7 +142,7 @@ def test_epoch_order_differs_per_epoch_and_is_reproducible(tmp_path, jsonl):
 
 def test_validation_loader_is_fixed_the_same_on_every_rank_and_held_out(tmp_path, jsonl):
     cfg = cfg_for(tmp_path, f"local:{jsonl}", "--data.val_fraction=0.2", "--validation.enable")
-    train, val = build_data(cfg, TOK, 0, 1)
+    train, val = build_data(*data_args(cfg), TOK, 0, 1)
     first, again = list(val), list(val)
     assert len(first) > 1
     assert_batches_equal(first, again)
@@ -151,7 +151,7 @@ def test_validation_loader_is_fixed_the_same_on_every_rank_and_held_out(tmp_path
     train_rows = {tuple(r.tolist()) for n in range(ds.batches_per_epoch) for r in ds.batch(n)["inputs"]}
     assert not val_rows & train_rows
     # Every rank holds the whole split; evaluation shares it out (tests/test_eval_validation).
-    assert_batches_equal(list(build_data(cfg, TOK, 1, 2)[1]), first)
+    assert_batches_equal(list(build_data(*data_args(cfg), TOK, 1, 2)[1]), first)
 
 
 def test_local_jsonl_parquet_txt_read_through_datasets_offline(tmp_path):
@@ -197,12 +197,12 @@ def test_hf_streaming_resume_and_validation_holdout(tmp_path, workers):
 
     train_text = val_text = ""
     for rank in range(2):
-        loader, val = build_data(cfg, TOK, rank, 2)
+        loader, val = build_data(*data_args(cfg), TOK, rank, 2)
         it = iter(loader)
         before = [next(it) for _ in range(4)]
         state = loader.state_dict()
         after = [next(it) for _ in range(40)]  # past the end of this rank's stream: epoch 2
-        resumed, _ = build_data(cfg, TOK, rank, 2)
+        resumed, _ = build_data(*data_args(cfg), TOK, rank, 2)
         resumed.load_state_dict(state)
         assert_batches_equal(take(resumed, 40), after)
         train_text += text(before + after)
@@ -230,16 +230,16 @@ def test_prepare_shards_loader_end_to_end_on_tiny_shakespeare(tmp_path):
     assert np.concatenate([val.read(0, len(val)), train.read(0, len(train))]).tolist() == oracle
 
     cfg = cfg_for(tmp_path, f"shards:{out}", "--data.num_workers=2", seq=64, batch=4)
-    tok = build_tokenizer(cfg, tmp_path / "unused")  # auto = the shards' own tokenizer
+    tok = build_tokenizer(cfg.data, tmp_path / "unused")  # auto = the shards' own tokenizer
     assert tok.vocab_size == 32000
-    loader, val_loader = build_data(cfg, tok, 0, 1)
+    loader, val_loader = build_data(*data_args(cfg), tok, 0, 1)
     ds = loader.dataset
     assert len(ds.chunks) - 1 == len(index["splits"]["train"]["shards"])
     it = iter(loader)
     batches = [next(it) for _ in range(3)]
     state = loader.state_dict()
     after = [next(it) for _ in range(3)]
-    resumed, _ = build_data(cfg, tok, 0, 1)
+    resumed, _ = build_data(*data_args(cfg), tok, 0, 1)
     resumed.load_state_dict(state)
     assert_batches_equal(take(resumed, 3), after)
     assert "Citizen" in tok.decode(next(iter(val_loader))["inputs"][0].tolist())
@@ -255,7 +255,7 @@ def test_large_vocab_shards_are_uint32(tmp_path):
                         "--workers", "1"]) == 0
     val, train = open_split(tmp_path / "s", "val"), open_split(tmp_path / "s", "train")
     assert train.parts[0].dtype == "<u4" and len(train.parts) > 1
-    tok = build_tokenizer(cfg_for(tmp_path, f"shards:{tmp_path / 's'}"), tmp_path)
+    tok = build_tokenizer(cfg_for(tmp_path, f"shards:{tmp_path / 's'}").data, tmp_path)
     expected = [i for t in corpus_texts(20) for i in tok.encode(t, bos=True, eos=True)]
     assert np.concatenate([val.read(0, len(val)), train.read(0, len(train))]).tolist() == expected
 
@@ -263,7 +263,7 @@ def test_large_vocab_shards_are_uint32(tmp_path):
 def test_bad_input_errors_name_the_problem(tmp_path, jsonl):
     def error(dataset, *extra, tok=TOK):
         with pytest.raises(ConfigError) as e:
-            build_data(cfg_for(tmp_path, dataset, *extra), tok, 0, 1)
+            build_data(*data_args(cfg_for(tmp_path, dataset, *extra)), tok, 0, 1)
         return str(e.value)
 
     assert_names(error(f"local:{tmp_path}/missing.jsonl"), f"local:{tmp_path}/missing.jsonl")
@@ -288,29 +288,30 @@ def test_shard_header_and_vocab_are_checked(tmp_path, jsonl):
                         "--shard-tokens", "500", "--val-tokens", "100", "--workers", "1"]) == 0
     cfg = cfg_for(tmp_path, f"shards:{out}")
     with raises_naming(ConfigError, "index.json", "32000", "259", key="data.tokenizer"):
-        build_data(cfg, TOK, 0, 1)
-    tok = build_tokenizer(cfg, tmp_path)
+        build_data(*data_args(cfg), TOK, 0, 1)
+    tok = build_tokenizer(cfg.data, tmp_path)
     shard = out / "train_000001.bin"
     raw = bytearray(shard.read_bytes())
     raw[:8] = b"garbage!"
     shard.write_bytes(bytes(raw))
     with raises_naming(ConfigError, shard, "TLLMSHRD", "header"):  # the file, the magic it lacks
-        build_data(cfg, tok, 0, 1)
+        build_data(*data_args(cfg), tok, 0, 1)
     shard.write_bytes(b"TLLMSHRD" + bytes(raw[8:HEADER_BYTES]) + bytes(raw[HEADER_BYTES:-2]))
     # Two bytes short: the file, and its size on disk against the header's.
     with raises_naming(ConfigError, shard, f"{shard.stat().st_size} bytes", "header"):
-        build_data(cfg, tok, 0, 1)
+        build_data(*data_args(cfg), tok, 0, 1)
 
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from torchllm.config import load_config
-from torchllm.data import build_data, build_tokenizer
+from torchllm.data import Batching, build_data, build_tokenizer
 dist.init_process_group("gloo")
 rank, out = dist.get_rank(), sys.argv[1]
 cfg = load_config(sys.argv[2:])
-tok = build_tokenizer(cfg, out + "/data")  # auto: rank 0 trains, rank 1 waits at the barrier
-loader, _ = build_data(cfg, tok, rank, dist.get_world_size())
+tok = build_tokenizer(cfg.data, out + "/data")  # auto: rank 0 trains, rank 1 waits at the barrier
+batching = Batching.of(cfg.training, cfg.job, cfg.model)
+loader, _ = build_data(cfg.data, cfg.validation, batching, tok, rank, dist.get_world_size())
 it = iter(loader)
 first = [next(it) for _ in range(3)]
 state = loader.state_dict()
@@ -336,14 +337,14 @@ def test_two_gloo_ranks_share_one_tokenizer_split_the_data_and_resume(tmp_path):
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["tokenizer_embedded_sp512.model"]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     cfg = tiny_config(tmp_path, *args, "--data.num_workers=0", "--training.local_batch_size=4")
-    tok = build_tokenizer(cfg, tmp_path / "data")  # the cached file
-    single = take(build_data(cfg, tok, 0, 1)[0], 6)
+    tok = build_tokenizer(cfg.data, tmp_path / "data")  # the cached file
+    single = take(build_data(*data_args(cfg), tok, 0, 1)[0], 6)
     joined = [{k: torch.cat([r[part][i][k] for r in ranks]) if single[0][k].dim()
                else sum(r[part][i][k] for r in ranks) for k in single[0]}  # (counts: summed)
               for part in ("first", "after") for i in range(3)]
     assert_batches_equal(joined, single)
     for r, saved in enumerate(ranks):  # each rank's saved state resumes in a new process
         cfg2 = tiny_config(tmp_path, *args, "--training.local_batch_size=2")
-        loader, _ = build_data(cfg2, tok, r, 2)
+        loader, _ = build_data(*data_args(cfg2), tok, r, 2)
         loader.load_state_dict(saved["state"])
         assert_batches_equal(take(loader, 3), saved["after"])

@@ -18,6 +18,7 @@ from torchllm.data.packing.chat import unpadded_tokens, window_rows
 from conftest import shared_path, tiny_config
 from messages import assert_names, raises_naming
 from builders.chat import write_chat  # noqa: F401
+from builders.data import data_args
 
 CONV = [
     {"role": "system", "content": "You are terse."},
@@ -196,10 +197,10 @@ def test_chat_source_through_build_data(tmp_path, caplog):
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{data}", f"--data.tokenizer={tok_path}",
                       "--training.seq_len=31", "--training.local_batch_size=2",
                       "--data.val_fraction=0")
-    tok = build_tokenizer(cfg, tmp_path)
+    tok = build_tokenizer(cfg.data, tmp_path)
     assert isinstance(tok, ChatTokenizer) and tok.vocab_size == 50257 + 6
     with caplog.at_level("INFO"):
-        loader, _ = build_data(cfg, tok, 0, 1)
+        loader, _ = build_data(*data_args(cfg), tok, 0, 1)
     assert_names(caplog.text, "18 conversations", "tokens", "0 truncated")  # counts, template
     batch = next(iter(loader))
     for inputs, targets in zip(batch["inputs"], batch["targets"]):
@@ -213,13 +214,13 @@ def test_chat_source_through_build_data(tmp_path, caplog):
         assert (targets[kept] == tok.added["<|assistant_end|>"]).sum() >= 1
     auto = tiny_config(tmp_path, f"--data.dataset=chat:{data}")
     with raises_naming(ConfigError, "data.tokenizer = 'auto'", key="data.tokenizer"):
-        build_tokenizer(auto, tmp_path)
+        build_tokenizer(auto.data, tmp_path)
     bad = write_chat(tmp_path / "bad.jsonl", [[{"role": "robot", "content": "x"}]])
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{bad}", f"--data.tokenizer={tok_path}")
     # The file, the message, its role, and the roles allowed.
     with raises_naming(ConfigError, "bad.jsonl", "message 0", "'robot'", "system", "user",
                        "assistant"):
-        build_data(cfg, build_tokenizer(cfg, tmp_path), 0, 1)
+        build_data(*data_args(cfg), build_tokenizer(cfg.data, tmp_path), 0, 1)
 
 
 REPLIES = {"Name a fruit.": "An apple.", "Name a color.": "Deep blue.",
@@ -305,7 +306,7 @@ def test_mixture_of_text_and_conversations(tmp_path):
                       "--training.seq_len=24", "--training.local_batch_size=4",
                       "--validation.enable")  # each source holds its split out
     tok = ChatTokenizer(TOK)
-    loader, val = build_data(cfg, tok, 0, 1)
+    loader, val = build_data(*data_args(cfg), tok, 0, 1)
     end = tok.added["<|assistant_end|>"]
     kinds = []
     for batch in take_batches(loader, 5):

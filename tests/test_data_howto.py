@@ -19,6 +19,7 @@ from torchllm.run.launch import check_config
 
 from conftest import REPO, tiny_args, tiny_config
 from messages import raises_naming
+from builders.data import data_args
 
 SEQ = 32
 
@@ -41,7 +42,7 @@ def test_a_toy_source_packs_its_documents_into_the_windows(tmp_path, counting):
                      "--data.val_fraction=0.1", "--validation.enable")
     check_config(args, 1)  # the launcher's pre-flight parses it too
     tok = load_tokenizer("bytes")
-    train, val = build_data(tiny_config(tmp_path, *args[1:]), tok, 0, 1)
+    train, val = build_data(*data_args(tiny_config(tmp_path, *args[1:])), tok, 0, 1)
     # Oracle: the documents encoded BOS..EOS by hand (bytes: id = UTF-8 byte), concatenated,
     # the last 10% held out, cut into windows of SEQ + 1.
     stream = [t for d in counting.counting_documents(60)

@@ -24,7 +24,7 @@ from torchllm.run.launch import check_config
 
 import cli
 from conftest import REPO, tiny_args, tiny_config
-from builders.data import (TOK, corpus_texts, make_hf_folder,
+from builders.data import (data_args, TOK, corpus_texts, make_hf_folder,
                        resumed_equals_straight, take, write_jsonl)
 
 SOURCES_DIR = REPO / "torchllm" / "data" / "sources"
@@ -162,7 +162,7 @@ def stream_mix(tmp_path, *extra, batch=2):
 
 def test_a_stream_mixes_and_serves_its_windows_in_stream_order(tmp_path):
     cfg, texts = stream_mix(tmp_path, batch=4)
-    loader, val = build_data(cfg, TOK, 0, 1)
+    loader, val = build_data(*data_args(cfg), TOK, 0, 1)
     ds = loader.dataset
     assert isinstance(ds, MixtureBatches) and isinstance(ds.sources[1], StreamWindows)
     batches = take(loader, 30)
@@ -216,14 +216,14 @@ def test_a_single_file_corpus_says_its_end_is_the_validation_split(tmp_path, cap
 
     logger.addHandler(caplog.handler)
     try:
-        build_data(tiny_config(tmp_path, f"--data.dataset=local:{book}", "--validation.enable",
-                               "--data.val_fraction=0.1"), TOK, 0, 1)
+        build_data(*data_args(tiny_config(tmp_path, f"--data.dataset=local:{book}", "--validation.enable",
+                               "--data.val_fraction=0.1")), TOK, 0, 1)
         notes = [r.getMessage() for r in caplog.records if "is one document" in r.getMessage()]
         assert len(set(notes)) == 1 and f"local:{book}" in notes[0] and "last 10%" in notes[0]
         caplog.clear()
         jsonl = write_jsonl(tmp_path / "docs.jsonl", corpus_texts(40))
-        build_data(tiny_config(tmp_path, f"--data.dataset=local:{jsonl}",
-                               "--data.val_fraction=0.1"), TOK, 0, 1)
+        build_data(*data_args(tiny_config(tmp_path, f"--data.dataset=local:{jsonl}",
+                               "--data.val_fraction=0.1")), TOK, 0, 1)
         assert not [r for r in caplog.records if "is one document" in r.getMessage()]
     finally:
         logger.removeHandler(caplog.handler)

@@ -13,7 +13,7 @@ from torchllm.metrics.mixture_log import MixtureLog
 
 from conftest import tiny_config
 from messages import assert_names, raises_naming
-from builders.data import TOK, assert_batches_equal, take, write_jsonl
+from builders.data import data_args, TOK, assert_batches_equal, take, write_jsonl
 
 SEQ = 16
 LETTERS = {"a": "abcdefghij", "b": "klmnopqrst", "c": "uvwxyz"}
@@ -65,7 +65,7 @@ def test_realized_fractions_within_one_percent_over_any_100_batches(tmp_path, co
     spec = f"local:{corpora['a']}=" + weights.format(b=f"local:{corpora['b']}",
                                                      c=f"local:{corpora['c']}")
     cfg = mix_cfg(tmp_path, spec)
-    loader, _ = build_data(cfg, TOK, 0, 1)
+    loader, _ = build_data(*data_args(cfg), TOK, 0, 1)
     batches = take(loader, 300)
     src = origins(batches).reshape(300, 4)
     target = np.array([s.weight for s in cfg.data.sources])
@@ -81,7 +81,7 @@ def test_realized_fractions_within_one_percent_over_any_100_batches(tmp_path, co
 def test_each_source_has_its_own_epochs_and_wraps_with_a_log_line(tmp_path, corpora, caplog):
     cfg = mix_cfg(tmp_path, f"local:{corpora['a']}=0.5,local:{corpora['b']}=0.5",
                   "--data.val_fraction=0")
-    ds = build_data(cfg, TOK, 0, 1)[0].dataset
+    ds = build_data(*data_args(cfg), TOK, 0, 1)[0].dataset
     small, big = (src.windows_per_epoch for src in ds.sources[::-1])
     assert small < big / 4
     with caplog.at_level("INFO"):
@@ -101,8 +101,8 @@ def test_each_source_has_its_own_epochs_and_wraps_with_a_log_line(tmp_path, corp
 
 def test_ranks_concatenate_to_one_rank(tmp_path, corpora):
     spec = f"local:{corpora['a']}=0.6,local:{corpora['c']}=0.4"
-    ranks = [build_data(mix_cfg(tmp_path, spec, batch=2), TOK, r, 2)[0].dataset for r in range(2)]
-    single = build_data(mix_cfg(tmp_path, spec, batch=4), TOK, 0, 1)[0].dataset
+    ranks = [build_data(*data_args(mix_cfg(tmp_path, spec, batch=2)), TOK, r, 2)[0].dataset for r in range(2)]
+    single = build_data(*data_args(mix_cfg(tmp_path, spec, batch=4)), TOK, 0, 1)[0].dataset
     for n in range(40):
         parts = [ds.batch(n) for ds in ranks]
         joined = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
@@ -115,25 +115,25 @@ def test_resume_is_exact(tmp_path, corpora, workers, dp):
     spec = f"local:{corpora['a']}=0.5,local:{corpora['b']}=0.3,local:{corpora['c']}=0.2"
     cfg = mix_cfg(tmp_path, spec, f"--data.num_workers={workers}", batch=2)
     for rank in range(dp):
-        loader, _ = build_data(cfg, TOK, rank, dp)
+        loader, _ = build_data(*data_args(cfg), TOK, rank, dp)
         assert isinstance(loader.dataset, MixtureBatches)
         it = iter(loader)
         for _ in range(20):  # past source b's first epoch (its wrap happens before and after)
             next(it)
         state = loader.state_dict()
         after = [next(it) for _ in range(12)]
-        resumed, _ = build_data(cfg, TOK, rank, dp)
+        resumed, _ = build_data(*data_args(cfg), TOK, rank, dp)
         resumed.load_state_dict(state)
         assert_batches_equal(take(resumed, 12), after)
 
 
 def test_bad_sources_are_config_errors(tmp_path, corpora):
     with raises_naming(ConfigError, "data.sources[1].weight = 0.0", "> 0", key="data.sources"):
-        build_data(mix_cfg(tmp_path, f"local:{corpora['a']}=1,local:{corpora['b']}=0"), TOK, 0, 1)
+        build_data(*data_args(mix_cfg(tmp_path, f"local:{corpora['a']}=1,local:{corpora['b']}=0")), TOK, 0, 1)
     with raises_naming(ConfigError, "data.sources[1] (hx:x)", "'hx:x'", "local:"):  # and the kinds
-        build_data(mix_cfg(tmp_path, f"local:{corpora['a']}=1,hx:x=1"), TOK, 0, 1)
+        build_data(*data_args(mix_cfg(tmp_path, f"local:{corpora['a']}=1,hx:x=1")), TOK, 0, 1)
     with pytest.raises(ConfigError, match=r"data.sources\[0\] \(local:/nope.txt\)"):
-        build_data(mix_cfg(tmp_path, "local:/nope.txt=1"), TOK, 0, 1)
+        build_data(*data_args(mix_cfg(tmp_path, "local:/nope.txt=1")), TOK, 0, 1)
 
 
 def test_trainer_trains_on_a_mixture_and_logs_tokens_per_source(tmp_path, corpora):
@@ -173,7 +173,7 @@ def test_a_mixture_validates_each_source_on_its_own(tmp_path, corpora):
     model = trainer.model.eval()
     for i, name in ((0, "a"), (1, "c")):
         alone = tiny_config(tmp_path, f"--data.dataset=local:{corpora[name]}", *args)
-        windows = build_data(alone, trainer.tokenizer, 0, 1)[1].dataset
+        windows = build_data(*data_args(alone), trainer.tokenizer, 0, 1)[1].dataset
         rows = [windows[j] for j in range(min(len(windows), 8))]
         with torch.no_grad():
             logits = model(torch.stack([r["inputs"] for r in rows]))

@@ -13,13 +13,13 @@ from torchllm.data import build_data
 from torchllm.data.chat.tokens import ChatTokenizer
 
 from conftest import tiny_config
-from builders.data import TOK, corpus_texts
+from builders.data import data_args, TOK, corpus_texts
 from messages import assert_names
 
 
 def error_of(tmp_path, dataset, tok=TOK) -> str:
     with pytest.raises(ConfigError) as e:
-        build_data(tiny_config(tmp_path, f"--data.dataset={dataset}"), tok, 0, 1)
+        build_data(*data_args(tiny_config(tmp_path, f"--data.dataset={dataset}")), tok, 0, 1)
     assert "\n" not in str(e.value)
     return str(e.value)
 

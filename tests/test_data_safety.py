@@ -15,7 +15,7 @@ from torchllm.eval.downstream import load_tasks
 
 from cli import run_module
 from conftest import shared_path, tiny_args, tiny_config
-from builders.data import TOK, corpus_texts, write_jsonl
+from builders.data import data_args, TOK, corpus_texts, write_jsonl
 
 NOT_UTF8 = "café au lait".encode("latin-1")
 
@@ -92,7 +92,7 @@ def test_sft_data_without_an_assistant_turn_stops_at_start(tmp_path):
 
 def error_of(tmp_path, dataset, tok=TOK, *extra):
     with pytest.raises(ConfigError) as e:
-        build_data(tiny_config(tmp_path, f"--data.dataset={dataset}", *extra), tok, 0, 1)
+        build_data(*data_args(tiny_config(tmp_path, f"--data.dataset={dataset}", *extra)), tok, 0, 1)
     assert "\n" not in str(e.value)
     return str(e.value)
 
@@ -121,7 +121,7 @@ def test_bad_chat_files_name_the_file_line_and_value(tmp_path):
                                     {"role": "assistant", "content": "hello"}]})
     chat.write_text("\n".join([good] * 199 + ["{not json"] + [good] * 5) + "\n")
     cfg = tiny_config(tmp_path, f"--data.dataset=chat:{chat}", f"--data.tokenizer={gpt2}")
-    tok = build_tokenizer(cfg, tmp_path)
+    tok = build_tokenizer(cfg.data, tmp_path)
     extra = f"--data.tokenizer={gpt2}"
     said = error_of(tmp_path, f"chat:{chat}", tok, extra)
     assert all(w in said for w in (str(chat), "line 200", "JSON")), said

@@ -15,7 +15,7 @@ from torchllm.eval.loss import evaluate_loss, main
 from torchllm.train import Trainer
 
 from conftest import tiny_config
-from builders.data import corpus_texts
+from builders.data import data_args, corpus_texts
 
 
 @pytest.mark.slow
@@ -45,7 +45,7 @@ def test_checkpoint_loss_equals_in_training_validation_on_the_same_windows(tmp_p
     held = evaluate_loss(model, cfg, tok, torch.device("cpu"), data=cfg.data.dataset, steps=3)
     own = copy.deepcopy(cfg)
     own.validation.dataset = ""
-    val = build_data(own, tok, 0, 1)[1]
+    val = build_data(*data_args(own), tok, 0, 1)[1]
     total, count = 0.0, 0
     with torch.no_grad():
         for _, batch in zip(range(3), val):

@@ -16,7 +16,7 @@ from torchllm.eval.validation import validate
 from torchllm.loss import IGNORE_INDEX
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
-from torchllm.run.rundir import run_name
+from torchllm.config.paths import run_name
 from torchllm.train import Trainer
 
 from conftest import REPO, build_model, tiny_args, tiny_config
@@ -80,7 +80,7 @@ def test_trainer_runs_every_hook_and_keeps_the_best_validation_loss(tmp_path):
     # Evaluation results reach TensorBoard next to the training scalars.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tmp_path / "tb" / run_name(trainer.cfg)),
+    events = EventAccumulator(str(tmp_path / "tb" / run_name(trainer.cfg.job)),
                               size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
     val = events.Scalars("val/loss")

@@ -12,12 +12,12 @@ from torchllm.data.chat.tokens import ChatTokenizer
 from torchllm.metrics.header import config_changes, data_summary
 
 from conftest import tiny_config
-from builders.data import TOK, corpus_texts, write_jsonl
+from builders.data import data_args, TOK, corpus_texts, write_jsonl
 from builders.chat import write_chat
 
 
 def summary(cfg, tok=TOK):
-    train, val = build_data(cfg, tok, 0, 1)
+    train, val = build_data(*data_args(cfg), tok, 0, 1)
     return data_summary(train.dataset, val.dataset, 4, cfg.training.steps,
                         validation=cfg.validation.enable)
 

@@ -49,7 +49,7 @@ def test_adapters_start_as_the_base_model_with_peft_init():
     plain = build_model(spec.model_cls, args, seed=3)
     with torch.device("meta"):
         lora = spec.build(args)
-        wrapped = apply_lora(lora, cfg)
+        wrapped = apply_lora(lora, cfg.lora, cfg.model, cfg.float8.enable)
     lora.to_empty(device="cpu")
     torch.manual_seed(3)
     init_weights(lora)
@@ -78,14 +78,14 @@ def test_bad_lora_values_are_one_line_errors_naming_the_key(tmp_path):
     assert "\n" not in str(e.value)
     cfg = load_config(["--lora.enable", "--lora.target_modules=wq,q_proj"])
     with pytest.raises(ConfigError) as e:
-        check_lora(cfg)
+        check_lora(cfg.lora, cfg.model.name, cfg.float8.enable)
     assert e.value.key == "lora.target_modules" and "\n" not in str(e.value)
     # The value refused, and the layers allowed.
     assert "'q_proj'" in str(e.value) and all(
         name in str(e.value) for name in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
     gpt2 = load_config(["--lora.enable", "--model.name=gpt2", "--lora.target_modules=w3"])
     with pytest.raises(ConfigError) as e:
-        check_lora(gpt2)
+        check_lora(gpt2.lora, gpt2.model.name, gpt2.float8.enable)
     assert e.value.key == "lora.target_modules"
     assert "gpt2" in str(e.value) and "'w3'" in str(e.value)
     from torchllm.train import main

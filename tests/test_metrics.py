@@ -46,7 +46,7 @@ CPU_TAGS = {
 def tiny(tmp_path_factory):
     """tiny_config with a tokenizer trained once for the module (training one takes seconds)."""
     folder = tmp_path_factory.mktemp("tokenizer")
-    path = build_tokenizer(tiny_config(folder), folder).path
+    path = build_tokenizer(tiny_config(folder).data, folder).path
 
     def make(tmp_path, *extra):
         return tiny_config(tmp_path, f"--data.tokenizer={path}", *extra)

@@ -301,7 +301,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
     shards:s3:// equal those from the disk copy, read as ranged GETs of just its windows; and
     ./run_train.sh trains on it with the losses of the same run on disk."""
     from cli import run_train
-    from builders.data import assert_batches_equal, take
+    from builders.data import assert_batches_equal, data_args, take
 
     from torchllm import storage
     from torchllm.data import build_data
@@ -334,7 +334,7 @@ def test_shards_on_a_bucket_train_the_same_batches_as_on_disk(s3, tmp_path, monk
         for spec in (f"shards:{url}", f"shards:{disk}"):
             cfg = tiny_config(tmp_path, f"--data.dataset={spec}", f"--training.seq_len={seq}",
                               f"--training.local_batch_size={batch}")
-            loader, _ = build_data(cfg, tok, rank, 2)
+            loader, _ = build_data(*data_args(cfg), tok, rank, 2)
             mine[spec] = take(loader, steps)
         assert_batches_equal(mine[f"shards:{url}"], mine[f"shards:{disk}"])
         # Headers, then one ranged read per window (two where a window spans shards): this

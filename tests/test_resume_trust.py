@@ -20,6 +20,7 @@ from torchllm.train import Trainer, main
 
 from conftest import shared_path, tb_scalars, tiny_args, tiny_config
 from messages import assert_names, raises_naming
+from builders.data import data_args
 
 CKPT = ("--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
         "--checkpoint.keep_latest_k=1")
@@ -29,7 +30,7 @@ CKPT = ("--checkpoint.enable", "--job.run_name=run", "--checkpoint.interval=2",
 def tok(tmp_path_factory) -> str:
     """A tokenizer trained once for the module (each run would train its own)."""
     where = tmp_path_factory.mktemp("tok")
-    return str(build_tokenizer(tiny_config(where), where).path)
+    return str(build_tokenizer(tiny_config(where).data, where).path)
 
 
 def folder(root: Path) -> Path:
@@ -167,7 +168,7 @@ def test_resume_with_changed_data_says_what_changed_and_restarts_or_refuses(
             out = capsys.readouterr()
             assert_names(out.err, folder(dump) / "step-2", said)  # the checkpoint, what changed
             assert resumed.step == 2 and resumed.train_state.tokens_seen == 2 * 4 * 32
-            fresh, _ = build_data(resumed.cfg, resumed.tokenizer, 0, 1)
+            fresh, _ = build_data(*data_args(resumed.cfg), resumed.tokenizer, 0, 1)
             first = next(iter(fresh))
             got = next(resumed.batches)
             assert all(torch.equal(got[k], first[k]) for k in first), "not the new data's start"

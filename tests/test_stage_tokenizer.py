@@ -271,9 +271,10 @@ def test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on(base
     assert code == 0 and from_seed.split("### completion 1")[1] == \
         from_run.split("### completion 1")[1], (from_seed, from_run)
     # A stage from the seed takes its tokenizer: the copy, as the seed's marker records it.
-    cfg = stage_tokenizer(load_config(tiny_args(tmp_path, "--data.tokenizer=from_initial_load",
-                                                f"--checkpoint.initial_load_path={seed}")))
-    assert cfg.data.tokenizer == str(seed / "tokenizer.model") and not cfg.data.chat_tokens
+    cfg = load_config(tiny_args(tmp_path, "--data.tokenizer=from_initial_load",
+                                f"--checkpoint.initial_load_path={seed}"))
+    data = stage_tokenizer(cfg.data, cfg.checkpoint)
+    assert data.tokenizer == str(seed / "tokenizer.model") and not data.chat_tokens
 
 
 def word_tokenizer_json(path: Path, words: list[str]) -> Path:

@@ -14,6 +14,7 @@ from torchllm.eval.in_training import validation_loader
 from torchllm.train import Trainer
 
 from conftest import tiny_args
+from builders.data import validation_args
 
 SEQ = 32
 
@@ -52,7 +53,7 @@ def test_the_whole_file_is_validated_every_time(trainer):
     packed = [i for text in texts for i in t.tokenizer.encode(text, bos=True, eos=True)]
     n_windows = len(packed) // (SEQ + 1)
     expected = torch.tensor(packed[: n_windows * (SEQ + 1)]).view(n_windows, SEQ + 1)
-    batches, steps = validation_loader(t.cfg, t.tokenizer, t.val_loader, 0, 1)
+    batches, steps = validation_loader(*validation_args(t.cfg), t.tokenizer, t.val_loader, 0, 1)
     assert torch.equal(all_windows(batches), expected)
     assert steps == -(-n_windows // t.cfg.training.local_batch_size) > t.cfg.validation.steps
     m = t.evaluator.validation(1)
@@ -63,17 +64,17 @@ def test_the_whole_file_is_validated_every_time(trainer):
     # at its start, one every n_windows / 6 windows (not the first 200 tokens).
     cfg = load_config(tiny_args(tmp, "--validation.enable", "--validation.max_tokens=200",
                                 f"--validation.dataset=local:{tmp / 'val.jsonl'}"))
-    batches, _ = validation_loader(cfg, t.tokenizer, t.val_loader, 0, 1)
+    batches, _ = validation_loader(*validation_args(cfg), t.tokenizer, t.val_loader, 0, 1)
     picked = [i * n_windows // 6 for i in range(6)]
     assert 200 // (SEQ + 1) == 6 and picked[-1] > n_windows * 3 // 4
     assert torch.equal(all_windows(batches), expected[picked])
     assert f"spread evenly over all its {n_windows} windows" in batches.describe()
     # Two ranks share out the same spread windows.
-    halves = [validation_loader(cfg, t.tokenizer, t.val_loader, r, 2)[0] for r in (0, 1)]
+    halves = [validation_loader(*validation_args(cfg), t.tokenizer, t.val_loader, r, 2)[0] for r in (0, 1)]
     assert torch.equal(torch.cat([all_windows(b) for b in halves]), expected[picked])
     # Two data-parallel ranks split the same windows between them: all of them, in the same
     # number of batches.
-    halves = [validation_loader(t.cfg, t.tokenizer, t.val_loader, r, 2) for r in (0, 1)]
+    halves = [validation_loader(*validation_args(t.cfg), t.tokenizer, t.val_loader, r, 2) for r in (0, 1)]
     assert torch.equal(torch.cat([all_windows(b) for b, _ in halves]), expected)
     assert halves[0][1] == halves[1][1] == len(list(halves[1][0]))
 
@@ -86,7 +87,7 @@ def test_a_shards_folder_is_read_whole(trainer, tmp_path):
     cfg = load_config(tiny_args(tmp, "--validation.enable", "--validation.max_tokens=10000000",
                                 f"--validation.dataset=shards:{tmp_path / 's'}"))
     packed = [i for text in texts for i in t.tokenizer.encode(text, bos=True, eos=True)]
-    batches, _ = validation_loader(cfg, t.tokenizer, t.val_loader, 0, 1)
+    batches, _ = validation_loader(*validation_args(cfg), t.tokenizer, t.val_loader, 0, 1)
     windows = all_windows(batches)
     # val split first, then train: together every token of the file (whole windows of it).
     from torchllm.data.sources.shards import open_split
@@ -106,4 +107,4 @@ def test_bad_validation_settings_are_named(tmp_path):
     cfg = load_config(tiny_args(tmp_path, "--validation.enable",
                                 f"--validation.dataset=local:{tmp_path / 'empty.jsonl'}"))
     with pytest.raises(ConfigError, match="validation.dataset = 'local:.*empty"):
-        validation_loader(cfg, None, None, 0, 1)
+        validation_loader(*validation_args(cfg), None, None, 0, 1)

@@ -20,7 +20,7 @@ from torchllm.callbacks import StepReport, TrainContext, build_callbacks
 from torchllm.checkpoint import Checkpointer, TrainState, TrainingState
 from torchllm.config import JobConfig, to_toml
 from torchllm.config.paths import tensorboard_folder
-from torchllm.data import build_data, holds_out
+from torchllm.data import Batching, build_data, holds_out
 from torchllm.data.fingerprint import data_fingerprint
 from torchllm.data.seq_len_schedule import SeqLenSchedule
 from torchllm.device import (
@@ -43,7 +43,8 @@ from torchllm.report.hook import RunReport
 from torchllm.run import process
 from torchllm.run.process_exit import exit_process
 from torchllm.run.resolve import Run, resolve_run
-from torchllm.run.rundir import run_name, write_run_config
+from torchllm.config.paths import run_name
+from torchllm.run.rundir import write_run_config
 from torchllm.run.stopping import StopConditions
 from torchllm.train_module import TrainModule
 
@@ -94,7 +95,8 @@ class Trainer:
         # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
         self.replicas = build_replicas(cfg, self.parallel_dims, global_batch)
         self.train_loader, self.val_loader = build_data(
-            cfg, self.tokenizer, *self.replicas.data_shard(dp_rank, dp_degree))
+            cfg.data, cfg.validation, Batching.of(tcfg, cfg.job, cfg.model), self.tokenizer,
+            *self.replicas.data_shard(dp_rank, dp_degree))
 
         spec = models.get(cfg.model.name)
         self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
@@ -119,11 +121,12 @@ class Trainer:
         # data fingerprint says what the data position means (a resume compares it).
         self.run_info = {"config_toml": to_toml(cfg), "global_batch_size": global_batch,
                          "precision": self.precision, "tokenizer": tokenizer,
-                         "data": data_fingerprint(cfg, tokenizer["base_sha256"])}
+                         "data": data_fingerprint(cfg.data, cfg.validation, tokenizer["base_sha256"],
+                                                  seq_len=tcfg.seq_len, seed=cfg.job.seed)}
         self.context = self._context(counts)
         logger.info(self.context.header)
         if dp_rank == 0:  # a source read hundreds of times, a validation split of nothing
-            for warning in data_warnings(cfg.data, cfg.validation, holds_out(cfg),
+            for warning in data_warnings(cfg.data, cfg.validation, holds_out(cfg.data, cfg.validation),
                                          self.train_loader.dataset, self.val_loader.dataset,
                                          global_batch, tcfg.steps):
                 logger.warning("data: %s", warning)
@@ -138,11 +141,11 @@ class Trainer:
         if cfg.checkpoint.enable or cfg.checkpoint.initial_load_path:
             self.checkpointer.load()
         # Only now: a launch that cannot resume leaves the run's config.toml as it was.
-        write_run_config(cfg, self.run_dir)
+        write_run_config(to_toml(cfg), self.run_dir)
         # After loading: a resumed run continues its TensorBoard curves from its step.
         self.metrics = MetricsLogger(
-            cfg.metrics, tcfg.steps, self.model, self.optimizer, self.device, run_name(cfg),
-            self.run_dir, tensorboard_folder(cfg.job, cfg.metrics, run_name(cfg)),
+            cfg.metrics, tcfg.steps, self.model, self.optimizer, self.device, run_name(cfg.job),
+            self.run_dir, tensorboard_folder(cfg.job, cfg.metrics, run_name(cfg.job)),
             self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
             start_step=self.step, config=dataclasses.asdict(cfg),
         )
@@ -170,7 +173,8 @@ class Trainer:
         cfg, dims = self.cfg, self.parallel_dims
         # The validation set(s) as a validation will score them: the header names them.
         val_batches = validation_loader(
-            cfg, self.tokenizer, self.val_loader, dims.dp_rank, dims.dp_degree,
+            cfg.data, cfg.validation, cfg.training, Batching.of(cfg.training, cfg.job, cfg.model),
+            self.tokenizer, self.val_loader, dims.dp_rank, dims.dp_degree,
             self.global_batch)[0] if cfg.validation.enable else None
         ctx = TrainContext(
             cfg, self.run_dir, self.device, dims, self.tokenizer, self.model_args, self.module,

@@ -39,6 +39,7 @@ from mutants import house_config_b
 from mutants import ft_overlap
 from mutants import suite_trim
 from mutants import house_state
+from mutants import house_config_a
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -78,5 +79,6 @@ MUTANTS = [
     *ft_overlap.MUTANTS,
     *suite_trim.MUTANTS,
     *house_state.MUTANTS,
+    *house_config_a.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -14,7 +14,7 @@ MUTANTS = [
         "data_reads_not_recorded", "the checkpoint's data identity omits the settings that "
         "choose which tokens train and validate (text_column, val_fraction, validation.dataset)",
         "torchllm.data.fingerprint:data_fingerprint",
-        ',\n            "reads": reads(job_config)}', "}",
+        ',\n            "reads": reads(dcfg, vcfg)}', "}",
         (READS + "test_a_resume_reading_other_tokens_is_refused_naming_the_key",),
     ),
     Mutant.at(
@@ -33,7 +33,7 @@ MUTANTS = [
         "data_reads_validation_as_written", "validation.dataset = data.dataset (the held-out "
         "split, as before) is recorded as written: a resume naming it is refused",
         "torchllm.data.fingerprint:reads",
-        '    if not dedicated_validation(job_config):\n        out["validation.dataset"] = ""\n',
+        '    if not dedicated_validation(dcfg, vcfg):\n        out["validation.dataset"] = ""\n',
         "",
         (READS + "test_the_same_reads_resume",),
     ),

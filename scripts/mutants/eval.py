@@ -195,7 +195,7 @@ MUTANTS = [
     Mutant.at(
         "stop_at_loss_ignored", "validation.stop_at_loss is read but never stops the run",
         "torchllm.eval.in_training:Evaluator.on_step_end",
-        "            ctx.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)\n",
+        "            ctx.stops.target_loss(step, loss, self.vcfg.stop_at_loss)\n",
         "",
         ("tests/test_stop_at_loss.py::test_run_train_sh_stops_at_the_target_with_a_final_checkpoint_and_report",),
     ),

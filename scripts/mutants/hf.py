@@ -55,9 +55,7 @@ MUTANTS = [
     Mutant.at(
         "hf_import_seed_without_tokenizer", "hf import writes a seed with no config.toml and no "
         "tokenizer", "torchllm.hf.load:import_hf",
-        "    save_seed_checkpoint(weights, out, step,\n"
-        "                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, "
-        "hf_vocab))\n",
+        "    save_seed_checkpoint(weights, out, step, seed_files)\n",
         "    save_seed_checkpoint(weights, out, step)\n",
         ("tests/test_stage_tokenizer.py::"
          "test_hf_import_writes_a_seed_that_generates_and_passes_its_tokenizer_on",),
@@ -178,7 +176,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "hf_import_relative_tokenizer", "hf import --out REL records a relative tokenizer path",
-        "torchllm.hf.load:_seed_config_and_tokenizer",
+        "torchllm.hf.load:_seed_tokenizer",
         "tokenizer=str(out.absolute() / found[0].name))",
         "tokenizer=str(out / found[0].name))",
         ("tests/test_hf_import_checks.py::test_a_relative_out_records_an_absolute_tokenizer_path",),

@@ -13,8 +13,8 @@ MUTANTS = [
         "dedicated_validation_holds_out_training_text",
         "a dedicated validation.dataset still holds data.val_fraction of the training text out",
         "torchllm.data:holds_out",
-        "job_config.validation.enable and not dedicated_validation(job_config)",
-        "job_config.validation.enable",
+        "vcfg.enable and not dedicated_validation(dcfg, vcfg)",
+        "vcfg.enable",
         (VS + "test_nothing_is_held_out_of_training_for_a_dedicated_validation_set",),
     ),
     Mutant.at(
@@ -54,7 +54,7 @@ MUTANTS = [
         "eval.loss without --data scores data.dataset's held-out split, not validation.dataset",
         "torchllm.eval.loss:evaluation_batches",
         "    if data is not None:  # --data: that set, not the one the run validated on\n",
-        "    data = data or cfg.data.dataset\n    if True:\n",
+        "    data = data or dcfg.dataset\n    if True:\n",
         (VS + "test_eval_loss_scores_what_the_run_validated_on",
          "tests/test_eval_loss.py::"
          "test_checkpoint_loss_equals_in_training_validation_on_the_same_windows"),

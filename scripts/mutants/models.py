@@ -161,7 +161,7 @@ MUTANTS = [
     Mutant.at(
         "lora_float8_not_refused", "LoRA with float8 is not refused at the launcher",
         "torchllm.models.lora:check_lora",
-        "    refused = [(\"float8.enable\", cfg.float8.enable,",
+        "    refused = [(\"float8.enable\", float8,",
         "    refused = [(\"float8.enable\", False,",
         ("tests/test_lora.py::test_lora_with_tp_pp_or_float8_stops_at_the_launcher[float8]",),
     ),

@@ -113,8 +113,8 @@ MUTANTS = [
     ),
     Mutant.at(
         "launcher_skips_data_check", "run_train.sh's pre-flight check does not parse the data",
-        "torchllm.run.launch:check_config", "    check_data(cfg)  # every dataset spec, by the code the trainer "
-        "parses them with\n", "",
+        "torchllm.run.launch:check_config", "    check_data(cfg.data, cfg.validation)  # every dataset spec, by the code "
+        "the trainer parses them with\n", "",
         ("tests/test_data_kinds.py::test_the_launcher_checks_specs_with_the_trainers_parser",),
     ),
     Mutant.at(
@@ -133,8 +133,9 @@ MUTANTS = [
     Mutant.at(
         "stage_config_keeps_from_initial_load", "the run's config keeps "
         "'from_initial_load', not the tokenizer it resolved to", "torchllm.run.resolve:resolve_run",
-        "    cfg = stage_tokenizer(cfg, log=rank() == 0)\n",
-        "    stage_tokenizer(cfg, log=rank() == 0)\n",
+        "    cfg = dataclasses.replace(cfg, data=stage_tokenizer(cfg.data, cfg.checkpoint,\n"
+        "                                                        log=rank() == 0))\n",
+        "    stage_tokenizer(cfg.data, cfg.checkpoint, log=rank() == 0)\n",
         ("tests/test_stage_tokenizer.py::test_run_train_sh_stages_use_the_tokenizer_their_initial_"
          "load_trained_with",),
     ),
@@ -159,7 +160,7 @@ MUTANTS = [
         "stage_auto_trains_a_new_tokenizer", "data.tokenizer = 'auto' with initial_load_path "
         "trains a new tokenizer on the stage's data", "torchllm.run.tokenizer:inherits",
         '    return tok == FROM_INITIAL_LOAD or (tok == "auto" and '
-        "bool(cfg.checkpoint.initial_load_path))\n",
+        "bool(ccfg.initial_load_path))\n",
         "    return tok == FROM_INITIAL_LOAD\n",
         ("tests/test_stage_tokenizer.py::"
          "test_a_stage_on_new_data_keeps_its_checkpoints_tokenizer",),

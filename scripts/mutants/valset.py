@@ -48,15 +48,15 @@ MUTANTS = [
     Mutant.at(
         "valset_off_still_holds_out", "with validation off, data.val_fraction of a corpus or "
         "a chat file is still held out and never trained", "torchllm.data:holds_out",
-        "    return job_config.validation.enable and not dedicated_validation(job_config)",
-        "    return not dedicated_validation(job_config)",
+        "    return vcfg.enable and not dedicated_validation(dcfg, vcfg)",
+        "    return not dedicated_validation(dcfg, vcfg)",
         (O + "test_a_corpus_trains_on_all_of_its_text_with_validation_off",
          O + "test_conversations_train_on_every_window_with_validation_off"),
     ),
     Mutant.at(
         "valset_eval_loss_trained_on_unsaid", "eval.loss on a run that held nothing out scores "
         "trained-on windows as if held out, silently", "torchllm.eval.loss:evaluation_batches",
-        "    if own and held_nothing and not cfg.validation.split:",
+        "    if own and held_nothing and not vcfg.split:",
         "    if False:",
         (O + "test_a_corpus_trains_on_all_of_its_text_with_validation_off",),
     ),

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import torch
 
-from torchllm.data import build_data, build_tokenizer
+from torchllm.data import Batching, build_data, build_tokenizer
 
 from conftest import REPO
 
@@ -30,6 +30,18 @@ def write_short_docs(path) -> None:
         for line in lines:
             if 10 <= len(line) <= 30:
                 f.write(json.dumps({"text": line}) + "\n")
+
+
+def data_args(cfg) -> tuple:
+    """build_data's config arguments of a JobConfig: its [data] and [validation] sections and
+    the windows its [training], [job] and [model] sections make (Batching)."""
+    return cfg.data, cfg.validation, Batching.of(cfg.training, cfg.job, cfg.model)
+
+
+def validation_args(cfg) -> tuple:
+    """eval.in_training.validation_loader's config arguments of a JobConfig: [data],
+    [validation], [training] and its Batching."""
+    return cfg.data, cfg.validation, cfg.training, Batching.of(cfg.training, cfg.job, cfg.model)
 
 
 def fill(args, tmp):
@@ -83,13 +95,13 @@ def resumed_equals_straight(cfg, tokenizer, rank: int, dp: int, stop: int = 7, m
 
     from torchllm.data import build_data
 
-    loader, _ = build_data(cfg, tokenizer, rank, dp)
+    loader, _ = build_data(*data_args(cfg), tokenizer, rank, dp)
     it = iter(loader)
     for _ in range(stop):
         next(it)
     state = pickle.loads(pickle.dumps(loader.state_dict()))
     after = [next(it) for _ in range(more)]
-    resumed, _ = build_data(cfg, tokenizer, rank, dp)
+    resumed, _ = build_data(*data_args(cfg), tokenizer, rank, dp)
     resumed.load_state_dict(state)
     assert_batches_equal(take(resumed, more), after)
     return after

@@ -1,8 +1,10 @@
 """Tokenizers and data loaders, built from the [data] config section.
 
-    data = parse_data(job_config.data)                # the data config, parsed once
-    tokenizer = tokenizer_of(data, run_dir / "data")  # or both: build_tokenizer(job_config, ...)
-    train_loader, val_loader = build_data(job_config, tokenizer, dp_rank, dp_degree)
+    data = parse_data(cfg.data)                       # the [data] section, parsed once
+    tokenizer = tokenizer_of(data, run_dir / "data")  # or both: build_tokenizer(cfg.data, ...)
+    batching = Batching.of(cfg.training, cfg.job, cfg.model)
+    train_loader, val_loader = build_data(cfg.data, cfg.validation, batching, tokenizer,
+                                          dp_rank, dp_degree)
 
 Batches are dicts of LongTensor[B, seq_len]: inputs, targets (inputs shifted by one) and
 positions (each token's index within its document). What `data.dataset` (or each
@@ -25,7 +27,7 @@ from torchllm.data.chat.tokens import ChatTokenizer, has_native_template
 from torchllm.data.dataset import check_data, parse_data, parse_dataset
 from torchllm.data.loader import TrainLoader
 from torchllm.data.mixture import MixtureBatches
-from torchllm.data.sources.base import Context
+from torchllm.data.sources.base import Batching, Context
 from torchllm.data.token_stream import TokenStream
 from torchllm.data.tokenizer import Tokenizer, load_tokenizer
 from torchllm.data.tokenizer_training import train_sentencepiece
@@ -41,9 +43,9 @@ def auto_tokenizer_path(dcfg, data_dir: Path) -> Path:
     return Path(data_dir) / f"tokenizer_{name}_sp{dcfg.tokenizer_vocab_size}.model"
 
 
-def build_tokenizer(job_config, data_dir: Path, train: bool = True) -> Tokenizer:
-    """The tokenizer of job_config.data (see `tokenizer_of`)."""
-    return tokenizer_of(parse_data(job_config.data), data_dir, train)
+def build_tokenizer(dcfg, data_dir: Path, train: bool = True) -> Tokenizer:
+    """The tokenizer of the [data] section `dcfg` (see `tokenizer_of`)."""
+    return tokenizer_of(parse_data(dcfg), data_dir, train)
 
 
 def tokenizer_of(data, data_dir: Path, train: bool = True) -> Tokenizer:
@@ -104,53 +106,56 @@ def whole_stream(dcfg, tokenizer: Tokenizer, max_tokens: int) -> TokenStream:
     return dataset.whole_stream(tokenizer, max_tokens if dataset.source.streams else None)
 
 
-def dedicated_validation(job_config) -> bool:
+def dedicated_validation(dcfg, vcfg) -> bool:
     """Whether validation reads a set of its own (validation.dataset, other than data.dataset)
-    instead of a split held out of the training data."""
-    vcfg = job_config.validation
-    return bool(vcfg.dataset) and vcfg.dataset != job_config.data.dataset and not vcfg.split
+    instead of a split held out of the training data (`dcfg`, `vcfg`: the [data] and
+    [validation] sections)."""
+    return bool(vcfg.dataset) and vcfg.dataset != dcfg.dataset and not vcfg.split
 
 
-def holds_out(job_config) -> bool:
+def holds_out(dcfg, vcfg) -> bool:
     """Whether the training data holds a validation split out (data.val_fraction of a corpus
     or of conversations, data.val_documents of a stream): only when validation is on and
     reads that split. With validation off, or a dedicated validation.dataset, every window
     trains (shards keep their own val files, never trained either way)."""
-    return job_config.validation.enable and not dedicated_validation(job_config)
+    return vcfg.enable and not dedicated_validation(dcfg, vcfg)
 
 
-def training_data_config(job_config):
-    """`job_config`, or, when nothing is held out (`holds_out`: validation off, or a dedicated
-    validation.dataset), a copy whose training data holds nothing out (data.val_fraction and
+def training_data(dcfg, vcfg):
+    """The [data] section `dcfg`, or, when nothing is held out (`holds_out`: validation off, or
+    a dedicated validation.dataset), a copy that holds nothing out (data.val_fraction and
     data.val_documents 0): a split validation never reads would only be text withheld from
     training for nothing."""
-    if holds_out(job_config):
-        return job_config
-    out = copy.deepcopy(job_config)
-    out.data.val_fraction, out.data.val_documents = 0.0, 0
+    if holds_out(dcfg, vcfg):
+        return dcfg
+    out = copy.deepcopy(dcfg)
+    out.val_fraction, out.val_documents = 0.0, 0
     return out
 
 
-def build_data(job_config, tokenizer: Tokenizer, dp_rank: int, dp_degree: int):
-    """(train_loader, val_loader) for this data-parallel rank.
+def build_data(dcfg, vcfg, batching: Batching, tokenizer: Tokenizer, dp_rank: int,
+               dp_degree: int):
+    """(train_loader, val_loader) for this data-parallel rank, of the [data] section `dcfg`
+    (what the [validation] section `vcfg` holds out of it: `training_data`) cut into
+    `batching`'s windows and batches.
 
     train_loader never runs out and resumes exactly from `state_dict()`; val_loader is finite
     and starts over, in the same order, each time it is iterated: all the held-out windows, the
     same on every rank (evaluation shares them out: torchllm.eval.in_training.HeldOutBatches).
     """
-    job_config = training_data_config(job_config)
-    data = parse_data(job_config.data)
-    ctx = Context(job_config, tokenizer, dp_rank, dp_degree, job_config.job.seed)
+    dcfg = training_data(dcfg, vcfg)
+    data = parse_data(dcfg)
+    ctx = Context(dcfg, batching, tokenizer, dp_rank, dp_degree, batching.seed)
     train, val = data.batches(ctx)
-    dcfg, tcfg = job_config.data, job_config.training
-    pin = tcfg.device != "cpu" and torch.cuda.is_available()
+    pin = batching.pin_memory
     train_loader = TrainLoader(train, dp_rank, dp_degree, dcfg.num_workers, dcfg.prefetch_factor,
                                pin, packed_chat=reads_conversations(dcfg))
-    val_loader = torch.utils.data.DataLoader(val, batch_size=tcfg.local_batch_size,
+    val_loader = torch.utils.data.DataLoader(val, batch_size=batching.batch_size,
                                              shuffle=False, pin_memory=pin)
     return train_loader, val_loader
 
 
-__all__ = ["MixtureBatches", "Tokenizer", "build_data", "build_tokenizer", "check_data",
+__all__ = ["Batching", "MixtureBatches", "Tokenizer", "build_data", "build_tokenizer",
+           "check_data",
            "dedicated_validation", "holds_out", "load_tokenizer", "parse_data", "tokenizer_of",
            "whole_stream"]

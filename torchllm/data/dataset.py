@@ -1,6 +1,6 @@
 """What a data config reads: a dataset is a source x a packing; a mixture, several datasets.
 
-    ds = parse_data(job_config.data)   # a Dataset, or a Mixture of [[data.sources]]
+    ds = parse_data(cfg.data)          # a Dataset, or a Mixture of [[data.sources]]
     ds.tokenizer_source()              # which dataset a data.tokenizer = 'auto' comes from
     ds.batches(ctx)                    # (endless training batches, validation windows)
 
@@ -103,12 +103,13 @@ def documents(dcfg):
     return parse_dataset(dcfg).texts()
 
 
-def check_data(job_config) -> None:
-    """Parse every dataset spec of a job config (the launcher's pre-flight check)."""
-    parse_data(job_config.data).preflight()
-    if job_config.validation.dataset:
-        other = copy.copy(job_config.data)
-        other.dataset, other.sources = job_config.validation.dataset, []
+def check_data(dcfg, vcfg) -> None:
+    """Parse every dataset spec of the [data] and [validation] sections (the launcher's
+    pre-flight check)."""
+    parse_data(dcfg).preflight()
+    if vcfg.dataset:
+        other = copy.copy(dcfg)
+        other.dataset, other.sources = vcfg.dataset, []
         try:
             parse_dataset(other, "validation.dataset").preflight()
         except ConfigError as e:

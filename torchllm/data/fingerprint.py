@@ -23,7 +23,7 @@ num_workers and prefetch_factor (the same batches), validation.enable / freq / s
 (when, not what), validation.steps and validation.max_tokens (how many of the same validation
 windows are read, a budget that may follow the run's length; the config-change warning names
 them). The holdout is recorded as it applies: a dedicated validation.dataset holds nothing out
-of the training data (torchllm.data.training_data_config), so data.val_fraction and data.val_documents
+of the training data (torchllm.data.training_data), so data.val_fraction and data.val_documents
 are then 0, and a validation.dataset equal to data.dataset is recorded as "" (the held-out
 split). A record written before `reads` (a field missing) is not compared: that checkpoint
 resumes as before, its config changes named by the resume's warning.
@@ -43,11 +43,12 @@ READS = ("data.text_column", "data.chat_column", "data.chat_packing", "data.val_
          "data.val_documents", "validation.dataset", "validation.split")
 
 
-def data_fingerprint(job_config, tokenizer_sha256: str | None) -> dict:
-    """The fingerprint (module doc) of the data job_config.data reads."""
+def data_fingerprint(dcfg, vcfg, tokenizer_sha256: str | None, *, seq_len: int,
+                     seed: int) -> dict:
+    """The fingerprint (module doc) of the data the [data] section `dcfg` reads (`vcfg`: the
+    [validation] section; `seq_len`, `seed`: training.seq_len, job.seed)."""
     from torchllm.data.dataset import parse_data
 
-    dcfg = job_config.data
     if dcfg.sources:
         total = sum(s.weight for s in dcfg.sources)
         sources = [[s.dataset, round(s.weight / total, 6)] for s in dcfg.sources]
@@ -55,22 +56,22 @@ def data_fingerprint(job_config, tokenizer_sha256: str | None) -> dict:
         sources = [[dcfg.dataset, 1.0]]
     content = parse_data(dcfg).content_identity()
     return {"sources": sources, "mixture": bool(dcfg.sources), "content": content,
-            "seq_len": job_config.training.seq_len, "seed": job_config.job.seed,
+            "seq_len": seq_len, "seed": seed,
             "shuffle_windows": dcfg.shuffle_windows, "tokenizer_sha256": tokenizer_sha256,
-            "reads": reads(job_config)}
+            "reads": reads(dcfg, vcfg)}
 
 
-def reads(job_config) -> dict:
+def reads(dcfg, vcfg) -> dict:
     """READS' values as they apply: the holdout a dedicated validation.dataset zeroes, and
     validation.dataset "" when validation reads the held-out split (module doc)."""
-    from torchllm.data import dedicated_validation, training_data_config
+    from torchllm.data import dedicated_validation, training_data
 
-    applied = training_data_config(job_config)
+    applied = {"data": training_data(dcfg, vcfg), "validation": vcfg}
     out = {}
     for key in READS:
         section, name = key.split(".")
-        out[key] = getattr(getattr(applied, section), name)
-    if not dedicated_validation(job_config):
+        out[key] = getattr(applied[section], name)
+    if not dedicated_validation(dcfg, vcfg):
         out["validation.dataset"] = ""
     return out
 

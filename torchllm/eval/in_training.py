@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from torchllm.callbacks import Callback, StepReport
-from torchllm.config import ConfigError, JobConfig
-from torchllm.data import Tokenizer, build_data, whole_stream
+from torchllm.config import ConfigError
+from torchllm.data import Batching, Tokenizer, build_data, whole_stream
 from torchllm.data.dataset import as_key, parse_dataset
 from torchllm.data.token_stream import count
 from torchllm.data.windows import ValWindows
@@ -83,8 +83,9 @@ class HeldOutBatches:
             yield {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
 
 
-def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank: int,
-                      dp_degree: int, global_batch: int | None = None) -> tuple[Iterable, int]:
+def validation_loader(dcfg, vcfg, tcfg, batching: Batching, tokenizer: Tokenizer, val_loader,
+                      dp_rank: int, dp_degree: int, global_batch: int | None = None
+                      ) -> tuple[Iterable, int]:
     """(this rank's batches, batches per validation) of the held-out set: the first
     validation.steps x global batch windows of the training data's held-out split (all of it
     when smaller; `val_loader`: build_data's held-out loader, whose dataset holds the whole
@@ -96,45 +97,48 @@ def validation_loader(cfg: JobConfig, tokenizer: Tokenizer, val_loader, dp_rank:
     for `dp_degree`), so the held-out set is the same for every layout with that global batch.
     With validation.split, the first data.val_documents documents of that Hugging Face split
     are the validation set (e.g. a dataset's official "validation" split).
+
+    `dcfg`, `vcfg`, `tcfg`: the [data], [validation] and [training] sections; `batching`: the
+    windows build_data cuts (a validation.split's are built here).
     """
-    vcfg, local = cfg.validation, cfg.training.local_batch_size
+    local = tcfg.local_batch_size
     if global_batch is None:
-        global_batch = global_batch_size(cfg.training, dp_degree)
-    name = vcfg.dataset or cfg.data.dataset
-    if not vcfg.enable or (name == cfg.data.dataset and not vcfg.split):
+        global_batch = global_batch_size(tcfg, dp_degree)
+    name = vcfg.dataset or dcfg.dataset
+    if not vcfg.enable or (name == dcfg.dataset and not vcfg.split):
         windows = val_loader.dataset
         n = min(len(windows), vcfg.steps * global_batch)
-        what = (f"held-out split of {cfg.data.dataset}" if not cfg.data.sources else
-                f"held-out splits of the {len(cfg.data.sources)} sources")
+        what = (f"held-out split of {dcfg.dataset}" if not dcfg.sources else
+                f"held-out splits of the {len(dcfg.sources)} sources")
         batches = HeldOutBatches(windows, n, local, dp_rank, dp_degree, what,
                                  held_out_note(len(windows), n))
         parts = getattr(windows, "datasets", None)  # a mixture: each source's held-out split
-        if vcfg.enable and cfg.data.sources and parts and len(parts) == len(cfg.data.sources):
+        if vcfg.enable and dcfg.sources and parts and len(parts) == len(dcfg.sources):
             batches.per_source = [
                 (source_label(i, src.dataset),
                  HeldOutBatches(part, min(len(part), vcfg.steps * global_batch), local,
                                 dp_rank, dp_degree, source_label(i, src.dataset)))
-                for i, (src, part) in enumerate(zip(cfg.data.sources, parts)) if len(part)]
+                for i, (src, part) in enumerate(zip(dcfg.sources, parts)) if len(part)]
         return batches, len(batches)
-    other = copy.deepcopy(cfg)
-    other.data.dataset = name
+    other = copy.deepcopy(dcfg)
+    other.dataset = name
     key = "validation.split" if vcfg.split else "validation.dataset"
     if vcfg.split:
-        if not parse_dataset(other.data).splits_by_name:
+        if not parse_dataset(other).splits_by_name:
             raise ConfigError(
                 f"validation.split = {vcfg.split!r} applies to Hugging Face datasets (hf:... or "
                 f"a named one), not {name!r}; for local files or shards point validation.dataset "
                 "at the validation data instead", key,
             )
-        other.data.hf_split = vcfg.split
+        other.hf_split = vcfg.split
     try:
         if vcfg.split:
-            windows = build_data(other, tokenizer, dp_rank, dp_degree)[1].dataset
+            windows = build_data(other, vcfg, batching, tokenizer, dp_rank, dp_degree)[1].dataset
             n = min(len(windows), vcfg.steps * global_batch)
         else:
-            budget, why = token_budget(cfg, global_batch)
-            stream = whole_stream(other.data, tokenizer, budget)
-            whole = ValWindows(stream, cfg.training.seq_len)
+            budget, why = token_budget(vcfg, tcfg, global_batch)
+            stream = whole_stream(other, tokenizer, budget)
+            whole = ValWindows(stream, tcfg.seq_len)
             windows = SpreadWindows(whole, budget // whole.window)
             n = len(windows)
     except ConfigError as e:
@@ -195,12 +199,11 @@ def set_label(spec: str) -> str:
 AUTO_VALIDATION_SHARE = 0.05
 
 
-def token_budget(cfg: JobConfig, global_batch: int) -> tuple[int, str]:
+def token_budget(vcfg, tcfg, global_batch: int) -> tuple[int, str]:
     """(tokens read from a dedicated validation.dataset, why that many): validation.max_tokens,
     or with 0 (auto) the tokens whose validations (every validation.freq steps and after the
     last) cost about AUTO_VALIDATION_SHARE of the training steps' compute, at least one global
-    batch of windows."""
-    vcfg, tcfg = cfg.validation, cfg.training
+    batch of windows (`vcfg`, `tcfg`: the [validation] and [training] sections)."""
     if vcfg.max_tokens:
         return vcfg.max_tokens, f"validation.max_tokens = {vcfg.max_tokens:,}"
     validations = tcfg.steps // vcfg.freq + (tcfg.steps % vcfg.freq != 0)
@@ -238,11 +241,14 @@ class Evaluator(Callback):
         cfg, dims = ctx.cfg, ctx.parallel_dims
         val_batches = ctx.val_batches  # built for the run header
         if val_batches is None:
-            val_batches, _ = validation_loader(cfg, ctx.tokenizer, ctx.val_loader,
-                                               dims.dp_rank, dims.dp_degree, ctx.global_batch)
-        evaluator = cls(cfg, ctx.module.model, ctx.tokenizer, ctx.device, val_batches,
-                        ctx.module.autocast, group=dims.dp_group,
-                        val_steps=len(val_batches), pipeline=ctx.module.pipeline)
+            val_batches, _ = validation_loader(
+                cfg.data, cfg.validation, cfg.training,
+                Batching.of(cfg.training, cfg.job, cfg.model), ctx.tokenizer, ctx.val_loader,
+                dims.dp_rank, dims.dp_degree, ctx.global_batch)
+        evaluator = cls(cfg.validation, cfg.eval, ctx.module.model, ctx.tokenizer, ctx.device,
+                        val_batches, ctx.module.autocast, group=dims.dp_group,
+                        val_steps=len(val_batches), pipeline=ctx.module.pipeline,
+                        seed=cfg.job.seed, last_step=cfg.training.steps)
         evaluator.stop_requested = lambda: ctx.stops.stop_signal is not None
         return evaluator
 
@@ -252,12 +258,12 @@ class Evaluator(Callback):
     PROGRESS_MIN_BATCHES = 20  # validations of this many batches or more log each tenth
 
     def on_step_end(self, ctx, step: int, metrics: dict) -> EvalReport:
-        report = self.after_step(step, self.cfg.training.steps)
+        report = self.after_step(step, self.last_step)
         loss = report.scalars.get(self.loss_tag)  # val/loss, or val/<name>/loss
         if loss is not None:
             self.last_val = (step, loss)  # the end-of-run block shows it
             ctx.train_state.best_val_loss = min(ctx.train_state.best_val_loss, loss)
-            ctx.stops.target_loss(step, loss, self.cfg.validation.stop_at_loss)
+            ctx.stops.target_loss(step, loss, self.vcfg.stop_at_loss)
         return report
 
     @property
@@ -268,7 +274,8 @@ class Evaluator(Callback):
 
     def __init__(
         self,
-        cfg: JobConfig,
+        vcfg,
+        ecfg,
         model: nn.Module,
         tokenizer: Tokenizer,
         device: torch.device,
@@ -277,15 +284,21 @@ class Evaluator(Callback):
         group=None,
         val_steps: int | None = None,
         pipeline=None,
+        *,
+        seed: int,
+        last_step: int,
     ):
-        """`val_steps`: batches per validation (default validation.steps); `pipeline`: the
-        trainer's pipeline stages (pp > 1), which compute the validation loss."""
+        """`vcfg`, `ecfg`: the [validation] and [eval] sections; `val_steps`: batches per
+        validation (default validation.steps); `pipeline`: the trainer's pipeline stages
+        (pp > 1), which compute the validation loss; `seed`: job.seed (the samples'); `last_step`:
+        training.steps (validation also runs after it)."""
         self.pipeline = pipeline
         self.last_val: tuple[int, float] | None = None  # (step, loss) of the last validation
-        self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
+        self.vcfg, self.ecfg, self.seed, self.last_step = vcfg, ecfg, seed, last_step
+        self.model, self.tokenizer, self.device = model, tokenizer, device
         self.val_batches, self.autocast, self.group = val_batches, autocast, group
-        self.val_steps = cfg.validation.steps if val_steps is None else val_steps
-        if cfg.validation.enable and next(iter(val_batches), None) is None:
+        self.val_steps = vcfg.steps if val_steps is None else val_steps
+        if vcfg.enable and next(iter(val_batches), None) is None:
             raise ConfigError(
                 "validation.enable = true but the validation data has no window of "
                 "training.seq_len + 1 tokens; give it more tokens (data.val_fraction, "
@@ -293,11 +306,11 @@ class Evaluator(Callback):
                 "validation.enable",
             )
         self.hellaswag_examples = None
-        if cfg.eval.hellaswag_freq:
+        if ecfg.hellaswag_freq:
             # Loaded once at start, so a bad path fails now rather than hours into the run.
             try:
                 self.hellaswag_examples = hellaswag.load_examples(
-                    cfg.eval.hellaswag_data, cfg.eval.hellaswag_limit,
+                    ecfg.hellaswag_data, ecfg.hellaswag_limit,
                     hint="set it to an official-format .jsonl file (--eval.hellaswag_data=FILE)",
                 )
             except (FileNotFoundError, ValueError) as e:
@@ -305,7 +318,7 @@ class Evaluator(Callback):
 
     def after_step(self, step: int, last_step: int) -> EvalReport:
         report = EvalReport()
-        vcfg, ecfg = self.cfg.validation, self.cfg.eval
+        vcfg, ecfg = self.vcfg, self.ecfg
         if vcfg.enable and (step % vcfg.freq == 0 or step == last_step):
             report.scalars.update(self.validation(step))
         if ecfg.sample_freq and step % ecfg.sample_freq == 0:
@@ -354,12 +367,12 @@ class Evaluator(Callback):
 
     def samples(self, step: int) -> dict[str, str]:
         """Complete eval.prompts; the same seed every time, so samples compare across steps."""
-        e = self.cfg.eval
+        e = self.ecfg
         prompts = [self.tokenizer.encode(p, bos=True) for p in e.prompts]
         with self.autocast():
             # A fixed number of forward passes (no early stop): sharded ranks stay in step.
             outputs = generate(self.model, prompts, e.max_new_tokens, e.temperature, e.top_k,
-                               e.top_p, self.cfg.job.seed, self.tokenizer.eos_id,
+                               e.top_p, self.seed, self.tokenizer.eos_id,
                                stop_early=False, device=self.device)
         texts = {}
         for i, (prompt, prompt_ids, ids) in enumerate(zip(e.prompts, prompts, outputs)):
@@ -372,7 +385,7 @@ class Evaluator(Callback):
     def hellaswag(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         result = hellaswag.evaluate(self.model, self.tokenizer, self.hellaswag_examples,
-                                    self.device, self.cfg.eval.hellaswag_batch_size, self.group,
+                                    self.device, self.ecfg.hellaswag_batch_size, self.group,
                                     self.autocast)
         logger.info("hellaswag step %d: acc %.4f | acc_norm %.4f | %d examples | %.1fs "
                     "(random ~%.2f)", step, result.acc, result.acc_norm, result.n,

@@ -66,11 +66,12 @@ def load_for_inference(
     reader = path if isinstance(path, Step) else open_checkpoint(path)
     cfg = reader.config(overrides)  # the checkpoint's, as data: no code imported from it
     models.check_family(reader.saved_config_text(), cfg.model.name, f"checkpoint {reader.path}")
-    tokenizer = inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
+    tokenizer = inference_tokenizer(cfg.data, cfg.checkpoint, reader,
+                                    reader.run_folder(cfg) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
-        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg,
-                                _saved_token_rows(reader, tokenizer))
+        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg.lora,
+                                cfg.model, cfg.float8.enable, _saved_token_rows(reader, tokenizer))
     model.to_empty(device=device)
     init_weights(model, buffer_device=torch.device(device))  # buffers (RoPE) are not saved
     state = model.state_dict()

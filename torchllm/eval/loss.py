@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from torchllm.checkpoint import Step, open_checkpoint
-from torchllm.data import build_data, dedicated_validation, holds_out
+from torchllm.config import JobConfig
+from torchllm.data import Batching, build_data, dedicated_validation, holds_out
 from torchllm.eval.in_training import validation_loader
 from torchllm.eval.loading import CHECKPOINT_HELP, inference_device, load_for_inference
 from torchllm.eval.validation import validate
@@ -58,26 +59,29 @@ def recorded_global_batch(reader: Step) -> int | None:
     return saved if isinstance(saved, int) and saved > 0 else None
 
 
-def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
-                       max_tokens: int | None, global_batch: int | None = None):
-    """(batches, how many, description): in-training validation's windows for `data`;
+def evaluation_batches(dcfg, vcfg, tcfg, batching: Batching, tokenizer, data: str | None,
+                       steps: int | None, max_tokens: int | None,
+                       global_batch: int | None = None):
+    """(batches, how many, description): in-training validation's windows for `data`, of the
+    run's [data], [validation] and [training] sections and `batching` (its Batching);
     `global_batch`: the run's (default: training.global_batch_size for one rank)."""
-    cfg = copy.deepcopy(cfg)
-    held_nothing = not holds_out(cfg)  # validation off: the run trained on every window
-    cfg.validation.enable = True
+    vcfg = copy.deepcopy(vcfg)
+    held_nothing = not holds_out(dcfg, vcfg)  # validation off: the run trained on every window
+    vcfg.enable = True
     if data is not None:  # --data: that set, not the one the run validated on
-        cfg.validation.split = ""
-        cfg.validation.dataset = "" if data == cfg.data.dataset else data
+        vcfg.split = ""
+        vcfg.dataset = "" if data == dcfg.dataset else data
     # else: the run's own validation set (validation.dataset / split, or the held-out split)
-    own = not dedicated_validation(cfg) and not cfg.validation.split
+    own = not dedicated_validation(dcfg, vcfg) and not vcfg.split
     if steps is not None:
-        cfg.validation.steps = steps
+        vcfg.steps = steps
     if max_tokens is not None:
-        cfg.validation.max_tokens = max_tokens
-    held_out = build_data(cfg, tokenizer, 0, 1)[1] if own else None
-    batches, n = validation_loader(cfg, tokenizer, held_out, 0, 1, global_batch)
+        vcfg.max_tokens = max_tokens
+    held_out = build_data(dcfg, vcfg, batching, tokenizer, 0, 1)[1] if own else None
+    batches, n = validation_loader(dcfg, vcfg, tcfg, batching, tokenizer, held_out, 0, 1,
+                                   global_batch)
     what = batches.describe().removeprefix("validation ") + f" ({n} batches)"
-    if own and held_nothing and not cfg.validation.split:
+    if own and held_nothing and not vcfg.split:
         what += (" -- trained on: the run held nothing out of data.dataset (validation off, "
                  "or a validation.dataset of its own), so this loss is not a held-out one; "
                  "pass --data=DATASET the run did not read")
@@ -85,13 +89,18 @@ def evaluation_batches(cfg, tokenizer, data: str | None, steps: int | None,
     return batches, n, what
 
 
-def evaluate_loss(model, cfg, tokenizer, device, data: str | None = None,
+def evaluate_loss(model, cfg: JobConfig, tokenizer, device, data: str | None = None,
                   steps: int | None = None, max_tokens: int | None = None,
                   recorded: str | None = None, global_batch: int | None = None) -> dict:
     """{loss, perplexity, bits_per_byte, tokens, bytes, data} of `model` on `data`, in the
     precision the checkpoint recorded (`recorded`: "bf16"/"fp32"), else training's;
-    `global_batch`: the run's, which sizes the held-out set (see evaluation_batches)."""
-    batches, n, what = evaluation_batches(cfg, tokenizer, data, steps, max_tokens, global_batch)
+    `global_batch`: the run's, which sizes the held-out set (see evaluation_batches).
+
+    An entry point (the body of `python -m torchllm.eval.loss`): it reads the checkpoint's
+    whole config, the data's sections and the model's precision alike."""
+    batching = Batching.of(cfg.training, cfg.job, cfg.model)
+    batches, n, what = evaluation_batches(cfg.data, cfg.validation, cfg.training, batching,
+                                          tokenizer, data, steps, max_tokens, global_batch)
     bf16, _ = resolve_bf16(cfg.training.mixed_precision, device.type, recorded)
 
     def autocast():

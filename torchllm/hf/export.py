@@ -50,19 +50,21 @@ def run_config(reader: Step, overrides: list[str]):
     return cfg
 
 
-def _trained_on_chat(cfg) -> bool:
-    """Whether the run trained on conversations (its export then carries a chat template)."""
+def _trained_on_chat(dcfg) -> bool:
+    """Whether the run trained on conversations (`dcfg`: its [data] section; its export then
+    carries a chat template)."""
     from torchllm.config.job_config import reads_conversations
 
-    return bool(cfg.data.chat_tokens) or reads_conversations(cfg.data)
+    return bool(dcfg.chat_tokens) or reads_conversations(dcfg)
 
 
-def _tokenizer_of(cfg, reader: Step):
-    """The run's tokenizer (an 'auto' one cached in the run's data folder), checked against the
-    one the step records; never trained here (a missing one is a one-line ConfigError)."""
+def _tokenizer_of(dcfg, ccfg, reader: Step, run_folder: Path):
+    """The run's tokenizer (`dcfg`, `ccfg`: its [data] and [checkpoint] sections; an 'auto' one
+    cached in `run_folder`'s data folder), checked against the one the step records; never
+    trained here (a missing one is a one-line ConfigError)."""
     from torchllm.run.tokenizer import inference_tokenizer
 
-    return inference_tokenizer(cfg, reader, reader.run_folder(cfg) / "data")
+    return inference_tokenizer(dcfg, ccfg, reader, run_folder / "data")
 
 
 def export_hf(checkpoint: str | Path | Step, out: str | Path,
@@ -95,7 +97,7 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
     step_path = reader.path
     cfg = run_config(reader, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
-    tokenizer = _tokenizer_of(cfg, reader)
+    tokenizer = _tokenizer_of(cfg.data, cfg.checkpoint, reader, reader.run_folder(cfg))
     vocab = vocab_size or cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else None)
     if vocab is None:
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
@@ -103,7 +105,7 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
     args = models.model_args(cfg, vocab)
     weights = reader.weights()
     check_export_dtypes(weights, step_path)  # real floats only, before any merge or cast
-    weights = plain_weights(weights, cfg, merge=lora == "merge", vocab=vocab)
+    weights = plain_weights(weights, cfg.lora, merge=lora == "merge", vocab=vocab)
     saved_vocab = weights["tok_embeddings.weight"].shape[0]
     if saved_vocab != args.vocab_size:
         raise ConfigError(f"checkpoint {step_path} has a vocab of {saved_vocab} rows but its "
@@ -115,7 +117,7 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
     try:
         out.mkdir()
         _write_export(out, adapter, args, vocab, hf_weights, tokenizer, max_shard_bytes,
-                      chat=_trained_on_chat(cfg), sampling=cfg.eval)
+                      chat=_trained_on_chat(cfg.data), sampling=cfg.eval)
         replace_dir(out, final)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -213,12 +215,13 @@ def export_adapter(checkpoint, out: str | Path, overrides=(), dtype: str | None 
         weights = {k: v for k, v in reader.weights().items()
                    if is_adapter_key(k) or not k.startswith("layers.")}
         args = models.model_args(cfg, vocab)
-        tensors, targets, saved, rows = peft_weights(weights, cfg, args, vocab)
+        tensors, targets, saved, rows = peft_weights(weights, cfg.lora, cfg.model.name, args,
+                                                    vocab)
         if dtype is not None:
             tensors = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in tensors.items()}
         save_safetensors({k: v.contiguous() for k, v in tensors.items()},
                          tmp / "adapter_model.safetensors", {"format": "pt"})
-        config = adapter_config(cfg, targets, saved, rows)
+        config = adapter_config(cfg.lora, targets, saved, rows)
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
         replace_dir(tmp, final)
     finally:

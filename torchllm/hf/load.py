@@ -18,7 +18,7 @@ from torchllm.checkpoint import EXPORT_DTYPES, step_of
 from torchllm.models import adapter_for_hf, adapter_for_model
 from torchllm.checkpoint.stage.tokenizer_identity import check_same_tokenizer
 from torchllm.checkpoint.stage.tokenizer_identity import hf_record
-from torchllm.config import ConfigError, load_config
+from torchllm.config import ConfigError, load_config, to_toml
 from torchllm.hf.files import refuse_step_folder, save_seed_checkpoint
 from torchllm.hf.folder import read_hf_config, read_hf_weights
 from torchllm.hf_folder import has_file, hf_store, tokenizer_bytes
@@ -72,27 +72,34 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
     check_cast(weights, dtype, hf_dir.root)  # before anything is written
-    save_seed_checkpoint(weights, out, step,
-                         lambda tmp: _seed_config_and_tokenizer(hf_dir, out, tmp, cfg, hf_vocab))
+
+    def seed_files(tmp: Path) -> dict:  # the seed's tokenizer, and the config.toml naming it
+        info, data, model = _seed_tokenizer(hf_dir, out, tmp, cfg.data, cfg.model, hf_vocab)
+        (tmp / "config.toml").write_text(to_toml(dataclasses.replace(cfg, data=data, model=model)))
+        return info
+
+    save_seed_checkpoint(weights, out, step, seed_files)
     logger.info("imported %s as %s/%s (vocab %d padded to %d) into %s", hf_dir.root,
                 cfg.model.name, cfg.model.flavor, hf_vocab, args.vocab_size, out)
     return out
 
 
-def _seed_config_and_tokenizer(hf_dir: Store, out: Path, tmp: Path, cfg, hf_vocab: int) -> dict:
+def _seed_tokenizer(hf_dir: Store, out: Path, tmp: Path, dcfg, mcfg, hf_vocab: int
+                    ) -> tuple[dict, object, object]:
     """Into the seed checkpoint `out` (being written in `tmp`): the HF folder's tokenizer files
-    (else the config's named tokenizer) and the config.toml naming it, as training writes them,
-    so generate reads the seed like a run's step and a stage from it takes its tokenizer
-    (data.tokenizer = 'auto' / 'from_initial_load'); returns the marker's tokenizer record."""
+    (else the [data] section `dcfg`'s named tokenizer), as training writes them, so generate
+    reads the seed like a run's step and a stage from it takes its tokenizer (data.tokenizer =
+    'auto' / 'from_initial_load'); returns (the marker's tokenizer record, the [data] and
+    [model] sections (`mcfg`'s) its config.toml records: naming that tokenizer, the seed's
+    vocab)."""
     from torchllm.checkpoint.stage.tokenizer_identity import (
         FROM_INITIAL_LOAD, NEW, hf_folder_tokenizer, tokenizer_record,
     )
-    from torchllm.config import to_toml
     from torchllm.data import build_tokenizer
 
     found = hf_folder_tokenizer(hf_dir)
-    named = cfg.data.tokenizer not in ("auto", NEW, FROM_INITIAL_LOAD)
-    info, data = {}, cfg.data
+    named = dcfg.tokenizer not in ("auto", NEW, FROM_INITIAL_LOAD)
+    info, data = {}, dcfg
     if found is not None:
         file, chat = found
         for name in (file.name, "tokenizer_config.json"):  # bounded, no link followed
@@ -100,14 +107,14 @@ def _seed_config_and_tokenizer(hf_dir: Store, out: Path, tmp: Path, cfg, hf_voca
                 (tmp / name).write_bytes(tokenizer_bytes(hf_dir, name))
         if named:
             logger.info("recorded %s's own tokenizer %s (not the config's data.tokenizer = %r)",
-                        hf_dir.root, file.name, cfg.data.tokenizer)
+                        hf_dir.root, file.name, dcfg.tokenizer)
         data = dataclasses.replace(data, tokenizer=str(tmp / file.name), chat_tokens=chat)
     elif not named:
         logger.warning("%s has no tokenizer.json or tokenizer.model and the config names none: "
                        "the seed records no tokenizer (name it in data.tokenizer to use the "
                        "seed)", hf_dir.root)
     if found is not None or named:
-        tokenizer = build_tokenizer(dataclasses.replace(cfg, data=data), tmp, train=False)
+        tokenizer = build_tokenizer(data, tmp, train=False)
         if tokenizer.vocab_size > hf_vocab:
             raise ConfigError(f"the tokenizer {data.tokenizer} has {tokenizer.vocab_size} ids, "
                               f"more than {hf_dir.root}'s vocab_size = {hf_vocab}", "data.tokenizer")
@@ -116,11 +123,10 @@ def _seed_config_and_tokenizer(hf_dir: Store, out: Path, tmp: Path, cfg, hf_voca
             # run from the seed may start in another directory)
             data = dataclasses.replace(data, tokenizer=str(out.absolute() / found[0].name))
             record["name"] = data.tokenizer
-    model = cfg.model
+    model = mcfg
     if not model.vocab_size and (not info or info["tokenizer"]["vocab_size"] != hf_vocab):
         model = dataclasses.replace(model, vocab_size=hf_vocab)  # the seed's rows, not fewer
-    (tmp / "config.toml").write_text(to_toml(dataclasses.replace(cfg, data=data, model=model)))
-    return info
+    return info, data, model
 
 
 def load_hf_weights(model: LanguageModel, hf_dir) -> None:

@@ -39,13 +39,14 @@ def peft_adapter(model_name: str):
     return adapter
 
 
-def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
+def peft_weights(weights: dict[str, torch.Tensor], lcfg, model_name: str, args, vocab: int
                  ) -> tuple[dict[str, torch.Tensor], list[str], list[str], dict[str, list[int]]]:
     """(PEFT state dict, HF target module names, modules_to_save, trainable_token_indices) of
-    a LoRA checkpoint's weights (torchllm names)."""
+    a LoRA checkpoint's weights (torchllm names), trained with the [lora] section `lcfg` on
+    the family `model_name`."""
     from torchllm.models.hf_common import trim_vocab
 
-    adapter = peft_adapter(cfg.model.name)
+    adapter = peft_adapter(model_name)
     block_map, roots = adapter.peft_block, adapter.peft_roots
     out, targets = {}, set()
     for name in adapter_modules(weights):
@@ -57,7 +58,7 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
         out[f"{PREFIX}{hf}.lora_B.weight"] = b
         targets.add(hf.rsplit(".", 1)[-1])
     saved = []
-    if cfg.lora.train_embeddings:  # trained whole: PEFT's modules_to_save
+    if lcfg.train_embeddings:  # trained whole: PEFT's modules_to_save
         for ours, hf in roots.items():
             if f"{ours}.weight" in weights:
                 out[f"{PREFIX}{hf}.weight"] = trim_vocab(weights[f"{ours}.weight"], vocab)
@@ -77,11 +78,11 @@ def peft_weights(weights: dict[str, torch.Tensor], cfg, args, vocab: int
 BASE = "base"  # the base model's folder inside the adapter folder (export_adapter)
 
 
-def adapter_config(cfg, targets: list[str], saved: list[str], rows: dict[str, list[int]]
+def adapter_config(lcfg, targets: list[str], saved: list[str], rows: dict[str, list[int]]
                    ) -> dict:
-    """adapter_config.json. base_model_name_or_path is relative to the adapter folder, so the
-    folder moves whole (transformers resolves it from the working directory: docs/lora.md)."""
-    lcfg = cfg.lora
+    """adapter_config.json of the [lora] section `lcfg`. base_model_name_or_path is relative to
+    the adapter folder, so the folder moves whole (transformers resolves it from the working
+    directory: docs/lora.md)."""
     alpha = int(lcfg.alpha) if float(lcfg.alpha).is_integer() else lcfg.alpha
     return {
         "peft_type": "LORA",

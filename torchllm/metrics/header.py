@@ -214,7 +214,7 @@ def context_header(ctx, counts: dict[str, int]) -> str:
                     f"({counts['non_embedding_params']:,} non-embedding{active_params(counts)}), "
                     "vocab "
                     f"{ctx.model_args.vocab_size} (tokenizer {ctx.tokenizer.vocab_size})"
-                    f"{parameter_summary(ctx.module.model, cfg)}"),
+                    f"{parameter_summary(ctx.module.model, cfg.lora, cfg.model.name)}"),
         parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(), plan),
         batch_line=(f"global batch {ctx.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {dims.dp_degree} dp x "

@@ -69,37 +69,39 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha:g}"
 
 
-def family_targets(cfg) -> tuple[str, ...]:
-    """The linear layers (names inside a block) model.name's family lets LoRA target."""
+def family_targets(family: str) -> tuple[str, ...]:
+    """The linear layers (names inside a block) the family `family` (model.name) lets LoRA
+    target."""
     from torchllm import models
 
-    return models.get(cfg.model.name).lora_targets
+    return models.get(family).lora_targets
 
 
-def resolve_targets(cfg) -> list[str]:
-    """lora.target_modules checked against the family's names ([] = all of them)."""
-    allowed = family_targets(cfg)
-    asked = list(cfg.lora.target_modules) or list(allowed)
+def resolve_targets(lcfg, family: str) -> list[str]:
+    """lora.target_modules (of the [lora] section `lcfg`) checked against the family's names
+    ([] = all of them)."""
+    allowed = family_targets(family)
+    asked = list(lcfg.target_modules) or list(allowed)
     unknown = [name for name in asked if name not in allowed]
     if unknown or not asked:
         raise ConfigError(
-            f"lora.target_modules = {list(cfg.lora.target_modules)}: "
-            + (f"{cfg.model.name} has no linear layer {unknown[0]!r}" if unknown
-               else f"{cfg.model.name} declares no LoRA targets")
+            f"lora.target_modules = {list(lcfg.target_modules)}: "
+            + (f"{family} has no linear layer {unknown[0]!r}" if unknown
+               else f"{family} declares no LoRA targets")
             + f"; allowed: {', '.join(allowed) or 'none'} ([] = all)", "lora.target_modules")
     return asked
 
 
-def check_lora(cfg, dims=None) -> None:
-    """Every LoRA check that needs no model: values, target names, what it cannot combine with.
-    `dims`: the run's ParallelDims (None: not known yet)."""
-    lcfg = cfg.lora
+def check_lora(lcfg, family: str, float8: bool, dims=None) -> None:
+    """Every LoRA check that needs no model: the [lora] section `lcfg`'s values, its target
+    names in the family `family` (model.name), what it cannot combine with (`float8`:
+    float8.enable). `dims`: the run's ParallelDims (None: not known yet)."""
     if not lcfg.enable:
         return
     if lcfg.rank < 1:
         raise ConfigError(f"lora.rank = {lcfg.rank}: must be a positive integer", "lora.rank")
-    resolve_targets(cfg)
-    refused = [("float8.enable", cfg.float8.enable, "float8 swaps the linears LoRA wraps")]
+    resolve_targets(lcfg, family)
+    refused = [("float8.enable", float8, "float8 swaps the linears LoRA wraps")]
     if dims is not None:
         refused += [
             ("parallelism.tensor_parallel_degree", dims.tp_enabled,
@@ -149,16 +151,16 @@ def token_ids(sd: dict, key: str, vocab: int) -> list[int]:
     return list(range(vocab - sd[key].shape[0], vocab))
 
 
-def apply_lora(model: LanguageModel, cfg, new_tokens: tuple[int, int] | None = None) -> list[str]:
+def apply_lora(model: LanguageModel, lcfg, mcfg, float8: bool,
+               new_tokens: tuple[int, int] | None = None) -> list[str]:
     """Wrap the targeted linears (in place), freeze every other parameter (but the embeddings
     and head with lora.train_embeddings, and the rows of `new_tokens`, (first id, count), with
-    lora.train_new_tokens); returns the wrapped modules' names. No-op when lora.enable is
-    false."""
-    lcfg = cfg.lora
+    lora.train_new_tokens); returns the wrapped modules' names. `lcfg`, `mcfg`: the [lora] and
+    [model] sections, `float8`: float8.enable (check_lora). No-op when lora.enable is false."""
     if not lcfg.enable:
         return []
-    check_lora(cfg)
-    targets = set(resolve_targets(cfg))
+    check_lora(lcfg, mcfg.name, float8)
+    targets = set(resolve_targets(lcfg, mcfg.name))
     for p in model.parameters():
         p.requires_grad_(False)
     wrapped = []
@@ -169,10 +171,10 @@ def apply_lora(model: LanguageModel, cfg, new_tokens: tuple[int, int] | None = N
                                                             lcfg.dropout))
                 wrapped.append(f"{name}.{child_name}" if name else child_name)
     found = {w.rsplit(".", 1)[-1] for w in wrapped}
-    missing = [t for t in resolve_targets(cfg) if t not in found]
+    missing = [t for t in resolve_targets(lcfg, mcfg.name) if t not in found]
     if missing:
         raise ConfigError(f"lora.target_modules: {missing[0]!r} matches no linear layer of "
-                          f"{cfg.model.name}/{cfg.model.flavor}; remove it",
+                          f"{mcfg.name}/{mcfg.flavor}; remove it",
                           "lora.target_modules")
     if lcfg.train_embeddings:
         for module in embedding_modules(model):
@@ -195,12 +197,12 @@ def token_tables(model: LanguageModel) -> list[nn.Module]:
             if m is not None]
 
 
-def build_with_lora(spec, model_args, cfg, new_tokens: tuple[int, int] | None = None
-                    ) -> LanguageModel:
-    """spec.build(model_args), with LoRA applied when cfg.lora.enable (call under a device);
-    `new_tokens`: added_tokens(the run's tokenizer)."""
+def build_with_lora(spec, model_args, lcfg, mcfg, float8: bool,
+                    new_tokens: tuple[int, int] | None = None) -> LanguageModel:
+    """spec.build(model_args), with LoRA applied when lora.enable (call under a device; `lcfg`,
+    `mcfg`, `float8`: as apply_lora's); `new_tokens`: added_tokens(the run's tokenizer)."""
     model = spec.build(model_args)
-    apply_lora(model, cfg, new_tokens)
+    apply_lora(model, lcfg, mcfg, float8, new_tokens)
     return model
 
 
@@ -253,19 +255,20 @@ def merge_weights(sd: dict[str, torch.Tensor], scaling: float, vocab: int | None
     return out
 
 
-def parameter_summary(model: nn.Module, cfg) -> str:
-    """'; LoRA r=8 alpha=16 on wq, wk: 12,345 of 1,234,567 params train (1.00%)' or ''."""
-    if not cfg.lora.enable:
+def parameter_summary(model: nn.Module, lcfg, family: str) -> str:
+    """'; LoRA r=8 alpha=16 on wq, wk: 12,345 of 1,234,567 params train (1.00%)' or '' (`lcfg`:
+    the [lora] section, `family`: model.name)."""
+    if not lcfg.enable:
         return ""
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    lcfg = cfg.lora
     embeddings = " + embeddings" if lcfg.train_embeddings else ""
     rows = [getattr(m, TOKEN_DELTA).shape[0] for m in token_tables(model)
             if getattr(m, TOKEN_DELTA, None) is not None]
     if rows:
         embeddings = f" + the {rows[0]} added tokens' rows of {len(rows)} table(s)"
-    return (f"; LoRA r={lcfg.rank} alpha={lcfg.alpha:g} on {', '.join(resolve_targets(cfg))}"
+    targets = ", ".join(resolve_targets(lcfg, family))
+    return (f"; LoRA r={lcfg.rank} alpha={lcfg.alpha:g} on {targets}"
             f"{embeddings}: {trainable:,} of {total:,} params train "
             f"({100 * trainable / max(total, 1):.2f}%)")
 
@@ -351,12 +354,13 @@ def lora_fit(fit) -> None:
         fit.hints.append(misfit)
 
 
-def plain_weights(weights: dict[str, torch.Tensor], cfg, merge: bool = True,
+def plain_weights(weights: dict[str, torch.Tensor], lcfg, merge: bool = True,
                   vocab: int | None = None) -> dict:
-    """A checkpoint's weights as the plain model's: with LoRA, merged (W + alpha/rank * B @ A,
-    trainable token rows added) or the base alone (merge=False); unchanged without LoRA."""
-    if not cfg.lora.enable:
+    """A checkpoint's weights as the plain model's (`lcfg`: its run's [lora] section): with
+    LoRA, merged (W + alpha/rank * B @ A, trainable token rows added) or the base alone
+    (merge=False); unchanged without LoRA."""
+    if not lcfg.enable:
         return weights
     if merge:
-        return merge_weights(weights, cfg.lora.alpha / cfg.lora.rank, vocab)
+        return merge_weights(weights, lcfg.alpha / lcfg.rank, vocab)
     return {k: v for k, v in weights.items() if not is_adapter_key(k)}

@@ -97,7 +97,7 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
         )
     if job_config.activation_checkpoint.mode == "selective":
         parse_selective_option(job_config.activation_checkpoint.selective_option)
-    check_lora(job_config, dims)
+    check_lora(job_config.lora, job_config.model.name, job_config.float8.enable, dims)
     check_float8_hardware(job_config.float8, device_type)
     check_components(job_config.compile)
     check_levers(job_config.training, job_config.compile, job_config.float8, job_config.model,
@@ -192,7 +192,7 @@ def parallelize_model(model: LanguageModel, spec, parallel_dims: ParallelDims,
         )
     elif parallel_dims.ddp_enabled:
         apply_ddp(model, parallel_dims.mesh["dp_replicate"], pcfg.ddp_bucket_cap_mb,
-                  pcfg.ddp_comm_hook, static_buckets=job_config.fault_tolerance.enable)
+                  pcfg.ddp_comm_hook, static_buckets=plan.static_ddp_buckets)
         applied.append(f"DDP {parallel_dims.dp_replicate} (comm hook {pcfg.ddp_comm_hook})")
     if applied:
         logger.info("parallelize: %s", " -> ".join(applied))

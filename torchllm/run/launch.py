@@ -73,9 +73,9 @@ def check_config(train_args: list[str], world_size: int | None):
     device = resolve_device(cfg.training.device)
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
-    check_data(cfg)  # every dataset spec, by the code the trainer parses them with
+    check_data(cfg.data, cfg.validation)  # every dataset spec, by the code the trainer parses them with
     check_fault_tolerance(cfg, os.environ)  # torchft installed, its lighthouse reachable
-    stage_tokenizer(cfg)  # a stage's tokenizer (from_initial_load, or auto): recorded there
+    stage_tokenizer(cfg.data, cfg.checkpoint)  # a stage's tokenizer (from_initial_load, or auto): recorded there
     return cfg
 
 

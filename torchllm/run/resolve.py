@@ -53,7 +53,8 @@ def resolve_run(cfg: JobConfig) -> Run:
     config that cannot run). On failure after taking the run folder's lock, the lock is freed."""
     # data.tokenizer = "from_initial_load": the previous stage's, made concrete first, so that
     # the config.toml this run writes names it for generate, evals and the next stage.
-    cfg = stage_tokenizer(cfg, log=rank() == 0)
+    cfg = dataclasses.replace(cfg, data=stage_tokenizer(cfg.data, cfg.checkpoint,
+                                                        log=rank() == 0))
     cfg = replica_run(cfg)  # fault tolerance: each replica group has its own run folder
     tcfg = cfg.training
     device = resolve_device(tcfg.device)
@@ -86,7 +87,7 @@ def resolve_run(cfg: JobConfig) -> Run:
         data = parse_data(cfg.data)
         with rank_zero_first(parallel_dims):  # rank 0 trains and caches it, once
             tokenizer = tokenizer_of(data, folder / "data")
-        record = tokenizer_record(tokenizer, new=trains_new_tokenizer(cfg))
+        record = tokenizer_record(tokenizer, new=trains_new_tokenizer(cfg.data, cfg.checkpoint))
     except BaseException:
         if lock is not None:
             lock.release()

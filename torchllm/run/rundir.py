@@ -28,16 +28,11 @@ import torch
 import torch.distributed as dist
 
 from torchllm.checkpoint.layout import scan_steps, step_dir, write_durably
-from torchllm.config import ConfigError, JobConfig, paths, to_toml
+from torchllm.config import ConfigError, paths
 from torchllm.log import logger
 from torchllm import ranks
 from torchllm.run.runlock import RunLock, RunLockedError
 from torchllm.storage import is_url
-
-
-def run_name(cfg: JobConfig) -> str:
-    """The run folder's name (checked to be one folder name when the config loads)."""
-    return paths.run_name(cfg.job)
 
 
 def prepare_run_dir(folders: paths.RunFolders, device: torch.device, *, stale_s: float,
@@ -137,13 +132,14 @@ def _agree(error: Exception | None, device: torch.device) -> None:
         raise error
 
 
-def write_run_config(cfg: JobConfig, run_dir: Path) -> None:
-    """Rank 0: replace the run's config.toml (atomically) with this launch's effective config.
-    Called once the checkpoint loaded, so a launch that cannot resume never rewrites it."""
+def write_run_config(config_toml: str, run_dir: Path) -> None:
+    """Rank 0: replace the run's config.toml (atomically) with this launch's effective config
+    (`config_toml`: config.to_toml's text of it). Called once the checkpoint loaded, so a
+    launch that cannot resume never rewrites it."""
     if ranks.rank() != 0:
         return
     path = Path(run_dir) / "config.toml"
     try:
-        write_durably(path, to_toml(cfg))
+        write_durably(path, config_toml)
     except OSError as e:  # each step folder keeps its own config.toml: not worth stopping for
         logger.warning("could not write the run's config %s: %s", path, e)

@@ -33,15 +33,16 @@ from torchllm.data import build_tokenizer
 from torchllm.log import logger
 
 
-def _said(cfg) -> str:
-    if cfg.data.tokenizer == FROM_INITIAL_LOAD:
+def _said(dcfg) -> str:
+    if dcfg.tokenizer == FROM_INITIAL_LOAD:
         return f"data.tokenizer = {FROM_INITIAL_LOAD!r}"
     return "data.tokenizer = 'auto' with checkpoint.initial_load_path"
 
 
-def _recorded(cfg) -> tuple[str, bool, str]:
-    """(tokenizer spec, chat tokens added, where it is recorded) of initial_load_path's run."""
-    ccfg, said = cfg.checkpoint, _said(cfg)
+def _recorded(dcfg, ccfg) -> tuple[str, bool, str]:
+    """(tokenizer spec, chat tokens added, where it is recorded) of initial_load_path's run
+    (`dcfg`, `ccfg`: the [data] and [checkpoint] sections)."""
+    said = _said(dcfg)
     other = f"name the model's tokenizer in data.tokenizer, or set data.tokenizer = {NEW!r} to " \
             "train a new one on data.dataset"
     if ccfg.initial_load_in_hf:  # a transformers folder: its own tokenizer file
@@ -78,39 +79,42 @@ def _recorded(cfg) -> tuple[str, bool, str]:
     return spec, bool(record.get("chat_tokens")), str(marker)
 
 
-def inherits(cfg) -> bool:
-    """Whether data.tokenizer is the initial load's: 'from_initial_load', or 'auto' for a stage."""
-    tok = cfg.data.tokenizer
-    return tok == FROM_INITIAL_LOAD or (tok == "auto" and bool(cfg.checkpoint.initial_load_path))
+def inherits(dcfg, ccfg) -> bool:
+    """Whether data.tokenizer is the initial load's: 'from_initial_load', or 'auto' for a stage
+    (`dcfg`, `ccfg`: the [data] and [checkpoint] sections)."""
+    tok = dcfg.tokenizer
+    return tok == FROM_INITIAL_LOAD or (tok == "auto" and bool(ccfg.initial_load_path))
 
 
-def stage_tokenizer(cfg, log: bool = False, auto: bool = True):
-    """`cfg` with an inherited data.tokenizer (see `inherits`; `auto`=False: 'from_initial_load'
-    only) replaced by the initial load's concrete tokenizer (and data.chat_tokens on when that
-    run had them: its vocabulary cannot shrink); else `cfg`. ConfigError (one line) when there
-    is nothing to read it from. An empty checkpoint.initial_load_path with 'from_initial_load'
-    is refused earlier, by the config's own validation."""
-    if not inherits(cfg) or (not auto and cfg.data.tokenizer != FROM_INITIAL_LOAD):
-        return cfg
-    spec, chat, where = _recorded(cfg)
+def stage_tokenizer(dcfg, ccfg, log: bool = False, auto: bool = True):
+    """The [data] section `dcfg` with an inherited data.tokenizer (see `inherits`; `ccfg`: the
+    [checkpoint] section; `auto`=False: 'from_initial_load' only) replaced by the initial load's
+    concrete tokenizer (and data.chat_tokens on when that run had them: its vocabulary cannot
+    shrink); else `dcfg`. ConfigError (one line) when there is nothing to read it from. An
+    empty checkpoint.initial_load_path with 'from_initial_load' is refused earlier, by the
+    config's own validation."""
+    if not inherits(dcfg, ccfg) or (not auto and dcfg.tokenizer != FROM_INITIAL_LOAD):
+        return dcfg
+    spec, chat, where = _recorded(dcfg, ccfg)
     if log:
-        logger.info("%s: %s%s, as recorded in %s", _said(cfg), spec,
+        logger.info("%s: %s%s, as recorded in %s", _said(dcfg), spec,
                     " + the 6 chat tokens" * chat, where)
-    data = dataclasses.replace(cfg.data, tokenizer=spec, chat_tokens=cfg.data.chat_tokens or chat)
-    return dataclasses.replace(cfg, data=data)
+    return dataclasses.replace(dcfg, tokenizer=spec, chat_tokens=dcfg.chat_tokens or chat)
 
 
-def inference_tokenizer(cfg, reader, data_dir: Path):
+def inference_tokenizer(dcfg, ccfg, reader, data_dir: Path):
     """The tokenizer of the checkpoint step `reader` (checkpoint.Step) for generate,
-    the evals and export: `cfg`'s (the config the step was written under), never trained here
-    ('auto': the run's cached file, else one line naming it), and checked against the step's
-    recorded tokenizer (reader.check_tokenizer)."""
-    tokenizer = build_tokenizer(stage_tokenizer(cfg, auto=False), data_dir, train=False)
+    the evals and export: the [data] section `dcfg`'s (of the config the step was written
+    under; `ccfg` its [checkpoint] section), never trained here ('auto': the run's cached file,
+    else one line naming it), and checked against the step's recorded tokenizer
+    (reader.check_tokenizer)."""
+    tokenizer = build_tokenizer(stage_tokenizer(dcfg, ccfg, auto=False), data_dir, train=False)
     reader.check_tokenizer(tokenizer_record(tokenizer), "inference")
     return tokenizer
 
 
-def trains_new_tokenizer(cfg) -> bool:
+def trains_new_tokenizer(dcfg, ccfg) -> bool:
     """A stage that trains its own tokenizer on purpose (data.tokenizer = 'train' with
-    checkpoint.initial_load_path): the initial load warns instead of refusing it."""
-    return cfg.data.tokenizer == NEW and bool(cfg.checkpoint.initial_load_path)
+    checkpoint.initial_load_path; `dcfg`, `ccfg`: the [data] and [checkpoint] sections): the
+    initial load warns instead of refusing it."""
+    return dcfg.tokenizer == NEW and bool(ccfg.initial_load_path)

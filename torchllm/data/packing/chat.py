@@ -24,6 +24,7 @@ import torch
 from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.data.chat.template import ChatTemplate, Rendered, render_row
 from torchllm.data.mixture import MixtureBatches
+from torchllm.data.sources.base import Context
 from torchllm.data.token_stream import count
 from torchllm.log import logger
 
@@ -64,7 +65,7 @@ class ChatPacking:
     def batch(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return masked_batch(rows["tokens"], rows["trained"], rows["positions"])
 
-    def validation(self, held: list, ctx) -> ChatVal:
+    def validation(self, held: list, ctx: Context) -> ChatVal:
         """The held-out conversations' windows, packed as the training ones."""
         tokens, mask, positions, _ = window_rows([self.render(m) for m in held],
                                                  ctx.seq_len + 1, self.packing,
@@ -78,15 +79,15 @@ class ChatPacking:
                           "tokenizer (e.g. the base model's)", "data.tokenizer")
 
     @classmethod
-    def windows(cls, ds, ctx):
+    def windows(cls, ds, ctx: Context):
         """(mixture source, validation windows) of ds's conversations for this rank."""
-        check_independent(ctx.job_config, ds.spec)
+        check_independent(ctx.data, ctx.batching.model, ds.spec)
         if ds.source.streams:
             return stream_chat_windows(ds, ctx)
         return build_chat_source(ds, ctx)
 
     @classmethod
-    def batches(cls, ds, ctx):
+    def batches(cls, ds, ctx: Context):
         """Alone: a mixture of one source (ctx.seed is then the run's; the source's derives)."""
         return MixtureBatches.alone(lambda one: cls.windows(ds, one), ds.spec, ctx)
 
@@ -204,13 +205,14 @@ class ChatVal(torch.utils.data.Dataset):
         return f"validation {count(self.count, 'window')}"
 
 
-def check_independent(job_config, where: str) -> None:
+def check_independent(dcfg, mcfg, where: str) -> None:
     """Packed conversations must not see each other: ConfigError unless each attends only
     within itself with its positions from 0 (model.attn_mask_type = block_causal,
-    restart_positions_per_document; their unset values for chat data), or one per window."""
-    if job_config.data.chat_packing != "pack":
+    restart_positions_per_document; their unset values for chat data), or one per window.
+    `dcfg`, `mcfg`: the [data] and [model] sections."""
+    if dcfg.chat_packing != "pack":
         return  # one conversation per window: plain causal attention sees only its own tokens
-    mask, restart = document_masking(job_config.model, job_config.data)
+    mask, restart = document_masking(mcfg, dcfg)
     if mask != "block_causal" or not restart:
         key = ("model.attn_mask_type" if mask != "block_causal"
                else "model.restart_positions_per_document")
@@ -222,10 +224,10 @@ def check_independent(job_config, where: str) -> None:
             "data.chat_packing = 'pad' (one conversation per window)", key)
 
 
-def build_chat_source(ds, ctx):
+def build_chat_source(ds, ctx: Context):
     """(ChatSource of the training windows, ChatVal) of ds's conversations read whole (local
     files)."""
-    dcfg, window, spec, tokenizer = ctx.job_config.data, ctx.seq_len + 1, ds.spec, ctx.tokenizer
+    dcfg, window, spec, tokenizer = ctx.data, ctx.seq_len + 1, ds.spec, ctx.tokenizer
     template = ChatTemplate(tokenizer)
     convs = ds.source.values(dcfg.chat_column, spec)
     rendered = [render_row(template, c, f"{spec}: row {i}", dcfg.chat_column)
@@ -252,10 +254,10 @@ def build_chat_source(ds, ctx):
     return source, ChatVal(source, len(tokens) - n_val, n_val)
 
 
-def stream_chat_windows(ds, ctx):
+def stream_chat_windows(ds, ctx: Context):
     """(the stream's reader of ds's conversations, validation windows); ds.source streams its
     rows (hf:NAME)."""
-    dcfg, rows, spec = ctx.job_config.data, ds.source, ds.spec
+    dcfg, rows, spec = ctx.data, ds.source, ds.spec
     pack = ChatPacking(ctx.tokenizer, dcfg.chat_packing, spec, dcfg.chat_column)
     first = [pack.render(m) for m in rows.first_values(dcfg.chat_column,
                                                        max(PROBE, dcfg.val_documents))]

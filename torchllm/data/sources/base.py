@@ -23,9 +23,12 @@ pre-flight check and the trainer both parse). Then it
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+import torch
 
 from torchllm.config.job_config import ConfigError
 from torchllm.data.content import texts_identity
@@ -34,10 +37,31 @@ from torchllm.log import logger
 
 
 @dataclass(frozen=True)
+class Batching:
+    """What the data's windows and batches are, besides the [data] section: training.seq_len
+    tokens each (+1 for the targets), training.local_batch_size of them per batch, shuffled by
+    job.seed; the [model] section, whose document masking packed conversations must have
+    (packing/chat.py: check_independent); batches pinned for a GPU (training.device)."""
+
+    seq_len: int
+    batch_size: int
+    seed: int
+    model: Any  # the [model] section (config.job_config.document_masking reads it)
+    pin_memory: bool = False
+
+    @classmethod
+    def of(cls, training, job, model) -> "Batching":
+        """The run's: from its [training], [job] and [model] sections."""
+        return cls(training.seq_len, training.local_batch_size, job.seed, model,
+                   training.device != "cpu" and torch.cuda.is_available())
+
+
+@dataclass(frozen=True)
 class Context:
     """What a dataset needs to produce windows for one data-parallel rank."""
 
-    job_config: Any
+    data: Any  # the [data] section the training data is read with (data.training_data's)
+    batching: Batching
     tokenizer: Any
     dp_rank: int
     dp_degree: int
@@ -45,14 +69,14 @@ class Context:
 
     @property
     def seq_len(self) -> int:
-        return self.job_config.training.seq_len
+        return self.batching.seq_len
 
     @property
     def batch_size(self) -> int:
-        return self.job_config.training.local_batch_size
+        return self.batching.batch_size
 
     def with_seed(self, seed: int) -> "Context":
-        return Context(self.job_config, self.tokenizer, self.dp_rank, self.dp_degree, seed)
+        return dataclasses.replace(self, seed=seed)
 
 
 class Source:

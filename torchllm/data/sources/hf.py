@@ -27,7 +27,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -35,6 +35,10 @@ from torchllm.data.content import files_identity
 from torchllm.data.sources.base import Context, Source
 from torchllm.data.sources.registry import register
 from torchllm.data.sources.rows import load_streaming, stream_texts
+
+if TYPE_CHECKING:  # (annotations only: the packings import the sources)
+    from torchllm.data.packing.chat import ChatPacking
+    from torchllm.data.packing.text import TextPacking
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ class HFStream(Source):
         text = column != self.dcfg.chat_column  # a conversation is a list of messages
         return [v for v, _ in zip(stream_texts(self, column, self.spec, text), range(n))]
 
-    def stream_windows(self, ctx: Context, column: str, pack):
+    def stream_windows(self, ctx: Context, column: str, pack: "TextPacking | ChatPacking"):
         """(this rank's StreamWindows of `column`'s values packed by `pack`, the validation
         windows of the held-out first data.val_documents rows): text (`windows`) and
         conversations (chat:hf:NAME) stream through this one reader (the packings call it)."""
