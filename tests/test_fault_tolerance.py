@@ -54,7 +54,8 @@ def test_no_lighthouse_is_refused_naming_the_address_and_the_command(tmp_path, c
     address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     cfg = load_config(tiny_args(tmp_path, "--fault_tolerance.enable"))
     with pytest.raises(ConfigError) as e:
-        check_fault_tolerance(cfg, {"TORCHFT_LIGHTHOUSE": address})
+        check_fault_tolerance(cfg.fault_tolerance, cfg.job, cfg.training.device,
+                              {"TORCHFT_LIGHTHOUSE": address})
     assert address in str(e.value) and "torchft_lighthouse --min_replicas 1" in str(e.value)
     # The launcher refuses before starting any process: exit 2, one line.
     os.environ["TORCHFT_LIGHTHOUSE"] = address

@@ -151,7 +151,7 @@ def test_each_run_has_a_lighthouse_of_its_own_by_default(tmp_path):
     if _answers(int(addresses["beta"].rsplit(":", 1)[1])):
         pytest.skip("something listens on beta's port")
     with pytest.raises(ConfigError) as e:
-        check_fault_tolerance(cfg, {})
+        check_fault_tolerance(cfg.fault_tolerance, cfg.job, cfg.training.device, {})
     assert addresses["beta"] in str(e.value)
 
 
@@ -203,12 +203,14 @@ def test_a_heal_into_another_width_is_refused_naming_the_weight(tmp_path):
 
 
 def test_every_group_of_a_run_names_the_run_not_its_folder(tmp_path):
-    from torchllm.ft import replica_run
+    from torchllm.ft import replica_job
     from torchllm.ft.rundir import group_run
 
     for name in ("alpha", "beta-replica1"):  # (a run may end in what a folder adds)
         for r in (0, 1):
-            cfg = replica_run(load_config(tiny_args(
+            cfg = load_config(tiny_args(
                 tmp_path, "--fault_tolerance.enable", "--fault_tolerance.group_size=2",
-                f"--fault_tolerance.replica_id={r}", f"--job.run_name={name}")))
-            assert cfg.job.run_name == f"{name}-replica{r}" and group_run(cfg) == name
+                f"--fault_tolerance.replica_id={r}", f"--job.run_name={name}"))
+            job = replica_job(cfg.job, cfg.fault_tolerance)
+            assert job.run_name == f"{name}-replica{r}"
+            assert group_run(job, cfg.fault_tolerance) == name

@@ -328,7 +328,8 @@ def test_nccl_across_groups_without_a_gpu_is_refused_before_the_lighthouse(tmp_p
                                 "--fault_tolerance.process_group=nccl"))
     with raises_naming(ConfigError, "nccl", "gloo", "CUDA", key="fault_tolerance.process_group",
                        one_line=True):
-        check_fault_tolerance(cfg, {"TORCHFT_LIGHTHOUSE": "http://127.0.0.1:9"})
+        check_fault_tolerance(cfg.fault_tolerance, cfg.job, cfg.training.device,
+                              {"TORCHFT_LIGHTHOUSE": "http://127.0.0.1:9"})
 
 
 def test_an_unknown_backend_across_groups_is_refused(tmp_path):

@@ -275,6 +275,10 @@ def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
     assert losses[0][2] != losses[1][2]  # each group prints its own loss: it trains alone
     for text in logs_text:  # syncs after steps 5, 10 and the last, 12
         assert re.search(r"fault tolerance: 3 syncs \(diloco, every 5 steps\)", text), text[-2000:]
+        # the quorum line says what a step trains on: no batch is averaged between syncs
+        assert "every 5 steps the 2 groups' parameter changes are averaged (diloco)" in text, \
+            text[-2000:]
+        assert "effective global batch" not in text
     a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
     b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
     assert a.keys() == b.keys() and any(k.startswith("outer_optimizer.") for k in a)

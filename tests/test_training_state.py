@@ -16,6 +16,7 @@ from torchllm.ft.heal import HealState
 from torchllm.ft.heal_codec import decode, encode
 from torchllm.train_module import TrainModule
 
+from builders.data import data_args
 from conftest import tiny_args, tiny_config
 from messages import raises_naming
 
@@ -93,8 +94,8 @@ def _heal_of(loader) -> HealState:
 
 def test_a_heal_carries_the_data_position_not_the_senders_rank(tmp_path):
     cfg = tiny_config(tmp_path, "--data.tokenizer=bytes")
-    tok = build_tokenizer(cfg, tmp_path / "data")
-    sender, receiver, reference = (build_data(cfg, tok, r, 2)[0] for r in (0, 1, 1))
+    tok = build_tokenizer(cfg.data, tmp_path / "data")
+    sender, receiver, reference = (build_data(*data_args(cfg), tok, r, 2)[0] for r in (0, 1, 1))
     read, expected = iter(sender), iter(reference)
     for _ in range(3):
         next(read), next(expected)
@@ -108,7 +109,7 @@ def test_a_heal_carries_the_data_position_not_the_senders_rank(tmp_path):
 
 def test_a_heal_of_other_pieces_is_refused_naming_them(tmp_path):
     cfg = tiny_config(tmp_path, "--data.tokenizer=bytes")
-    loader = build_data(cfg, build_tokenizer(cfg, tmp_path / "data"), 0, 1)[0]
+    loader = build_data(*data_args(cfg), build_tokenizer(cfg.data, tmp_path / "data"), 0, 1)[0]
     sent = _heal_of(loader).state_dict()
     receiver = _heal_of(loader)
     receiver.state.add("ema", Ema())

@@ -93,7 +93,7 @@ class Trainer:
         seed_everything(cfg.job.seed, cfg.job.deterministic)
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
         # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
-        self.replicas = build_replicas(cfg, self.parallel_dims, global_batch)
+        self.replicas = build_replicas(cfg.fault_tolerance, cfg.job, tcfg.device, global_batch)
         self.train_loader, self.val_loader = build_data(
             cfg.data, cfg.validation, Batching.of(tcfg, cfg.job, cfg.model), self.tokenizer,
             *self.replicas.data_shard(dp_rank, dp_degree))

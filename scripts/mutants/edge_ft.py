@@ -101,8 +101,7 @@ MUTANTS = [
         "each group names its run by its own folder (<run>-replica<R>): the groups of one run "
         "refuse each other",
         "torchllm.ft.rundir:group_run",
-        "    return name[:-len(suffix)] if cfg.fault_tolerance.enable and name.endswith(suffix) "
-        "else name\n",
+        "    return name[:-len(suffix)] if ftcfg.enable and name.endswith(suffix) else name\n",
         "    return name\n",
         (T + "test_every_group_of_a_run_names_the_run_not_its_folder", ACCEPTANCE),
     ),

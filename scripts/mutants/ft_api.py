@@ -105,7 +105,7 @@ MUTANTS = [
         "fault_tolerance.process_group = 'nccl' on a machine without a GPU is not refused "
         "before the run starts",
         "torchllm.ft.lighthouse:check_backend",
-        '    if cfg.fault_tolerance.process_group == "nccl" and not torch.cuda.is_available():\n',
+        '    if ftcfg.process_group == "nccl" and not torch.cuda.is_available():\n',
         "    if False:\n",
         (T + "test_nccl_across_groups_without_a_gpu_is_refused_before_the_lighthouse",),
     ),

@@ -25,3 +25,15 @@ MUTANTS = [
         REVISIONS,
     ),
 ]
+
+MUTANTS.append(
+    Mutant.at(
+        "semi_sync_quorum_says_effective_global_batch",
+        "semi-synchronous groups' quorum line says an effective global batch, as if every step "
+        "averaged the groups' gradients",
+        "torchllm.ft.semi_sync:SemiSyncGroups.batch_note",
+        '        return (f"each group trains its own',
+        '        return super().batch_note(live) or (f"each group trains its own',
+        ("tests/test_ft_semi_sync.py::"
+         "test_two_diloco_groups_through_ft_local_end_with_equal_weights",),
+    ))

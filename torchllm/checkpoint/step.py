@@ -213,13 +213,14 @@ class Step:
                               "config.toml exists; pass the run's config with --job.config_file")
         return load_config(["--job.config_file", str(path), *overrides], file_runs_code=False)
 
-    def run_folder(self, cfg) -> Path:
+    def run_folder(self, job) -> Path:
         """The local run folder that wrote the step (its tokenizer cache is in data/): the
-        step's grandparent, or for a step on object storage the run folder its config names."""
+        step's grandparent, or for a step on object storage the run folder its config's [job]
+        (`job`) names."""
         if storage_for(self.path).remote:
             from torchllm.config.paths import run_name
 
-            return Path(cfg.job.dump_folder) / run_name(cfg.job)
+            return Path(job.dump_folder) / run_name(job)
         return Path(parent_of(parent_of(self.path)))
 
     def check_tokenizer(self, now: dict | None, use: str = "inference") -> None:

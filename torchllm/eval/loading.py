@@ -67,7 +67,7 @@ def load_for_inference(
     cfg = reader.config(overrides)  # the checkpoint's, as data: no code imported from it
     models.check_family(reader.saved_config_text(), cfg.model.name, f"checkpoint {reader.path}")
     tokenizer = inference_tokenizer(cfg.data, cfg.checkpoint, reader,
-                                    reader.run_folder(cfg) / "data")
+                                    reader.run_folder(cfg.job) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
         model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg.lora,

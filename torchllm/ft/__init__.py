@@ -8,7 +8,7 @@ from torchllm.ft.heal import HealState
 from torchllm.ft.lighthouse import check_fault_tolerance
 from torchllm.ft.build import build_replicas
 from torchllm.ft.replicas import ReplicaGroups, ReplicasBelowMinimum, SingleGroup
-from torchllm.ft.rundir import replica_run
+from torchllm.ft.rundir import replica_job
 
 __all__ = ["HealState", "ReplicaGroups", "ReplicasBelowMinimum", "SingleGroup", "build_replicas",
-           "check_fault_tolerance", "replica_run"]
+           "check_fault_tolerance", "replica_job"]

@@ -13,15 +13,15 @@ from torchllm.ft.rundir import group_run
 from torchllm.ft.semi_sync import SemiSyncGroups
 
 
-def build_replicas(cfg, parallel_dims, group_batch: int) -> SingleGroup:
-    """The run's replica groups: a no-op SingleGroup unless fault_tolerance.enable."""
-    if not cfg.fault_tolerance.enable:
+def build_replicas(ftcfg, job, device: str, group_batch: int) -> SingleGroup:
+    """The run's replica groups ([fault_tolerance] `ftcfg`, of the run [job] names, training on
+    training.device `device`): a no-op SingleGroup unless fault_tolerance.enable."""
+    if not ftcfg.enable:
         return SingleGroup()
-    run = group_run(cfg)  # (cfg names this group's folder, <run>-replica<R>)
-    check_fault_tolerance(cfg, os.environ, run)
+    run = group_run(job, ftcfg)  # ([job] names this group's folder, <run>-replica<R>)
+    check_fault_tolerance(ftcfg, job, device, os.environ, run)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    groups = ReplicaGroups if cfg.fault_tolerance.semi_sync_method == "none" else SemiSyncGroups
-    return groups(cfg.fault_tolerance, rank, world, group_batch, run,
-                  lighthouse_address(os.environ, run, cfg.job.dump_folder,
-                                     cfg.fault_tolerance.bind))
+    groups = ReplicaGroups if ftcfg.semi_sync_method == "none" else SemiSyncGroups
+    return groups(ftcfg, rank, world, group_batch, run,
+                  lighthouse_address(os.environ, run, job.dump_folder, ftcfg.bind))

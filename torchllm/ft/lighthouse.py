@@ -74,16 +74,17 @@ def check_torchft() -> None:
             "fault_tolerance.enable") from e
 
 
-def check_backend(cfg) -> None:
+def check_backend(ftcfg, device: str) -> None:
     """NCCL across the groups needs the groups on CUDA (training.device 'cpu' is refused at
-    config load; 'auto' or 'cuda' on a machine without a GPU here, one line)."""
+    config load; 'auto' or 'cuda' on a machine without a GPU here, one line). `ftcfg`: the
+    [fault_tolerance] section; `device`: training.device."""
     import torch
 
     from torchllm.config.sections_ft import NCCL_ON_CPU
 
-    if cfg.fault_tolerance.process_group == "nccl" and not torch.cuda.is_available():
+    if ftcfg.process_group == "nccl" and not torch.cuda.is_available():
         raise ConfigError(NCCL_ON_CPU.format(where=f"training.device = "
-                                             f"'{cfg.training.device}' and no CUDA device is "
+                                             f"'{device}' and no CUDA device is "
                                              "visible"), "fault_tolerance.process_group")
 
 
@@ -105,21 +106,21 @@ def check_lighthouse(address: str, default: str, timeout_s: float = 2.0) -> None
             "fault_tolerance.enable") from None
 
 
-def check_fault_tolerance(cfg, environ, run: str | None = None) -> None:
-    """The launcher's and the trainer's pre-flight check (value checks ran at config load).
-    `run`: the run's name (default job.run_name's; a replica group's cfg names its folder)."""
-    if not cfg.fault_tolerance.enable:
+def check_fault_tolerance(ftcfg, job, device: str, environ, run: str | None = None) -> None:
+    """The launcher's and the trainer's pre-flight check (value checks ran at config load) of
+    the [fault_tolerance] section `ftcfg`, for the run [job] names on training.device `device`.
+    `run`: the run's name (default job.run_name's; a replica group's [job] names its folder)."""
+    if not ftcfg.enable:
         return
     from torchllm.config import paths
     from torchllm.ft.secret import load_secret
 
-    run = run or paths.run_name(cfg.job)
-    bind = cfg.fault_tolerance.bind
+    run = run or paths.run_name(job)
     check_torchft()
-    check_backend(cfg)
-    check_lighthouse(lighthouse_address(environ, run, cfg.job.dump_folder, bind),
-                     default_address(run, cfg.job.dump_folder, bind))
-    load_secret(cfg.fault_tolerance, environ)  # the run's shared secret (ft/secret.py)
+    check_backend(ftcfg, device)
+    check_lighthouse(lighthouse_address(environ, run, job.dump_folder, ftcfg.bind),
+                     default_address(run, job.dump_folder, ftcfg.bind))
+    load_secret(ftcfg, environ)  # the run's shared secret (ft/secret.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,10 +198,15 @@ class ReplicaGroups(SingleGroup):
         if not change:
             change = "new quorum" if self.members else "quorum"
         self.members = members
-        logger.info("fault tolerance: %s: %d of %d replica groups live (%s); effective global "
-                    "batch %d sequences (%d x %d)", change, len(members), self.group_size,
-                    ", ".join(map(str, members)), len(members) * self.group_batch,
-                    len(members), self.group_batch)
+        logger.info("fault tolerance: %s: %d of %d replica groups live (%s); %s", change,
+                    len(members), self.group_size, ", ".join(map(str, members)),
+                    self.batch_note(len(members)))
+
+    def batch_note(self, live: int) -> str:
+        """What one step trains on, said at each quorum: the live groups' batches together
+        (every step's gradients are averaged over them)."""
+        return (f"effective global batch {live * self.group_batch} sequences "
+                f"({live} x {self.group_batch})")
 
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         """Average the gradients over the live groups (and sum the loss statistics), then ask

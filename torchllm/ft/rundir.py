@@ -12,17 +12,16 @@ import dataclasses
 from torchllm.config import paths
 
 
-def replica_run(cfg):
-    """`cfg` with job.run_name naming this replica group's folder (unchanged when off)."""
-    ft = cfg.fault_tolerance
-    if not ft.enable:
-        return cfg
-    name = f"{paths.run_name(cfg.job)}-replica{ft.replica_id}"
-    return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_name=name))
+def replica_job(job, ftcfg):
+    """The [job] section `job` with run_name naming this replica group's folder (unchanged
+    when [fault_tolerance] `ftcfg` is off)."""
+    if not ftcfg.enable:
+        return job
+    return dataclasses.replace(job, run_name=f"{paths.run_name(job)}-replica{ftcfg.replica_id}")
 
 
-def group_run(cfg) -> str:
-    """The run a replica group belongs to: its folder's name (replica_run's) less `-replica<R>`."""
-    name = paths.run_name(cfg.job)
-    suffix = f"-replica{cfg.fault_tolerance.replica_id}"
-    return name[:-len(suffix)] if cfg.fault_tolerance.enable and name.endswith(suffix) else name
+def group_run(job, ftcfg) -> str:
+    """The run a replica group belongs to: its folder's name (replica_job's) less `-replica<R>`."""
+    name = paths.run_name(job)
+    suffix = f"-replica{ftcfg.replica_id}"
+    return name[:-len(suffix)] if ftcfg.enable and name.endswith(suffix) else name

@@ -169,6 +169,13 @@ class SemiSyncGroups(ReplicaGroups):
             state.add_piece(Piece("outer_optimizer", self.state.outer, OPTIMIZER, model=model,
                                   peer=self.state))
 
+    def batch_note(self, live: int) -> str:
+        """No step averages gradients here: each group's step trains on its own batch, and
+        a sync averages the live groups' `sync_steps` steps of change."""
+        return (f"each group trains its own {self.group_batch} sequences a step; every "
+                f"{self.sync_steps} steps the {live} groups' parameter changes are averaged "
+                f"({self.ftcfg.semi_sync_method})")
+
     def attach(self, ctx, state) -> None:
         self.last_step = ctx.cfg.training.steps
         self.state.reset_anchor()  # the loaded weights were saved at a sync point

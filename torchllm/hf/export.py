@@ -97,7 +97,7 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
     step_path = reader.path
     cfg = run_config(reader, list(overrides))
     adapter = adapter_for_model(cfg.model.name)
-    tokenizer = _tokenizer_of(cfg.data, cfg.checkpoint, reader, reader.run_folder(cfg))
+    tokenizer = _tokenizer_of(cfg.data, cfg.checkpoint, reader, reader.run_folder(cfg.job))
     vocab = vocab_size or cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else None)
     if vocab is None:
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "

@@ -74,7 +74,7 @@ def check_config(train_args: list[str], world_size: int | None):
     if world_size is not None:
         build_parallel_dims(cfg, world_size, device.type, model_args)
     check_data(cfg.data, cfg.validation)  # every dataset spec, by the code the trainer parses them with
-    check_fault_tolerance(cfg, os.environ)  # torchft installed, its lighthouse reachable
+    check_fault_tolerance(cfg.fault_tolerance, cfg.job, cfg.training.device, os.environ)  # torchft installed, its lighthouse reachable
     stage_tokenizer(cfg.data, cfg.checkpoint)  # a stage's tokenizer (from_initial_load, or auto): recorded there
     return cfg
 

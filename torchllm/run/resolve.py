@@ -22,7 +22,7 @@ from torchllm.config.paths import run_folders
 from torchllm.data import Tokenizer, tokenizer_of
 from torchllm.data.dataset import parse_data
 from torchllm.device import resolve_device
-from torchllm.ft import replica_run
+from torchllm.ft import replica_job
 from torchllm.log import logger, open_run_log
 from torchllm.parallel import ParallelDims, build_parallel_dims, rank_zero_first
 from torchllm.precision import resolve_bf16
@@ -55,7 +55,7 @@ def resolve_run(cfg: JobConfig) -> Run:
     # the config.toml this run writes names it for generate, evals and the next stage.
     cfg = dataclasses.replace(cfg, data=stage_tokenizer(cfg.data, cfg.checkpoint,
                                                         log=rank() == 0))
-    cfg = replica_run(cfg)  # fault tolerance: each replica group has its own run folder
+    cfg = dataclasses.replace(cfg, job=replica_job(cfg.job, cfg.fault_tolerance))  # fault tolerance: each replica group has its own run folder
     tcfg = cfg.training
     device = resolve_device(tcfg.device)
     # Validate the layout before any process-group work, then build the mesh (world > 1).

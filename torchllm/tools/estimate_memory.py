@@ -180,7 +180,8 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
         device, device_from = resolve_device("auto").type, "training.device = auto: this host's"
     _, dims = _checked(cfg, world_size, device)
     with torch.device("meta"):  # (lora.enable: with its adapters, the base frozen)
-        model = build_with_lora(models.get(cfg.model.name), model_args, cfg)
+        model = build_with_lora(models.get(cfg.model.name), model_args, cfg.lora, cfg.model,
+                                cfg.float8.enable)
     counts = parameter_counts(model)
     act = 2 if use_bf16(tcfg.mixed_precision, device) else FP32
     spec = optim.get(cfg.optimizer.name)
