@@ -147,6 +147,40 @@ def test_cp_divides_attention_memory_with_no_quadratic_term(tmp_path):
         assert long["net"] <= 2.2 * short["net"], (short["net"], long["net"])
 
 
+@pytest.mark.parametrize("path", ["cpu_flash", "float32_matmuls"])
+def test_op_ac_keeps_no_chunk_pair_of_cp_attention(path, monkeypatch):
+    """Under selective 'op' AC a CP rank's chunked attention keeps nothing beyond its output
+    after forward (as full AC): the policy caches no op inside the custom Function (was: every
+    chunk pair's output, 3.5x the output here on the CPU flash path, and on the float32 path of
+    GPUs every tile's scores, 23x: S x S/cp)."""
+    from torch.utils.checkpoint import checkpoint
+
+    import torchllm.models.chunked_attention as ca
+    from torchllm.parallel.ac import _op_policy_context
+
+    if path == "float32_matmuls":  # the non-CPU path, run on CPU
+        monkeypatch.setattr(ca, "_cpu_flash", lambda q: False)
+    q = torch.randn(1, 4, 512, 32, requires_grad=True)  # rank 0 of cp 2: two 256-token chunks
+    k, v = (torch.randn(1, 4, 1024, 32, requires_grad=True) for _ in range(2))
+    mask = ca.ChunkedMask(rank=0, degree=2)
+
+    def attend(q, k, v):
+        return ca.chunked_attention(q * 1.0, k * 1.0, v * 1.0, mask)
+
+    kept = {}
+    for policy in ("full", "op"):
+        fn = {"context_fn": _op_policy_context} if policy == "op" else {}
+        with PeakTensorMemory(baseline_bytes=0) as m:
+            out = checkpoint(attend, q, k, v, use_reentrant=False, **fn)
+            with m.steady():  # the peak of this range: what forward left alive
+                marker = torch.empty(1)
+        kept[policy] = m.net_peak_bytes
+        out.sum().backward()  # (and backward still runs from what was kept)
+        del out, marker
+    out_bytes = q.numel() * 4
+    assert out_bytes <= kept["op"] <= kept["full"] + 4096, kept
+
+
 @pytest.mark.slow
 def test_fsdp2_accumulation_keeps_gradients_sharded(tmp_path):
     """FSDP 2 with 4 micro-steps holds the gradient bytes it holds with 1: between micro-steps

@@ -55,6 +55,12 @@ def _op_policy_context():
     def policy(ctx, op, *args, **kwargs):
         if op not in save:
             return CheckpointPolicy.PREFER_RECOMPUTE
+        if not torch.is_grad_enabled():
+            # inside a custom autograd Function's forward (context parallelism's chunked
+            # attention): its own saved tensors are what its backward reads; caching its inner
+            # ops too kept every chunk pair's output, and on the float32 path every tile's
+            # scores, an (S/cp x S) term (the same ops run without grad in the recompute)
+            return CheckpointPolicy.PREFER_RECOMPUTE
         if op in counted:
             seen[ctx.is_recompute] += 1
             if seen[ctx.is_recompute] % 2 == 0:  # every second matmul is recomputed
