@@ -181,6 +181,27 @@ def test_op_ac_keeps_no_chunk_pair_of_cp_attention(path, monkeypatch):
     assert out_bytes <= kept["op"] <= kept["full"] + 4096, kept
 
 
+def test_op_ac_keeps_tp_collectives_inside_functions():
+    """The 'op' policy still keeps TP's reduce-scatter outputs when they run inside an autograd
+    Function without grad (DTensor's redistribute), so that the recompute does not communicate;
+    a kernel there is recomputed (the chunk pairs above)."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from torchllm.parallel.ac import _op_policy
+
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is None or not hasattr(c10d, "reduce_scatter_tensor"):
+        pytest.skip("this torch has no functional reduce_scatter_tensor")
+    policy, ctx = _op_policy(), SimpleNamespace(is_recompute=False)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    with torch.no_grad():
+        assert policy(ctx, c10d.reduce_scatter_tensor.default) == CheckpointPolicy.MUST_SAVE
+        assert policy(ctx, attention) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert policy(ctx, attention) == CheckpointPolicy.MUST_SAVE
+
+
 @pytest.mark.slow
 def test_fsdp2_accumulation_keeps_gradients_sharded(tmp_path):
     """FSDP 2 with 4 micro-steps holds the gradient bytes it holds with 1: between micro-steps

@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "ac_op_saves_every_matmul", "selective AC 'op' keeps every matmul output again (~1.6x TorchTitan's bytes)",
-        "torchllm.parallel.ac:_op_policy_context",
+        "torchllm.parallel.ac:_op_policy",
         "            if seen[ctx.is_recompute] % 2 == 0:",
         "            if False:",
         (f"{SCALING}::test_selective_op_ac_saves_every_second_matmul",),

@@ -44,22 +44,31 @@ def _save_list() -> set:
 
 
 def _op_policy_context():
-    """A fresh policy per checkpointed call: it counts the block's matmuls, in forward and in
-    the recompute separately (the recompute replays the same ops, so both counts agree), and
+    """A fresh policy per checkpointed call (see _op_policy)."""
+    return create_selective_checkpoint_contexts(_op_policy())
+
+
+def _op_policy():
+    """The 'op' policy of one checkpointed call: it counts the block's matmuls, in forward and
+    in the recompute separately (the recompute replays the same ops, so both counts agree), and
     saves the odd-numbered ones. In a Llama block that keeps wq, wv, w1 and w2's outputs of
     wq wk wv wo w1 w3 w2 (wk, wo, w3 are recomputed from the saved inputs around them)."""
     save = _save_list()
     counted = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    collectives = {c10d.reduce_scatter_tensor.default} if c10d is not None and hasattr(
+        c10d, "reduce_scatter_tensor") else set()
     seen = {False: 0, True: 0}  # matmuls so far: {is_recompute: count}
 
     def policy(ctx, op, *args, **kwargs):
         if op not in save:
             return CheckpointPolicy.PREFER_RECOMPUTE
-        if not torch.is_grad_enabled():
-            # inside a custom autograd Function's forward (context parallelism's chunked
-            # attention): its own saved tensors are what its backward reads; caching its inner
-            # ops too kept every chunk pair's output, and on the float32 path every tile's
-            # scores, an (S/cp x S) term (the same ops run without grad in the recompute)
+        if not torch.is_grad_enabled() and op not in collectives:
+            # a kernel inside a custom autograd Function's forward (context parallelism's
+            # chunked attention): its own saved tensors are what its backward reads; caching
+            # its inner kernels too kept every chunk pair's output, and on the float32 path
+            # every tile's scores, an (S/cp x S) term (the same ops run without grad in the
+            # recompute). Collectives stay cached (DTensor's redistribute is such a Function).
             return CheckpointPolicy.PREFER_RECOMPUTE
         if op in counted:
             seen[ctx.is_recompute] += 1
@@ -67,7 +76,7 @@ def _op_policy_context():
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE
 
-    return create_selective_checkpoint_contexts(policy)
+    return policy
 
 
 def parse_selective_option(option: str) -> str | int:
