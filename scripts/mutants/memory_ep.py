@@ -1,7 +1,8 @@
 """Mutants of the memory estimate's terms that bench_memory's per-allocation peaks corrected
 (issue 62: the ep2 row's routing, the plain loss's root, the chunked loss's weight product,
 SDPA's unrepeated KV heads, FSDP2's embedding prefetch, CP's attention under op AC) and of the
-op policy that no longer caches a custom Function's inner kernels; scripts/mutation_check.py
+op policy that no longer caches a custom Function's inner kernels, and of FlexAttention's
+BlockMask built block by block; scripts/mutation_check.py
 runs them."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ RECORDED = ("tests/test_estimate_memory_recorded.py::"
 MOE_CLI = ("tests/test_estimate_memory_recorded.py::"
            "test_moe_routing_assumption_is_echoed_and_is_the_users_to_change")
 SCALING = "tests/test_memory_scaling.py::"
+FLEX = "tests/test_attention.py::test_flex_block_mask_under_cp_is_built_per_block"
 
 MUTANTS = [
     Mutant.at(
@@ -85,5 +87,25 @@ MUTANTS = [
         "        if not torch.is_grad_enabled() and op not in collectives:",
         "        if not torch.is_grad_enabled():",
         (SCALING + "test_op_ac_keeps_tp_collectives_inside_functions",),
+    ),
+    Mutant.at(
+        "flex_block_mask_from_dense_grid",
+        "FlexAttention's BlockMask from torch's create_block_mask again: every (query, key) pair "
+        "evaluated, an S x S/cp grid under CP",
+        "torchllm.models.flex_mask:block_mask",
+        "    from torch.nn.attention.flex_attention import BlockMask\n",
+        "    from torch.nn.attention.flex_attention import BlockMask, create_block_mask\n"
+        "    return create_block_mask(mask_mod, None if q_doc is None else q_doc.shape[0], None,\n"
+        "                             q_index.shape[0], kv_index.shape[0], device=q_index.device)\n",
+        (FLEX,),
+    ),
+    Mutant.at(
+        "flex_block_full_from_first_key",
+        "a block pair counted full when its first key precedes the queries (its last may not): "
+        "future keys attended",
+        "torchllm.models.flex_mask:block_mask",
+        "    full = k_hi <= q_lo  # every key before every query",
+        "    full = k_lo <= q_lo",
+        (FLEX, "tests/test_attention.py::test_flex_block_mask_equals_dense_mask"),
     ),
 ]
