@@ -181,14 +181,15 @@ def test_op_ac_keeps_no_chunk_pair_of_cp_attention(path, monkeypatch):
     assert out_bytes <= kept["op"] <= kept["full"] + 4096, kept
 
 
-def test_op_ac_keeps_tp_collectives_inside_functions():
-    """The 'op' policy still keeps TP's reduce-scatter outputs when they run inside an autograd
-    Function without grad (DTensor's redistribute), so that the recompute does not communicate;
-    a kernel there is recomputed (the chunk pairs above)."""
+def test_op_ac_keeps_tp_collectives_inside_functions(monkeypatch):
+    """The 'op' policy still keeps what runs without grad inside other autograd Functions: TP's
+    reduce-scatter outputs (DTensor's redistribute; recomputed they would communicate again) and
+    their kernels (float8's _scaled_mm); only the chunked attention's kernels are recomputed."""
     from types import SimpleNamespace
 
     from torch.utils.checkpoint import CheckpointPolicy
 
+    import torchllm.models.chunked_attention as ca
     from torchllm.parallel.ac import _op_policy
 
     c10d = getattr(torch.ops, "_c10d_functional", None)
@@ -198,8 +199,9 @@ def test_op_ac_keeps_tp_collectives_inside_functions():
     attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     with torch.no_grad():
         assert policy(ctx, c10d.reduce_scatter_tensor.default) == CheckpointPolicy.MUST_SAVE
+        assert policy(ctx, attention) == CheckpointPolicy.MUST_SAVE
+        monkeypatch.setattr(ca, "_running", [1])  # inside a chunked attention's forward
         assert policy(ctx, attention) == CheckpointPolicy.PREFER_RECOMPUTE
-    assert policy(ctx, attention) == CheckpointPolicy.MUST_SAVE
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ MUTANTS = [
         "selective op AC caches the kernels inside CP's chunked attention again: every chunk "
         "pair's output, and on the float32 path every tile's scores (S x S/cp)",
         "torchllm.parallel.ac:_op_policy",
-        "        if not torch.is_grad_enabled() and op not in collectives:",
+        "        if chunked_attention_running():",
         "        if False:",
         (SCALING + "test_op_ac_keeps_no_chunk_pair_of_cp_attention",),
     ),
@@ -84,7 +84,7 @@ MUTANTS = [
         "selective op AC recomputes TP's reduce-scatters run inside DTensor's redistribute "
         "(no grad there): the recompute communicates again (tp2 measured 51.6 instead of 53.6)",
         "torchllm.parallel.ac:_op_policy",
-        "        if not torch.is_grad_enabled() and op not in collectives:",
+        "        if chunked_attention_running():",
         "        if not torch.is_grad_enabled():",
         (SCALING + "test_op_ac_keeps_tp_collectives_inside_functions",),
     ),

@@ -53,7 +53,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "chunked_attention_no_lse_merge", "context-parallel chunk pairs are averaged instead of merged by their log-sum-exp",
-        "torchllm.models.chunked_attention:_ChunkedAttention.forward",
+        "torchllm.models.chunked_attention:_ChunkedAttention._forward",
         "            out = sum(torch.exp(p_lse - lse)[..., None] * o.nan_to_num(0.0) for o, p_lse in parts)",
         "            out = sum(o.nan_to_num(0.0) for o, p_lse in parts) / len(parts)",
         ("tests/test_attention.py::test_chunked_attention_equals_the_dense_mask_on_every_cp_rank",),

@@ -22,6 +22,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from torchllm.config.job_config import ConfigError
+from torchllm.models.chunked_attention import running as chunked_attention_running
 from torchllm.models.contract import LanguageModel
 
 SUBMODULES = {"ffn": "feed_forward", "attention": "attention"}
@@ -55,20 +56,17 @@ def _op_policy():
     wq wk wv wo w1 w3 w2 (wk, wo, w3 are recomputed from the saved inputs around them)."""
     save = _save_list()
     counted = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
-    c10d = getattr(torch.ops, "_c10d_functional", None)
-    collectives = {c10d.reduce_scatter_tensor.default} if c10d is not None and hasattr(
-        c10d, "reduce_scatter_tensor") else set()
     seen = {False: 0, True: 0}  # matmuls so far: {is_recompute: count}
 
     def policy(ctx, op, *args, **kwargs):
         if op not in save:
             return CheckpointPolicy.PREFER_RECOMPUTE
-        if not torch.is_grad_enabled() and op not in collectives:
-            # a kernel inside a custom autograd Function's forward (context parallelism's
-            # chunked attention): its own saved tensors are what its backward reads; caching
-            # its inner kernels too kept every chunk pair's output, and on the float32 path
-            # every tile's scores, an (S/cp x S) term (the same ops run without grad in the
-            # recompute). Collectives stay cached (DTensor's redistribute is such a Function).
+        if chunked_attention_running():
+            # a kernel inside context parallelism's chunked attention (a custom autograd
+            # Function that saves what its backward reads): caching its kernels too kept every
+            # chunk pair's output, and on the float32 path every tile's scores, an (S/cp x S)
+            # term. (Other Functions' kernels and collectives stay cached: float8's _scaled_mm,
+            # DTensor's reduce-scatters, whose recompute would communicate again.)
             return CheckpointPolicy.PREFER_RECOMPUTE
         if op in counted:
             seen[ctx.is_recompute] += 1
