@@ -8,6 +8,7 @@ policy's trade (every second matmul output kept)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -250,6 +251,7 @@ def test_selective_op_ac_saves_every_second_matmul():
             else CheckpointPolicy.PREFER_RECOMPUTE)
 
     def kept_for_backward(m) -> tuple[int, torch.Tensor, list]:
+        gc.collect()  # (an earlier test's garbage freed inside the window would count negative)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             hidden = m.norm(run_blocks(m))  # the blocks' saved tensors stay alive with it
         kept = sum(e.nbytes() for e in prof.profiler.kineto_results.events()
