@@ -63,9 +63,8 @@ class Row:
     note: str = ""  # why a row's estimate is outside the band, when it is known to be
 
 
-CP = ("a busy machine moves the cp ranks' peak by up to 2 MiB (a collective's buffers alive "
-      "longer on gloo's thread: counted, they are tensors); a quieter run measured 41.0 on "
-      "every cp4 rank")
+CP = ("a busy machine can move a cp rank's peak by a collective's buffers alive longer on "
+      "gloo's thread (counted: they are tensors)")
 PP = {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 1}
 MOE = ["--model.name=qwen3_moe", "--model.flavor=debug", "--model.moe_aux_loss_coef=0"]
 ROWS: dict[str, Row] = {
@@ -83,9 +82,10 @@ ROWS: dict[str, Row] = {
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"]),
     # (no AC: selective AC replays the profiler's record_function ops of the all-to-all and fails)
     "ep2": Row(2, layout(expert_parallel_degree=2) + MOE + ["--activation_checkpoint.mode=none"],
-               note="MoE activations are counted for perfectly balanced experts; the ranks "
-                    "measure apart by their own routing (the CPU path pads every expert to the "
-                    "busiest), and the all-to-all buffers are not counted"),
+               note="the ranks measure apart by their own routing (the CPU path pads every "
+                    "local expert to its busiest); the estimate is the worst rank under "
+                    "estimate_memory's --moe_imbalance (default 2x the balanced load): a "
+                    "routing further off that moves a rank outside"),
     "single-accum4": Row(1, ["--training.global_batch_size=16"]),
     "ddp2-accum4": Row(2, layout(mode="ddp") + ["--training.global_batch_size=32"]),
     "fsdp2-accum4": Row(2, layout() + ["--training.global_batch_size=32"]),

@@ -147,7 +147,7 @@ def test_markdown_has_a_row_per_variant_and_failures_say_why():
 def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     """ddp, fsdp2 and pp (2 stages) really train on 2 gloo ranks; hsdp (needs 4) and float8
     (needs a GPU) are rows with their reasons; the same data and seed give ddp and fsdp2 the
-    same loss; the memory estimate is within 20% of the measured peak for each. (The harness's
+    same loss; the memory estimate is within 0.85-1.1 of the measured peak for each. (The harness's
     main in this process: it launches a torchrun per variant, as from the command line.)"""
     from bench_parallel import main
 
@@ -178,11 +178,15 @@ def test_two_rank_matrix_end_to_end(tmp_path, monkeypatch, capsys):
     assert ddp["final_loss"] == pytest.approx(fsdp["final_loss"], rel=1e-4)
     for row in (ddp, fsdp, pp):  # pp: the estimate of the pipeline rank that peaks
         assert row["timed_steps"] == 2 and row["tokens_per_s"] > 0
-        # (FSDP2's measured peak moves with how its collectives overlap on a loaded machine:
-        # 1.09 quiet, 1.21 and 0.74 seen under load: the profiler misses frees made on gloo's
-        # threads (issue 62's open item; bench_memory's table); counting the whole model per pp
-        # rank gave 1.83.)
-        assert 0.7 <= row["estimate_over_measured"] <= 1.25, row["variant"]
+        # Measured 2026-12-06 at load ~20 (the allocator's count, every thread's frees:
+        # benchlib/tensor_memory.py): ddp 1.015, pp 1.016, fsdp2 0.920. fsdp2 peaks at this
+        # shape (tiny activations) in the last block's backward on collective buffers the
+        # estimate leaves out: the block's all-gather output beside its copied-out params, and
+        # gloo's copy of the previous block's reduce-scatter input while that is in flight
+        # (3 MiB each, per the per-allocation view; the second one depends on whether that
+        # reduce-scatter has finished: ~1.0 when it has). Counting the whole model per pp rank
+        # gave 1.83.
+        assert 0.85 <= row["estimate_over_measured"] <= 1.1, row["variant"]
     # FSDP2 keeps 1/world of the params, grads and optimizer state (up to shard padding).
     d, f = ddp["per_rank"][0]["state_total_bytes"], fsdp["per_rank"][0]["state_total_bytes"]
     assert f / d == pytest.approx(0.5, rel=0.01)

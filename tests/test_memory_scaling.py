@@ -8,6 +8,7 @@ policy's trade (every second matmul output kept)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -147,6 +148,65 @@ def test_cp_divides_attention_memory_with_no_quadratic_term(tmp_path):
         assert long["net"] <= 2.2 * short["net"], (short["net"], long["net"])
 
 
+@pytest.mark.parametrize("path", ["cpu_flash", "float32_matmuls"])
+def test_op_ac_keeps_no_chunk_pair_of_cp_attention(path, monkeypatch):
+    """Under selective 'op' AC a CP rank's chunked attention keeps nothing beyond its output
+    after forward (as full AC): the policy caches no op inside the custom Function (was: every
+    chunk pair's output, 3.5x the output here on the CPU flash path, and on the float32 path of
+    GPUs every tile's scores, 23x: S x S/cp)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.checkpoint import checkpoint
+
+    import torchllm.models.chunked_attention as ca
+    from torchllm.parallel.ac import _op_policy_context
+
+    if path == "float32_matmuls":  # the non-CPU path, run on CPU
+        monkeypatch.setattr(ca, "_cpu_flash", lambda q: False)
+    q = torch.randn(1, 4, 512, 32, requires_grad=True)  # rank 0 of cp 2: two 256-token chunks
+    k, v = (torch.randn(1, 4, 1024, 32, requires_grad=True) for _ in range(2))
+    mask = ca.ChunkedMask(rank=0, degree=2)
+
+    def attend(q, k, v):
+        return ca.chunked_attention(q * 1.0, k * 1.0, v * 1.0, mask)
+
+    kept = {}
+    for policy in ("full", "op"):
+        fn = {"context_fn": _op_policy_context} if policy == "op" else {}
+        # (the profiler's own allocation and free events, all on this thread: what forward left
+        # alive; not PeakTensorMemory, whose allocator flag would stay on for later tests)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = checkpoint(attend, q, k, v, use_reentrant=False, **fn)
+        kept[policy] = sum(e.nbytes() for e in prof.profiler.kineto_results.events()
+                           if e.name() == "[memory]")
+        out.sum().backward()  # (and backward still runs from what was kept)
+        del out
+    out_bytes = q.numel() * 4
+    assert out_bytes <= kept["op"] <= kept["full"] + 4096, kept
+
+
+def test_op_ac_keeps_tp_collectives_inside_functions(monkeypatch):
+    """The 'op' policy still keeps what runs without grad inside other autograd Functions: TP's
+    reduce-scatter outputs (DTensor's redistribute; recomputed they would communicate again) and
+    their kernels (float8's _scaled_mm); only the chunked attention's kernels are recomputed."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    import torchllm.models.chunked_attention as ca
+    from torchllm.parallel.ac import _op_policy
+
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is None or not hasattr(c10d, "reduce_scatter_tensor"):
+        pytest.skip("this torch has no functional reduce_scatter_tensor")
+    policy, ctx = _op_policy(), SimpleNamespace(is_recompute=False)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    with torch.no_grad():
+        assert policy(ctx, c10d.reduce_scatter_tensor.default) == CheckpointPolicy.MUST_SAVE
+        assert policy(ctx, attention) == CheckpointPolicy.MUST_SAVE
+        monkeypatch.setattr(ca, "_running", [1])  # inside a chunked attention's forward
+        assert policy(ctx, attention) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
 @pytest.mark.slow
 def test_fsdp2_accumulation_keeps_gradients_sharded(tmp_path):
     """FSDP 2 with 4 micro-steps holds the gradient bytes it holds with 1: between micro-steps
@@ -191,6 +251,7 @@ def test_selective_op_ac_saves_every_second_matmul():
             else CheckpointPolicy.PREFER_RECOMPUTE)
 
     def kept_for_backward(m) -> tuple[int, torch.Tensor, list]:
+        gc.collect()  # (an earlier test's garbage freed inside the window would count negative)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             hidden = m.norm(run_blocks(m))  # the blocks' saved tensors stay alive with it
         kept = sum(e.nbytes() for e in prof.profiler.kineto_results.events()

@@ -106,6 +106,34 @@ def allocation_peak(events) -> tuple[int, int | None]:
     return peak, when
 
 
+def live_at(events, t_ns: int | None, top: int = 24) -> list[tuple[int, str]]:
+    """What was alive at `t_ns` among the window's allocations, as (bytes, where) summed by
+    where each was made (the innermost ops of its allocation, innermost first), largest first:
+    the per-allocation view of a peak (which phase, which tensors). Allocations freed on another
+    thread are not seen as freed (the profiler records its own thread's frees), nor those made
+    before the window opened."""
+    if t_ns is None:
+        return []
+    live: dict[int, tuple[int, str]] = {}
+    mem = sorted((e for e in events if e.name == "[memory]" and e.start_time_ns <= t_ns
+                  and e.extra_fields.device.type == "cpu"), key=lambda e: e.start_time_ns)
+    for e in mem:
+        f = e.extra_fields
+        if f.alloc_size < 0:
+            live.pop(f.ptr, None)
+            continue
+        names, parent = [], e.parent
+        while parent is not None and len(names) < 3:
+            if parent.name != STEADY:
+                names.append(parent.name[:60])
+            parent = parent.parent
+        live[f.ptr] = (f.alloc_size, " < ".join(names))
+    by_where: dict[str, int] = {}
+    for size, where in live.values():
+        by_where[where] = by_where.get(where, 0) + size
+    return sorted(((b, w) for w, b in by_where.items()), reverse=True)[:top]
+
+
 def net_allocation_peak(results) -> int:
     """The max of the allocator's live bytes since the window opened (see allocation_peak)."""
     return allocation_peak(list(_events(results)))[0]
@@ -143,6 +171,7 @@ class PeakTensorMemory:
             self.net_peak_bytes, when = allocation_peak(events)
             self.peak_bytes = self.baseline_bytes + self.net_peak_bytes
             self.peak_ops = ops_at(events, when)  # where in the step the peak came
+            self.peak_live = live_at(events, when)  # what the window's allocations held there
             # every CPU tensor alive at the peak, as the allocator counts them (all of them
             # when count_every_thread ran before any was made)
             first = next((e.extra_fields for e in sorted(

@@ -113,6 +113,7 @@ def result(trainer: Trainer, rec: StepRecorder, world_size: int) -> dict:
     elif rec.tensor_memory is not None and rec.tensor_memory.peak_bytes is not None:
         out["tensor_peak_bytes"] = rec.tensor_memory.peak_bytes
         out["tensor_peak_ops"] = rec.tensor_memory.peak_ops
+        out["tensor_peak_live"] = rec.tensor_memory.peak_live
         out["allocator_peak_bytes"] = rec.tensor_memory.allocator_peak_bytes
     return out
 

@@ -40,6 +40,7 @@ from mutants import ft_overlap
 from mutants import suite_trim
 from mutants import house_state
 from mutants import house_config_a
+from mutants import memory_ep
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -80,5 +81,6 @@ MUTANTS = [
     *suite_trim.MUTANTS,
     *house_state.MUTANTS,
     *house_config_a.MUTANTS,
+    *memory_ep.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

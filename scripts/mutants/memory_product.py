@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "ac_op_saves_every_matmul", "selective AC 'op' keeps every matmul output again (~1.6x TorchTitan's bytes)",
-        "torchllm.parallel.ac:_op_policy_context",
+        "torchllm.parallel.ac:_op_policy",
         "            if seen[ctx.is_recompute] % 2 == 0:",
         "            if False:",
         (f"{SCALING}::test_selective_op_ac_saves_every_second_matmul",),
@@ -53,7 +53,7 @@ MUTANTS = [
     ),
     Mutant.at(
         "chunked_attention_no_lse_merge", "context-parallel chunk pairs are averaged instead of merged by their log-sum-exp",
-        "torchllm.models.chunked_attention:_ChunkedAttention.forward",
+        "torchllm.models.chunked_attention:_ChunkedAttention._forward",
         "            out = sum(torch.exp(p_lse - lse)[..., None] * o.nan_to_num(0.0) for o, p_lse in parts)",
         "            out = sum(o.nan_to_num(0.0) for o, p_lse in parts) / len(parts)",
         ("tests/test_attention.py::test_chunked_attention_equals_the_dense_mask_on_every_cp_rank",),

@@ -17,8 +17,9 @@ Where the tokens sit is a `TokenLayout`: their position inside their document (f
 loader), the document ids derived from it, and their index in the window (under context
 parallelism a rank holds only some of the window's tokens). Keys may come from more tokens than
 queries (`Transformer.kv_gather`, set by context parallelism, gathers them). A gather that names
-its cp `rank` and `degree` (context_parallel.KVGather) gets a ChunkedMask; for any other (and
-FlexAttention) the mask is built from the global indices of both sides.
+its cp `rank` and `degree` (context_parallel.KVGather) gets a ChunkedMask; for any other the
+mask is built from the global indices of both sides (FlexAttention's BlockMask block by block,
+from each block's index and document range: models/flex_mask.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from torchllm.models.chunked_attention import ChunkedMask, chunked_attention
+from torchllm.models.flex_mask import block_mask as flex_block_mask
 
 MASK_TYPES = ("causal", "block_causal")
 BACKENDS = ("sdpa", "flex")
@@ -142,14 +144,9 @@ def build_masks(windows: list[int], seqlen: int, device, *, mask_type: str = "ca
     for w in sorted(set(windows)):
         if cp_rank is not None:  # never an (Sq x Sk) mask or index grid
             masks[w] = ChunkedMask(cp_rank, kv_gather.degree, w, doc, kv_doc)
-        elif backend == "flex":
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            batch = None if doc is None else doc.shape[0]
-            masks[w] = create_block_mask(
-                _mask_mod(q_index, kv_index, w, doc, kv_doc), batch, None, len(q_index),
-                len(kv_index), device=device,
-            )
+        elif backend == "flex":  # decided per block: no (Sq x Sk) grid (models/flex_mask.py)
+            masks[w] = flex_block_mask(_mask_mod(q_index, kv_index, w, doc, kv_doc), q_index,
+                                       kv_index, w, doc, kv_doc)
         else:
             masks[w] = dense_mask(q_index, kv_index, w, doc, kv_doc)
     return masks

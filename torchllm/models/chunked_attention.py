@@ -153,11 +153,29 @@ def _keep_rows(mask: ChunkedMask, qs: int, ks: int, c: int, causal: bool, masked
     return lambda rows: mask.block(qs, ks, c, q.device, rows) if needed else None
 
 
+_running = [0]  # forwards of _ChunkedAttention in progress (read by the AC policy)
+
+
+def running() -> bool:
+    """Whether a chunked attention's forward is computing: its kernels' outputs are its own
+    scratch (it saves q, k, v, the output and the log-sum-exp), so selective AC caches none of
+    them (parallel/ac.py)."""
+    return _running[0] > 0
+
+
 class _ChunkedAttention(torch.autograd.Function):
     """q [B, H, Sq, D], k/v [B, Hk, Sk, D] (Hk divides H) -> [B, H, Sq, D]."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask: ChunkedMask):
+        _running[0] += 1
+        try:
+            return _ChunkedAttention._forward(ctx, q, k, v, mask)
+        finally:
+            _running[0] -= 1
+
+    @staticmethod
+    def _forward(ctx, q, k, v, mask: ChunkedMask):
         c, n_rep = q.shape[2] // 2, q.shape[1] // k.shape[1]
         scale = q.shape[-1] ** -0.5
         outs = [[], []]

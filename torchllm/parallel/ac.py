@@ -22,6 +22,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from torchllm.config.job_config import ConfigError
+from torchllm.models.chunked_attention import running as chunked_attention_running
 from torchllm.models.contract import LanguageModel
 
 SUBMODULES = {"ffn": "feed_forward", "attention": "attention"}
@@ -44,8 +45,13 @@ def _save_list() -> set:
 
 
 def _op_policy_context():
-    """A fresh policy per checkpointed call: it counts the block's matmuls, in forward and in
-    the recompute separately (the recompute replays the same ops, so both counts agree), and
+    """A fresh policy per checkpointed call (see _op_policy)."""
+    return create_selective_checkpoint_contexts(_op_policy())
+
+
+def _op_policy():
+    """The 'op' policy of one checkpointed call: it counts the block's matmuls, in forward and
+    in the recompute separately (the recompute replays the same ops, so both counts agree), and
     saves the odd-numbered ones. In a Llama block that keeps wq, wv, w1 and w2's outputs of
     wq wk wv wo w1 w3 w2 (wk, wo, w3 are recomputed from the saved inputs around them)."""
     save = _save_list()
@@ -55,13 +61,20 @@ def _op_policy_context():
     def policy(ctx, op, *args, **kwargs):
         if op not in save:
             return CheckpointPolicy.PREFER_RECOMPUTE
+        if chunked_attention_running():
+            # a kernel inside context parallelism's chunked attention (a custom autograd
+            # Function that saves what its backward reads): caching its kernels too kept every
+            # chunk pair's output, and on the float32 path every tile's scores, an (S/cp x S)
+            # term. (Other Functions' kernels and collectives stay cached: float8's _scaled_mm,
+            # DTensor's reduce-scatters, whose recompute would communicate again.)
+            return CheckpointPolicy.PREFER_RECOMPUTE
         if op in counted:
             seen[ctx.is_recompute] += 1
             if seen[ctx.is_recompute] % 2 == 0:  # every second matmul is recomputed
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE
 
-    return create_selective_checkpoint_contexts(policy)
+    return policy
 
 
 def parse_selective_option(option: str) -> str | int:

@@ -6,34 +6,44 @@ tests/test_estimate_memory*.py)."""
 
 from __future__ import annotations
 
+import math
+
 from torchllm import loss as loss_module
 from torchllm.loss import plain_kernels
+from torchllm.models.attention import _SDPA_GQA
 from torchllm.models.contract import LanguageModel
 from torchllm.models.lora import LoRALinear
+from torchllm.models.moe import padded_capacity
 
 FP32 = 4
 
 
 def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, option: str,
                               autocast: bool = False, compiled: bool = False,
-                              float8: bool = False, cp: int = 1) -> int:
+                              float8: bool = False, cp: int = 1,
+                              routing: tuple[int, int] | None = None) -> int:
     """Bytes one transformer block keeps for backward, for `tokens` = batch x seq tokens, of the
     family whose ModelSpec is `spec` (its declared QK-norm and experts) with these args.
 
     Counted from what autograd saves in the Llama block's forward (torchllm/models/llama/
     model.py; checked with saved-tensor hooks), in units of dim per token:
       attention: block input, x*rstd and the normed input (2), q, k and v as SDPA gets them
-        (k, v repeated to all heads), the re-laid-out output feeding wo: 7 x dim
+        (k, v repeated to all heads: 7 x dim in all; with SDPA's enable_gqa, torch >= 2.5, not
+        repeated: 5 x dim + 2 x kv width, as the bench's fsdp2-ac_none row measures), the
+        re-laid-out output feeding wo
       FFN: the residual h, x*rstd and the normed input: 3 x dim; then w1 x, silu(w1 x), w3 x
         and their product: 4 x hidden
     plus per-row float32 statistics (two RMSNorm rstd, SDPA's logsumexp per head).
     Qwen3 (QK-norm, head_dim x heads != dim; checked the same way): its attention keeps q and k
     before and after their norms, q, k, v as SDPA gets them (GQA: k, v not repeated) and the
     output: 4 x (q width + kv width) + the rstd of each q and k head. A MoE layer (instead of
-    the FFN's 4 x hidden) keeps per routed copy (k per token) the token, its padded slot, the
-    expert output, its float32 weighted copy and 4 x moe_hidden_dim, plus router scores:
-    counted for perfectly balanced experts (the CPU path pads every expert to the busiest one's
-    load, which adds the imbalance on top).
+    the FFN's 4 x hidden) keeps on the token's rank, per routed copy (k per token), the expert
+    output back from the experts and its float32 weighted copy (index_add saves it), plus
+    router scores; on the experts' rank (`routing` = (rows, received): expert_routing) each
+    received copy as the experts read it (dim) and, per row the experts compute (the CPU path
+    pads every local expert to its busiest one's capacity), its padded slot (dim) and
+    4 x moe_hidden_dim (checked against the ep2 row's per-allocation peak,
+    benchlib/tensor_memory.live_at). Without `routing`: perfectly balanced experts.
     `act` is the activation element size (2 under bf16, 4 in fp32); `autocast`: bf16 by
     autocast over float32 weights (not FSDP2's bf16 parameters), see the end; `compiled`: the
     block compiled (compile.enable, AC none), `float8`: its linears in float8 (tensorwise), see
@@ -47,26 +57,35 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
     dim, kv_dim, hidden = args.dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim
     stats = tokens * FP32 * (args.n_heads + 2)
     attention, ffn = 7 * dim, 3 * dim + 4 * hidden
+    if _SDPA_GQA and kv_dim < dim:  # SDPA's enable_gqa: k, v not repeated to all heads (CPU;
+        attention = 5 * dim + 2 * kv_dim  # CUDA repeats them under a document mask)
     qk_norm, n_experts = spec.qk_norm, spec.n_experts(args)
     if cp > 1:  # k, v: gathered over the window (cp x tokens), KV heads only
         attention = 5 * dim + 2 * kv_dim * cp
     if qk_norm:
         attention = 3 * dim + 4 * (args.n_heads * args.head_dim + kv_dim)
         stats += tokens * FP32 * (args.n_heads + args.n_kv_heads)
+    experts = 0
     if n_experts and args.moe_every == 1:  # every block's MLP is a MoE
         k = args.n_experts_per_tok
-        ffn = 3 * dim + k * (3 * dim + 4 * args.moe_hidden_dim)
+        rows, received = routing or (tokens * k, tokens * k)
+        ffn = 3 * dim + k * dim  # the residual, norms; each copy's output back from the experts
+        experts = (rows * (dim + 4 * args.moe_hidden_dim) + received * dim) * act
         stats += tokens * FP32 * (2 * n_experts + k * dim)
     if mode == "full":
         return tokens * dim * act
     if mode == "selective" and option == "op":
         # block input; the 1st, 3rd, ... matmul outputs (wq, wv, w1, w2: k, wo, w3 are
-        # recomputed); SDPA output (+ its logsumexp) (measured: tests/test_memory_scaling.py)
+        # recomputed); SDPA output (+ its logsumexp) (measured: tests/test_memory_scaling.py).
+        # Under CP the attention is a custom Function whose inner kernels the policy does not
+        # cache (parallel/ac.py): its output is rebuilt in backward, not kept.
+        if cp > 1:
+            return tokens * (3 * dim + kv_dim + hidden) * act
         return tokens * (4 * dim + kv_dim + hidden) * act + tokens * FP32 * args.n_heads
     if mode == "selective" and option == "ffn":
         return tokens * (attention + 3 * dim) * act + stats  # the FFN keeps only its input
-    if mode == "selective" and option == "attention":
-        return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2  # attention keeps its input
+    if mode == "selective" and option == "attention":  # attention keeps its input
+        return tokens * (3 * dim + ffn) * act + tokens * FP32 * 2 + experts
     dense = not qk_norm and not n_experts
     if autocast and compiled and dense:
         return compiled_block_bytes(args, tokens, act, float8)
@@ -76,7 +95,21 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
         # input (the normed inputs, the attention output) beside q, k, v (GQA: not repeated)
         # and the FFN's 4 x hidden (measured with saved-tensor hooks, debug Llama on CPU).
         return tokens * (5 * dim * FP32 + (7 * dim + 2 * kv_dim + 4 * hidden) * act) + stats
-    return tokens * (attention + ffn) * act + stats
+    return tokens * (attention + ffn) * act + stats + experts
+
+
+def expert_routing(args, n_experts: int, tokens: int, ep: int, imbalance: float,
+                   padded: bool) -> tuple[int, int]:
+    """(rows the rank's experts compute, routed copies they receive) of one MoE layer, for
+    `tokens` tokens on each of the `ep` ranks, when the busiest expert gets `imbalance` x the
+    balanced load (every local expert assumed that busy: the worst rank). No token picks an
+    expert twice, so an expert gets at most ep x tokens, a rank at most min(k, local experts)
+    copies of each token. `padded`: the CPU path (models/moe.py: every local expert padded to
+    padded_capacity of the busiest load); else the grouped matmul's rows, the copies received."""
+    k, n_local = args.n_experts_per_tok, n_experts // ep
+    busiest = min(math.ceil(imbalance * ep * tokens * k / n_experts), ep * tokens)
+    received = min(n_local * busiest, ep * tokens * min(k, n_local))
+    return (n_local * padded_capacity(busiest) if padded else received), received
 
 
 
@@ -128,8 +161,10 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
     """(kept for backward, extra at the end of the loss's forward, extra in its backward) for
     the output head and loss of `tokens` tokens, by loss path (torchllm/loss.py; measured):
       chunked_loss  nothing kept; one chunk's logits, their float32 copy and log-softmax in
-                    forward; in backward a chunk's float32 softmax and its gradient, the
-                    float32 head-weight gradient and the hidden states' gradient
+                    forward; in backward the float32 head-weight gradient, the hidden states'
+                    gradient and the larger of: a chunk's float32 softmax beside its gradient,
+                    or that gradient beside the chunk's head-weight gradient before it is added
+                    (a [vocab, dim] product in the activations' dtype, and its float32 copy)
       bf16 logits   up to loss._PLAIN_MAX_BYTES in float32 (loss.plain_kernels): as float32
                     logits, plus the bf16 logits beside their float32 copy in forward (their
                     bf16 gradient comes after the float32 ones are freed); larger: the
@@ -151,8 +186,10 @@ def loss_bytes(tcfg, act: int, tokens: int, model_args, pipelined: bool,
         return local * act + tokens * FP32, 0, local * act + chunk
     if tcfg.chunked_loss:
         chunk = min(tcfg.loss_chunk_tokens, tokens) * vocab
+        weight_product = vocab * dim * (act + (FP32 if act != FP32 else 0))
         return (0, chunk * (act + 2 * FP32),
-                chunk * (FP32 + act) + vocab * dim * FP32 + tokens * dim * act)
+                max(chunk * FP32, weight_product) + chunk * act + vocab * dim * FP32
+                + tokens * dim * act)
     vocab_tokens = tokens * vocab
     if compiled:
         # compile.components has "loss": inductor fuses the float32 log-softmax into its

@@ -1,7 +1,7 @@
 """Analytic per-rank memory of a training step, with the phase where it peaks: size a cluster.
 
     python -m torchllm.tools.estimate_memory --job.config_file X [--section.key=value ...]
-        [--world_size N] [--gpu_gib 80] [--json]
+        [--world_size N] [--gpu_gib 80] [--moe_imbalance 2] [--json]
     (--training.device=cuda to estimate a GPU job on a laptop: training.device = auto takes
     this host's device, and a CPU host estimates float32 activations)
 
@@ -48,7 +48,11 @@ On CPU, `python benchmarks/bench_memory.py` measures every layout's ranks agains
 
 Parameters and FLOPs per token come from `torchllm.metrics.flops` (the same numbers the
 trainer's MFU uses; MoE: FLOPs from the parameters a token runs through, memory from all of
-them). MoE blocks' activations are counted for perfectly balanced experts.
+them). MoE blocks' activations are counted for the worst rank under a stated routing
+imbalance (--moe_imbalance, default MOE_IMBALANCE = 2: the busiest expert gets twice the
+balanced load, and every expert of the rank is assumed that busy; the CPU path pads each to
+that capacity): a fresh router without the auxiliary loss routes that unevenly (the bench's ep2
+row: 0.7-3.5x per layer), a trained, balanced one less (--moe_imbalance 1: perfectly even).
 
 Pipeline parallelism: each pp rank holds its stages' blocks (plus the embedding on the first
 stage, the final norm and head on the last), and keeps activations of one micro-batch per
@@ -73,7 +77,8 @@ from torchllm.optim.spec import adamw_state_bytes
 from torchllm.parallel.dims import ParallelDims  # noqa: F401  (tests build dims through here)
 from torchllm.precision import use_bf16
 from torchllm.tools.activation_bytes import FP32
-from torchllm.tools.memory_phases import moe_params, pipeline_ranks, rank_memory  # noqa: F401
+from torchllm.tools.memory_phases import (MOE_IMBALANCE, moe_params,  # noqa: F401
+                                          pipeline_ranks, rank_memory)
 from torchllm.tools.model_info import asks_help, pop_flag, tokenizer_vocab_hint
 
 GiB = 1024 ** 3
@@ -130,7 +135,8 @@ def loss_path(cfg, dims, act: int) -> str:
 
 
 def assumptions(cfg, model_args, dims, device: str, device_from: str, act: int,
-                accum: int, ranks: list[dict], declared: bool) -> dict[str, str]:
+                accum: int, ranks: list[dict], declared: bool,
+                moe_imbalance: float = MOE_IMBALANCE) -> dict[str, str]:
     """What the estimate assumed, in words (printed above the table, in --json)."""
     pcfg, ac = cfg.parallelism, cfg.activation_checkpoint
     out = {
@@ -150,6 +156,13 @@ def assumptions(cfg, model_args, dims, device: str, device_from: str, act: int,
         "micro-batches in flight": ", ".join(f"pp rank {r['pp_rank']}: {r['in_flight']:g}"
                                              for r in ranks) if dims.pp_enabled else "1",
     }
+    if models.get(cfg.model.name).n_experts(model_args):
+        out["MoE routing"] = (
+            f"the busiest expert at {moe_imbalance:g}x the balanced load, every expert of the "
+            f"rank that busy (the worst rank; --moe_imbalance; 1 = perfectly balanced); "
+            f"expert parallel {dims.ep}; " + ("each expert padded to that capacity (the CPU "
+                                               "path)" if act == FP32 else
+                                               "grouped matmuls over the rows received"))
     if dims.fsdp_enabled:
         out["reshard"] = (f"fsdp_reshard_after_forward = {pcfg.fsdp_reshard_after_forward}; "
                           + ("gradients reduce-scattered every micro-step"
@@ -168,10 +181,12 @@ def accumulation_steps(cfg, dims) -> int:
     return max(1, tcfg.global_batch_size // per_pass)
 
 
-def estimate_memory(cfg, model_args, world_size: int, target_device: str | None = None) -> dict:
+def estimate_memory(cfg, model_args, world_size: int, target_device: str | None = None,
+                    moe_imbalance: float = MOE_IMBALANCE) -> dict:
     """Per-rank bytes of each term and phase (see the module docstring); under pipeline
     parallelism, those of the pipeline rank with the largest peak (`pp_rank`), each pipeline
-    rank's in `ranks`. Refuses (ConfigError, the trainer's words) what the trainer refuses."""
+    rank's in `ranks`. Refuses (ConfigError, the trainer's words) what the trainer refuses.
+    `moe_imbalance`: the busiest expert's load over the balanced one (MoE models)."""
     tcfg = cfg.training
     # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
     if target_device or tcfg.device != "auto":
@@ -188,8 +203,8 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     state_bytes = spec.state_bytes or adamw_state_bytes
     accum = accumulation_steps(cfg, dims)
     layout = pipeline_ranks(cfg, model_args, dims)
-    ranks = [rank_memory(cfg, model_args, model, dims, act, r, state_bytes, accum)
-             for r in layout]
+    ranks = [rank_memory(cfg, model_args, model, dims, act, r, state_bytes, accum,
+                         moe_imbalance) for r in layout]
     for r in ranks:
         r["peak_bytes"] = r["phases_bytes"][r["peak_phase"]]
         r["reserved_bytes"] = int(r["peak_bytes"] * (1 + RESERVED_MARGIN))
@@ -207,7 +222,7 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
         "activation_bytes": act,
         "vocab_size": model_args.vocab_size,
         "assumptions": assumptions(cfg, model_args, dims, device, device_from, act, accum,
-                                   layout, spec.state_bytes is not None),
+                                   layout, spec.state_bytes is not None, moe_imbalance),
         **counts,
         "flops_per_token": flops_per_token(model, tcfg.seq_len),
         "terms_bytes": worst["terms_bytes"],
@@ -293,13 +308,19 @@ def main(argv: list[str] | None = None) -> int:
         world_size = int(_pop_value(argv, "--world_size") or 1)
         gpu = _pop_value(argv, "--gpu_gib")
         gpu_gib = None if gpu is None else float(gpu)
+        imbalance = float(_pop_value(argv, "--moe_imbalance") or MOE_IMBALANCE)
     except ValueError as e:
-        print(f"config error: --world_size / --gpu_gib must be numbers ({e})", file=sys.stderr)
+        print(f"config error: --world_size / --gpu_gib / --moe_imbalance must be numbers ({e})",
+              file=sys.stderr)
+        return 2
+    if not imbalance >= 1:
+        print(f"config error: --moe_imbalance {imbalance:g}: the busiest expert's load over the "
+              "balanced one, at least 1", file=sys.stderr)
         return 2
     try:
         cfg = load_config(argv)
         args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
-        result = estimate_memory(cfg, args, world_size)
+        result = estimate_memory(cfg, args, world_size, moe_imbalance=imbalance)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

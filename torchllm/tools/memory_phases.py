@@ -30,8 +30,13 @@ from torchllm.optim.spec import adamw_state_bytes
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block,
-                                             backward_workspace_bytes, lora_activation_bytes,
-                                             loss_bytes)
+                                             backward_workspace_bytes, expert_routing,
+                                             lora_activation_bytes, loss_bytes)
+
+# The busiest expert's load as a multiple of the balanced one that the estimate plans for
+# (estimate_memory --moe_imbalance): the debug MoE's fresh router, without the auxiliary loss,
+# measured 0.7-3.5x per layer on the bench's ep2 row (the worst rank's layers ~2.5x on average).
+MOE_IMBALANCE = 2.0
 
 
 def moe_params(model: LanguageModel) -> dict[str, int]:
@@ -91,10 +96,11 @@ def optimizer_bytes(state_bytes, named, divisor) -> int:
 
 
 def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: int, rank: dict,
-                state_bytes=None, accum: int = 1) -> dict:
+                state_bytes=None, accum: int = 1, moe_imbalance: float = MOE_IMBALANCE) -> dict:
     """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model;
     `state_bytes`: the optimizer's bytes per parameter (OptimizerSpec.state_bytes); `accum`:
-    gradient-accumulation micro-steps per optimizer step."""
+    gradient-accumulation micro-steps per optimizer step; `moe_imbalance`: the busiest expert's
+    load over the balanced one (activation_bytes.expert_routing)."""
     tcfg, pcfg, ac = cfg.training, cfg.parallelism, cfg.activation_checkpoint
     state_bytes = state_bytes or adamw_state_bytes
     tp = dims.tp
@@ -106,6 +112,10 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     # TP splits all but the MoE layers (replicated by TP: parallel/tp.py).
     moe_by_block = moe_params(model)
     moe = moe_by_block["0"]
+    # Under EP a rank gathers and differentiates its own experts only (the router: all of it).
+    experts_of = [m for m in model.layers["0"].modules() if isinstance(m, MoE)]
+    expert_params = sum(p.numel() for m in experts_of for p in m.experts.parameters())
+    moe_local = moe - expert_params + expert_params // dims.ep
     block_params = sum(p.numel() for p in model.layers["0"].parameters())
     block_split = block_params - moe
     in_blocks = {id(p) for p in model.layers.parameters()}
@@ -136,7 +146,7 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     grads = local(trained_named)
     terms["optimizer"] = optimizer_bytes(state_bytes, trained_named, divisor)
     terms["ddp_buckets"] = grads if dims.ddp_enabled else 0
-    gathered_block = block_split * act // tp + moe * act  # one block's params, gathered
+    gathered_block = block_split * act // tp + moe_local * act  # one block's, gathered
     # The root's (final norm, head; the embedding when tied or on a pipeline stage): FSDP2 never
     # reshards the root after forward. An untied embedding is its own FSDP2 group, resharded
     # after its forward unless reshard_after_forward = never (parallel/data_parallel.py).
@@ -153,7 +163,7 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     # FSDP2 reduce-scatters every micro-step, else every local gradient unsharded.
     accumulates = accum > 1 or rank["accumulates"]
     every_step = getattr(pcfg, "fsdp_reduce_every_microstep", False)
-    unsharded_grads = sum(p.numel() * FP32 // (tp if n not in moe_names else 1)
+    unsharded_grads = sum(p.numel() * FP32 // (tp if n not in moe_names else dims.ep)
                           for n, p in trained_named)
     if accumulates:
         terms["accumulated_grads"] = (grads if not dims.fsdp_enabled or every_step
@@ -168,9 +178,14 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
 
     stream = tokens * model_args.dim * act // tp  # the residual stream, sequence-parallel
 
+    n_experts = spec.n_experts(model_args)
+    routing = (expert_routing(model_args, n_experts, tokens, dims.ep, moe_imbalance,
+                              padded=act == FP32) if n_experts else None)
+
     def saved(mode: str, option: str = "") -> int:  # one block's saved bytes on this rank
         per = activation_bytes_per_block(spec, model_args, tokens, act, mode, option, autocast,
-                                         compiled and mode == "none", float8, cp=dims.cp)
+                                         compiled and mode == "none", float8, cp=dims.cp,
+                                         routing=routing)
         return per // tp  # sequence parallel and TP's head split: 1/tp of each
 
     # What selective 'op' saves under TP beyond 1/tp of a block's: w2's output before its
@@ -222,17 +237,26 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
                   or (p is emb and model.output is None and rank["last"])]
     head_grads = sum(p.numel() * FP32 // tp for _, p in head_named)
     grad_block = sum(p.numel() for p in model.layers["0"].parameters() if p.requires_grad)
-    block_grads_unsharded = (grad_block - moe) * FP32 // tp + moe * FP32 * (moe > 0)
-    block_grads_local = block_grads_unsharded * (1 if not dims.fsdp_enabled
-                                                 else 1 / fsdp_shard)
+    block_grads_unsharded = (grad_block - moe) * FP32 // tp + moe_local * FP32
+    # (sharded, the experts too: over ep, then the remaining dp_shard x cp / ep ranks)
+    block_grads_local = (block_grads_unsharded if not dims.fsdp_enabled else
+                         ((grad_block - moe) * FP32 // tp + moe * FP32) / fsdp_shard)
     t = terms
     state = {k: t[k] for k in ("params", "optimizer", "ddp_buckets") if t[k]}
     state.update({k: t[k] for k in ("gathered_params", "autocast_weights", "accumulated_grads")
                   if t.get(k)})
+    # A loss outside the model (all but the chunked one, which reads the head's weight inside
+    # the root's forward) runs after FSDP2 has resharded the root, and its backward before the
+    # logits' gradient reaches the head, whose pre-backward gathers it again (measured on
+    # fsdp2-plain_loss: the root's 4 MiB absent at the log-softmax backward's peak).
+    loss_state = dict(state)
+    if (dims.fsdp_enabled and not tcfg.chunked_loss and not dims.pp_enabled
+            and pcfg.fsdp_reshard_after_forward != "never"):
+        loss_state["gathered_params"] = state.get("gathered_params", 0) - gathered_root
     phases = {
-        "forward": {**state, "activations": t["activations"], "logits": t["logits"],
+        "forward": {**loss_state, "activations": t["activations"], "logits": t["logits"],
                     "loss_forward": loss_forward},
-        "loss backward": {**state, "activations": t["activations"], "logits": t["logits"],
+        "loss backward": {**loss_state, "activations": t["activations"], "logits": t["logits"],
                           "loss_backward": loss_backward},
     }
     # FSDP2 in a block's backward: the block and its prefetched neighbour gathered. (The
@@ -254,7 +278,11 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
             "grads": int(max(0, n_blocks - 1 + own) * block_grads_local),
             "activations": per_block + tp_op + rank["first"] * stream,
             "recompute": rebuilt, "backward_workspace": t["backward_workspace"],
-            **({"block_grads_unsharded": block_grads_unsharded} if dims.fsdp_enabled else {})}
+            **({"block_grads_unsharded": block_grads_unsharded} if dims.fsdp_enabled else {}),
+            # FSDP2 prefetches the next group of the backward: an untied embedding resharded
+            # after forward is gathered during the first block's backward (measured on cp2)
+            **({"prefetched_params": embedding * act} if dims.fsdp_enabled and own_group
+               else {})}
     else:  # earlier micro-steps' gradients are in the state already; FSDP2 reduce-scattering
         # every micro-step computes the head's unsharded gradients afresh in each (the root's
         # reduce-scatter is at the end of backward)
