@@ -3,7 +3,7 @@ with FSDP2/DDP and give the single-process losses.
 
 As a test module it launches one torchrun; as a script it is that launch's worker:
 
-    torchrun --nproc_per_node=2 tests/test_recipes_parallel.py SPEC.json OUT.json
+    torchrun --nproc_per_node=2 tests/integration/test_recipes_parallel.py SPEC.json OUT.json
 """
 
 from __future__ import annotations
