@@ -34,6 +34,7 @@ from mutants import ft_api
 from mutants import ft_semi_sync
 from mutants import house_module
 from mutants import house_resume
+from mutants import house_layout
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -68,5 +69,6 @@ MUTANTS = [
     *ft_semi_sync.MUTANTS,
     *house_module.MUTANTS,
     *house_resume.MUTANTS,
+    *house_layout.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
