@@ -1,5 +1,5 @@
-"""Run by torchrun from tests/test_parallel_multiprocess.py: several training variants in one
-process group, so that the cost of starting N Python processes is paid once.
+"""Run by torchrun from tests/integration/test_parallel_multiprocess.py: several training variants
+in one process group, so that the cost of starting N Python processes is paid once.
 
     torchrun --nproc_per_node=N tests/parallel_worker.py SPEC.json OUT.json
 
