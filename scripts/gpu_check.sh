@@ -7,7 +7,7 @@
 #    scripts/fetch_gpu_wheels.sh), the wheels the GPU image lacks; a feature whose wheel is
 #    absent is named and its tests skip;
 # 2. env_check (GPUs, NCCL, P2P/IB, all-reduce bandwidth with >= 2 GPUs);
-# 3. pytest -m gpu: every CUDA path against the fp32 reference (tests/test_gpu.py);
+# 3. pytest -m gpu: every CUDA path against the fp32 reference (tests/integration/test_gpu.py);
 # 4. the 1B throughput run (benchmarks/bench_gpu.py: bf16 + compile, with and without float8
 #    tensorwise, seq 2048): tokens/s/GPU, MFU, peak memory vs the estimate, first/last loss,
 #    and the peer row: a plain transformers LlamaForCausalLM loop on the same shape, 2 rounds

@@ -41,6 +41,24 @@ def by_name() -> dict[str, Mutant]:
     return {m.name: m for m in MUTANTS}
 
 
+def test_files(name: str, root: Path = REPO) -> list[Path]:
+    """The files named `name` under root/tests (caches and data folders' copies aside)."""
+    return sorted(p for p in (root / "tests").rglob(name)
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+def resolve(test: str, root: Path = REPO) -> str:
+    """A mutant's test id as pytest takes it under `root`: as written when its file exists,
+    else by the file's basename under tests/ (`tests/test_x.py::t` -> `tests/unit/x/test_x.py::t`:
+    scripts/test_layout.py moves test modules and keeps basenames unique, so a move edits
+    nothing under scripts/mutants); unchanged when no file or several have that name."""
+    file, sep, rest = test.partition("::")
+    if (root / file).is_file():
+        return test
+    found = test_files(Path(file).name, root)
+    return found[0].relative_to(root).as_posix() + sep + rest if len(found) == 1 else test
+
+
 def stale(mutant: Mutant, root: Path = REPO) -> str | None:
     """Why the patch does not apply to the source under `root`, or None when it does."""
     path = root / mutant.path
@@ -51,7 +69,10 @@ def stale(mutant: Mutant, root: Path = REPO) -> str | None:
     except (Stale, SyntaxError) as e:
         return str(e)
     for test in mutant.tests:
-        file, _, name = test.partition("::")
+        file, _, name = resolve(test, root).partition("::")
+        if not (root / file).is_file() and len(found := test_files(Path(file).name, root)) > 1:
+            return (f"test {test}: {Path(file).name} is at several places under tests/ ("
+                    f"{', '.join(p.relative_to(root).as_posix() for p in found)}): name one")
         source = (root / file).read_text() if (root / file).is_file() else ""
         if f"def {name.split('[')[0]}(" not in source:
             return f"test {test} does not exist"
@@ -87,7 +108,7 @@ def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, str]:
         path.write_text(mutant.patched(path.read_text()))
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-               "-o", "addopts=", *mutant.tests]
+               "-o", "addopts=", *(resolve(t, root) for t in mutant.tests)]
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
                                   timeout=timeout)
@@ -124,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.name:34s} {m.where}: {m.what}")
             for test in m.tests:
-                print(f"{'':34s}   guarded by {test}")
+                at = resolve(test)
+                print(f"{'':34s}   guarded by {test}" + (f" (at {at.partition('::')[0]})"
+                                                         if at != test else ""))
         return 0
     if args.check_patches:
         bad = [(m.name, why) for m in mutants if (why := stale(m, args.root))]

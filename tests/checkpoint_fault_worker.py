@@ -1,5 +1,5 @@
-"""Run by torchrun from tests/test_checkpoint_dist.py: rank 1 alone fails to apply the first
-checkpoint it loads (a rank-local failure after DCP's collective read), then every rank's
+"""Run by torchrun from tests/integration/test_checkpoint_dist.py: rank 1 alone fails to apply the
+first checkpoint it loads (a rank-local failure after DCP's collective read), then every rank's
 resumed step is written, gathered, by rank 0.
 
     torchrun --nproc_per_node=2 tests/checkpoint_fault_worker.py OUT.json [--section.key=value ...]

@@ -1,5 +1,5 @@
-"""Run by torchrun from tests/test_checkpoint_dist.py: build a Trainer (which resumes from the
-run's latest checkpoint) and, on rank 0, write the full loaded model and optimizer state.
+"""Run by torchrun from tests/integration/test_checkpoint_dist.py: build a Trainer (which resumes
+from the run's latest checkpoint) and, on rank 0, write the full loaded model and optimizer state.
 
     torchrun --nproc_per_node=N tests/checkpoint_worker.py OUT.pt [--section.key=value ...]
     torchrun --nproc_per_node=N tests/checkpoint_worker.py --jobs JOBS.json

@@ -15,6 +15,12 @@ from torchllm.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+# The test modules sit in unit/<package>/, integration/, e2e/ and suite/ (scripts/test_layout.py)
+# and import the helpers here (conftest, cli, messages, builders/...) by name: tests/ on sys.path
+# whatever pytest's import mode (its default, prepend, already puts it there for this file).
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 # `torchrun` for the tests' multi-rank launches of their worker scripts: torch's own, each rank a
 # fresh `python -u SCRIPT` as for a user (this interpreter's torch, not whichever is on PATH).
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

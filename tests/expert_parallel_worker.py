@@ -1,5 +1,5 @@
-"""Run by torchrun from tests/test_expert_parallel.py: one MoE layer with its experts sharded
-over all ranks (expert parallelism), each rank feeding its own slice of a shared input.
+"""Run by torchrun from tests/unit/parallel/test_expert_parallel.py: one MoE layer with its experts
+sharded over all ranks (expert parallelism), each rank feeding its own slice of a shared input.
 
     torchrun --nproc_per_node=N tests/expert_parallel_worker.py OUT.pt
 

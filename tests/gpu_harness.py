@@ -1,7 +1,8 @@
 """The GPU tests' harness: the fp32 CPU reference, the loop, the comparison, the preparations.
 
-Shared by tests/test_gpu.py (marked `gpu`) and tests/test_gpu_harness.py (its CPU tests).
-See tests/test_gpu.py and docs/gpu.md for the oracle (teacher-forced steps) and the tolerances.
+Shared by tests/integration/test_gpu.py (marked `gpu`) and tests/unit/benchmarks/test_gpu_harness.py
+(its CPU tests). See tests/integration/test_gpu.py and docs/gpu.md for the oracle (teacher-forced
+steps) and the tolerances.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Run by tests/test_object_storage.py: train in one process with checkpoint.local_mirror, and
-stop the upload of step 4 half-way (its first file uploaded, then SENTINEL written, then a wait
-for the test's kill -9).
+"""Run by tests/integration/test_object_storage.py: train in one process with
+checkpoint.local_mirror, and stop the upload of step 4 half-way (its first file uploaded, then
+SENTINEL written, then a wait for the test's kill -9).
 
     python tests/s3_kill_worker.py SENTINEL [--section.key=value ...]
 """

@@ -41,6 +41,7 @@ from mutants import suite_trim
 from mutants import house_state
 from mutants import house_config_a
 from mutants import memory_ep
+from mutants import house_layout
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -82,5 +83,6 @@ MUTANTS = [
     *house_state.MUTANTS,
     *house_config_a.MUTANTS,
     *memory_ep.MUTANTS,
+    *house_layout.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -1,5 +1,6 @@
 """A toy data source, written as docs/howto_data_source.md says: data.dataset = "counting:N" is N
-documents "count 0: 0", "count 1: 0 1", ... generated in memory (tests/test_data_howto.py)."""
+documents "count 0: 0", "count 1: 0 1", ... generated in memory
+(tests/unit/data/test_data_howto.py)."""
 
 from __future__ import annotations
 

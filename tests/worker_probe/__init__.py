@@ -1,6 +1,7 @@
 """An optimizer that records which process builds it: AdamW, plus a JSON file per rank saying how
 the worker started (its command line, sys.argv, pid, parent, thread count).
-tests/test_launch_path.py imports it through the config (`job.custom_import = "worker_probe"`, tests/ on PYTHONPATH)."""
+tests/e2e/test_launch_path.py imports it through the config (`job.custom_import = "worker_probe"`,
+tests/ on PYTHONPATH)."""
 
 from __future__ import annotations
 

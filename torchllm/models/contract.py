@@ -3,7 +3,7 @@
 The trainer, the parallel plans (torchllm.parallel), the Hugging Face exporter and loader,
 LoRA and the estimators (torchllm.tools, metrics.flops) read a model only through the members
 named here; a family's model (models/<family>/model.py) provides every one of them, and
-`ModelSpec.build` refuses one that does not (tests/test_model_contract.py checks every
+`ModelSpec.build` refuses one that does not (tests/unit/models/test_model_contract.py checks every
 registered family). Anything else on a model -- its blocks' insides, its buffers, its position
 scheme -- is the family's own: code outside models/ reaches it through a method below, or
 through the family's declared data (ModelSpec: TPPlan, PipelinePlan, lora_targets, hf_adapter).

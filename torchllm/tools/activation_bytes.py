@@ -2,7 +2,7 @@
 mode, autocast, compile and float8), the LoRA adapters' and the output head and loss's.
 Used by torchllm/tools/estimate_memory.py (which adds parameters, gradients, optimizer state and
 the phases); each count was checked against saved-tensor hooks or measured peaks (see
-tests/test_estimate_memory*.py)."""
+tests/unit/tools/test_estimate_memory*.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def activation_bytes_per_block(spec, args, tokens: int, act: int, mode: str, opt
         return tokens * dim * act
     if mode == "selective" and option == "op":
         # block input; the 1st, 3rd, ... matmul outputs (wq, wv, w1, w2: k, wo, w3 are
-        # recomputed); SDPA output (+ its logsumexp) (measured: tests/test_memory_scaling.py).
+        # recomputed); SDPA output (+ its logsumexp) (measured:
+        # tests/integration/test_memory_scaling.py).
         # Under CP the attention is a custom Function whose inner kernels the policy does not
         # cache (parallel/ac.py): its output is rebuilt in backward, not kept.
         if cp > 1:

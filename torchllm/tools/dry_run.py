@@ -104,7 +104,7 @@ def comm_volume(spec, model_args, dims, accum: int, pcfg, tcfg, fcfg) -> dict[st
         fwd = gathered(model.named_parameters())
         # Backward gathers again every FSDP unit resharded after forward: all of them but the
         # blocks kept by the reshard policy (the root and embedding units included: measured
-        # with FSDP2's own collectives in tests/test_cluster_tools.py).
+        # with FSDP2's own collectives in tests/unit/tools/test_cluster_tools.py).
         blocks = list(model.layers.items())
         kept = sum(gathered(b.named_parameters(prefix=f"layers.{k}"))
                    for i, (k, b) in enumerate(blocks)

@@ -42,9 +42,9 @@ peaks only (../shared/gpu/2026-11-26_h200: no `max_memory_reserved`), so the mar
 calibrated: it is an assumed headroom, said in the output, until a GPU run's
 `cuda_max_reserved_bytes` (benchlib/worker.py records it) replaces it. On that run (Llama 3.2 1B shape, seq
 2048, bf16 + compile, AC none, local batch 4/8/16, with and without float8 tensorwise) the
-allocated estimate is within 15% of the measured peaks (tests/test_estimate_memory_cuda.py).
-On CPU, `python benchmarks/bench_memory.py` measures every layout's ranks against it
-(docs/performance.md).
+allocated estimate is within 15% of the measured peaks
+(tests/unit/tools/test_estimate_memory_cuda.py). On CPU, `python benchmarks/bench_memory.py`
+measures every layout's ranks against it (docs/performance.md).
 
 Parameters and FLOPs per token come from `torchllm.metrics.flops` (the same numbers the
 trainer's MFU uses; MoE: FLOPs from the parameters a token runs through, memory from all of

@@ -125,7 +125,7 @@ def test_keeping_freed_memory_removes_the_per_step_page_faults(tmp_path):
     library's defaults, the step's large buffers are mapped afresh and page-faulted in every
     step; with training.cpu_keep_freed_memory later steps reuse earlier steps' pages."""
     logits_pages = 8 * 64 * 32000 * 4 // 4096
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).resolve().parents[2])
 
     def faults(keep: bool) -> int:
         out = subprocess.run([sys.executable, "-c", FAULTS, str(keep).lower(),

@@ -44,7 +44,7 @@ def test_uses_monkeypatch_for_the_environment(monkeypatch):
 
 
 def test_a_module_that_leaks_state_fails_and_a_clean_one_passes(pytester):
-    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makeconftest((Path(__file__).resolve().parents[1] / "conftest.py").read_text())
     pytester.makepyfile(test_leaks=LEAKS, test_clean=CLEAN)
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5, errors=1)  # the leaking module's last teardown

@@ -19,7 +19,7 @@ import torch
 from conftest import spawn_gloo, tiny_config
 from torchllm.metrics.memory import _local_bytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from benchlib.tensor_memory import (PeakTensorMemory, count_every_thread,  # noqa: E402
                                    live_tensor_bytes)
 

@@ -17,7 +17,7 @@ from torchllm.train import Trainer
 
 from conftest import tiny_config
 
-PACKAGE = Path(__file__).resolve().parents[1] / "torchllm"
+PACKAGE = Path(__file__).resolve().parents[2] / "torchllm"
 LOOP = "train.py"  # the one module that holds the Trainer
 # Modules handed the context outside the callback interface (ft attaches, the header).
 READERS = ("metrics/header.py", "ft/identity.py", "ft/replicas.py")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,47 @@ def test_a_patch_that_no_longer_applies_is_reported_stale(tmp_path):
     moved = mc.Mutant("x", "x", m.path, "moved", "y", ("tests/test_nothing.py::test_gone",))
     (tmp_path / m.path).write_text("moved\n")
     assert "does not exist" in mc.stale(moved, tmp_path)
+
+
+def test_a_test_id_whose_file_moved_resolves_by_its_basename(tmp_path):
+    """Test modules move (scripts/test_layout.py) without an edit under scripts/mutants: an id
+    `tests/test_x.py::t` whose file is gone names the one test_x.py under tests/; the id check
+    still reports a test that does not exist, and a basename at two places is stale, naming
+    both (the mutation run would not know which to run)."""
+    mc = load_script()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    moved = tmp_path / "tests" / "unit" / "pkg" / "test_mod.py"
+    moved.parent.mkdir(parents=True)
+    moved.write_text("def test_f():\n    pass\n")
+    m = mc.Mutant("x", "x", "pkg/mod.py", "return 1", "return 2",
+                  ("tests/test_mod.py::test_f",), "f")
+    assert mc.resolve(m.tests[0], tmp_path) == "tests/unit/pkg/test_mod.py::test_f"
+    assert mc.stale(m, tmp_path) is None
+    gone = mc.Mutant("x", "x", m.path, m.old, m.new, ("tests/test_mod.py::test_gone",), "f")
+    assert "tests/test_mod.py::test_gone does not exist" in mc.stale(gone, tmp_path)
+    nowhere = mc.Mutant("x", "x", m.path, m.old, m.new, ("tests/test_none.py::test_f",), "f")
+    assert "tests/test_none.py::test_f does not exist" in mc.stale(nowhere, tmp_path)
+    (tmp_path / "tests" / "test_mod.py").write_text("def test_other():\n    pass\n")
+    assert mc.resolve(m.tests[0], tmp_path) == m.tests[0]  # the file where the id says wins
+    assert "does not exist" in mc.stale(m, tmp_path)
+    (tmp_path / "tests" / "test_mod.py").unlink()
+    twin = tmp_path / "tests" / "e2e" / "test_mod.py"
+    twin.parent.mkdir()
+    twin.write_text("def test_f():\n    pass\n")
+    why = mc.stale(m, tmp_path)
+    assert "tests/unit/pkg/test_mod.py" in why and "tests/e2e/test_mod.py" in why, why
+
+
+def test_every_test_a_mutant_names_is_one_file_under_tests():
+    """The mutants name test modules by their flat path (tests/test_x.py); each resolves to
+    exactly one file here, so the mutation run knows which to run."""
+    mc = load_script()
+    for m in mc.MUTANTS:
+        for test in m.tests:
+            file = mc.resolve(test).partition("::")[0]
+            assert (REPO / file).is_file(), (m.name, test)
+            assert len(mc.test_files(Path(file).name)) == 1, (m.name, test)
 
 
 def test_cli_lists_checks_and_rejects_unknown_names():

@@ -4,7 +4,7 @@ with FSDP2/DDP and give the single-process losses.
 As a test module it launches 2 gloo ranks (builders.launch.fork_ranks); as a script it is
 their worker (as it is under torchrun too):
 
-    torchrun --nproc_per_node=2 tests/test_recipes_parallel.py SPEC.json OUT.json
+    torchrun --nproc_per_node=2 tests/integration/test_recipes_parallel.py SPEC.json OUT.json
 """
 
 from __future__ import annotations

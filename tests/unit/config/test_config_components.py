@@ -25,7 +25,7 @@ from torchllm.config.fields import NON_NEGATIVE, opt
 from torchllm.optim import registry as optim_registry
 from torchllm.optim.adamw import SPEC as ADAMW
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def test_every_shipped_config_resolves_to_the_values_it_had():

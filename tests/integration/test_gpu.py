@@ -1,6 +1,6 @@
 """Every CUDA path against a plain fp32 reference (tests marked `gpu` skip without CUDA).
 
-    pytest -m gpu tests/test_gpu.py            (scripts/gpu_check.sh runs this on a GPU machine)
+    pytest -m gpu tests/integration/test_gpu.py  (scripts/gpu_check.sh runs this on a GPU machine)
 
 The oracle is a plain PyTorch loop: the debug Llama (vocab 512), initialized once on CPU with a
 fixed seed, trained in fp32 eager on CPU for STEPS AdamW steps on a learnable synthetic stream

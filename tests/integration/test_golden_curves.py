@@ -7,9 +7,9 @@ moves nothing must keep every curve.
 
 Re-record (each run twice, to check that it repeats bit for bit; a few minutes on 2 cores):
 
-    PYTHONPATH=$PWD python tests/test_golden_curves.py --record             # every curve
-    PYTHONPATH=$PWD python tests/test_golden_curves.py --record llama sft   # only these runs
-    PYTHONPATH=$PWD python tests/test_golden_curves.py --record resume      # the checkpoint
+    PYTHONPATH=$PWD python tests/integration/test_golden_curves.py --record            # every curve
+    PYTHONPATH=$PWD python tests/integration/test_golden_curves.py --record llama sft  # some runs
+    PYTHONPATH=$PWD python tests/integration/test_golden_curves.py --record resume     # checkpoint
 
 The rule: a change that moves a curve updates tests/golden/ in the same commit, and its message
 says why the numbers moved (a fixed bug, a new default, a reordered sum, ...). A curve that moves
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 CURVES = GOLDEN / "curves.json"
 RESUME = GOLDEN / "resume"  # the launch config, the checkpoint and the straight run's losses
@@ -211,7 +211,7 @@ def resume_data(tmp: Path) -> list[str]:
 def golden() -> dict:
     if not CURVES.is_file():
         pytest.fail(f"{CURVES} is missing: record it with "
-                    "`PYTHONPATH=$PWD python tests/test_golden_curves.py --record`")
+                    "`PYTHONPATH=$PWD python tests/integration/test_golden_curves.py --record`")
     return json.loads(CURVES.read_text())
 
 
@@ -223,11 +223,12 @@ def data(tmp_path_factory) -> Path:
 def assert_curve(name: str, got: dict, golden: dict) -> None:
     if name not in golden:
         pytest.fail(f"{CURVES} has no curve {name!r}: record it with `PYTHONPATH=$PWD python "
-                    f"tests/test_golden_curves.py --record {name}`")
+                    f"tests/integration/test_golden_curves.py --record {name}`")
     want = golden[name]
     assert want["args"] == spec_of(name), (
         f"{name}: the run's arguments changed since the curve was recorded; re-record it "
-        f"(python tests/test_golden_curves.py --record {name}) and say why in the commit")
+        f"(python tests/integration/test_golden_curves.py --record {name}) and say why in the "
+        f"commit")
     assert len(got["loss"]) == len(want["loss"]) == STEPS
     assert got["loss"] == pytest.approx(want["loss"], rel=RTOL, abs=0), (
         f"{name}: the training curve moved (got, golden):\n{got['loss']}\n{want['loss']}")
