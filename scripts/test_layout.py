@@ -52,6 +52,7 @@ LAYOUT = {
     # unit/benchmarks: benchmarks/ and the GPU tests' harness
     "test_bench.py": "unit/benchmarks",
     "test_bench_memory.py": "unit/benchmarks",
+    "test_bench_revisions.py": "unit/benchmarks",
     "test_time_to_loss.py": "unit/benchmarks",
     "test_gpu_harness.py": "unit/benchmarks",
     # unit/checkpoint
@@ -63,6 +64,7 @@ LAYOUT = {
     "test_identity_trust.py": "unit/checkpoint",
     "test_resume_data_reads.py": "unit/checkpoint",
     "test_resume_fit.py": "unit/checkpoint",
+    "test_training_state.py": "unit/checkpoint",
     "test_resume_safety.py": "unit/checkpoint",
     "test_resume_trust.py": "unit/checkpoint",
     "test_stage_boundaries.py": "unit/checkpoint",
@@ -153,9 +155,12 @@ LAYOUT = {
     # unit/tools
     "test_cluster_tools.py": "unit/tools",
     "test_estimate_memory.py": "unit/tools",
+    "test_estimate_memory_recorded.py": "unit/tools",
     "test_estimate_memory_cli.py": "unit/tools",
     "test_estimate_memory_cuda.py": "unit/tools",
     # integration/
+    "test_ft_fsdp_heal.py": "integration",
+    "test_ft_overlap.py": "integration",
     "test_checkpoint_dist.py": "integration",
     "test_comm_timeout.py": "integration",
     "test_eval_distributed.py": "integration",
@@ -183,6 +188,8 @@ LAYOUT = {
     "test_unclear_errors.py": "e2e",
     # suite/
     "test_mutation_check.py": "suite",
+    "test_config_coupling.py": "suite",
+    "test_config_coupling_data.py": "suite",
     "test_suite_guard.py": "suite",
     "test_tests_layout.py": "suite",
 }
