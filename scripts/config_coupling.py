@@ -49,6 +49,20 @@ ENTRY_POINTS = {
     "estimate and the communication of the whole config",
     "torchllm/tools/model_info.py:model_info": "the tool's report; the model's args come from "
     "the whole config (models.model_args)",
+    "torchllm/tools/estimate_memory.py:estimate_memory": "the estimate of the run a whole config "
+    "describes (dry_run, bench_memory, the CLI); each term's function gets its sections",
+    "torchllm/tools/estimate_memory.py:_checked": "the trainer's own checks of a config "
+    "(build_parallel_dims, models.model_args) before an estimate",
+    "torchllm/train.py:__init__": "the loop: builds every component from its sections",
+    "torchllm/train_module.py:__init__": "the train module: model, optimizer, schedule, loss "
+    "and precision from [training], [model], [optimizer], [lr_scheduler], [compile], [float8], "
+    "[parallelism]",
+    "torchllm/models/registry.py:model_args": "a family's args from [model], training.seq_len "
+    "and [data]'s document masking (~60 callers; build_args takes the sections)",
+    "torchllm/run/resolve.py:resolve_run": "decides the run (folders, tokenizer, stage) once, "
+    "from every section",
+    "torchllm/eval/loss.py:evaluate_loss": "the body of `python -m torchllm.eval.loss`, on a "
+    "checkpoint's whole config",
 }
 
 

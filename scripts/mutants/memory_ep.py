@@ -31,7 +31,7 @@ MUTANTS = [
         "estimate_moe_imbalance_unsaid",
         "the estimate assumes a routing imbalance without echoing it",
         "torchllm.tools.estimate_memory:assumptions",
-        "    if models.get(cfg.model.name).n_experts(model_args):",
+        "    if moe:",
         "    if False:",
         (MOE_CLI,),
     ),

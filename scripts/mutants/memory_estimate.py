@@ -27,9 +27,9 @@ MUTANTS = [
     Mutant.at(
         "estimate_vocab_source_unsaid",
         "the estimate prints the vocabulary without saying it came from the auto-trained tokenizer",
-        "torchllm.tools.estimate_memory:assumptions",
-        '        "vocabulary": vocab_source(cfg, model_args),',
-        '        "vocabulary": f"{model_args.vocab_size:,}",',
+        "torchllm.tools.estimate_memory:estimate_memory",
+        "            vocab_source(cfg.model, cfg.data, model_args), ",
+        '            f"{model_args.vocab_size:,}", ',
         (CLI + "test_assumptions_are_echoed_with_where_they_came_from",),
     ),
     Mutant.at(

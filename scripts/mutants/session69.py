@@ -37,3 +37,14 @@ MUTANTS.append(
         ("tests/test_ft_semi_sync.py::"
          "test_two_diloco_groups_through_ft_local_end_with_equal_weights",),
     ))
+
+MUTANTS.append(
+    Mutant.at(
+        "estimate_table_reads_the_whole_config",
+        "a builder reads a section through the whole JobConfig again (the estimate's table)",
+        "torchllm.tools.estimate_memory:estimate_table",
+        "        f\"{mcfg.name}/{mcfg.flavor} on",
+        "        f\"{mcfg.model.name}/{mcfg.flavor} on",
+        ("tests/suite/test_config_coupling.py::"
+         "test_only_the_named_entry_points_take_the_whole_config",),
+    ))

@@ -86,7 +86,7 @@ MUTANTS = [
     Mutant.at(
         "estimate_ignores_compile", "the estimate counts eager autocast's activations for compiled blocks",
         "torchllm.tools.memory_phases:rank_memory",
-        '    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"',
+        '    compiled = ccfg.enable and "model" in ccfg.components and ac.mode == "none"',
         '    compiled = False',
         ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
          "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),
@@ -94,7 +94,7 @@ MUTANTS = [
     Mutant.at(
         "estimate_ignores_float8", "the estimate counts bf16 matmul inputs and weight copies under float8",
         "torchllm.tools.memory_phases:rank_memory",
-        '    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"',
+        '    float8 = compiled and f8.enable and f8.recipe == "tensorwise"',
         '    float8 = False',
         ("tests/test_estimate_memory_cuda.py::test_estimate_within_15_percent_of_the_h200_peaks",
          "tests/test_estimate_memory_cuda.py::test_compiled_and_float8_terms_count_what_the_partitioner_saves"),

@@ -146,13 +146,14 @@ def backward_workspace_bytes(args, tokens: int, act: int) -> int:
     return 2 * tokens * args.ffn_hidden_dim * act
 
 
-def lora_activation_bytes(model: LanguageModel, cfg, tokens: int, act: int) -> int:
-    """What one block's adapters keep for backward (lora.enable, no AC): each A's output (rank
-    per token) for B, and with lora.dropout each dropped input and its mask (1 byte)."""
-    if not cfg.lora.enable or cfg.activation_checkpoint.mode != "none":
+def lora_activation_bytes(model: LanguageModel, lcfg, ac_mode: str, tokens: int, act: int) -> int:
+    """What one block's adapters keep for backward (the [lora] section `lcfg` enabled, AC mode
+    `ac_mode` none): each A's output (rank per token) for B, and with lora.dropout each dropped
+    input and its mask (1 byte)."""
+    if not lcfg.enable or ac_mode != "none":
         return 0
     wrapped = [m for m in model.layers["0"].modules() if isinstance(m, LoRALinear)]
-    dropout = cfg.lora.dropout > 0
+    dropout = lcfg.dropout > 0
     return sum(tokens * (m.rank * act + dropout * m.in_features * (act + 1)) for m in wrapped)
 
 

@@ -52,7 +52,7 @@ from torchllm.parallel.distributed import reduce_every_microstep
 from torchllm.parallel.float8 import float8_module_filter, uses_float8_all_gather
 from torchllm.precision import use_bf16 as bf16_params
 from torchllm.run.process_exit import exit_process
-from torchllm.tools.estimate_memory import estimate_memory, verdict
+from torchllm.tools.estimate_memory import estimate_memory, levers, verdict
 from torchllm.tools.model_info import tokenizer_vocab_hint
 
 GiB = 1024**3
@@ -263,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    report["fits"], line = verdict(report["memory"], args.gpu_gib, report.pop("config"))
+    cfg = report.pop("config")
+    report["fits"], line = verdict(report["memory"], args.gpu_gib,
+                                   levers(cfg.activation_checkpoint, cfg.training, report["memory"]))
     print(summary(report))
     print(line)
     if args.json:

@@ -75,6 +75,7 @@ from torchllm.metrics.flops import flops_per_token, parameter_counts
 from torchllm.models.lora import build_with_lora
 from torchllm.optim.spec import adamw_state_bytes
 from torchllm.parallel.dims import ParallelDims  # noqa: F401  (tests build dims through here)
+from torchllm.parallel.plan import ParallelPlan
 from torchllm.precision import use_bf16
 from torchllm.tools.activation_bytes import FP32
 from torchllm.tools.memory_phases import (MOE_IMBALANCE, moe_params,  # noqa: F401
@@ -96,6 +97,8 @@ def check_trainer_config(train_args: list[str], world_size: int, target_device: 
 
 
 def _checked(cfg, world_size: int, target_device: str | None = None):
+    """(cfg, its ParallelDims) after the trainer's checks of the whole config (an entry point:
+    build_parallel_dims and the model's args read every section they check)."""
     from torchllm.parallel import build_parallel_dims
 
     args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
@@ -110,45 +113,47 @@ def _checked(cfg, world_size: int, target_device: str | None = None):
     return cfg, build_parallel_dims(checked, world_size, device, args)
 
 
-def vocab_source(cfg, model_args) -> str:
-    """Where the estimate's vocabulary comes from, in words."""
+def vocab_source(mcfg, dcfg, model_args) -> str:
+    """Where the estimate's vocabulary comes from, in words ([model] `mcfg`, [data] `dcfg`)."""
     v = f"{model_args.vocab_size:,}"
-    if cfg.model.vocab_size:
+    if mcfg.vocab_size:
         return f"{v} (model.vocab_size)"
-    if tokenizer_vocab_hint(cfg.data) is not None:
-        return (f"{v} (the tokenizer data.tokenizer = {cfg.data.tokenizer!r} trains: "
+    if tokenizer_vocab_hint(dcfg) is not None:
+        return (f"{v} (the tokenizer data.tokenizer = {dcfg.tokenizer!r} trains: "
                 f"data.tokenizer_vocab_size; set model.vocab_size for a real tokenizer's)")
-    return (f"{v} (flavor {cfg.model.flavor}'s; the run takes its tokenizer's, "
-            f"{cfg.data.tokenizer}: set model.vocab_size if they differ)")
+    return (f"{v} (flavor {mcfg.flavor}'s; the run takes its tokenizer's, "
+            f"{dcfg.tokenizer}: set model.vocab_size if they differ)")
 
 
-def loss_path(cfg, dims, act: int) -> str:
-    tcfg = cfg.training
+def loss_path(tcfg, ccfg, dims, act: int) -> str:
+    """The loss the run computes, in words ([training] `tcfg`, [compile] `ccfg`)."""
     if tcfg.chunked_loss:
         return f"chunked (training.chunked_loss, {tcfg.loss_chunk_tokens} tokens a chunk)"
     if dims.tp > 1:
         return f"vocab-parallel cross entropy (logits split over tp {dims.tp})"
-    if cfg.compile.enable and "loss" in cfg.compile.components and not dims.pp_enabled:
+    if ccfg.enable and "loss" in ccfg.components and not dims.pp_enabled:
         return "compiled cross entropy (compile.components has loss)"
     return "fused cross entropy over bf16 logits" if act != FP32 else \
         "float32 logits and log-softmax"
 
 
-def assumptions(cfg, model_args, dims, device: str, device_from: str, act: int,
-                accum: int, ranks: list[dict], declared: bool,
-                moe_imbalance: float = MOE_IMBALANCE) -> dict[str, str]:
-    """What the estimate assumed, in words (printed above the table, in --json)."""
-    pcfg, ac = cfg.parallelism, cfg.activation_checkpoint
+def assumptions(plan: ParallelPlan, optimizer: str, moe: bool, vocabulary: str, loss: str,
+                dims, device: str, device_from: str, act: int, accum: int, ranks: list[dict],
+                declared: bool, moe_imbalance: float = MOE_IMBALANCE) -> dict[str, str]:
+    """What the estimate assumed, in words (printed above the table, in --json): the layout's
+    `plan`, the optimizer's name, whether the model routes to experts (`moe`), where the
+    vocabulary came from and the loss path (vocab_source's and loss_path's words)."""
+    pcfg, ac = plan.parallelism, plan.activation_checkpoint
     out = {
-        "vocabulary": vocab_source(cfg, model_args),
+        "vocabulary": vocabulary,
         "device": f"{device} ({device_from})",
         "dtypes": ("float32 master params, grads and optimizer state; activations "
                    + ("bf16" if act == 2 else "float32")
                    + (" (training.mixed_precision on cuda)" if act == 2 else "")),
-        "loss": loss_path(cfg, dims, act),
+        "loss": loss,
         "activation checkpointing": ac.mode + (f" ({ac.selective_option})"
                                                if ac.mode == "selective" else ""),
-        "optimizer": f"{cfg.optimizer.name}: " + ("its declared state bytes per parameter"
+        "optimizer": f"{optimizer}: " + ("its declared state bytes per parameter"
                                                   if declared else "state not declared by its "
                                                   "OptimizerSpec: AdamW's 8 bytes per parameter "
                                                   "assumed"),
@@ -156,7 +161,7 @@ def assumptions(cfg, model_args, dims, device: str, device_from: str, act: int,
         "micro-batches in flight": ", ".join(f"pp rank {r['pp_rank']}: {r['in_flight']:g}"
                                              for r in ranks) if dims.pp_enabled else "1",
     }
-    if models.get(cfg.model.name).n_experts(model_args):
+    if moe:
         out["MoE routing"] = (
             f"the busiest expert at {moe_imbalance:g}x the balanced load, every expert of the "
             f"rank that busy (the worst rank; --moe_imbalance; 1 = perfectly balanced); "
@@ -173,8 +178,8 @@ def assumptions(cfg, model_args, dims, device: str, device_from: str, act: int,
     return out
 
 
-def accumulation_steps(cfg, dims) -> int:
-    tcfg = cfg.training
+def accumulation_steps(tcfg, dims) -> int:
+    """Micro-steps per optimizer step of the [training] section `tcfg` on `dims`."""
     per_pass = tcfg.local_batch_size * dims.dp_degree
     if tcfg.global_batch_size in (-1, 0) or tcfg.global_batch_size % per_pass:
         return 1
@@ -183,7 +188,8 @@ def accumulation_steps(cfg, dims) -> int:
 
 def estimate_memory(cfg, model_args, world_size: int, target_device: str | None = None,
                     moe_imbalance: float = MOE_IMBALANCE) -> dict:
-    """Per-rank bytes of each term and phase (see the module docstring); under pipeline
+    """Per-rank bytes of each term and phase (see the module docstring) of the run the whole
+    config `cfg` describes (an entry point: each piece below gets its sections); under pipeline
     parallelism, those of the pipeline rank with the largest peak (`pp_rank`), each pipeline
     rank's in `ranks`. Refuses (ConfigError, the trainer's words) what the trainer refuses.
     `moe_imbalance`: the busiest expert's load over the balanced one (MoE models)."""
@@ -201,10 +207,12 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     act = 2 if use_bf16(tcfg.mixed_precision, device) else FP32
     spec = optim.get(cfg.optimizer.name)
     state_bytes = spec.state_bytes or adamw_state_bytes
-    accum = accumulation_steps(cfg, dims)
-    layout = pipeline_ranks(cfg, model_args, dims)
-    ranks = [rank_memory(cfg, model_args, model, dims, act, r, state_bytes, accum,
-                         moe_imbalance) for r in layout]
+    accum = accumulation_steps(tcfg, dims)
+    layout = pipeline_ranks(cfg.parallelism, tcfg, cfg.model.name, cfg.eval, model_args, dims)
+    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+                        tcfg.mixed_precision)
+    ranks = [rank_memory(plan, tcfg, cfg.lora, cfg.model.name, model_args, model, dims, act, r,
+                         state_bytes, accum, moe_imbalance) for r in layout]
     for r in ranks:
         r["peak_bytes"] = r["phases_bytes"][r["peak_phase"]]
         r["reserved_bytes"] = int(r["peak_bytes"] * (1 + RESERVED_MARGIN))
@@ -221,8 +229,11 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
         "tokens_per_rank": worst["tokens"],
         "activation_bytes": act,
         "vocab_size": model_args.vocab_size,
-        "assumptions": assumptions(cfg, model_args, dims, device, device_from, act, accum,
-                                   layout, spec.state_bytes is not None, moe_imbalance),
+        "assumptions": assumptions(
+            plan, cfg.optimizer.name, bool(models.get(cfg.model.name).n_experts(model_args)),
+            vocab_source(cfg.model, cfg.data, model_args), loss_path(tcfg, cfg.compile, dims, act),
+            dims, device, device_from, act, accum, layout, spec.state_bytes is not None,
+            moe_imbalance),
         **counts,
         "flops_per_token": flops_per_token(model, tcfg.seq_len),
         "terms_bytes": worst["terms_bytes"],
@@ -239,39 +250,40 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     }
 
 
-def levers(cfg, e: dict) -> list[str]:
-    """What would lower the peak, among the settings not already at their most frugal."""
+def levers(ac, tcfg, e: dict) -> list[str]:
+    """What would lower the peak, among the settings not already at their most frugal
+    ([activation_checkpoint] `ac`, [training] `tcfg`)."""
     out = ["lower training.local_batch_size"]
-    ac = cfg.activation_checkpoint
     if ac.mode == "none":
         out.append("turn on activation_checkpoint.mode (selective or full)")
     elif ac.mode == "selective":
         out.append("activation_checkpoint.mode = full")
     out.append("raise the shard, TP or PP degree")
-    if not cfg.training.chunked_loss and e["tp"] == 1:
+    if not tcfg.chunked_loss and e["tp"] == 1:
         out.append("use training.chunked_loss")
     return out
 
 
-def verdict(e: dict, gpu_gib: float, cfg=None) -> tuple[bool, str]:
+def verdict(e: dict, gpu_gib: float, left: list[str] | None = None) -> tuple[bool, str]:
     """(fits, a line saying so): the reserved figure (peak + the allocator's margin) against
-    `gpu_gib` of device memory; when it does not fit, the levers `cfg` has left."""
+    `gpu_gib` of device memory; when it does not fit, the levers `left` (levers())."""
     fits = e["reserved_gib"] <= gpu_gib
     line = (f"{'fits' if fits else 'DOES NOT FIT'}: peak {e['peak_gib']:.2f} GiB allocated, "
             f"~{e['reserved_gib']:.2f} GiB reserved per rank (+{RESERVED_MARGIN:.0%} allocator "
             f"margin) vs --gpu_gib {gpu_gib:g}")
-    if not fits and cfg is not None:
-        line += "; " + ", ".join(levers(cfg, e))
+    if not fits and left:
+        line += "; " + ", ".join(left)
     return fits, line
 
 
-def estimate_table(cfg, e: dict) -> str:
-    """estimate_memory()'s result as text (GiB per rank): the assumptions, the peak phase's
-    terms (they add up to the peak), every phase's total, the reserved figure."""
+def estimate_table(mcfg, e: dict) -> str:
+    """estimate_memory()'s result as text (GiB per rank) for the [model] section `mcfg`: the
+    assumptions, the peak phase's terms (they add up to the peak), every phase's total, the
+    reserved figure."""
     layout = ", ".join(f"{k} {e[k]}" for k in ("dp_shard", "dp_replicate", "tp", "cp", "pp")
                        if e[k] > 1) or "one process"
     lines = [
-        f"{cfg.model.name}/{cfg.model.flavor} on {e['world_size']} rank(s) ({layout}"
+        f"{mcfg.name}/{mcfg.flavor} on {e['world_size']} rank(s) ({layout}"
         + (f"; pp rank {e['pp_rank']}" if e["pp"] > 1 else "") + ")",
         f"  {e['params']:,} params ({e['non_embedding_params']:,} non-embedding), "
         f"{e['flops_per_token'] / 1e9:,.2f} GFLOPs/token; {e['tokens_per_rank']:,} tokens "
@@ -326,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fits = True
     if gpu_gib is not None:
-        fits, line = verdict(result, gpu_gib, cfg)
+        fits, line = verdict(result, gpu_gib,
+                             levers(cfg.activation_checkpoint, cfg.training, result))
         result["gpu_gib"], result["fits"] = gpu_gib, fits
-    print(json.dumps(result, indent=1) if as_json else estimate_table(cfg, result))
+    print(json.dumps(result, indent=1) if as_json else estimate_table(cfg.model, result))
     if gpu_gib is not None and not as_json:
         print(line)
     return 0 if fits else 1

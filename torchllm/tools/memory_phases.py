@@ -29,6 +29,7 @@ from torchllm.models.moe import MoE
 from torchllm.optim.spec import adamw_state_bytes
 from torchllm.parallel.dims import ParallelDims
 from torchllm.parallel.pipeline import check_pipeline, rank_stages, stages_per_rank
+from torchllm.parallel.plan import ParallelPlan
 from torchllm.tools.activation_bytes import (FP32, activation_bytes_per_block,
                                              backward_workspace_bytes, expert_routing,
                                              lora_activation_bytes, loss_bytes)
@@ -46,7 +47,8 @@ def moe_params(model: LanguageModel) -> dict[str, int]:
             for name, block in model.layers.items()}
 
 
-def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
+def pipeline_ranks(pcfg, tcfg, model_name: str, ecfg, model_args,
+                   dims: ParallelDims) -> list[dict]:
     """What each pipeline rank holds: its blocks, the embedding (first stage) and the head (last
     stage), and at most how many (micro-batch, stage) forwards it keeps for backward at once.
 
@@ -54,17 +56,18 @@ def pipeline_ranks(cfg, model_args, dims: ParallelDims) -> list[dict]:
     micro-batch's forward before any backward; 1F1B's rank r runs pp - r forwards before its
     first backward; the interleaved and zero-bubble schedules warm up (v - 1) x pp + 2 x
     (pp - 1 - r) forwards over their v stages per rank (torch's warm-up count; zero-bubble's
-    deferred weight gradients are not counted). Without PP: one rank, one forward, everything."""
+    deferred weight gradients are not counted). Without PP: one rank, one forward, everything.
+    `pcfg`, `tcfg`, `ecfg`: the [parallelism], [training] and [eval] sections (the pipeline's
+    own check, parallel/pipeline.py:check_pipeline, reads them)."""
     n_layers = model_args.n_layers
     if not dims.pp_enabled:
         return [{"pp_rank": 0, "blocks": list(range(n_layers)), "first": True, "last": True,
-                 "in_flight": 1, "micro_batch": cfg.training.local_batch_size,
+                 "in_flight": 1, "micro_batch": tcfg.local_batch_size,
                  "accumulates": False}]
-    pcfg = cfg.parallelism
     schedule, pp = pcfg.pipeline_parallel_schedule, dims.pp
-    stages = check_pipeline(cfg.parallelism, cfg.training, cfg.model.name, cfg.eval, model_args, pp)
+    stages = check_pipeline(pcfg, tcfg, model_name, ecfg, model_args, pp)
     v = stages_per_rank(schedule)
-    n_micro = cfg.training.local_batch_size // pcfg.pipeline_parallel_microbatch_size
+    n_micro = tcfg.local_batch_size // pcfg.pipeline_parallel_microbatch_size
     ranks = []
     for r in range(pp):
         mine = rank_stages(schedule, pp, r)
@@ -95,13 +98,16 @@ def optimizer_bytes(state_bytes, named, divisor) -> int:
     return total
 
 
-def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: int, rank: dict,
+def rank_memory(plan: ParallelPlan, tcfg, lcfg, model_name: str, model_args,
+                model: LanguageModel, dims: ParallelDims, act: int, rank: dict,
                 state_bytes=None, accum: int = 1, moe_imbalance: float = MOE_IMBALANCE) -> dict:
-    """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model;
+    """Terms and phases of one rank holding `rank` (see pipeline_ranks) of the model of family
+    `model_name`, laid out by `plan` ([parallelism], [float8], [activation_checkpoint],
+    [compile]) and trained as [training] `tcfg` says, with the [lora] section `lcfg`;
     `state_bytes`: the optimizer's bytes per parameter (OptimizerSpec.state_bytes); `accum`:
     gradient-accumulation micro-steps per optimizer step; `moe_imbalance`: the busiest expert's
     load over the balanced one (activation_bytes.expert_routing)."""
-    tcfg, pcfg, ac = cfg.training, cfg.parallelism, cfg.activation_checkpoint
+    pcfg, ac = plan.parallelism, plan.activation_checkpoint
     state_bytes = state_bytes or adamw_state_bytes
     tp = dims.tp
     fsdp_shard = dims.dp_shard * dims.cp  # FSDP2 shards over dp_shard x cp, TP splits again
@@ -172,9 +178,10 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     # Tokens of one forward: the local batch, or one pipeline micro-batch; cp splits sequences.
     tokens = rank["micro_batch"] * tcfg.seq_len // dims.cp
     autocast = act != FP32 and not dims.fsdp_enabled  # (FSDP2 runs bf16 params instead)
-    spec = models.get(cfg.model.name)
-    compiled = cfg.compile.enable and "model" in cfg.compile.components and ac.mode == "none"
-    float8 = compiled and cfg.float8.enable and cfg.float8.recipe == "tensorwise"
+    spec = models.get(model_name)
+    ccfg, f8 = plan.compile, plan.float8
+    compiled = ccfg.enable and "model" in ccfg.components and ac.mode == "none"
+    float8 = compiled and f8.enable and f8.recipe == "tensorwise"
 
     stream = tokens * model_args.dim * act // tp  # the residual stream, sequence-parallel
 
@@ -194,8 +201,8 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
     # the recompute does not communicate, parallel/ac.py). Measured on tp2: +3.0 MiB of 3.3.
     tp_op = (tokens * model_args.dim * act * (tp - 1) // tp + 2 * stream
              if tp > 1 and ac.mode == "selective" and ac.selective_option == "op" else 0)
-    per_block = saved(ac.mode, ac.selective_option) + lora_activation_bytes(model, cfg, tokens,
-                                                                            act) // tp
+    per_block = saved(ac.mode, ac.selective_option) + lora_activation_bytes(
+        model, lcfg, ac.mode, tokens, act) // tp
     if ac.mode == "selective" and ac.selective_option.isdigit():
         checkpointed = n_blocks // int(ac.selective_option)
         acts = checkpointed * saved("full") + (n_blocks - checkpointed) * per_block
@@ -214,7 +221,7 @@ def rank_memory(cfg, model_args, model: LanguageModel, dims: ParallelDims, act: 
 
     # The loss's tensors on the last stage: kept per forward in flight, and the scratch of the
     # loss's forward and backward (see loss_bytes); TP splits the logits by vocabulary.
-    compiled_loss = (cfg.compile.enable and "loss" in cfg.compile.components
+    compiled_loss = (ccfg.enable and "loss" in ccfg.components
                      and not tcfg.chunked_loss and not dims.pp_enabled)
     kept_loss, loss_forward, loss_backward = loss_bytes(
         tcfg, act, tokens, model_args, pipelined=dims.pp_enabled, compiled=compiled_loss, tp=tp)

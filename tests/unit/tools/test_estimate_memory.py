@@ -17,6 +17,7 @@ from torchllm import models  # noqa: E402
 from torchllm.config import load_config  # noqa: E402
 from torchllm.tools import activation_bytes as ab  # noqa: E402
 from torchllm.tools import estimate_memory as em  # noqa: E402
+from torchllm.parallel.plan import ParallelPlan  # noqa: E402
 from torchllm.tools.model_info import model_info  # noqa: E402
 from torchllm.train import Trainer  # noqa: E402
 from builders.memory import measure  # noqa: F401
@@ -129,12 +130,15 @@ def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule
     dims = em.ParallelDims.from_config(cfg.parallelism, 4)
     with torch.device("meta"):
         model = models.get(cfg.model.name).build(args)
-    ranks = em.pipeline_ranks(cfg, args, dims)
+    ranks = em.pipeline_ranks(cfg.parallelism, cfg.training, cfg.model.name, cfg.eval, args, dims)
     assert [r["in_flight"] for r in ranks] == in_flight
     assert sorted(b for r in ranks for b in r["blocks"]) == list(range(args.n_layers))
     assert [(r["first"], r["last"]) for r in ranks] == [
         (True, False), (False, False), (False, False), (False, True)]
-    per_rank = [em.rank_memory(cfg, args, model, dims, 4, r) for r in ranks]
+    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
+                        cfg.training.mixed_precision)
+    per_rank = [em.rank_memory(plan, cfg.training, cfg.lora, cfg.model.name, args, model, dims, 4,
+                               r) for r in ranks]
     whole = em.estimate_memory(load_config(pp_args[:4]), args, 1)["terms_bytes"]
     assert sum(m["terms_bytes"]["params"] for m in per_rank) == whole["params"]
     assert [m["terms_bytes"]["logits"] > 0 for m in per_rank] == [False, False, False, True]
