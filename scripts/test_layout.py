@@ -161,6 +161,7 @@ LAYOUT = {
     # integration/
     "test_ft_fsdp_heal.py": "integration",
     "test_ft_overlap.py": "integration",
+    "test_ft_semi_sync_heal.py": "integration",
     "test_checkpoint_dist.py": "integration",
     "test_comm_timeout.py": "integration",
     "test_eval_distributed.py": "integration",

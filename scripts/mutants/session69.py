@@ -48,3 +48,15 @@ MUTANTS.append(
         ("tests/suite/test_config_coupling.py::"
          "test_only_the_named_entry_points_take_the_whole_config",),
     ))
+
+MUTANTS.append(
+    Mutant.at(
+        "semi_sync_relaunch_keeps_its_own_anchor",
+        "a relaunched DiLoCo group heals the weights but keeps its own parameters-at-the-last-sync "
+        "(its fresh initial weights): its next sync's change is not the survivor's",
+        "torchllm.ft.semi_sync:OuterStep.load_state_dict",
+        "        for a, theirs in zip(self.anchor, anchor):",
+        "        for a, theirs in zip(self.anchor, []):",
+        ("tests/integration/test_ft_semi_sync_heal.py::"
+         "test_a_killed_diloco_group_rejoins_at_a_sync_point_and_ends_with_its_peers_state",),
+    ))

@@ -119,3 +119,81 @@ def process_groups_under(pgid: int) -> list[int]:
         inside |= more
         grew = bool(more)
     return sorted({pgid} | {group[p] for p in inside})
+
+
+class KilledRun:
+    """What kill_and_relaunch leaves: each launch's console (`outs`, first launch first), its
+    return code, and the two groups' logs (group 1's split at the relaunch marker)."""
+
+    def __init__(self, logs: Path, procs: list, outs: list[str]):
+        self.logs, self.procs, self.outs = logs, procs, outs
+        self.log0 = (logs / "replica_0.log").read_text(errors="replace")
+        self.killed_log, self.marker, self.log1 = \
+            (logs / "replica_1.log").read_text(errors="replace").partition(RELAUNCHED)
+
+    def codes(self) -> list[str]:
+        """Each group's exit code as ft_local.sh recorded it."""
+        return [(self.logs / f"replica_{r}.code").read_text().strip() for r in (0, 1)]
+
+
+def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict | None = None,
+                      wait_s: float = 300, timeout_s: float = 600, past: int = 0,
+                      before_kill=None, after_relaunch=None) -> KilledRun:
+    """Two replica groups through scripts/ft_local.sh; group 1's whole process group SIGKILLed
+    once it printed step `kill_at`, then relaunched beside the survivor (FT_REPLICAS=1, the same
+    log folder), the survivor throttled from `past` steps after the kill until the relaunch has
+    healed (Throttle). `before_kill(env)` and `after_relaunch(step_at_kill, kill_time)` run at
+    those moments. Returns when both launches have ended (the relaunch first: the first launch
+    waits for it before it stops the lighthouse)."""
+    import subprocess
+
+    from conftest import REPO, wait_for
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1",
+           "FT_HEARTBEAT_TIMEOUT_MS": "10000", **(env or {})}
+    env.pop("FT_JOIN_TIMEOUT_MS", None)
+    script = [str(REPO / "scripts" / "ft_local.sh"), "2", *args]
+    launch = dict(cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                  start_new_session=True)
+    procs = [subprocess.Popen(script, env=env, **launch)]
+    throttle = None
+    try:
+        wait_for(lambda: kill_at in steps_of(logs / "replica_1.log"), wait_s,
+                 what=f"group 1 at step {kill_at}")
+        if before_kill is not None:
+            before_kill(env)
+        os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)  # all its ranks
+        killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
+        procs.append(subprocess.Popen(script, env={**env, "FT_REPLICAS": "1"}, **launch))
+        throttle = Throttle(int((logs / "replica_0.pid").read_text()), logs / "replica_0.log",
+                            logs / "replica_1.log", before + past)
+        throttle.start()
+        if after_relaunch is not None:
+            after_relaunch(before, killed)
+        outs = [p.communicate(timeout=timeout_s)[0].decode(errors="replace")
+                for p in procs[::-1]][::-1]
+    finally:
+        if throttle is not None:
+            throttle.done.set()
+            throttle.join()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    return KilledRun(logs, procs, outs)
+
+
+def assert_same_state(run_root: Path, groups=("debug_model-replica0", "debug_model-replica1"),
+                      must_hold: str = "optimizer.") -> None:
+    """The groups' last checkpoints hold the same tensors, key by key (weights, optimizer state,
+    and what else the training state saves); one key starts with `must_hold`. (run_train.sh's
+    config file, debug_model.toml, names the run; each group has its own folder.)"""
+    import torch
+
+    from torchllm.checkpoint import open_checkpoint
+
+    a, b = (open_checkpoint(run_root / g).tensors("") for g in groups)
+    assert a.keys() == b.keys() and any(k.startswith(must_hold) for k in a), sorted(a)[:20]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import time
 
 import pytest
 import torch
 
-from conftest import REPO, tiny_args, wait_for
+from conftest import tiny_args, wait_for
 from torchllm.config import ConfigError, load_config
-from builders.ft import RELAUNCHED, Throttle, free_port, steps_of
+from builders.ft import assert_same_state, free_port, kill_and_relaunch, listening, steps_of
 
 pytest.importorskip("torchft")
 
@@ -124,59 +122,36 @@ def test_heal_makes_a_fresh_trainer_continue_exactly_like_the_live_one(tmp_path)
 STEPS, KILL_AT = 40, 3
 @pytest.mark.slow
 def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp_path):
-    logs = tmp_path / "logs"
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
-           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1", "FT_HEARTBEAT_TIMEOUT_MS": "10000"}
-    env.pop("FT_JOIN_TIMEOUT_MS", None)
     args = tiny_args(tmp_path, f"--training.steps={STEPS}", "--data.tokenizer=bytes",
                      "--validation.enable=false", "--eval.sample_freq=0",
                      "--checkpoint.interval=1000", "--lr_scheduler.warmup_steps=2")
-    script = [str(REPO / "scripts" / "ft_local.sh"), "2", *args]
-    procs = [subprocess.Popen(script, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, start_new_session=True)]
-    throttle = None
-    try:
-        wait_for(lambda: KILL_AT in steps_of(logs / "replica_1.log"), 300,
-                 what=f"group 1 at step {KILL_AT}")
-        # ft_local.sh's lighthouse listens on fault_tolerance.bind (127.0.0.1) only.
-        from builders.ft import listening
+    logs, pause = tmp_path / "logs", []
 
+    def bound_to_loopback(env):
+        # ft_local.sh's lighthouse listens on fault_tolerance.bind (127.0.0.1) only.
         assert listening(int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])) == ["0100007F"]
-        os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)
-        killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
-        # Relaunched beside the running group, into the same log folder (the lighthouse is
-        # reused; the killed launch's lines stay).
-        procs.append(subprocess.Popen(script, cwd=REPO, env={**env, "FT_REPLICAS": "1"},
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-        throttle = Throttle(int((logs / "replica_0.pid").read_text()), logs / "replica_0.log",
-                            logs / "replica_1.log", before + 3)
-        throttle.start()
+
+    def survivor_goes_on(before, killed):
         # The survivor's next step comes after the lighthouse drops the silent group (10 s).
         wait_for(lambda: max(steps_of(logs / "replica_0.log")) > before + 1, 90,
                  what="group 0's next step after the kill")
-        pause = time.monotonic() - killed
-        # (the relaunch first: the first launch waits for it before it stops the lighthouse)
-        outs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs[::-1]][::-1]
-    finally:
-        if throttle is not None:
-            throttle.done.set()
-            throttle.join()
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    log0 = (logs / "replica_0.log").read_text()
-    killed_log, marker, log1 = (logs / "replica_1.log").read_text().partition(RELAUNCHED)
-    assert marker and KILL_AT in steps_of(killed_log), killed_log[-2000:]  # appended, not truncated
-    assert (logs / "replica_0.code").read_text().strip() == "0", outs[0] + log0[-3000:]
-    assert (logs / "replica_1.code").read_text().strip() == "0", outs[1] + log1[-3000:]
+        pause.append(time.monotonic() - killed)
+
+    # Relaunched beside the running group, into the same log folder (the lighthouse is reused;
+    # the killed launch's lines stay); the survivor held back from 3 steps after the kill.
+    run = kill_and_relaunch(tmp_path, args, KILL_AT, past=3, before_kill=bound_to_loopback,
+                            after_relaunch=survivor_goes_on)
+    outs, log0, log1, killed_log = run.outs, run.log0, run.log1, run.killed_log
+    assert run.marker and KILL_AT in steps_of(killed_log), killed_log[-2000:]  # appended
+    assert run.codes()[0] == "0", outs[0] + log0[-3000:]
+    assert run.codes()[1] == "0", outs[1] + log1[-3000:]
     # The launch that started the lighthouse kept it up for the relaunch and exits with its code.
-    assert procs[0].returncode == 0 and procs[1].returncode == 0, outs[0]
+    assert run.procs[0].returncode == 0 and run.procs[1].returncode == 0, outs[0]
     assert "replica group 1's relaunch exited with code 0" in outs[0], outs[0]
-    assert pause < 90
+    assert pause[0] < 90
     # Group 0: one launch, every step once, in order, no resume; it noted both changes.
     assert len(re.findall(r"step\s+1/", log0)) == 1 and "resumed from" not in log0
-    assert sorted(steps_of(logs / "replica_0.log")) == list(range(1, STEPS + 1))
+    assert sorted(steps_of(log0)) == list(range(1, STEPS + 1))
     # (a relaunch that joins before the lighthouse dropped the dead group keeps its place)
     assert ("replica group 1 left: 1 of 2 replica groups live" in log0
             and "replica group 1 joined: 2 of 2 replica groups live" in log0) \
@@ -184,7 +159,7 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     # Group 1 healed from group 0 and from then on printed group 0's grad norms.
     healed = int(re.search(r"healed from a live peer: continues at step (\d+)", log1)[1])
     assert KILL_AT < healed <= STEPS
-    g0, g1 = steps_of(logs / "replica_0.log"), steps_of(log1)
+    g0, g1 = steps_of(log0), steps_of(log1)
     assert sorted(g1) == list(range(healed, STEPS + 1))
     assert [g1[s] for s in g1] == [g0[s] for s in g1]
     # Its summary counts the steps this launch trained (a step: 2 groups x batch 4 x seq 32,
@@ -193,14 +168,7 @@ def test_a_killed_group_is_dropped_and_its_relaunch_heals_and_trains_in_step(tmp
     assert done and int(done[1]) == len(g1), log1[-2000:]
     assert int(done[2].replace(",", "")) == len(g1) * 2 * 4 * 32, done[0]
     # Both end with the same weights and optimizer state, tensor by tensor.
-    from torchllm.checkpoint import open_checkpoint
-
-    # (run_train.sh's config file, debug_model.toml, names the run; each group has its folder)
-    a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
-    b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
-    assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_state(tmp_path)
 
 
 # -- stopping below min_replica_size, and who saves (in-process, torchft's Manager stubbed) -----
