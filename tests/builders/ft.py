@@ -138,12 +138,12 @@ class KilledRun:
 
 def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict | None = None,
                       wait_s: float = 300, timeout_s: float = 600, past: int = 0,
-                      before_kill=None, after_relaunch=None) -> KilledRun:
+                      before_kill=None, before_relaunch=None, after_relaunch=None) -> KilledRun:
     """Two replica groups through scripts/ft_local.sh; group 1's whole process group SIGKILLed
     once it printed step `kill_at`, then relaunched beside the survivor (FT_REPLICAS=1, the same
     log folder), the survivor throttled from `past` steps after the kill until the relaunch has
-    healed (Throttle). `before_kill(env)` and `after_relaunch(step_at_kill, kill_time)` run at
-    those moments. Returns when both launches have ended (the relaunch first: the first launch
+    healed (Throttle). `before_kill(env)`, `before_relaunch()` and `after_relaunch(step_at_kill,
+    kill_time)` run at those moments. Returns when both launches have ended (the relaunch first: the first launch
     waits for it before it stops the lighthouse)."""
     import subprocess
 
@@ -166,6 +166,8 @@ def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict |
             before_kill(env)
         os.killpg(int((logs / "replica_1.pid").read_text()), signal.SIGKILL)  # all its ranks
         killed, before = time.monotonic(), max(steps_of(logs / "replica_0.log"))
+        if before_relaunch is not None:
+            before_relaunch()
         procs.append(subprocess.Popen(script, env={**env, "FT_REPLICAS": "1"}, **launch))
         throttle = Throttle(int((logs / "replica_0.pid").read_text()), logs / "replica_0.log",
                             logs / "replica_1.log", before + past)
@@ -185,15 +187,18 @@ def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict |
 
 
 def assert_same_state(run_root: Path, groups=("debug_model-replica0", "debug_model-replica1"),
-                      must_hold: str = "optimizer.") -> None:
-    """The groups' last checkpoints hold the same tensors, key by key (weights, optimizer state,
-    and what else the training state saves); one key starts with `must_hold`. (run_train.sh's
-    config file, debug_model.toml, names the run; each group has its own folder.)"""
+                      must_hold: str = "optimizer.", keys: tuple[str, ...] = ("",)) -> None:
+    """The groups' last checkpoints hold the same tensors, key by key, of the keys starting with
+    one of `keys` (default every key: weights, optimizer state, and what else the training state
+    saves); one key starts with `must_hold`. (run_train.sh's config file, debug_model.toml, names
+    the run; each group has its own folder.)"""
     import torch
 
     from torchllm.checkpoint import open_checkpoint
 
     a, b = (open_checkpoint(run_root / g).tensors("") for g in groups)
     assert a.keys() == b.keys() and any(k.startswith(must_hold) for k in a), sorted(a)[:20]
-    for key in a:
+    compared = [k for k in a if k.startswith(keys)]
+    assert compared
+    for key in compared:
         assert torch.equal(a[key], b[key]), key
