@@ -67,13 +67,16 @@ RELAUNCHED = "=== ft_local: replica group 1 relaunched"
 
 
 class Throttle(threading.Thread):
-    """Holds the survivor back (SIGSTOP 3 s, SIGCONT 0.3 s: under the 10 s heartbeat timeout, so
+    """Holds the survivor back (SIGSTOP `stop_s`, 3 s by default, SIGCONT 0.3 s: under the 10 s
+    heartbeat timeout, so
     it stays in the quorum) once it is 3 steps past the kill, until the relaunch has healed: the
     relaunch's start-up on a loaded machine (the whole suite on 2 cores) must not outlast the
     survivor's remaining steps, or the survivor finishes alone and the relaunch has no peer."""
 
-    def __init__(self, pgid: int, survivor_log: Path, relaunch_log: Path, past: int):
+    def __init__(self, pgid: int, survivor_log: Path, relaunch_log: Path, past: int,
+                 stop_s: float = 3.0):
         super().__init__(daemon=True)
+        self.stop_s = stop_s  # (under the 10 s heartbeat timeout)
         self.pgid, self.survivor_log, self.relaunch_log, self.past = pgid, survivor_log, relaunch_log, past
         self.done = threading.Event()
 
@@ -92,7 +95,7 @@ class Throttle(threading.Thread):
             try:
                 for pgid in groups:
                     os.killpg(pgid, signal.SIGSTOP)
-                self.done.wait(3.0)
+                self.done.wait(self.stop_s)
             finally:
                 for pgid in groups:
                     try:
@@ -138,7 +141,8 @@ class KilledRun:
 
 def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict | None = None,
                       wait_s: float = 300, timeout_s: float = 600, past: int = 0,
-                      before_kill=None, before_relaunch=None, after_relaunch=None) -> KilledRun:
+                      before_kill=None, before_relaunch=None, after_relaunch=None,
+                      stop_s: float = 3.0) -> KilledRun:
     """Two replica groups through scripts/ft_local.sh; group 1's whole process group SIGKILLed
     once it printed step `kill_at`, then relaunched beside the survivor (FT_REPLICAS=1, the same
     log folder), the survivor throttled from `past` steps after the kill until the relaunch has
@@ -170,7 +174,7 @@ def kill_and_relaunch(tmp_path: Path, args: list[str], kill_at: int, env: dict |
             before_relaunch()
         procs.append(subprocess.Popen(script, env={**env, "FT_REPLICAS": "1"}, **launch))
         throttle = Throttle(int((logs / "replica_0.pid").read_text()), logs / "replica_0.log",
-                            logs / "replica_1.log", before + past)
+                            logs / "replica_1.log", before + past, stop_s)
         throttle.start()
         if after_relaunch is not None:
             after_relaunch(before, killed)
