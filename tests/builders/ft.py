@@ -68,8 +68,8 @@ RELAUNCHED = "=== ft_local: replica group 1 relaunched"
 
 class Throttle(threading.Thread):
     """Holds the survivor back (SIGSTOP `stop_s`, 3 s by default, SIGCONT 0.3 s: under the 10 s
-    heartbeat timeout, so
-    it stays in the quorum) once it is 3 steps past the kill, until the relaunch has healed: the
+    heartbeat timeout, so it stays in the quorum) once it is `past` steps past the kill, until
+    the relaunch has healed: the
     relaunch's start-up on a loaded machine (the whole suite on 2 cores) must not outlast the
     survivor's remaining steps, or the survivor finishes alone and the relaunch has no peer."""
 
