@@ -147,7 +147,8 @@ class Trainer:
             cfg.metrics, tcfg.steps, self.model, self.optimizer, self.device, run_name(cfg.job),
             self.run_dir, tensorboard_folder(cfg.job, cfg.metrics, run_name(cfg.job)),
             self.flops_per_token, self.peak, self.guard, group=self.parallel_dims.dp_group,
-            start_step=self.step, config=dataclasses.asdict(cfg),
+            start_step=self.step,
+            config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None,  # (W&B's)
         )
         # Created after loading: the iterator starts where the restored loader state points.
         self.batches = iter(self.train_loader)
