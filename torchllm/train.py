@@ -94,8 +94,9 @@ class Trainer:
         configure_device(self.device, tcfg)  # CUDA: this rank's GPU, TF32; CPU: memory reuse
         # Fault tolerance (torchllm/ft; no-op when off): replica groups, each its part of the data.
         self.replicas = build_replicas(cfg.fault_tolerance, cfg.job, tcfg.device, global_batch)
+        self.batching = Batching.of(tcfg, cfg.job, cfg.model)  # the windows data and eval cut
         self.train_loader, self.val_loader = build_data(
-            cfg.data, cfg.validation, Batching.of(tcfg, cfg.job, cfg.model), self.tokenizer,
+            cfg.data, cfg.validation, self.batching, self.tokenizer,
             *self.replicas.data_shard(dp_rank, dp_degree))
 
         spec = models.get(cfg.model.name)
@@ -174,9 +175,8 @@ class Trainer:
         cfg, dims = self.cfg, self.parallel_dims
         # The validation set(s) as a validation will score them: the header names them.
         val_batches = validation_loader(
-            cfg.data, cfg.validation, cfg.training, Batching.of(cfg.training, cfg.job, cfg.model),
-            self.tokenizer, self.val_loader, dims.dp_rank, dims.dp_degree,
-            self.global_batch)[0] if cfg.validation.enable else None
+            cfg.data, cfg.validation, cfg.training, self.batching, self.tokenizer, self.val_loader,
+            dims.dp_rank, dims.dp_degree, self.global_batch)[0] if cfg.validation.enable else None
         ctx = TrainContext(
             cfg, self.run_dir, self.device, dims, self.tokenizer, self.model_args, self.module,
             self.train_loader, self.val_loader, val_batches, self.batch_ramp, self.global_batch,
