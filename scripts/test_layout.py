@@ -159,6 +159,7 @@ LAYOUT = {
     "test_estimate_memory_cli.py": "unit/tools",
     "test_estimate_memory_cuda.py": "unit/tools",
     # integration/
+    "test_ft_ddp_heal.py": "integration",
     "test_ft_fsdp_heal.py": "integration",
     "test_ft_overlap.py": "integration",
     "test_ft_semi_sync_heal.py": "integration",
