@@ -3,8 +3,9 @@
     python benchmarks/bench_fault_tolerance.py --steps 30 --kill-at 8 --checkpoint-interval 5 \\
         --json benchmarks/results/fault_tolerance_cpu.json [--section.key=value ...]
 
-With fault tolerance: scripts/ft_local.sh starts a lighthouse and 2 replica groups (1 CPU rank
-each); group 1 is SIGKILLed (its whole process group, as a node loss) when it prints step
+With fault tolerance: scripts/ft_local.sh starts a lighthouse and 2 replica groups (NGPU CPU
+ranks each, 1 unless set: NGPU=2 with --parallelism.dp_mode=ddp or fsdp times a group of two
+ranks' heal); group 1 is SIGKILLed (its whole process group, as a node loss) when it prints step
 --kill-at, and relaunched at once beside the survivor. Measured: the steps the survivor lost
 (steps it had to run again; its step numbers must run 1..N once each), the seconds from the kill
 to the survivor's next step, and the seconds from the relaunch to the new group's heal (it then
@@ -315,6 +316,7 @@ def main(argv=None) -> int:
     result = {"machine": machine,
               "args": {"steps": a.steps, "kill_at": a.kill_at, "cost_steps": a.cost_steps,
                        "ranks": a.ranks, "checkpoint_interval": a.checkpoint_interval,
+                       "heal_ngpu": os.environ.get("NGPU", "1"),
                        "overrides": a.overrides}}
     try:
         if not a.cost_only:
