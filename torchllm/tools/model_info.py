@@ -27,7 +27,8 @@ def tokenizer_vocab_hint(dcfg) -> int | None:
 def model_info(cfg) -> dict:
     """The tool's report (an entry point, scripts/config_coupling.py: the model's args come
     from the whole config, models.model_args)."""
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+    args = models.model_args(cfg.model, cfg.training, cfg.data,
+                             tokenizer_vocab_hint(cfg.data))
     with torch.device("meta"):
         model = models.get(cfg.model.name).build(args)
     shapes = Counter(

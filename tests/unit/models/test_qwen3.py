@@ -222,13 +222,13 @@ def test_tensor_parallel_qwen3_is_accepted(tmp_path, name):
     """TP of both families is checked like Llama's (parity: test_parallel_multiprocess)."""
     from torchllm import models
     from torchllm.config import ConfigError
-    from torchllm.parallel import build_parallel_dims
+    from builders.models import layout_dims
 
     args = (f"--model.name={name}", "--parallelism.data_parallel_shard_degree=1")
     cfg = tiny_config(tmp_path, *args, "--model.tie_embeddings=false",
                       "--parallelism.tensor_parallel_degree=2")
-    assert build_parallel_dims(cfg, 2, "cpu", models.model_args(cfg)).tp == 2
+    assert layout_dims(cfg, 2, "cpu").tp == 2
     cfg = tiny_config(tmp_path, *args, "--model.tie_embeddings=false",
                       "--parallelism.tensor_parallel_degree=8")  # debug: 4 KV heads
     with pytest.raises(ConfigError, match="n_kv_heads = 4"):
-        build_parallel_dims(cfg, 8, "cpu", models.model_args(cfg))
+        layout_dims(cfg, 8, "cpu")

@@ -12,13 +12,13 @@ from torch import nn
 from torchllm.config import ConfigError, load_config
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
-from torchllm.parallel import build_parallel_dims, clip_grad_norm_
+from torchllm.parallel import clip_grad_norm_
 from torchllm.parallel.ac import apply_ac
 from torchllm.parallel.compile import apply_compile
 from torchllm.parallel.float8 import apply_float8
 
 from messages import raises_naming
-from builders.models import EmulatedFloat8Matmul  # noqa: F401
+from builders.models import EmulatedFloat8Matmul, layout_dims  # noqa: F401
 
 ARGS = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=16,
                  hidden_dim=128)
@@ -40,7 +40,7 @@ def loss_and_grads(model: nn.Module, tokens: torch.Tensor):
 
 
 def dims_for(world: int, *flags: str, device_type: str = "cpu", args: LlamaArgs = ARGS):
-    return build_parallel_dims(load_config(list(flags)), world, device_type, args)
+    return layout_dims(load_config(list(flags)), world, device_type, args)
 
 
 # -- ParallelDims ----------------------------------------------------------------------------
