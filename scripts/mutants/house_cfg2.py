@@ -1,7 +1,6 @@
 """Mutants of issue 64's "components own their config" (second pass) and its test layout:
-the loop hands the train module the plan the model was built with, ParallelPlan.of reads
-fault tolerance's static DDP buckets, the estimate's checks keep float8's emulation for a GPU
-target off-GPU, and scripts/test_layout.py --check names a row whose module is gone."""
+ParallelPlan.of, the one constructor from a run's sections, reads fault tolerance's static DDP
+buckets; scripts/test_layout.py --check names a LAYOUT row whose module is gone."""
 
 from __future__ import annotations
 
@@ -17,5 +16,15 @@ MUTANTS = [
         "for name in sorted(set(layout) - set(seen)):",
         "for name in sorted(set(layout) - set(layout)):",
         (LAYOUT + "test_check_names_a_row_whose_module_is_gone",),
+    ),
+    Mutant.at(
+        "plan_of_ignores_fault_tolerance",
+        "the plan built from a run's sections drops [fault_tolerance]: a relaunched replica "
+        "group's DDP rebuilds its buckets in another order than its peers'",
+        "torchllm.parallel.plan:ParallelPlan.of",
+        "static_ddp_buckets=bool(fault_tolerance is not None",
+        "static_ddp_buckets=bool(fault_tolerance is None",
+        ("tests/unit/parallel/test_parallel.py::"
+         "test_the_plan_of_a_runs_sections_keeps_ddp_buckets_static_under_fault_tolerance",),
     ),
 ]

@@ -246,3 +246,22 @@ def test_trainer_applies_ac_and_compile_from_config(tmp_path):
     assert wrapped.module.loss_fn is not plain.module.loss_fn  # the loss is compiled too
     losses = [wrapped.train_step()["loss"] for _ in range(2)]
     assert losses == pytest.approx(plain_losses, rel=1e-5)
+
+
+def test_the_plan_of_a_runs_sections_keeps_ddp_buckets_static_under_fault_tolerance():
+    """ParallelPlan.of: one constructor from the sections (the trainer, the estimate, the dry
+    run); a fault-tolerant run's DDP buckets never rebuild (a relaunched group's match its
+    peers'), a plain run's may."""
+    from torchllm.parallel import ParallelPlan
+
+    def plan(*flags):
+        cfg = load_config(["--activation_checkpoint.mode=full", *flags])
+        return ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint,
+                               compile=cfg.compile, training=cfg.training,
+                               fault_tolerance=cfg.fault_tolerance)
+
+    plain, ft = plan(), plan("--fault_tolerance.enable=true")
+    assert not plain.static_ddp_buckets and ft.static_ddp_buckets
+    assert plain.activation_checkpoint.mode == "full"
+    assert plain.mixed_precision == load_config([]).training.mixed_precision
