@@ -24,7 +24,8 @@ def config(*extra):
 
 def debug_moe(cfg):
     with torch.device("meta"):
-        return models.get("qwen3_moe").build(models.model_args(cfg.model, cfg.training, cfg.data, 512))
+        return models.get("qwen3_moe").build(models.model_args(cfg.model, cfg.training, cfg.data,
+                                                               512))
 
 
 def brute_force(model) -> dict[str, int]:
@@ -73,7 +74,8 @@ def test_estimator_stores_every_expert_and_tp_does_not_split_them(tp):
     cfg = config("--model.tie_embeddings=false", f"--parallelism.tensor_parallel_degree={tp}",
                  "--parallelism.data_parallel_shard_degree=1")
     expected = brute_force(debug_moe(cfg))
-    out = estimate_memory(cfg, models.model_args(cfg.model, cfg.training, cfg.data, 512), world_size=tp)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, 512)
+    out = estimate_memory(cfg, args, world_size=tp)
     assert out["params"] == expected["params"] and out["flops_per_token"] == expected[
         "flops_per_token"]
     moe = expected["moe_layer_params"]

@@ -51,7 +51,8 @@ def test_vocab_padding_multiple_and_pow2():
     assert models.padded_vocab_size(50257, 64) == 50304
     assert models.padded_vocab_size(128256, 64, pow2=True) == 131072
     cfg = load_config(["--model.vocab_pad_multiple=128"])
-    assert models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_size=1000).vocab_size == 1024
+    args = models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_size=1000)
+    assert args.vocab_size == 1024
 
 
 def test_model_vocab_smaller_than_tokenizer_is_an_error():

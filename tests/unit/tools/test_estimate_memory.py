@@ -101,7 +101,8 @@ def test_estimate_within_5_percent_of_measured_on_debug(tmp_path, extra, phase, 
 def test_fsdp_shards_state_and_ddp_adds_buckets():
     def est(world, *extra):
         cfg = load_config(["--model.flavor=125M", "--training.seq_len=256", *extra])
-        return em.estimate_memory(cfg, models.model_args(cfg.model, cfg.training, cfg.data), world)["terms_bytes"]
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
+        return em.estimate_memory(cfg, args, world)["terms_bytes"]
 
     one, fsdp4 = est(1), est(4)
     ddp4 = est(4, "--parallelism.dp_mode=ddp")
@@ -203,7 +204,8 @@ def test_cli_prints_readable_tables_by_default(capsys):
     # Oracle: the tensors' sizes, summed, are the parameters of a model built here.
     cfg = load_config(["--job.config_file", "train_configs/debug_model.toml"])
     with torch.device("meta"):
-        model = models.get(cfg.model.name).build(models.model_args(cfg.model, cfg.training, cfg.data, 4096))
+        args = models.model_args(cfg.model, cfg.training, cfg.data, 4096)
+        model = models.get(cfg.model.name).build(args)
     column = [int(ln.split()[-1].replace(",", "")) for ln in info_table.splitlines()
               if ln.startswith("  ") and ln.split()[-1].replace(",", "").isdigit()
               and "[" in ln]
