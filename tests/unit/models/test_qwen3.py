@@ -220,7 +220,6 @@ def test_kv_cache_decoding_equals_full_forward():
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 def test_tensor_parallel_qwen3_is_accepted(tmp_path, name):
     """TP of both families is checked like Llama's (parity: test_parallel_multiprocess)."""
-    from torchllm import models
     from torchllm.config import ConfigError
     from builders.models import layout_dims
 

@@ -13,7 +13,6 @@ from builders.launch import (GLOBAL_BATCH, PARITY, PARITY_STEPS, SMALL, assert_m
                                         launch)
 from torchllm.config import ConfigError
 from torchllm.data import build_data
-from torchllm.models import model_args
 from torchllm.parallel import ContextParallel
 from builders.models import layout_dims
 from torchllm.parallel.context_parallel import head_tail_index

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchllm import models
 from torchllm.config import ConfigError
 from builders.models import layout_dims
 from torchllm.parallel.expert_parallel import source_to_expert_order

@@ -15,7 +15,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_model, tiny_args, tiny_config
-from torchllm import models
 from torchllm.config import load_config
 from torchllm.config.job_config import ConfigError
 from torchllm.loss import chunked_cross_entropy_sum, cross_entropy_sum
