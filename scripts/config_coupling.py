@@ -43,8 +43,6 @@ ENTRY_POINTS = {
     "its default (the header's and the report's 'changed' lines)",
     "torchllm/tools/dry_run.py:dry_run": "the tool's report: the Trainer's checks, the memory "
     "estimate and the communication of the whole config",
-    "torchllm/tools/model_info.py:model_info": "the tool's report of the model a whole config "
-    "describes (its args, counts, FLOPs and the memory estimate's terms)",
     "torchllm/tools/estimate_memory.py:estimate_memory": "the estimate of the run a whole config "
     "describes (dry_run, bench_memory, the CLI); each term's function gets its sections",
     "torchllm/train.py:__init__": "the loop: resolves the run, then builds every component (the "

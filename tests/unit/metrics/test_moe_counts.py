@@ -59,7 +59,7 @@ def test_active_and_total_counts_and_flops(tied):
     assert counts["active_params"] == expected["active_params"]
     assert counts["active_params"] < counts["params"]  # 2 of 8 experts
     assert flops_per_token(model, SEQ) == expected["flops_per_token"]
-    info = model_info(cfg)
+    info = model_info(cfg.model, cfg.training, cfg.data)
     assert info["active_params"] == expected["active_params"]
     assert info["flops_per_token"] == expected["flops_per_token"]
     assert active_params(counts) == f", {expected['active_params']:,} active per token"

@@ -150,8 +150,9 @@ def test_published_parameter_counts():
     from torchllm.tools.model_info import model_info
 
     def info(name, flavor):
-        return model_info(load_config([f"--model.name={name}", f"--model.flavor={flavor}",
-                                       "--data.tokenizer_vocab_size=151936"]))
+        cfg = load_config([f"--model.name={name}", f"--model.flavor={flavor}",
+                           "--data.tokenizer_vocab_size=151936"])
+        return model_info(cfg.model, cfg.training, cfg.data)
 
     dense = info("qwen3", "0.6B")
     assert round(dense["params"] / 1e9, 1) == 0.6

@@ -173,7 +173,8 @@ def test_cli_reports_params_and_flops_of_the_shared_code(capsys):
     argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8", "--json"]
     assert em.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    info = model_info(load_config(argv[:2]))
+    cfg = load_config(argv[:2])
+    info = model_info(cfg.model, cfg.training, cfg.data)
     assert out["params"] == info["params"] and out["flops_per_token"] == info["flops_per_token"]
     assert out["world_size"] == 8 and out["peak_phase"] in out["phases_bytes"]
     assert out["peak_bytes"] == max(out["phases_bytes"].values())
