@@ -78,7 +78,9 @@ def pick_ac(config_args: list[str], requested: str, total: int | None) -> tuple[
     for mode in modes:
         cfg = load_config([*config_args, f"--activation_checkpoint.mode={mode}",
                            "--activation_checkpoint.selective_option=op"])
-        est = estimate_memory(cfg, models.model_args(cfg, tokenizer_vocab_hint(cfg.data)), 1)
+        args = models.model_args(cfg.model, cfg.training, cfg.data,
+                                 tokenizer_vocab_hint(cfg.data))
+        est = estimate_memory(cfg, args, 1)
         if total is None or est["peak_bytes"] <= 0.9 * total or mode == modes[-1]:
             return mode, est
     raise AssertionError("unreachable")

@@ -41,24 +41,12 @@ ENTRY_POINTS = {
     "torchllm/config/loader.py:to_toml": "writes every section: the run's config.toml",
     "torchllm/metrics/header.py:config_changes": "every key of every section that differs from "
     "its default (the header's and the report's 'changed' lines)",
-    "torchllm/parallel/parallelize.py:build_parallel_dims": "the layout's checks constrain most "
-    "sections; the launcher's pre-flight check and the run both call it",
-    "torchllm/parallel/build.py:build_model": "the model a rank trains: family, LoRA, a "
-    "ParallelPlan, seed and, under PP, [training] and [eval]",
     "torchllm/tools/dry_run.py:dry_run": "the tool's report: the Trainer's checks, the memory "
     "estimate and the communication of the whole config",
-    "torchllm/tools/model_info.py:model_info": "the tool's report; the model's args come from "
-    "the whole config (models.model_args)",
     "torchllm/tools/estimate_memory.py:estimate_memory": "the estimate of the run a whole config "
     "describes (dry_run, bench_memory, the CLI); each term's function gets its sections",
-    "torchllm/tools/estimate_memory.py:_checked": "the trainer's own checks of a config "
-    "(build_parallel_dims, models.model_args) before an estimate",
-    "torchllm/train.py:__init__": "the loop: builds every component from its sections",
-    "torchllm/train_module.py:__init__": "the train module: model, optimizer, schedule, loss "
-    "and precision from [training], [model], [optimizer], [lr_scheduler], [compile], [float8], "
-    "[parallelism]",
-    "torchllm/models/registry.py:model_args": "a family's args from [model], training.seq_len "
-    "and [data]'s document masking (~60 callers; build_args takes the sections)",
+    "torchllm/train.py:__init__": "the loop: resolves the run, then builds every component (the "
+    "parallel plan, the model, the train module, data, callbacks) from its sections",
     "torchllm/run/resolve.py:resolve_run": "decides the run (folders, tokenizer, stage) once, "
     "from every section",
     "torchllm/eval/loss.py:evaluate_loss": "the body of `python -m torchllm.eval.loss`, on a "

@@ -2,7 +2,8 @@
 
     python scripts/test_layout.py            # git mv every test_*.py to its folder in LAYOUT
     python scripts/test_layout.py --dry-run  # print the moves, change nothing
-    python scripts/test_layout.py --check    # exit 1 naming each file out of place (no move)
+    python scripts/test_layout.py --check    # exit 1 naming each file out of place, and each
+                                             # row whose file is gone (no move)
 
 The folders (tests/README.md, "Layout"):
   unit/<package>/  one package of torchllm/ (unit/ itself: the modules torchllm/*.py), and
@@ -212,7 +213,7 @@ def test_modules(root: Path = TESTS) -> list[Path]:
 
 def problems(root: Path = TESTS, layout: dict[str, str] = LAYOUT) -> list[str]:
     """One line per file out of place: a basename twice, a file no row names, a file not in
-    its row's folder (a flat tests/test_*.py included)."""
+    its row's folder (a flat tests/test_*.py included), and a row whose file is gone."""
     lines = []
     seen: dict[str, Path] = {}
     for path in test_modules(root):
@@ -227,6 +228,9 @@ def problems(root: Path = TESTS, layout: dict[str, str] = LAYOUT) -> list[str]:
         elif rel.parent.as_posix() != layout[path.name]:
             lines.append(f"tests/{rel}: LAYOUT places it in tests/{layout[path.name]}/ (run "
                          f"python scripts/test_layout.py to move it)")
+    for name in sorted(set(layout) - set(seen)):  # a removed or renamed module's row
+        lines.append(f"scripts/test_layout.py: LAYOUT's row \"{name}\": \"{layout[name]}\" "
+                     f"names no file under tests/ (removed or renamed): drop or rename the row")
     return lines
 
 

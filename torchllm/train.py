@@ -38,7 +38,8 @@ from torchllm.metrics.mixture_log import MixtureLog
 from torchllm.metrics.moe_stats import MoEBiasBalancer, MoEStats
 from torchllm.metrics.reduce import to_host
 from torchllm.optim.batch_ramp import BatchSizeRamp, global_batch_size
-from torchllm.parallel import set_comm_timeout
+from torchllm.models.lora import added_tokens
+from torchllm.parallel import ParallelPlan, build_loss_fn, build_model, set_comm_timeout
 from torchllm.report.hook import RunReport
 from torchllm.run import process
 from torchllm.run.process_exit import exit_process
@@ -100,11 +101,24 @@ class Trainer:
             *self.replicas.data_shard(dp_rank, dp_degree))
 
         spec = models.get(cfg.model.name)
-        self.model_args = models.model_args(cfg, self.tokenizer.vocab_size)
+        self.model_args = models.model_args(cfg.model, tcfg, cfg.data, self.tokenizer.vocab_size)
         self.start_time = time.perf_counter()
-        # Model, optimizer, LR schedule, parallel plan and loss: what a step does (train_module).
-        self.module = m = TrainModule(spec, self.model_args, self.parallel_dims, cfg, self.device,
-                                      self.bf16, self.tokenizer, self.batch_ramp.lr_scale)
+        # The parallel plan, the loss and the model (built on meta, parallelized, materialized;
+        # under PP this rank's stages), handed to the train module with its sections: model,
+        # optimizer, LR schedule, parallel plan and loss are what a step does (train_module).
+        plan = ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint,
+                               compile=cfg.compile, training=tcfg,
+                               fault_tolerance=cfg.fault_tolerance)
+        loss_fn = build_loss_fn(cfg.compile)
+        model, pipeline = build_model(spec, self.model_args, self.parallel_dims, plan,
+                                      self.device, loss_fn, added_tokens(self.tokenizer),
+                                      mcfg=cfg.model, lcfg=cfg.lora, seed=cfg.job.seed,
+                                      tcfg=tcfg, ecfg=cfg.eval)
+        self.module = m = TrainModule(model, pipeline, loss_fn, plan, self.parallel_dims,
+                                      self.device, self.bf16, self.batch_ramp.lr_scale,
+                                      tcfg=tcfg, mcfg=cfg.model, ocfg=cfg.optimizer,
+                                      lrcfg=cfg.lr_scheduler)
         self.model, self.optimizer, self.lr_scheduler = m.model, m.optimizer, m.lr_scheduler
 
         counts = parameter_counts(self.model)

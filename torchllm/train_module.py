@@ -24,13 +24,11 @@ import torch
 
 from torchllm.checkpoint.training_state import MODEL, OPTIMIZER, Piece, TrainingState
 from torchllm.loss import IGNORE_INDEX
-from torchllm.models.lora import added_tokens
 from torchllm.models.moe import family_loss
 from torchllm.optim import build_lr_scheduler, build_optimizer
 from torchllm.parallel import (
     ContextParallel,
-    build_loss_fn,
-    build_model,
+    ParallelPlan,
     clip_grad_norm_,
     dp_sum,
     gradient_sync,
@@ -40,32 +38,35 @@ from torchllm.parallel.levers import StepLevers
 
 
 class TrainModule:
-    def __init__(self, spec, model_args, parallel_dims, cfg, device: torch.device, bf16: bool,
-                 tokenizer, lr_scale):
-        """`spec`: the model family (models.get); `lr_scale`: the batch-size ramp's LR factor
-        by step (optim.batch_ramp)."""
-        self.cfg, self.tcfg = cfg, cfg.training
+    def __init__(self, model, pipeline, loss_fn, plan: ParallelPlan, parallel_dims,
+                 device: torch.device, bf16: bool, lr_scale, *, tcfg, mcfg, ocfg, lrcfg):
+        """The loop builds what it hands over (torchllm.train): `model` and `pipeline`
+        (parallel.build_model: this rank's model, parallelized by `plan` and materialized, and
+        under PP its stages' schedule, else None), `loss_fn` (parallel.build_loss_fn).
+        `lr_scale`: the batch-size ramp's LR factor by step (optim.batch_ramp). Sections:
+        [training] `tcfg`, [model] `mcfg` (the SDPA kernels, the family's loss terms),
+        [optimizer] `ocfg`, [lr_scheduler] `lrcfg`; [parallelism], [compile] and [float8] are
+        the plan's."""
+        self.tcfg, self.plan = tcfg, plan
         self.parallel_dims, self.device, self.bf16 = parallel_dims, device, bf16
         self.dp_degree = parallel_dims.dp_degree
         self.cp = ContextParallel.from_dims(parallel_dims)  # splits sequences (cp > 1)
-        self.loss_fn = build_loss_fn(cfg.compile)
+        self.loss_fn = loss_fn
         # Model: built on meta, parallelized, materialized with a single process's initial
         # weights; under pipeline parallelism, this rank's stages (and their schedule).
-        self.model, self.pipeline = build_model(spec, model_args, parallel_dims, cfg, device,
-                                                self.loss_fn, added_tokens(tokenizer))
+        self.model, self.pipeline = model, pipeline
         self.model.train()
         # Speed levers acting at run time: bf16 weights cast once per step, the SDPA kernels,
         # CUDA-graph step boundaries (torchllm.parallel.levers).
         self.levers = StepLevers(self.model, bf16, device.type,
-                                 cast_weights_once=cfg.training.cast_weights_once,
-                                 sdpa_backend=cfg.model.sdpa_backend,
-                                 cudagraphs=cfg.compile.cudagraphs)
+                                 cast_weights_once=tcfg.cast_weights_once,
+                                 sdpa_backend=mcfg.sdpa_backend,
+                                 cudagraphs=plan.compile.cudagraphs)
         # The family's loss path: the token loss plus its own terms (MoE: auxiliary losses).
-        self.family_loss = family_loss(self.model, cfg.model)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, device)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler,
-                                               self.tcfg.steps, lr_scale)
-        register_float8_scale_precompute(self.optimizer, self.model, cfg.float8,
+        self.family_loss = family_loss(self.model, mcfg)
+        self.optimizer = build_optimizer(self.model, ocfg, device)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, lrcfg, tcfg.steps, lr_scale)
+        register_float8_scale_precompute(self.optimizer, self.model, plan.float8,
                                          parallel_dims.fsdp_enabled)
 
     def precision_name(self) -> str:
@@ -100,7 +101,7 @@ class TrainModule:
                                                     batch.get("positions"))
             self.levers.micro_step()
             # DDP reduces gradients on the last micro-step only; FSDP2 every one (gradient_sync)
-            with gradient_sync(self.model, i == len(batches) - 1, self.cfg.parallelism):
+            with gradient_sync(self.model, i == len(batches) - 1, self.plan.parallelism):
                 loss = self.micro_loss(inputs, targets, layout)
                 total = self.family_loss(loss, targets)  # + the family's terms (MoE)
                 # Data-parallel gradient averaging divides by dp_degree; undo it so the

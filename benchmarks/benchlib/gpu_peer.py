@@ -22,7 +22,8 @@ def peer_model(cfg, device: torch.device):
     RoPE, vocab, tied or not), random init: the same matmuls per token."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    m = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+    m = models.model_args(cfg.model, cfg.training, cfg.data,
+                          tokenizer_vocab_hint(cfg.data))
     rope = None
     if getattr(m, "rope_scaling", False):
         rope = {"rope_type": "llama3", "factor": m.rope_scaling_factor,

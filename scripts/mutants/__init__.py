@@ -43,6 +43,7 @@ from mutants import house_config_a
 from mutants import memory_ep
 from mutants import house_layout
 from mutants import ft_ddp
+from mutants import house_cfg2
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -86,5 +87,6 @@ MUTANTS = [
     *memory_ep.MUTANTS,
     *house_layout.MUTANTS,
     *ft_ddp.MUTANTS,
+    *house_cfg2.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

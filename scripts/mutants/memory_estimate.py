@@ -44,8 +44,9 @@ MUTANTS = [
         "estimate_skips_the_trainers_checks",
         "the estimate checks the degrees only, so it estimates float8 + TP, which the trainer refuses",
         "torchllm.tools.estimate_memory:_checked",
-        "    return cfg, build_parallel_dims(checked, world_size, device, args)",
-        "    return cfg, ParallelDims.from_config(cfg.parallelism, world_size)",
+        "    return build_parallel_dims(world_size, device, args,",
+        "    return ParallelDims.from_config(parallelism, world_size) or build_parallel_dims(\n"
+        "        world_size, device, args,",
         (CLI + "test_the_trainers_refusals_in_its_words",),
     ),
     Mutant.at(

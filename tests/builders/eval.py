@@ -86,7 +86,8 @@ def write_run(tmp_path, complete_steps=(1, 2), incomplete_steps=(3,)):
     (run_dir / "config.toml").write_text(to_toml(cfg))
     tokenizer = build_tokenizer(cfg.data, run_dir / "data")
     with torch.device("meta"):
-        model = models.get("llama3").build(models.model_args(cfg, tokenizer.vocab_size))
+        model = models.get("llama3").build(models.model_args(cfg.model, cfg.training, cfg.data,
+                                                             tokenizer.vocab_size))
     model.to_empty(device="cpu")
     states = {}
     for step in complete_steps:

@@ -59,3 +59,27 @@ class EmulatedFloat8Matmul(torch.autograd.Function):
         grad_x = (g @ cast(w, torch.float8_e4m3fn)).reshape(x.shape)
         grad_w = g.T @ cast(x.reshape(-1, x.shape[-1]), torch.float8_e4m3fn)
         return grad_x, grad_w
+
+
+def layout_dims(cfg, world: int, device_type: str = "cpu", args=None):
+    """The product's build_parallel_dims on a test's whole config: its layout sections by name,
+    `args` the config's own model args unless given."""
+    from torchllm import models
+    from torchllm.parallel import build_parallel_dims
+
+    if args is None:
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
+    return build_parallel_dims(world, device_type, args, parallelism=cfg.parallelism,
+                               model=cfg.model, training=cfg.training, data=cfg.data,
+                               eval=cfg.eval, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint, lora=cfg.lora,
+                               compile=cfg.compile)
+
+
+def plan_of(cfg):
+    """The ParallelPlan of a test's whole config (ParallelPlan.of its sections)."""
+    from torchllm.parallel import ParallelPlan
+
+    return ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                           activation_checkpoint=cfg.activation_checkpoint, compile=cfg.compile,
+                           training=cfg.training)

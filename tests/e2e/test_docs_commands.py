@@ -60,7 +60,8 @@ TINY = {
     "python scripts/mutation_check.py": [],
     # (bf16 is emulated on a CPU without AVX512_BF16/AMX: ~12x slower than fp32)
     "python benchmarks/bench_throughput.py": ["--vocab", "2048", "--precisions", "fp32"],
-    # (tests/test_time_to_loss.py runs all three contenders, shortened, and reads the JSON)
+    # (tests/unit/benchmarks/test_time_to_loss.py runs all three contenders, shortened, and
+    # reads the JSON)
     "python benchmarks/bench_time_to_loss.py": ["--contenders", "reference", "--steps", "2",
                                                 "--rounds", "1", "--text", "shakespeare.txt"],
     # (their --data-dir data/evals: what the fetch command leaves, see fixtures)
@@ -79,7 +80,7 @@ TINY = {
                                             "--training.seq_len=32",
                                             "--training.local_batch_size=2"],
     "python -m torchllm.tools.train_tokenizer": ["--vocab-size", "400"],
-    # one row of one process (tests/test_bench_memory.py runs a pipeline row too)
+    # one row of one process (tests/unit/benchmarks/test_bench_memory.py runs a pipeline row too)
     "python benchmarks/bench_memory.py": ["--layouts", "single"],
     "python -m torchllm.data.prepare": ["--workers", "1", "--shard-tokens", "50_000"],
 }
@@ -95,13 +96,17 @@ SKIP = {  # substring of the command -> why it does not run here
     "gpt2_124m_fineweb": "the GPT-2 recipe needs 8 GPUs and network (FineWeb-Edu, GPT-2 tokenizer)",
     "fetch_gpu_wheels.sh": "downloads wheels from the package index (network)",
     "gpu_check.sh": "the GPU acceptance run (minutes; its pieces have their own CPU tests)",
-    "bench_gpu.py": "the 1B throughput run on a GPU (its CPU path: tests/test_cluster_tools.py)",
+    "bench_gpu.py": "the 1B throughput run on a GPU (its CPU path: "
+                    "tests/unit/tools/test_cluster_tools.py)",
     "bench_fault_tolerance.py": "a lighthouse, 2 replica groups and a plain run, each killed and "
-                                "relaunched: minutes (tests/test_fault_tolerance.py runs the same)",
+                                "relaunched: minutes (tests/unit/ft/test_fault_tolerance.py runs "
+                                "the same)",
     "bench_revisions.py": "checks out a git revision (a fresh copy here is no clone) and runs "
-                          "two trees' configs: tests/test_bench_revisions.py runs it",
+                          "two trees' configs: tests/unit/benchmarks/test_bench_revisions.py "
+                          "runs it",
     "bench_semi_sync.py": "3 runs of a lighthouse and 2 replica groups: minutes "
-                          "(tests/test_ft_semi_sync.py runs two DiLoCo groups the same way)",
+                          "(tests/unit/ft/test_ft_semi_sync.py runs two DiLoCo groups the same "
+                          "way)",
 }
 # Documents whose training commands each start their own run: parallelism.md launches the same
 # config under other layouts, and resuming a run under another data-parallel degree is refused

@@ -12,7 +12,7 @@ and transformers' greedy reply on the exported folder (its own tokenizer and cha
 equal torchllm's, text and ids. Each stage runs what its command runs, in the test's process
 (tests/cli.py: run_train.sh's launcher with one process, the module's main), each reading the
 run the stage before it wrote; only the sizes are tiny. (The same commands as processes, from a
-fresh clone: tests/test_fresh_clone.py and the README's in tests/test_docs_commands.py.)
+fresh clone: tests/e2e/test_fresh_clone.py and the README's in tests/e2e/test_docs_commands.py.)
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ where the reference's loss rose), and a bug shows in the step, and the tensor, i
 Every test here restores the process-wide state it changes (TF32 switches and float32 matmul
 precision, TRITON_* variables inductor sets, dynamo / inductor config: the `_restored` fixture);
 tests/conftest.py's module guard fails the module otherwise. The harness is tested on CPU by
-tests/test_gpu_harness.py (including a planted compiled-path RoPE bug it must catch).
+tests/unit/benchmarks/test_gpu_harness.py (including a planted compiled-path RoPE bug it must
+catch).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from conftest import REPO
 PACKAGES = ("torchllm/data", "torchllm/models", "torchllm/hf", "torchllm/run", "torchllm/eval")
 # Entry points: each reads several sections of one config as a whole.
 ENTRY_POINTS = {
-    "torchllm/models/registry.py:model_args",  # [model], training.seq_len, [data]'s masking
     "torchllm/run/resolve.py:resolve_run",  # the run resolved once, from every section
     "torchllm/eval/loss.py:evaluate_loss",  # python -m torchllm.eval.loss: a checkpoint's config
 }

@@ -185,7 +185,8 @@ def test_cpu_peak_is_measured_once_per_machine_and_never_raised(monkeypatch, tmp
     (MFU would read ~100% by construction): one warning names the re-measuring command."""
     monkeypatch.setenv("TORCHLLM_CACHE_DIR", str(tmp_path))
     readings = iter([2e9, 5e9])
-    monkeypatch.setattr(flops, "_checked", lambda dtype, cache: {  # (quiet: tests/test_cpu_peak)
+    # (quiet: tests/unit/metrics/test_cpu_peak)
+    monkeypatch.setattr(flops, "_checked", lambda dtype, cache: {
         "flops": next(readings), "measured": "now", "quiet": True})
     peak = flops.Peak(torch.device("cpu"), bf16=False)
     assert peak.flops == 2e9 and (tmp_path / "cpu_peak_flops.json").is_file()

@@ -70,8 +70,9 @@ def load_for_inference(
                                     reader.run_folder(cfg.job) / "data")
     spec = models.get(cfg.model.name)
     with torch.device("meta"):  # (a LoRA run's model has its adapters: models/lora.py)
-        model = build_with_lora(spec, models.model_args(cfg, tokenizer.vocab_size), cfg.lora,
-                                cfg.model, cfg.float8.enable, _saved_token_rows(reader, tokenizer))
+        args = models.model_args(cfg.model, cfg.training, cfg.data, tokenizer.vocab_size)
+        model = build_with_lora(spec, args, cfg.lora, cfg.model, cfg.float8.enable,
+                                _saved_token_rows(reader, tokenizer))
     model.to_empty(device=device)
     init_weights(model, buffer_device=torch.device(device))  # buffers (RoPE) are not saved
     state = model.state_dict()

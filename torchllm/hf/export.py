@@ -102,7 +102,7 @@ def export_hf(checkpoint: str | Path | Step, out: str | Path,
     if vocab is None:
         raise ConfigError("the unpadded vocab size is unknown (no model.vocab_size, tokenizer not "
                           "found); pass --vocab-size")
-    args = models.model_args(cfg, vocab)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, vocab)
     weights = reader.weights()
     check_export_dtypes(weights, step_path)  # real floats only, before any merge or cast
     weights = plain_weights(weights, cfg.lora, merge=lora == "merge", vocab=vocab)
@@ -214,7 +214,7 @@ def export_adapter(checkpoint, out: str | Path, overrides=(), dtype: str | None 
         vocab = json.loads((base / "config.json").read_text())["vocab_size"]
         weights = {k: v for k, v in reader.weights().items()
                    if is_adapter_key(k) or not k.startswith("layers.")}
-        args = models.model_args(cfg, vocab)
+        args = models.model_args(cfg.model, cfg.training, cfg.data, vocab)
         tensors, targets, saved, rows = peft_weights(weights, cfg.lora, cfg.model.name, args,
                                                     vocab)
         if dtype is not None:

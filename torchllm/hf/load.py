@@ -68,7 +68,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: list[str] = ()
     cfg = load_config(list(overrides))
     hf_dir = hf_store(hf_dir)  # the folder, opened once: every file read through it
     hf_vocab = read_hf_config(hf_dir)["vocab_size"]  # checked: a positive int
-    args = models.model_args(cfg, hf_vocab)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, hf_vocab)
     weights = convert_from_hf(hf_dir, adapter_for_model(cfg.model.name), args)
     weights = {k: v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in weights.items()}
     check_cast(weights, dtype, hf_dir.root)  # before anything is written

@@ -201,12 +201,9 @@ def model_shape(args) -> str:
 def context_header(ctx, counts: dict[str, int]) -> str:
     """The header of a built run, from its TrainContext (its config, model, loaders, layout)."""
     from torchllm.models.lora import parameter_summary  # (LoRA: how many parameters train)
-    from torchllm.parallel.plan import ParallelPlan
 
     cfg, tcfg = ctx.cfg, ctx.cfg.training
     dims = ctx.parallel_dims
-    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
-                        tcfg.mixed_precision)
     return run_header(
         cfg.job, config_changes(cfg), run_dir=ctx.run_dir,
         model_line=(f"{cfg.model.name}/{cfg.model.flavor} ({model_shape(ctx.model_args)}): "
@@ -215,7 +212,8 @@ def context_header(ctx, counts: dict[str, int]) -> str:
                     "vocab "
                     f"{ctx.model_args.vocab_size} (tokenizer {ctx.tokenizer.vocab_size})"
                     f"{parameter_summary(ctx.module.model, cfg.lora, cfg.model.name)}"),
-        parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(), plan),
+        parallel_line=parallel_summary(dims, ctx.device, ctx.module.precision_name(),
+                                       ctx.module.plan),  # the plan the model was built with
         batch_line=(f"global batch {ctx.global_batch} seqs x {tcfg.seq_len} tokens = "
                     f"{tcfg.local_batch_size} local x {dims.dp_degree} dp x "
                     f"{ctx.grad_accum_steps} accumulation; {tcfg.steps:,} steps"),

@@ -15,7 +15,7 @@ import re
 from torch import nn
 
 from torchllm.config import components
-from torchllm.config.job_config import ConfigError, JobConfig, document_masking
+from torchllm.config.job_config import ConfigError, document_masking
 from torchllm.config.sections import Model
 from torchllm.models.spec import ModelSpec
 
@@ -122,17 +122,15 @@ def shape_overrides(mcfg, spec: ModelSpec) -> dict:
     return changes
 
 
-def model_args(job_config: JobConfig, tokenizer_vocab_size: int | None = None):
+def model_args(mcfg, tcfg, dcfg, tokenizer_vocab_size: int | None = None):
     """The flavor's args with the [model] overrides and padding applied.
 
     The one place config becomes model args: the trainer, launcher pre-flight, tools
-    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it. It
-    hands `build_args` the [model] section and the two things it reads of the rest of the run.
-    An entry point (it takes the whole config: [model], training.seq_len and the [data]
-    section's masking); code that holds the sections calls `build_args`."""
-    mcfg = job_config.model  # "auto" masking: resolved by the data (chat: block_causal)
-    return build_args(mcfg, seq_len=job_config.training.seq_len,
-                      masking=document_masking(mcfg, job_config.data),
+    (model_info, estimate_memory, dry_run), evaluation loading and HF export all call it with
+    the sections it reads: [model] `mcfg`, [training] `tcfg` (seq_len) and [data] `dcfg` (its
+    document masking); `build_args` takes the resolved length and masking."""
+    # "auto" masking: resolved by the data (chat: block_causal)
+    return build_args(mcfg, seq_len=tcfg.seq_len, masking=document_masking(mcfg, dcfg),
                       tokenizer_vocab_size=tokenizer_vocab_size)
 
 

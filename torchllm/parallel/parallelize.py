@@ -25,37 +25,39 @@ from torchllm.parallel.tp import apply_tp
 from torchllm.precision import use_bf16
 
 
-def build_parallel_dims(job_config, world_size: int, device_type: str, model_args) -> ParallelDims:
-    """Every parallelism check that needs no process group: degrees, model shape, options. An
-    entry point (scripts/config_coupling.py): the layout constrains most sections, so it reads
-    the whole config and hands each check its own sections."""
-    dims = ParallelDims.from_config(job_config.parallelism, world_size)
+def build_parallel_dims(world_size: int, device_type: str, model_args, *, parallelism, model,
+                        training, data, eval, float8, activation_checkpoint, lora,
+                        compile) -> ParallelDims:
+    """Every parallelism check that needs no process group: degrees, model shape, options. The
+    layout constrains the sections it is given by name (the launcher's pre-flight check, the
+    run, the memory estimate and the dry run pass the same ones); each check gets its own."""
+    dims = ParallelDims.from_config(parallelism, world_size)
     dims.device_type = device_type
     dims.validate_model(model_args.n_heads, model_args.n_kv_heads, model_args.tie_embeddings)
-    spec = models.get(job_config.model.name)
-    dims.validate_experts(job_config.model.name, spec.n_experts(model_args))
+    spec = models.get(model.name)
+    dims.validate_experts(model.name, spec.n_experts(model_args))
     if dims.tp_enabled and spec.tp_plan is None:
         raise ConfigError(
-            f"model.name = {job_config.model.name!r} declares no tensor-parallel plan "
+            f"model.name = {model.name!r} declares no tensor-parallel plan "
             "(ModelSpec.tp_plan); set parallelism.tensor_parallel_degree = 1",
             "parallelism.tensor_parallel_degree")
-    if dims.tp_enabled and job_config.training.seq_len % dims.tp:
+    if dims.tp_enabled and training.seq_len % dims.tp:
         raise ConfigError(
-            f"training.seq_len = {job_config.training.seq_len} is not a multiple of "
+            f"training.seq_len = {training.seq_len} is not a multiple of "
             f"tensor_parallel_degree = {dims.tp} (sequence parallelism splits the sequence)",
             "training.seq_len",
         )
     if dims.pp_enabled:  # schedule, micro-batches, the stages' split, what PP cannot run yet
-        check_pipeline(job_config.parallelism, job_config.training, job_config.model.name,
-                       job_config.eval, model_args, dims.pp)
+        check_pipeline(parallelism, training, model.name,
+                       eval, model_args, dims.pp)
     if dims.cp_enabled:
-        check_cp_lengths(job_config.training, dims.cp, dims.tp)
-        if job_config.model.dropout:  # (chunked_attention's pairs run without dropout)
+        check_cp_lengths(training, dims.cp, dims.tp)
+        if model.dropout:  # (chunked_attention's pairs run without dropout)
             raise ConfigError(
-                f"model.dropout = {job_config.model.dropout} with context_parallel_degree > 1 "
+                f"model.dropout = {model.dropout} with context_parallel_degree > 1 "
                 "is not supported (attention runs chunk by chunk); set model.dropout = 0",
                 "model.dropout")
-    if (dims.tp_enabled and document_masking(job_config.model, job_config.data)[1]
+    if (dims.tp_enabled and document_masking(model, data)[1]
             and spec.tp_plan.learned_positions):  # GPT-2
         raise ConfigError(
             "model.restart_positions_per_document with tensor_parallel_degree > 1 is not "
@@ -64,43 +66,43 @@ def build_parallel_dims(job_config, world_size: int, device_type: str, model_arg
             "data.chat_packing = 'pad', one per window)",
             "model.restart_positions_per_document",
         )
-    if dims.tp_enabled and job_config.float8.enable:
+    if dims.tp_enabled and float8.enable:
         raise ConfigError(
             "float8.enable with tensor_parallel_degree > 1 is not supported: float8 swaps the "
             "Linear modules that TP has hooked; use float8 with FSDP2/DDP, or TP without float8",
             "float8.enable",
         )
-    if dims.tp_enabled and job_config.training.chunked_loss:
+    if dims.tp_enabled and training.chunked_loss:
         raise ConfigError(
             "training.chunked_loss with tensor_parallel_degree > 1 is not supported: the chunked "
             "loss needs the whole output weight, and TP already splits the logits and the loss "
             "over the vocabulary (each rank holds 1/tp of them); turn one of them off",
             "training.chunked_loss",
         )
-    if job_config.parallelism.fsdp_cpu_offload and device_type != "cuda":
+    if parallelism.fsdp_cpu_offload and device_type != "cuda":
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true needs CUDA: on CPU the params are in CPU "
             "memory already; set it to false",
             "parallelism.fsdp_cpu_offload",
         )
-    if job_config.parallelism.ddp_comm_hook == "bf16" and device_type != "cuda":
+    if parallelism.ddp_comm_hook == "bf16" and device_type != "cuda":
         raise ConfigError(
             "parallelism.ddp_comm_hook = 'bf16' needs CUDA + NCCL (torch's bf16 hook has no "
             "gloo path); use 'fp16' or 'none' on CPU",
             "parallelism.ddp_comm_hook",
         )
-    if job_config.model.attention == "flex" and device_type != "cuda":
+    if model.attention == "flex" and device_type != "cuda":
         raise ConfigError(
             "model.attention = 'flex' needs CUDA (FlexAttention has no CPU backward); use "
             "model.attention = 'sdpa', which trains block_causal and sliding windows on every "
             "device with a boolean mask", "model.attention",
         )
-    if job_config.activation_checkpoint.mode == "selective":
-        parse_selective_option(job_config.activation_checkpoint.selective_option)
-    check_lora(job_config.lora, job_config.model.name, job_config.float8.enable, dims)
-    check_float8_hardware(job_config.float8, device_type)
-    check_components(job_config.compile)
-    check_levers(job_config.training, job_config.compile, job_config.float8, job_config.model,
+    if activation_checkpoint.mode == "selective":
+        parse_selective_option(activation_checkpoint.selective_option)
+    check_lora(lora, model.name, float8.enable, dims)
+    check_float8_hardware(float8, device_type)
+    check_components(compile)
+    check_levers(training, compile, float8, model,
                  dims, device_type)  # the speed levers (torchllm.parallel.levers)
     return dims
 

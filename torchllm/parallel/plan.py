@@ -1,8 +1,9 @@
 """ParallelPlan: the config sections parallelize_model applies to a model, and nothing more.
 
 parallel/ takes a module and its options, never the whole JobConfig (docs/architecture.md,
-"components"): whoever holds the config (the trainer's build_model, the dry run, a test) names
-the four sections and the precision here, and the plan travels instead of the config.
+"components"): whoever holds the config (the trainer, the memory estimate, the dry run, a test)
+builds the plan once from its sections (ParallelPlan.of), and the plan travels instead of the
+config.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ class ParallelPlan:
     compile: Any
     mixed_precision: str
     static_ddp_buckets: bool = False
+
+    @classmethod
+    def of(cls, *, parallelism, float8, activation_checkpoint, compile, training,
+           fault_tolerance=None) -> ParallelPlan:
+        """The plan of a run's sections: [parallelism], [float8], [activation_checkpoint],
+        [compile], [training] (its mixed_precision) and, when given, [fault_tolerance] (on:
+        DDP's buckets are static)."""
+        return cls(parallelism, float8, activation_checkpoint, compile,
+                   training.mixed_precision,
+                   static_ddp_buckets=bool(fault_tolerance is not None
+                                           and fault_tolerance.enable))
 
     def without_compile(self) -> ParallelPlan:
         """The same plan with compile.enable off (the dry run: tracing happens at the first call,

@@ -68,11 +68,14 @@ def check_config(train_args: list[str], world_size: int | None):
     from torchllm.parallel import build_parallel_dims
 
     cfg = load_config(train_args)
-    model_args = models.model_args(cfg)
+    model_args = models.model_args(cfg.model, cfg.training, cfg.data)
     optim.get(cfg.optimizer.name)  # a registered optimizer (job.custom_import may add one)
     device = resolve_device(cfg.training.device)
     if world_size is not None:
-        build_parallel_dims(cfg, world_size, device.type, model_args)
+        build_parallel_dims(world_size, device.type, model_args, parallelism=cfg.parallelism,
+                            model=cfg.model, training=cfg.training, data=cfg.data, eval=cfg.eval,
+                            float8=cfg.float8, activation_checkpoint=cfg.activation_checkpoint,
+                            lora=cfg.lora, compile=cfg.compile)
     check_data(cfg.data, cfg.validation)  # every dataset spec, by the code the trainer parses them with
     check_fault_tolerance(cfg.fault_tolerance, cfg.job, cfg.training.device, os.environ)  # torchft installed, its lighthouse reachable
     stage_tokenizer(cfg.data, cfg.checkpoint)  # a stage's tokenizer (from_initial_load, or auto): recorded there

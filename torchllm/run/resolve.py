@@ -59,7 +59,11 @@ def resolve_run(cfg: JobConfig) -> Run:
     tcfg = cfg.training
     device = resolve_device(tcfg.device)
     # Validate the layout before any process-group work, then build the mesh (world > 1).
-    parallel_dims = build_parallel_dims(cfg, env_world_size(), device.type, models.model_args(cfg))
+    parallel_dims = build_parallel_dims(
+        env_world_size(), device.type, models.model_args(cfg.model, tcfg, cfg.data),
+        parallelism=cfg.parallelism, model=cfg.model, training=tcfg, data=cfg.data,
+        eval=cfg.eval, float8=cfg.float8, activation_checkpoint=cfg.activation_checkpoint,
+        lora=cfg.lora, compile=cfg.compile)
     parallel_dims.build_mesh(device, cfg.comm.init_timeout_seconds)
     # One run per folder (a lock), and no fresh start over a previous run's outputs.
     folders = run_folders(cfg.job, cfg.checkpoint, cfg.metrics)

@@ -178,8 +178,13 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
     the memory estimate and the communication of the whole config, as the target sees it)."""
     cfg = copy.deepcopy(cfg)
     for_target(cfg.training, cfg.float8)
-    model_args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
-    dims = build_parallel_dims(cfg, world_size, cfg.training.device, model_args)
+    model_args = models.model_args(cfg.model, cfg.training, cfg.data,
+                                   tokenizer_vocab_hint(cfg.data))
+    dims = build_parallel_dims(world_size, cfg.training.device, model_args,
+                               parallelism=cfg.parallelism, model=cfg.model, training=cfg.training,
+                               data=cfg.data, eval=cfg.eval, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint, lora=cfg.lora,
+                               compile=cfg.compile)
     spec = models.get(cfg.model.name)
     accum = check_batch(cfg.training, dims.dp_degree)
     estimate = estimate_memory(cfg, model_args, world_size)
@@ -206,9 +211,10 @@ def dry_run(cfg, world_size: int, fake: bool = False, step: bool = False,
     try:
         dims.build_mesh(torch.device("cpu"))
         dims.device_type = cfg.training.device  # dtype decisions follow the target device
-        model = sharded_model(spec, model_args, dims, ParallelPlan(
-            cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
-            cfg.training.mixed_precision))
+        model = sharded_model(spec, model_args, dims, ParallelPlan.of(
+            parallelism=cfg.parallelism, float8=cfg.float8,
+            activation_checkpoint=cfg.activation_checkpoint, compile=cfg.compile,
+            training=cfg.training))
         local = local_param_bytes(model)
         report["fake"] = {"rank0_param_bytes": local,
                           "estimate_param_bytes": estimate["terms_bytes"]["params"],

@@ -62,7 +62,7 @@ pipeline_ranks), with the gradients of earlier micro-batches alive.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import sys
 
@@ -93,24 +93,39 @@ def check_trainer_config(train_args: list[str], world_size: int, target_device: 
     torchllm.run.launch.check_config that need no data or tokenizer: the parallel degrees, the
     model shape, option combinations; parallel/parallelize.build_parallel_dims); ConfigError in
     the trainer's words. Returns the config."""
-    return _checked(load_config(train_args), world_size, target_device)[0]
+    cfg = load_config(train_args)
+    _checked(cfg.model, cfg.training, cfg.data, cfg.optimizer, world_size,
+             target(cfg.training, target_device)[0], parallelism=cfg.parallelism,
+             eval=cfg.eval, float8=cfg.float8, activation_checkpoint=cfg.activation_checkpoint,
+             lora=cfg.lora, compile=cfg.compile)
+    return cfg
 
 
-def _checked(cfg, world_size: int, target_device: str | None = None):
-    """(cfg, its ParallelDims) after the trainer's checks of the whole config (an entry point:
-    build_parallel_dims and the model's args read every section they check)."""
+def target(tcfg, target_device: str | None = None) -> tuple[str, str]:
+    """(the device type the run would train on, where that comes from): `target_device`, else
+    the [training] section's device ("auto": this host's); "cuda" need not be present here
+    (estimate a GPU job anywhere)."""
+    if target_device or tcfg.device != "auto":
+        return target_device or tcfg.device, "training.device"
+    return resolve_device("auto").type, "training.device = auto: this host's"
+
+
+def _checked(mcfg, tcfg, dcfg, ocfg, world_size: int, device: str, *, parallelism, eval, float8,
+             activation_checkpoint, lora, compile):
+    """The ParallelDims of the run on `world_size` ranks of `device` after the trainer's checks:
+    the model's args ([model] `mcfg`, [training] `tcfg`, [data] `dcfg`), a registered optimizer
+    ([optimizer] `ocfg`), the layout (build_parallel_dims, its sections)."""
     from torchllm.parallel import build_parallel_dims
 
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
-    device = target_device or (cfg.training.device if cfg.training.device != "auto"
-                               else resolve_device("auto").type)
-    optim.get(cfg.optimizer.name)  # a registered optimizer
-    checked = cfg
-    if device == "cuda" and cfg.float8.enable and not torch.cuda.is_available():
+    args = models.model_args(mcfg, tcfg, dcfg, tokenizer_vocab_hint(dcfg))
+    optim.get(ocfg.name)  # a registered optimizer
+    if device == "cuda" and float8.enable and not torch.cuda.is_available():
         # float8's hardware check is about the cluster's GPUs, not this host (as dry_run)
-        checked = copy.deepcopy(cfg)
-        checked.float8.emulate = True
-    return cfg, build_parallel_dims(checked, world_size, device, args)
+        float8 = dataclasses.replace(float8, emulate=True)
+    return build_parallel_dims(world_size, device, args, parallelism=parallelism, model=mcfg,
+                               training=tcfg, data=dcfg, eval=eval, float8=float8,
+                               activation_checkpoint=activation_checkpoint, lora=lora,
+                               compile=compile)
 
 
 def vocab_source(mcfg, dcfg, model_args) -> str:
@@ -194,12 +209,11 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     rank's in `ranks`. Refuses (ConfigError, the trainer's words) what the trainer refuses.
     `moe_imbalance`: the busiest expert's load over the balanced one (MoE models)."""
     tcfg = cfg.training
-    # Where the run would train; "cuda" need not be present here (estimate a GPU job anywhere).
-    if target_device or tcfg.device != "auto":
-        device, device_from = target_device or tcfg.device, "training.device"
-    else:
-        device, device_from = resolve_device("auto").type, "training.device = auto: this host's"
-    _, dims = _checked(cfg, world_size, device)
+    device, device_from = target(tcfg, target_device)  # where the run would train
+    dims = _checked(cfg.model, tcfg, cfg.data, cfg.optimizer, world_size, device,
+                    parallelism=cfg.parallelism, eval=cfg.eval, float8=cfg.float8,
+                    activation_checkpoint=cfg.activation_checkpoint, lora=cfg.lora,
+                    compile=cfg.compile)
     with torch.device("meta"):  # (lora.enable: with its adapters, the base frozen)
         model = build_with_lora(models.get(cfg.model.name), model_args, cfg.lora, cfg.model,
                                 cfg.float8.enable)
@@ -209,8 +223,9 @@ def estimate_memory(cfg, model_args, world_size: int, target_device: str | None 
     state_bytes = spec.state_bytes or adamw_state_bytes
     accum = accumulation_steps(tcfg, dims)
     layout = pipeline_ranks(cfg.parallelism, tcfg, cfg.model.name, cfg.eval, model_args, dims)
-    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
-                        tcfg.mixed_precision)
+    plan = ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                           activation_checkpoint=cfg.activation_checkpoint, compile=cfg.compile,
+                           training=tcfg)
     ranks = [rank_memory(plan, tcfg, cfg.lora, cfg.model.name, model_args, model, dims, act, r,
                          state_bytes, accum, moe_imbalance) for r in layout]
     for r in ranks:
@@ -331,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load_config(argv)
-        args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+        args = models.model_args(cfg.model, cfg.training, cfg.data,
+                                 tokenizer_vocab_hint(cfg.data))
         result = estimate_memory(cfg, args, world_size, moe_imbalance=imbalance)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

@@ -24,22 +24,22 @@ def tokenizer_vocab_hint(dcfg) -> int | None:
     return dcfg.tokenizer_vocab_size if dcfg.tokenizer in ("auto", "train") else None
 
 
-def model_info(cfg) -> dict:
-    """The tool's report (an entry point, scripts/config_coupling.py: the model's args come
-    from the whole config, models.model_args)."""
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+def model_info(mcfg, tcfg, dcfg) -> dict:
+    """The tool's report of the model of a run's [model] `mcfg`, [training] `tcfg` (seq_len)
+    and [data] `dcfg` (the tokenizer's vocab, when knowable without loading it)."""
+    args = models.model_args(mcfg, tcfg, dcfg, tokenizer_vocab_hint(dcfg))
     with torch.device("meta"):
-        model = models.get(cfg.model.name).build(args)
+        model = models.get(mcfg.name).build(args)
     shapes = Counter(
         (name.split(".")[-2] if "layers" in name else name.rsplit(".", 1)[0], tuple(p.shape))
         for name, p in model.named_parameters()
     )
     return {
-        "model": cfg.model.name,
-        "flavor": cfg.model.flavor,
+        "model": mcfg.name,
+        "flavor": mcfg.flavor,
         **parameter_counts(model),
-        "flops_per_token": flops_per_token(model, cfg.training.seq_len),
-        "seq_len": cfg.training.seq_len,
+        "flops_per_token": flops_per_token(model, tcfg.seq_len),
+        "seq_len": tcfg.seq_len,
         "vocab_size": args.vocab_size,
         "layers": args.n_layers,
         "dim": args.dim,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     as_json = pop_flag(argv, "--json")
     try:
         cfg = load_config(argv)
-        info = model_info(cfg)
+        info = model_info(cfg.model, cfg.training, cfg.data)
         print(json.dumps(info) if as_json else info_table(info))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

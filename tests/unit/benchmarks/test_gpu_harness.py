@@ -213,7 +213,8 @@ def test_bench_gpu_peer_is_torchllms_model_shape(config):
                        "--training.device=cpu", "--data.tokenizer_vocab_size=512"])
     peer, vocab = peer_model(cfg, torch.device("meta"))
     with torch.device("meta"):
-        ours = Transformer(models.model_args(cfg, tokenizer_vocab_hint(cfg.data)))
+        ours = Transformer(models.model_args(cfg.model, cfg.training, cfg.data,
+                                             tokenizer_vocab_hint(cfg.data)))
     assert vocab == ours.args.vocab_size
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(peer) == count(ours)
@@ -246,7 +247,8 @@ def test_bench_gpu_picks_the_least_activation_checkpointing_that_fits():
 
     def est(mode):
         cfg = load_config([*base, f"--activation_checkpoint.mode={mode}"])
-        return estimate_memory(cfg, models.model_args(cfg, 4096), 1)["peak_bytes"]
+        args = models.model_args(cfg.model, cfg.training, cfg.data, 4096)
+        return estimate_memory(cfg, args, 1)["peak_bytes"]
 
     assert est("none") > est("selective") > est("full")
     assert bench_gpu.pick_ac(base, "auto", est("none") / 0.9 + 1)[0] == "none"

@@ -47,7 +47,7 @@ def next_stage(tmp_path, tok, name="mid", *extra):
 
 def assert_grown(model_sd: dict, saved: dict, rows: int = 576) -> None:
     """The saved 512 rows kept; rows 512.. (6 chat tokens + padding to 576) drawn around their
-    mean, each its own (transformers' draw: tests/test_vocab_rows.py)."""
+    mean, each its own (transformers' draw: tests/unit/checkpoint/test_vocab_rows.py)."""
     for key in VOCAB:
         old, new = saved[key], model_sd[key]
         assert old.shape[0] == 512 and new.shape[0] == rows, key

@@ -88,7 +88,8 @@ def test_a_family_in_tests_adds_a_shape_key_without_touching_config(tmp_path, to
     config_code = "".join(p.read_text() for p in (REPO / "torchllm" / "config").glob("*.py"))
     assert "mlp_ratio" not in config_code
     cfg = load_config(tiny_args(tmp_path, *toy_family, "--model.mlp_ratio=3"))
-    assert cfg.model.mlp_ratio == 3.0 and models.model_args(cfg).ffn_hidden_dim == 3 * 64
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
+    assert cfg.model.mlp_ratio == 3.0 and args.ffn_hidden_dim == 3 * 64
     ran = run_train(*tiny_args(tmp_path, *toy_family, "--model.mlp_ratio=3",
                                "--training.steps=2", "--job.run_name=toy"))
     assert ran.returncode == 0, ran.out[-3000:]

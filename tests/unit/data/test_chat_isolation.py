@@ -55,7 +55,7 @@ def test_packed_conversations_train_as_if_each_were_alone(tmp_path):
     cfg = tiny_config(tmp_path, *args)
     tok = build_tokenizer(cfg.data, tmp_path / "data")
     batch = next(iter(build_data(*data_args(cfg), tok, 0, 1)[0]))
-    model_args = models.model_args(cfg, tok.vocab_size)
+    model_args = models.model_args(cfg.model, cfg.training, cfg.data, tok.vocab_size)
     assert (model_args.attn_mask_type, model_args.restart_positions_per_document) == (
         "block_causal", True)  # chat data: the unset keys isolate the conversations
     torch.manual_seed(0)

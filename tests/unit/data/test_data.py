@@ -150,7 +150,8 @@ def test_validation_loader_is_fixed_the_same_on_every_rank_and_held_out(tmp_path
     ds = train.dataset
     train_rows = {tuple(r.tolist()) for n in range(ds.batches_per_epoch) for r in ds.batch(n)["inputs"]}
     assert not val_rows & train_rows
-    # Every rank holds the whole split; evaluation shares it out (tests/test_eval_validation).
+    # Every rank holds the whole split; evaluation shares it out
+    # (tests/unit/eval/test_eval_validation).
     assert_batches_equal(list(build_data(*data_args(cfg), TOK, 1, 2)[1]), first)
 
 

@@ -35,7 +35,8 @@ def import_args(tmp_path, hf: Path, out: Path, *extra: str) -> list[str]:
 def source(tmp_path_factory):
     """(the qwen3 debug model's HF tensors, its config.json, its args, the torchllm weights)."""
     tmp = tmp_path_factory.mktemp("src")
-    args = models.model_args(tiny_config(tmp, *FAMILY), VOCAB)
+    cfg = tiny_config(tmp, *FAMILY)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, VOCAB)
     model = build_model(models.get("qwen3").model_cls, args)
     adapter = adapter_for_model("qwen3")
     return adapter.to_hf(model.state_dict(), args, VOCAB), adapter.config(args, VOCAB), \

@@ -30,7 +30,7 @@ def hf_folder(tmp_path_factory) -> Path:
     writes it, without training)."""
     tmp = tmp_path_factory.mktemp("hf")
     cfg = tiny_config(tmp, *TARGET)
-    args = models.model_args(cfg, VOCAB)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, VOCAB)
     model = build_model(models.get("qwen3").model_cls, args)
     adapter = adapter_for_model("qwen3")
     out = tmp / "hf"

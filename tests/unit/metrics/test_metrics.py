@@ -183,7 +183,7 @@ def test_tied_embeddings_have_no_output_group():
 def test_flops_and_mfu_of_the_1b_reference_by_hand():
     cfg = load_config(["--job.config_file", str(REPO / "train_configs" / "llama3_1b.toml")])
     with torch.device("meta"):
-        model = Transformer(model_args(cfg))
+        model = Transformer(model_args(cfg.model, cfg.training, cfg.data))
     assert parameter_counts(model)["params"] == 1_241_581_568
     # Tied embeddings: the table is not counted as a non-embedding parameter, but its output
     # matmul runs, so N = every parameter: 6N = 7,449,489,408. Attention scores and values:

@@ -24,7 +24,8 @@ def config(*extra):
 
 def debug_moe(cfg):
     with torch.device("meta"):
-        return models.get("qwen3_moe").build(models.model_args(cfg, 512))
+        return models.get("qwen3_moe").build(models.model_args(cfg.model, cfg.training, cfg.data,
+                                                               512))
 
 
 def brute_force(model) -> dict[str, int]:
@@ -58,12 +59,13 @@ def test_active_and_total_counts_and_flops(tied):
     assert counts["active_params"] == expected["active_params"]
     assert counts["active_params"] < counts["params"]  # 2 of 8 experts
     assert flops_per_token(model, SEQ) == expected["flops_per_token"]
-    info = model_info(cfg)
+    info = model_info(cfg.model, cfg.training, cfg.data)
     assert info["active_params"] == expected["active_params"]
     assert info["flops_per_token"] == expected["flops_per_token"]
     assert active_params(counts) == f", {expected['active_params']:,} active per token"
+    dense = load_config(["--model.name=qwen3"])
     assert active_params(parameter_counts(models.get("qwen3").build(
-        models.model_args(load_config(["--model.name=qwen3"]), 512)))) == ""
+        models.model_args(dense.model, dense.training, dense.data, 512)))) == ""
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -72,7 +74,8 @@ def test_estimator_stores_every_expert_and_tp_does_not_split_them(tp):
     cfg = config("--model.tie_embeddings=false", f"--parallelism.tensor_parallel_degree={tp}",
                  "--parallelism.data_parallel_shard_degree=1")
     expected = brute_force(debug_moe(cfg))
-    out = estimate_memory(cfg, models.model_args(cfg, 512), world_size=tp)
+    args = models.model_args(cfg.model, cfg.training, cfg.data, 512)
+    out = estimate_memory(cfg, args, world_size=tp)
     assert out["params"] == expected["params"] and out["flops_per_token"] == expected[
         "flops_per_token"]
     moe = expected["moe_layer_params"]

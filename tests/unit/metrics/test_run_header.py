@@ -94,8 +94,9 @@ def test_parallel_line_names_every_dim_in_use():
     from torchllm.parallel.dims import ParallelDims
 
     def plan(cfg):
-        return ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
-                            cfg.training.mixed_precision)
+        return ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint,
+                               compile=cfg.compile, training=cfg.training)
 
     cfg = load_config(["--parallelism.pipeline_parallel_degree=2",
                        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",

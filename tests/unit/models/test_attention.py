@@ -172,21 +172,21 @@ def test_sliding_window_per_layer_model():
 def test_attention_config_errors(tmp_path):
     cfg = load_config(tiny_args(tmp_path, "--model.sliding_window=4,0"))
     with pytest.raises(ConfigError, match="model.sliding_window"):
-        model_args(cfg)
+        model_args(cfg.model, cfg.training, cfg.data)
     cfg = load_config(tiny_args(tmp_path, "--model.sliding_window=8",
                                 "--model.attn_mask_type=block_causal"))
-    assert model_args(cfg).sliding_window == (8,)
-    from torchllm.parallel import build_parallel_dims
+    assert model_args(cfg.model, cfg.training, cfg.data).sliding_window == (8,)
+    from builders.models import layout_dims
 
     cfg = load_config(tiny_args(tmp_path, "--model.attention=flex"))
     with pytest.raises(ConfigError, match="model.attention = 'sdpa'"):
-        build_parallel_dims(cfg, 1, "cpu", model_args(cfg))
+        layout_dims(cfg, 1, "cpu")
     cfg = load_config(tiny_args(tmp_path, "--model.name=gpt2", "--model.tie_embeddings=false",
                                 "--model.restart_positions_per_document=true",
                                 "--parallelism.tensor_parallel_degree=2"))
     with raises_naming(ConfigError, "tensor_parallel_degree", "GPT-2",
                        key="model.restart_positions_per_document"):
-        build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
+        layout_dims(cfg, 2, "cpu")
 
 
 def test_train_block_causal_sliding_window(tmp_path):

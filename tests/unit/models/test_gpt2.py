@@ -27,7 +27,7 @@ def test_124m_has_124_439_808_params_at_vocab_50257():
     # The count assumes GPT-2's unpadded vocab of 50,257, 1,024 positions and tied embeddings.
     cfg = load_config([*GPT2_ARGS, "--model.flavor=124M", "--model.vocab_size=50257",
                        "--model.vocab_pad_multiple=1", "--training.seq_len=1024"])
-    args = models.model_args(cfg)
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
     assert (args.vocab_size, args.max_seq_len, args.tie_embeddings) == (50257, 1024, True)
     with torch.device("meta"):
         model = models.get("gpt2").build(args)
@@ -36,7 +36,7 @@ def test_124m_has_124_439_808_params_at_vocab_50257():
 
 def test_shipped_124m_config_pads_vocab_to_50304():
     cfg = load_config([f"--job.config_file={REPO / 'train_configs' / 'gpt2_124m_fineweb.toml'}"])
-    args = models.model_args(cfg)
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
     assert (args.vocab_size, args.max_seq_len) == (50304, 1024)
     with torch.device("meta"):
         model = GPT2(args)

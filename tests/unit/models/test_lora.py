@@ -44,7 +44,7 @@ def test_adapters_start_as_the_base_model_with_peft_init():
     from torchllm.models.lora import apply_lora, init_weights
 
     cfg = load_config(["--model.flavor=debug", "--lora.enable", "--model.vocab_size=256"])
-    args = models.model_args(cfg)
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
     spec = models.get("llama3")
     plain = build_model(spec.model_cls, args, seed=3)
     with torch.device("meta"):

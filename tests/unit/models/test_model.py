@@ -23,7 +23,7 @@ TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, ma
 
 def test_reference_1b_has_exact_parameter_count_on_meta():
     cfg = load_config([f"--job.config_file={REPO / 'train_configs' / 'llama3_1b.toml'}"])
-    args = models.model_args(cfg)
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
     assert args.vocab_size == 131072 and args.dim == 2048 and args.n_layers == 16
     assert (args.n_heads, args.n_kv_heads, args.ffn_hidden_dim) == (32, 8, 8192)
     assert args.tie_embeddings and args.rope_theta == 500000
@@ -51,13 +51,14 @@ def test_vocab_padding_multiple_and_pow2():
     assert models.padded_vocab_size(50257, 64) == 50304
     assert models.padded_vocab_size(128256, 64, pow2=True) == 131072
     cfg = load_config(["--model.vocab_pad_multiple=128"])
-    assert models.model_args(cfg, tokenizer_vocab_size=1000).vocab_size == 1024
+    args = models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_size=1000)
+    assert args.vocab_size == 1024
 
 
 def test_model_vocab_smaller_than_tokenizer_is_an_error():
     cfg = load_config(["--model.vocab_size=100"])
     with raises_naming(ValueError, "model.vocab_size = 100", "512"):  # the value, the tokenizer's
-        models.model_args(cfg, tokenizer_vocab_size=512)
+        models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_size=512)
 
 
 def test_init_statistics():
@@ -236,6 +237,6 @@ def test_dropout_config_reaches_both_families_and_is_validated():
 
     for name in ("llama3", "gpt2"):
         cfg = load_config([f"--model.name={name}", "--model.dropout=0.1"])
-        assert models.model_args(cfg).dropout == 0.1
+        assert models.model_args(cfg.model, cfg.training, cfg.data).dropout == 0.1
     with raises_naming(ConfigError, "model.dropout = 1.0", "[0, 1)"):  # the value, the range
         load_config(["--model.dropout=1.0"])

@@ -69,13 +69,13 @@ def test_toy_family_trains_exports_and_loads_in_transformers(tmp_path, toy_impor
 def test_a_family_without_a_tp_plan_refuses_tensor_parallelism(tmp_path, toy_importable):
     from torchllm.config import ConfigError
     from torchllm.config.loader import load_config
+    from builders.models import layout_dims
     from torchllm.models import model_args
-    from torchllm.parallel import build_parallel_dims
 
     cfg = load_config(tiny_args(tmp_path, "--job.custom_import=toy_family",
                                 "--model.name=toy_llama", "--parallelism.tensor_parallel_degree=2"))
     with pytest.raises(ConfigError, match="tensor_parallel_degree = 1"):
-        build_parallel_dims(cfg, 2, "cpu", model_args(cfg, VOCAB))
+        layout_dims(cfg, 2, "cpu", model_args(cfg.model, cfg.training, cfg.data, VOCAB))
 
 
 def test_custom_import_that_fails_names_the_key(tmp_path):

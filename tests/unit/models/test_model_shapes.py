@@ -24,6 +24,11 @@ SHAPE_KEYS = tuple(dict.fromkeys(k for name in ("llama3", "gpt2", "qwen3")
 BASE = ["--data.tokenizer_vocab_size=512", "--model.vocab_size=512", "--training.seq_len=32"]
 
 
+def args_of(cfg):
+    """The model args of a loaded config (its [model], [training] and [data] sections)."""
+    return models.model_args(cfg.model, cfg.training, cfg.data)
+
+
 def n_params(args, name: str) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in models.get(name).build(args).parameters())
@@ -59,10 +64,10 @@ FLAVORS = [("llama3", f) for f in ("debug", "small", "125M", "1B", "8B")] + \
 @pytest.mark.parametrize("name,flavor", FLAVORS)
 def test_own_shape_keys_rebuild_the_flavor(name, flavor):
     base = [f"--model.name={name}", f"--model.flavor={flavor}", *BASE]
-    plain = models.model_args(load_config(base))
+    plain = args_of(load_config(base))
     flags = own_shape_flags(models.get(name).flavors[flavor])
     assert len(flags) >= 4  # dim, n_layers, n_heads and the FFN width at least
-    same = models.model_args(load_config([*base, *flags]))
+    same = args_of(load_config([*base, *flags]))
     # Same shape (Llama's derived FFN width becomes explicit: the same width).
     for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden_dim",
                   "vocab_size", "max_seq_len"):
@@ -74,10 +79,10 @@ def test_own_shape_keys_rebuild_the_flavor(name, flavor):
 
 def test_llama_multiplier_key_reproduces_the_8b_width():
     base = ["--model.name=llama3", "--model.flavor=8B"]
-    assert models.model_args(load_config([*base, "--model.ffn_dim_multiplier=1.3"])) == \
-        models.model_args(load_config(base))
+    assert args_of(load_config([*base, "--model.ffn_dim_multiplier=1.3"])) == \
+        args_of(load_config(base))
     # On a flavor with an explicit width, the multiplier replaces it: 2/3*4*768 = 2048, x 1.5
-    args = models.model_args(load_config(["--model.flavor=125M", "--model.ffn_dim_multiplier=1.5"]))
+    args = args_of(load_config(["--model.flavor=125M", "--model.ffn_dim_multiplier=1.5"]))
     assert args.ffn_hidden_dim == 3072 and args.hidden_dim is None
 
 
@@ -94,14 +99,14 @@ def llama_params(L, d, V, n_heads, n_kv, h):  # untied, RMSNorm weights only, no
 
 
 def test_gpt2_4x128_and_llama_20_layers_match_a_by_hand_count():
-    gpt = models.model_args(load_config(
+    gpt = args_of(load_config(
         ["--model.name=gpt2", "--model.n_layers=4", "--model.dim=128", *BASE]))
     assert (gpt.n_layers, gpt.dim, gpt.ffn_hidden_dim, gpt.vocab_size) == (4, 128, 512, 512)
     assert n_params(gpt, "gpt2") == gpt2_params(4, 128, 512, 32)
-    llama = models.model_args(load_config(["--model.n_layers=20", *BASE]))
+    llama = args_of(load_config(["--model.n_layers=20", *BASE]))
     # debug flavor: dim 256, 8 heads, 4 kv heads; SwiGLU 2/3*4*256 = 682 -> multiple of 256: 768
     assert n_params(llama, "llama3") == llama_params(20, 256, 512, 8, 4, 768)
-    odd = models.model_args(load_config(
+    odd = args_of(load_config(
         ["--model.n_layers=3", "--model.dim=192", "--model.n_heads=6", "--model.n_kv_heads=2",
          "--model.hidden_dim=500", *BASE]))
     assert n_params(odd, "llama3") == llama_params(3, 192, 512, 6, 2, 500)
@@ -159,7 +164,7 @@ def test_run_header_shows_the_overridden_shape(tmp_path, caplog):
 ])
 def test_inconsistent_shape_is_a_one_line_config_error(flags, key, carried):
     with pytest.raises(ConfigError) as e:
-        models.model_args(load_config([*flags, *BASE]))
+        args_of(load_config([*flags, *BASE]))
     assert all(c in str(e.value) for c in carried), (carried, str(e.value))
     assert e.value.key == key and "\n" not in str(e.value) and key in str(e.value)
 

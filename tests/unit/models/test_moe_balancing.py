@@ -94,7 +94,8 @@ def test_no_bias_buffer_when_off(tmp_path):
     for rate, present in ((0.0, False), (1e-3, True)):
         cfg = tiny_config(tmp_path, "--model.name=qwen3_moe",
                           f"--model.moe_bias_update_rate={rate}")
-        keys = models.get("qwen3_moe").model_cls(models.model_args(cfg)).state_dict()
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
+        keys = models.get("qwen3_moe").model_cls(args).state_dict()
         assert any(k.endswith("expert_bias") for k in keys) is present
         assert not any(k.endswith("expert_load") for k in keys)  # per-step, not saved
 

@@ -150,8 +150,9 @@ def test_published_parameter_counts():
     from torchllm.tools.model_info import model_info
 
     def info(name, flavor):
-        return model_info(load_config([f"--model.name={name}", f"--model.flavor={flavor}",
-                                       "--data.tokenizer_vocab_size=151936"]))
+        cfg = load_config([f"--model.name={name}", f"--model.flavor={flavor}",
+                           "--data.tokenizer_vocab_size=151936"])
+        return model_info(cfg.model, cfg.training, cfg.data)
 
     dense = info("qwen3", "0.6B")
     assert round(dense["params"] / 1e9, 1) == 0.6
@@ -220,15 +221,14 @@ def test_kv_cache_decoding_equals_full_forward():
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 def test_tensor_parallel_qwen3_is_accepted(tmp_path, name):
     """TP of both families is checked like Llama's (parity: test_parallel_multiprocess)."""
-    from torchllm import models
     from torchllm.config import ConfigError
-    from torchllm.parallel import build_parallel_dims
+    from builders.models import layout_dims
 
     args = (f"--model.name={name}", "--parallelism.data_parallel_shard_degree=1")
     cfg = tiny_config(tmp_path, *args, "--model.tie_embeddings=false",
                       "--parallelism.tensor_parallel_degree=2")
-    assert build_parallel_dims(cfg, 2, "cpu", models.model_args(cfg)).tp == 2
+    assert layout_dims(cfg, 2, "cpu").tp == 2
     cfg = tiny_config(tmp_path, *args, "--model.tie_embeddings=false",
                       "--parallelism.tensor_parallel_degree=8")  # debug: 4 KV heads
     with pytest.raises(ConfigError, match="n_kv_heads = 4"):
-        build_parallel_dims(cfg, 8, "cpu", models.model_args(cfg))
+        layout_dims(cfg, 8, "cpu")

@@ -1,5 +1,6 @@
 """Training recipes: optimizers, batch-size and sequence-length schedules, chunked loss,
-determinism (docs/recipes.md). Multi-process composition: tests/test_recipes_parallel.py."""
+determinism (docs/recipes.md). Multi-process composition:
+tests/integration/test_recipes_parallel.py."""
 
 from __future__ import annotations
 

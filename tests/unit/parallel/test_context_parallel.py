@@ -13,8 +13,8 @@ from builders.launch import (GLOBAL_BATCH, PARITY, PARITY_STEPS, SMALL, assert_m
                                         launch)
 from torchllm.config import ConfigError
 from torchllm.data import build_data
-from torchllm.models import model_args
-from torchllm.parallel import ContextParallel, build_parallel_dims
+from torchllm.parallel import ContextParallel
+from builders.models import layout_dims
 from torchllm.parallel.context_parallel import head_tail_index
 from torchllm.train import Trainer
 from builders.data import data_args, DOCS, SHORT_DOCS, fill, write_short_docs  # noqa: F401
@@ -74,12 +74,12 @@ def test_shard_keeps_whole_window_documents():
 def test_bad_cp_layouts_fail_before_process_groups(tmp_path, extra, match):
     cfg = tiny_config(tmp_path, *extra)
     with pytest.raises(ConfigError, match=match):
-        build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
+        layout_dims(cfg, 2, "cpu")
 
 
 def test_cp_validates_and_resolves_dp_shard(tmp_path):
     cfg = tiny_config(tmp_path, CP, "--training.seq_len=16")
-    dims = build_parallel_dims(cfg, 4, "cpu", model_args(cfg))
+    dims = layout_dims(cfg, 4, "cpu")
     assert (dims.dp_shard, dims.cp, dims.dp_degree, dims.fsdp_enabled) == (2, 2, 2, True)
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchllm import models
 from torchllm.config import ConfigError
-from torchllm.parallel import build_parallel_dims
+from builders.models import layout_dims
 from torchllm.parallel.expert_parallel import source_to_expert_order
 
 from conftest import tiny_config
@@ -23,7 +22,7 @@ MOE = "--model.name=qwen3_moe"
 def layout_error(tmp_path, world: int, *args) -> str:
     cfg = tiny_config(tmp_path, *args)
     with pytest.raises(ConfigError) as e:
-        build_parallel_dims(cfg, world, "cpu", models.model_args(cfg))
+        layout_dims(cfg, world, "cpu")
     message = str(e.value)
     assert "\n" not in message and "expert_parallel_degree" in message
     return message
@@ -58,7 +57,7 @@ def test_valid_layouts_resolve_efsdp(tmp_path):
                                (4, ("--parallelism.context_parallel_degree=2",
                                     "--training.seq_len=32"), 2)):
         cfg = tiny_config(tmp_path, MOE, EP2, *args)
-        dims = build_parallel_dims(cfg, world, "cpu", models.model_args(cfg))
+        dims = layout_dims(cfg, world, "cpu")
         assert (dims.ep, dims.efsdp) == (2, efsdp)
 
 

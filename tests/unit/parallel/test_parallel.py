@@ -12,13 +12,13 @@ from torch import nn
 from torchllm.config import ConfigError, load_config
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
-from torchllm.parallel import build_parallel_dims, clip_grad_norm_
+from torchllm.parallel import clip_grad_norm_
 from torchllm.parallel.ac import apply_ac
 from torchllm.parallel.compile import apply_compile
 from torchllm.parallel.float8 import apply_float8
 
 from messages import raises_naming
-from builders.models import EmulatedFloat8Matmul  # noqa: F401
+from builders.models import EmulatedFloat8Matmul, layout_dims  # noqa: F401
 
 ARGS = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=16,
                  hidden_dim=128)
@@ -40,7 +40,7 @@ def loss_and_grads(model: nn.Module, tokens: torch.Tensor):
 
 
 def dims_for(world: int, *flags: str, device_type: str = "cpu", args: LlamaArgs = ARGS):
-    return build_parallel_dims(load_config(list(flags)), world, device_type, args)
+    return layout_dims(load_config(list(flags)), world, device_type, args)
 
 
 # -- ParallelDims ----------------------------------------------------------------------------
@@ -246,3 +246,22 @@ def test_trainer_applies_ac_and_compile_from_config(tmp_path):
     assert wrapped.module.loss_fn is not plain.module.loss_fn  # the loss is compiled too
     losses = [wrapped.train_step()["loss"] for _ in range(2)]
     assert losses == pytest.approx(plain_losses, rel=1e-5)
+
+
+def test_the_plan_of_a_runs_sections_keeps_ddp_buckets_static_under_fault_tolerance():
+    """ParallelPlan.of: one constructor from the sections (the trainer, the estimate, the dry
+    run); a fault-tolerant run's DDP buckets never rebuild (a relaunched group's match its
+    peers'), a plain run's may."""
+    from torchllm.parallel import ParallelPlan
+
+    def plan(*flags):
+        cfg = load_config(["--activation_checkpoint.mode=full", *flags])
+        return ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                               activation_checkpoint=cfg.activation_checkpoint,
+                               compile=cfg.compile, training=cfg.training,
+                               fault_tolerance=cfg.fault_tolerance)
+
+    plain, ft = plan(), plan("--fault_tolerance.enable=true")
+    assert not plain.static_ddp_buckets and ft.static_ddp_buckets
+    assert plain.activation_checkpoint.mode == "full"
+    assert plain.mixed_precision == load_config([]).training.mixed_precision

@@ -17,7 +17,7 @@ from torchllm import models
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.config import ConfigError
 from torchllm.models import model_args
-from torchllm.parallel import build_parallel_dims
+from builders.models import layout_dims
 from torchllm.parallel.pipeline import (
     build_stage,
     init_stage_weights,
@@ -81,7 +81,7 @@ def test_stages_chained_in_one_process_equal_the_whole_model(tmp_path):
     """Stages keep the whole model's names and initial weights, and their forwards (hidden
     states in, hidden states out) chain into the whole model's logits."""
     cfg = tiny_config(tmp_path, "--model.tie_embeddings=false")
-    args = model_args(cfg, 512)
+    args = model_args(cfg.model, cfg.training, cfg.data, 512)
     spec = models.get(cfg.model.name)
     build = lambda: spec.build(args)  # noqa: E731
     whole = build()
@@ -136,7 +136,7 @@ def test_bad_pp_layouts_fail_before_process_groups(tmp_path, extra, match):
     cfg = tiny_config(tmp_path, "--model.tie_embeddings=false", *extra)
     world = max(cfg.parallelism.pipeline_parallel_degree, 1) * cfg.parallelism.context_parallel_degree
     with pytest.raises(ConfigError, match=match):
-        build_parallel_dims(cfg, world, "cpu", model_args(cfg))
+        layout_dims(cfg, world, "cpu")
 
 
 def test_unknown_schedules_name_the_ones_that_work(tmp_path, monkeypatch):
@@ -157,12 +157,12 @@ def test_unknown_schedules_name_the_ones_that_work(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path, PP, UNTIED, schedule("ZBVZeroBubble"))
     with pytest.raises(ConfigError, match=r"'ZBVZeroBubble' is not in this torch .*use one of "
                                           r"\['1F1B', 'Interleaved1F1B', 'GPipe', 'Interl"):
-        build_parallel_dims(cfg, 2, "cpu", model_args(cfg))
+        layout_dims(cfg, 2, "cpu")
 
 
 def test_pp_is_the_outermost_dim_and_resolves_dp_shard(tmp_path):
     cfg = tiny_config(tmp_path, PP, "--model.tie_embeddings=false")
-    dims = build_parallel_dims(cfg, 4, "cpu", model_args(cfg))
+    dims = layout_dims(cfg, 4, "cpu")
     assert (dims.pp, dims.dp_shard, dims.dp_degree, dims.pp_enabled) == (2, 2, 2, True)
 
 

@@ -15,13 +15,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_model, tiny_args, tiny_config
-from torchllm import models
 from torchllm.config import load_config
 from torchllm.config.job_config import ConfigError
 from torchllm.loss import chunked_cross_entropy_sum, cross_entropy_sum
 from torchllm.models.llama.args import LlamaArgs
 from torchllm.models.llama.model import Transformer
-from torchllm.parallel import build_parallel_dims
+from builders.models import layout_dims
 from torchllm.parallel.cast_once import CastWeightsOnce
 from torchllm.parallel.levers import OwnGradients, sdpa_context
 
@@ -143,7 +142,7 @@ def test_sdpa_backend_picks_the_kernel(backend, flash):
 
 def check(tmp_path, *extra):
     cfg = tiny_config(tmp_path, *extra)
-    build_parallel_dims(cfg, 1, "cpu", models.model_args(cfg))
+    layout_dims(cfg, 1, "cpu")
 
 
 @pytest.mark.parametrize("extra,works", [

@@ -132,7 +132,7 @@ def test_dry_run_big_layouts_shard_like_the_estimate(flavor, world, layout):
     assert r["fake"]["rank0_param_bytes"] > 0
     # The dry run's memory is the estimator's for the target (CUDA: bf16 activations).
     cfg = load_config([*args, "--training.device=cuda"])
-    direct = em.estimate_memory(cfg, models.model_args(cfg), world)
+    direct = em.estimate_memory(cfg, models.model_args(cfg.model, cfg.training, cfg.data), world)
     assert r["memory"]["peak_bytes"] == direct["peak_bytes"]
     assert r["memory"]["activation_bytes"] == 2
     assert r["layout"]["dp_replicate"] * r["layout"]["dp_shard"] * r["layout"]["tp"] == world

@@ -101,7 +101,8 @@ def test_estimate_within_5_percent_of_measured_on_debug(tmp_path, extra, phase, 
 def test_fsdp_shards_state_and_ddp_adds_buckets():
     def est(world, *extra):
         cfg = load_config(["--model.flavor=125M", "--training.seq_len=256", *extra])
-        return em.estimate_memory(cfg, models.model_args(cfg), world)["terms_bytes"]
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
+        return em.estimate_memory(cfg, args, world)["terms_bytes"]
 
     one, fsdp4 = est(1), est(4)
     ddp4 = est(4, "--parallelism.dp_mode=ddp")
@@ -126,7 +127,7 @@ def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule
                f"--parallelism.pipeline_parallel_schedule={schedule}",
                "--parallelism.pipeline_parallel_microbatch_size=1"]
     cfg = load_config(pp_args)
-    args = models.model_args(cfg)
+    args = models.model_args(cfg.model, cfg.training, cfg.data)
     dims = em.ParallelDims.from_config(cfg.parallelism, 4)
     with torch.device("meta"):
         model = models.get(cfg.model.name).build(args)
@@ -135,8 +136,9 @@ def test_pipeline_ranks_split_the_model_and_keep_the_schedules_forwards(schedule
     assert sorted(b for r in ranks for b in r["blocks"]) == list(range(args.n_layers))
     assert [(r["first"], r["last"]) for r in ranks] == [
         (True, False), (False, False), (False, False), (False, True)]
-    plan = ParallelPlan(cfg.parallelism, cfg.float8, cfg.activation_checkpoint, cfg.compile,
-                        cfg.training.mixed_precision)
+    plan = ParallelPlan.of(parallelism=cfg.parallelism, float8=cfg.float8,
+                           activation_checkpoint=cfg.activation_checkpoint, compile=cfg.compile,
+                           training=cfg.training)
     per_rank = [em.rank_memory(plan, cfg.training, cfg.lora, cfg.model.name, args, model, dims, 4,
                                r) for r in ranks]
     whole = em.estimate_memory(load_config(pp_args[:4]), args, 1)["terms_bytes"]
@@ -156,7 +158,7 @@ def test_logits_term_follows_the_loss_path():
     def logits(*extra):
         cfg = load_config(["--model.flavor=1B", "--training.seq_len=512",
                            "--training.local_batch_size=2", *extra])
-        args = models.model_args(cfg)
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
         return em.estimate_memory(cfg, args, 8)["terms_bytes"]["logits"], args.vocab_size
 
     tokens = 2 * 512
@@ -171,7 +173,8 @@ def test_cli_reports_params_and_flops_of_the_shared_code(capsys):
     argv = ["--job.config_file", "train_configs/llama3_1b.toml", "--world_size", "8", "--json"]
     assert em.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    info = model_info(load_config(argv[:2]))
+    cfg = load_config(argv[:2])
+    info = model_info(cfg.model, cfg.training, cfg.data)
     assert out["params"] == info["params"] and out["flops_per_token"] == info["flops_per_token"]
     assert out["world_size"] == 8 and out["peak_phase"] in out["phases_bytes"]
     assert out["peak_bytes"] == max(out["phases_bytes"].values())
@@ -202,7 +205,8 @@ def test_cli_prints_readable_tables_by_default(capsys):
     # Oracle: the tensors' sizes, summed, are the parameters of a model built here.
     cfg = load_config(["--job.config_file", "train_configs/debug_model.toml"])
     with torch.device("meta"):
-        model = models.get(cfg.model.name).build(models.model_args(cfg, 4096))
+        args = models.model_args(cfg.model, cfg.training, cfg.data, 4096)
+        model = models.get(cfg.model.name).build(args)
     column = [int(ln.split()[-1].replace(",", "")) for ln in info_table.splitlines()
               if ln.startswith("  ") and ln.split()[-1].replace(",", "").isdigit()
               and "[" in ln]

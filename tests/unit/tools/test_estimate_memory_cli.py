@@ -15,7 +15,7 @@ from torchllm import models
 from torchllm.config import ConfigError, load_config
 from torchllm.optim import build_optimizer
 from torchllm.optim import registry as optim_registry
-from torchllm.parallel import build_parallel_dims
+from builders.models import layout_dims
 from torchllm.tools import estimate_memory as em
 
 GPU = "--training.device=cuda"
@@ -90,7 +90,7 @@ def test_optimizer_term_is_the_optimizers_own_state(tmp_path, name):
     args = ["--model.flavor=debug", "--training.device=cpu", f"--optimizer.name={name}",
             "--model.vocab_size=8192"]
     cfg = load_config(args)
-    margs = models.model_args(cfg)
+    margs = models.model_args(cfg.model, cfg.training, cfg.data)
     model = models.get("llama3").build(margs)
     if name == "adamw8bit":
         pytest.importorskip("torchao")
@@ -127,7 +127,7 @@ def test_the_trainers_refusals_in_its_words():
             "--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"]
     cfg = load_config(argv)
     with pytest.raises(ConfigError) as trainer:
-        build_parallel_dims(cfg, 2, "cuda", models.model_args(cfg))
+        layout_dims(cfg, 2, "cuda")
     ran = run_module("torchllm.tools.estimate_memory", *argv, "--world_size", "2")
     line = refused(ran, "float8.enable", "tensor_parallel_degree")
     assert str(trainer.value) in line

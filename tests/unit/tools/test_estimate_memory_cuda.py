@@ -52,7 +52,7 @@ def test_estimate_within_15_percent_of_the_h200_peaks():
     ratios = {}
     for name, result, row in rows:
         cfg = bench_config(result, row)
-        args = models.model_args(cfg)
+        args = models.model_args(cfg.model, cfg.training, cfg.data)
         e = em.estimate_memory(cfg, args, 1)
         assert e["params"] == row["params"], (name, row["variant"])  # the same model
         ratios[f"{name} {row['variant']}"] = row["peak_bytes"] / e["peak_bytes"]
@@ -65,7 +65,7 @@ def llama_1b(**extra):
                        "--training.device=cuda", "--training.mixed_precision=bf16",
                        "--training.local_batch_size=4", "--data.tokenizer=bytes",
                        *[f"--{k}={v}" for k, v in extra.items()]])
-    return cfg, models.model_args(cfg)
+    return cfg, models.model_args(cfg.model, cfg.training, cfg.data)
 
 
 def test_compiled_and_float8_terms_count_what_the_partitioner_saves():

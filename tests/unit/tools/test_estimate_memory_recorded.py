@@ -41,7 +41,7 @@ def recorded() -> dict[str, list[dict]]:
 
 def estimated(name: str) -> dict:
     cfg = load_config(bench_memory.row_args(name, []))
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+    args = models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_hint(cfg.data))
     return estimate_memory(cfg, args, bench_memory.ROWS[name].nproc)
 
 
@@ -96,5 +96,5 @@ def test_expert_routing_bounds(ep, imbalance, expected):
     from torchllm.tools.activation_bytes import expert_routing
 
     cfg = load_config(bench_memory.row_args("ep2", []))
-    args = models.model_args(cfg, tokenizer_vocab_hint(cfg.data))
+    args = models.model_args(cfg.model, cfg.training, cfg.data, tokenizer_vocab_hint(cfg.data))
     assert expert_routing(args, 8, 512, ep, imbalance, padded=True) == expected
