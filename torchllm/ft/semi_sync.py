@@ -22,6 +22,10 @@ so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) bes
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -30,6 +34,12 @@ from torchllm.config.job_config import ConfigError
 from torchllm.ft.reduce import mean_over_groups
 from torchllm.ft.replicas import GroupCheckpointer, ReplicaGroups
 from torchllm.log import logger
+
+# Test-only (tests/integration/test_ft_semi_sync_heal.py): a file that a sync about to run again
+# removes and then waits for before its new quorum, and that a launch's first quorum creates: a
+# relaunch then joins the retried sync's quorum whatever the machine's load.
+RETRY_MARKER = "TORCHLLM_FT_TEST_RETRY_MARKER"
+MARKER_WAIT_S = 300.0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -156,6 +166,7 @@ class SemiSyncGroups(ReplicaGroups):
         self.last_step = 0  # training.steps: the last step is a sync point too
         self.quorum_taken = False  # this launch's first step takes a quorum wherever it is
         self.bytes_sent, self.syncs = 0, 0
+        self.marker = os.environ.get(RETRY_MARKER) or None
 
     def register_state(self, state, model: torch.nn.Module) -> None:
         """DiLoCo's outer optimizer, one piece of the training state: a checkpoint saves its
@@ -192,6 +203,8 @@ class SemiSyncGroups(ReplicaGroups):
         """A quorum at the start of each interval (and of this launch) only."""
         step = self.heal.train_state.step
         if not self.quorum_taken or (step - 1) % self.sync_steps == 0:
+            if not self.quorum_taken and self.marker:  # (test-only: RETRY_MARKER)
+                Path(self.marker).touch()
             super().begin_step()
             self.quorum_taken = True
 
@@ -205,8 +218,14 @@ class SemiSyncGroups(ReplicaGroups):
         if not self.is_sync_point(step):
             return
         while not self.state.sync(self._mean):
+            if self.marker:  # (test-only: RETRY_MARKER)
+                Path(self.marker).unlink(missing_ok=True)
             logger.warning("fault tolerance: the sync at step %d not committed (a replica group "
                            "failed during it): a new quorum, then the sync again", step)
+            if self.marker:
+                deadline = time.monotonic() + MARKER_WAIT_S
+                while not os.path.exists(self.marker) and time.monotonic() < deadline:
+                    time.sleep(0.2)
             super().begin_step()
         self.syncs += 1
         self.committed_here += 1
