@@ -114,7 +114,7 @@ def test_a_relaunch_that_heals_into_a_retried_sync_leaves_the_live_groups_mean(t
                     oracle / survivor.name / "checkpoint" / "step-5")
     ran = subprocess.run(
         [str(REPO / "scripts" / "ft_local.sh"), "2", *args, f"--job.dump_folder={oracle}",
-         f"--training.steps={2 * SYNC}"],
+         f"--training.stop_after_steps={SYNC}"],  # (training.steps kept: the LR schedule)
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
              "FT_LOG_DIR": str(oracle / "logs"), "TORCHLLM_FORK_WORKERS": "1",

@@ -54,10 +54,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def mean_over_groups(manager, tensors: list[torch.Tensor]) -> None:
+def mean_over_groups(manager, tensors: list[torch.Tensor], weight: float = 1.0) -> None:
     """Replace each tensor by its mean over the live groups, in place (one reduce per dtype
-    and device; floating-point tensors only)."""
-    _over_groups(manager, tensors, total=False)
+    and device; floating-point tensors only). `weight` 0.0: this group is not counted (it
+    sends zeros and receives the others' mean: a group that healed into a sync, semi_sync.py)."""
+    _over_groups(manager, tensors, total=False, weight=weight)
 
 
 def sum_over_groups(manager, tensors: list[torch.Tensor]) -> None:
@@ -66,14 +67,15 @@ def sum_over_groups(manager, tensors: list[torch.Tensor]) -> None:
     _over_groups(manager, tensors, total=True)
 
 
-def _over_groups(manager, tensors: list[torch.Tensor], total: bool) -> None:
+def _over_groups(manager, tensors: list[torch.Tensor], total: bool, weight: float = 1.0) -> None:
     tensors = [_local(t) for t in tensors]
     for key in dict.fromkeys((t.dtype, t.device) for t in tensors):
         same = [t for t in tensors if (t.dtype, t.device) == key]
-        one = torch.ones(1, dtype=key[0], device=key[1])
+        one = torch.full((1,), weight, dtype=key[0], device=key[1])
         flat = torch.cat([*(t.reshape(-1) for t in same), one])
         manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
-        # flat[-1]: the live groups where SUM summed, 1 where it averaged (module doc)
+        # flat[-1]: the live groups where SUM summed, 1 where it averaged (module doc); the
+        # counted ones only (weight 1.0), in either
         if total:
             flat = flat[:-1] * (manager.num_participants() / flat[-1])
         else:

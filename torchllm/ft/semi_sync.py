@@ -15,7 +15,10 @@ step. The quorum is taken at the start of each interval, right after a sync, whe
 holds the same weights: a relaunched group waits there, heals from a live one (weights, inner
 and outer optimizer state, the parameters at the last sync, data position) and trains the
 interval with it. A sync that cannot commit (a group died during the interval) is run again
-after a new quorum without it, with the same parameter changes. Checkpoints are taken at sync
+after a new quorum without it, with the same parameter changes; a group relaunched meanwhile
+may join that quorum and heal there, after its source's update of the sync's step (the heal
+says so: `pending_sync`): it does not train that step, and joins the sync counting for nothing
+(zeros, weight 0: ft/reduce.py), so the mean stays the live groups'. Checkpoints are taken at sync
 points only (SyncPointCheckpointer below): there the parameters at the last sync are the weights,
 so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) beside them.
 """
@@ -167,6 +170,8 @@ class SemiSyncGroups(ReplicaGroups):
         self.quorum_taken = False  # this launch's first step takes a quorum wherever it is
         self.bytes_sent, self.syncs = 0, 0
         self.marker = os.environ.get(RETRY_MARKER) or None
+        self.pending = 0  # the step of the sync this group runs again (sent with a heal)
+        self.joining = 0  # the step of a sync this group healed into (it counts for nothing)
 
     def register_state(self, state, model: torch.nn.Module) -> None:
         """DiLoCo's outer optimizer, one piece of the training state: a checkpoint saves its
@@ -195,18 +200,40 @@ class SemiSyncGroups(ReplicaGroups):
         # torchft compares the groups' count of commits (one per sync) to decide who heals.
         syncs = ctx.step // self.sync_steps
         self.manager.load_state_dict({"step": syncs, "batches_committed": syncs})
+        # A heal also says whether its source waits to run a sync again (after the step's
+        # update): the receiver then joins that sync instead of training the step.
+        self.manager.register_state_dict_fn("torchllm_sync", self._load_pending,
+                                            lambda: {"pending_sync": self.pending})
+
+    def _load_pending(self, sd) -> None:
+        pending = sd.get("pending_sync") if isinstance(sd, dict) else None
+        if type(pending) is not int or pending < 0:
+            raise ConfigError("fault tolerance: a heal from a live peer refused: its "
+                              f"pending_sync is {pending!r}, not a step (replica groups must "
+                              "run the same torchllm)", "fault_tolerance.semi_sync_method")
+        self.joining = pending
 
     def is_sync_point(self, step: int) -> bool:
         return step % self.sync_steps == 0 or step == self.last_step
 
-    def begin_step(self) -> None:
-        """A quorum at the start of each interval (and of this launch) only."""
+    def begin_step(self) -> bool:
+        """A quorum at the start of each interval (and of this launch) only. False: this group
+        healed from one that runs the sync of the step again, after the step's update: the
+        step is not trained here, the group only joins its sync (end_step)."""
         step = self.heal.train_state.step
         if not self.quorum_taken or (step - 1) % self.sync_steps == 0:
             if not self.quorum_taken and self.marker:  # (test-only: RETRY_MARKER)
                 Path(self.marker).touch()
             super().begin_step()
             self.quorum_taken = True
+            if self.joining:
+                logger.info("fault tolerance: replica group %d healed while the live groups run "
+                            "the sync of step %d again: it joins the sync of step %d without a "
+                            "change of its own (the mean is the live groups'), then trains on "
+                            "from step %d", self.replica_id, self.joining, self.joining,
+                            self.joining + 1)
+                return False
+        return True
 
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         return True  # between syncs each group trains on its own gradients (and prints its loss)
@@ -218,6 +245,7 @@ class SemiSyncGroups(ReplicaGroups):
         if not self.is_sync_point(step):
             return
         while not self.state.sync(self._mean):
+            self.pending = step  # (a group that heals at the new quorum joins the sync)
             if self.marker:  # (test-only: RETRY_MARKER)
                 Path(self.marker).unlink(missing_ok=True)
             logger.warning("fault tolerance: the sync at step %d not committed (a replica group "
@@ -227,6 +255,7 @@ class SemiSyncGroups(ReplicaGroups):
                 while not os.path.exists(self.marker) and time.monotonic() < deadline:
                     time.sleep(0.2)
             super().begin_step()
+        self.pending = self.joining = 0
         self.syncs += 1
         self.committed_here += 1
 
@@ -234,7 +263,10 @@ class SemiSyncGroups(ReplicaGroups):
         """`tensors` averaged in place over the live groups (torchft's public allreduce, its op
         explicit: ft/reduce.py); whether the groups commit."""
         self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
-        mean_over_groups(self.manager, tensors)
+        if self.joining:  # healed into this sync: its copy of a peer's change is not counted
+            for t in tensors:
+                t.zero_()
+        mean_over_groups(self.manager, tensors, weight=0.0 if self.joining else 1.0)
         return self.manager.should_commit()
 
     def gate(self, checkpointer):

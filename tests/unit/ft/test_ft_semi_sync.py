@@ -108,6 +108,7 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     from torchllm.ft.semi_sync import OuterStep, SemiSyncGroups
 
     g = object.__new__(SemiSyncGroups)
+    g.replica_id = rank
     g.manager, g.min_replica_size, g.committed_here = _Manager(exchange, rank), 1, 0
     g.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 0})()})()
     g.quorums, g.members, g.group_rank, g.group_world, g.group_size = 1, [0, 1], 0, 1, 2
@@ -115,7 +116,7 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g.transport = type("X", (), {"refusal": None, "sent_to": []})()
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
     g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
-    g.bytes_sent, g.syncs = 0, 0
+    g.bytes_sent, g.syncs, g.pending, g.joining, g.marker = 0, 0, 0, 0, None
     g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
     return g
 
@@ -211,6 +212,54 @@ def test_two_groups_equal_the_algorithm_in_plain_pytorch(method):
     assert [g.syncs for g in groups] == [4, 4]
     assert groups[0].bytes_sent == 4 * n_params * 4  # the parameters' size (fp32) per sync
     assert exchange.quorums == 2 * 4  # a quorum at the start of each interval, per group
+
+
+def test_a_group_healed_into_a_retried_sync_joins_it_counting_for_nothing():
+    """Group 1 healed from group 0 while group 0 waited to run its sync (after step 2) again:
+    it holds group 0's weights and last sync, does not train step 2 (begin_step says so) and
+    joins the sync with no change of its own. Both end where group 0 alone would (the live
+    groups' mean: its own change), not at the mean of two copies of it."""
+    from torchllm.config import ConfigError
+
+    exchange, data = _Exchange(), _batches(2)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    live = _groups(model, "diloco", 0, exchange, sync_steps=2, steps=4)
+    for step in (1, 2):
+        _inner_step(model, opt, data[0][step - 1])
+    alone, healed_model = copy.deepcopy(model), copy.deepcopy(model)  # (what the heal copies)
+    alone_state = _groups(alone, "diloco", 0, _Exchange(), 2, 4).state
+    alone_state.anchor = [a.clone() for a in live.state.anchor]
+    assert alone_state.sync(lambda tensors: True)  # one live group: the mean is its change
+    healed = _groups(healed_model, "diloco", 1, exchange, sync_steps=2, steps=4)
+    healed.state.load_state_dict(live.state.state_dict())
+    healed.manager.start_quorum = lambda: healed._load_pending({"pending_sync": 2})
+    live.heal.train_state.step = healed.heal.train_state.step = 2
+    trains = []
+
+    def run(g, begin):
+        try:
+            if begin:
+                trains.append(g.begin_step())
+            g.end_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            trains.append(e)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(live, False)),
+               threading.Thread(target=run, args=(healed, True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert trains == [False]  # the healed group does not train step 2 again
+    for (name, want), a, b in zip(alone.named_parameters(), model.parameters(),
+                                  healed_model.parameters()):
+        assert torch.equal(a, want), (name, (a - want).abs().max())
+        assert torch.equal(b, want), name
+    assert healed.joining == 0 and healed.syncs == 1  # the next sync counts it again
+    with pytest.raises(ConfigError, match="pending_sync is 'soon'"):
+        healed._load_pending({"pending_sync": "soon"})
 
 
 # -- what a heal copies, saves between syncs ------------------------------------------------------
