@@ -7,6 +7,8 @@ from __future__ import annotations
 from mutants.base import Mutant
 
 UNIT = "tests/test_ft_semi_sync.py::test_a_group_healed_into_a_retried_sync_joins_it_counting_for_nothing"
+ONLY_HEALED = ("tests/test_ft_semi_sync.py::"
+               "test_a_retried_sync_of_groups_that_all_healed_into_it_averages_their_copies")
 HEAL = ("tests/test_ft_semi_sync_heal.py::"
         "test_a_relaunch_that_heals_into_a_retried_sync_leaves_the_live_groups_mean")
 SS = "torchllm.ft.semi_sync:"
@@ -17,8 +19,8 @@ MUTANTS = [
         "a group that healed into a retried sync is counted in its mean (its zeros weigh 1): "
         "the live groups' change is divided by one group too many",
         SS + "SemiSyncGroups._mean",
-        "weight=0.0 if self.joining else 1.0",
-        "weight=1.0",
+        "mean_over_groups(self.manager, tensors, weight=0.0)",
+        "mean_over_groups(self.manager, tensors, weight=1.0)",
         (UNIT, HEAL),
     ),
     Mutant.at(
@@ -26,8 +28,8 @@ MUTANTS = [
         "a group that healed into a retried sync sends its copy of its source's change instead "
         "of zeros: the source's change counts twice",
         SS + "SemiSyncGroups._mean",
-        "            for t in tensors:\n                t.zero_()\n",
-        "            pass\n",
+        "        for t in tensors:\n            t.zero_()\n",
+        "        for t in tensors:\n            pass\n",
         (UNIT, HEAL),
     ),
     Mutant.at(
@@ -38,6 +40,15 @@ MUTANTS = [
         "                return False\n",
         "                return True\n",
         (UNIT, HEAL),
+    ),
+    Mutant.at(
+        "ft_sync2_no_counted_group_nan",
+        "a sync whose quorum holds only groups that healed into it (their sources died during "
+        "it) divides by zero groups: NaN weights",
+        "torchllm.ft.reduce:_over_groups",
+        "        elif weight == 0.0 and flat[-1].item() == 0:",
+        "        elif False:",
+        (ONLY_HEALED,),
     ),
     Mutant.at(
         "ft_sync2_pending_not_sent",

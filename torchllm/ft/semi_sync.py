@@ -263,10 +263,23 @@ class SemiSyncGroups(ReplicaGroups):
         """`tensors` averaged in place over the live groups (torchft's public allreduce, its op
         explicit: ft/reduce.py); whether the groups commit."""
         self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
-        if self.joining:  # healed into this sync: its copy of a peer's change is not counted
-            for t in tensors:
-                t.zero_()
-        mean_over_groups(self.manager, tensors, weight=0.0 if self.joining else 1.0)
+        if not self.joining:
+            mean_over_groups(self.manager, tensors)
+            return self.manager.should_commit()
+        # Healed into this sync: its copy of a peer's change is not counted. Unless no group in
+        # the quorum is counted (every one healed into it, their sources gone since): then
+        # they all average their copies (each sees the same count, so all take this branch).
+        copies = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+        if not mean_over_groups(self.manager, tensors, weight=0.0):
+            logger.warning("fault tolerance: no live replica group trained the interval of the "
+                           "sync at step %d (the groups it healed from are gone): the sync "
+                           "averages the copies of their changes", self.joining)
+            for t, mine in zip(tensors, copies):
+                t.copy_(mine)
+            self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+            mean_over_groups(self.manager, tensors)
         return self.manager.should_commit()
 
     def gate(self, checkpointer):

@@ -262,6 +262,52 @@ def test_a_group_healed_into_a_retried_sync_joins_it_counting_for_nothing():
         healed._load_pending({"pending_sync": "soon"})
 
 
+def _end_steps(groups, exchange):
+    errors = []
+
+    def run(g):
+        try:
+            g.end_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_a_retried_sync_of_groups_that_all_healed_into_it_averages_their_copies():
+    """Both groups of the quorum healed into the sync (their sources died during it): no group
+    is counted, so they average their copies as live groups would, not 0/0 (NaN)."""
+    exchange, data = _Exchange(), _batches(2)
+    models = [_model() for _ in range(2)]
+    for r, model in enumerate(models):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step in (1, 2):
+            _inner_step(model, opt, data[r][step - 1])
+    plain = [copy.deepcopy(m) for m in models]  # the same two changes, synced as live groups
+    healed = [_groups(m, "diloco", r, exchange, sync_steps=2, steps=4)
+              for r, m in enumerate(models)]
+    for g in healed:
+        g.state.anchor = [p.detach().clone() for p in _model().parameters()]
+        g.heal.train_state.step, g.joining = 2, 2
+    live_exchange = _Exchange()
+    live = [_groups(m, "diloco", r, live_exchange, sync_steps=2, steps=4)
+            for r, m in enumerate(plain)]
+    for g in live:
+        g.state.anchor = [p.detach().clone() for p in _model().parameters()]
+        g.heal.train_state.step = 2
+    _end_steps(healed, exchange)
+    _end_steps(live, live_exchange)
+    for (name, a), b, want in zip(models[0].named_parameters(), models[1].parameters(),
+                                  plain[0].parameters()):
+        assert torch.equal(a, want) and torch.equal(b, want), name
+
+
 # -- what a heal copies, saves between syncs ------------------------------------------------------
 
 def test_a_heal_copies_the_last_sync_and_the_outer_momentum_as_data():
