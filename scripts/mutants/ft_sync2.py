@@ -1,6 +1,7 @@
 """Mutants of a relaunch that heals into a retried semi-synchronous sync (issue 65): it joins the
 sync counting for nothing (torchllm/ft/semi_sync.py, the weight in torchllm/ft/reduce.py) and does
-not train the step again (its hook in torchllm/train.py). scripts/mutation_check.py runs them."""
+not train the step again (its hook in torchllm/train.py); and of streaming DiLoCo's fragments
+(torchllm/ft/fragments.py). scripts/mutation_check.py runs them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ ONLY_HEALED = ("tests/test_ft_semi_sync.py::"
 HEAL = ("tests/test_ft_semi_sync_heal.py::"
         "test_a_relaunch_that_heals_into_a_retried_sync_leaves_the_live_groups_mean")
 SS = "torchllm.ft.semi_sync:"
+FRAGMENTS = "tests/test_ft_semi_sync.py::test_fragments_are_contiguous_blocks_synced_in_turn"
+FRAGMENTS_FT_LOCAL = ("tests/test_ft_semi_sync.py::"
+                      "test_two_groups_with_two_fragments_through_ft_local_end_equal_sending_half")
 
 MUTANTS = [
     Mutant.at(
@@ -66,5 +70,22 @@ MUTANTS = [
         "        if not self.replicas.begin_step():",
         "        if not (self.replicas.begin_step() or True):",
         (HEAL,),
+    ),
+    Mutant.at(
+        "ft_sync2_fragments_synced_together",
+        "every fragment syncs at the interval's end (no streaming: one burst of the whole model)",
+        "torchllm.ft.fragments:due",
+        "at == sync_steps // n * (f + 1) % sync_steps",
+        "at == 0",
+        (FRAGMENTS, FRAGMENTS_FT_LOCAL),
+    ),
+    Mutant.at(
+        "ft_sync2_fragment_by_block_index_only",
+        "the embeddings go with the last fragment (the blocks' order only): the first fragment's "
+        "sync misses them",
+        "torchllm.ft.fragments:fragment_of",
+        "            out.append(n - 1 if seen else 0)",
+        "            out.append(n - 1)",
+        (FRAGMENTS, FRAGMENTS_FT_LOCAL),
     ),
 ]

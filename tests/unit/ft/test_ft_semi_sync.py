@@ -117,6 +117,7 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
     g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
     g.bytes_sent, g.syncs, g.pending, g.joining, g.marker = 0, 0, 0, 0, None
+    g.num_fragments, g.uncounted, g.save_every = 1, set(), 0
     g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
     return g
 
@@ -383,3 +384,68 @@ def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
     # (each group's own inner optimizer: its moments are of its own data)
     assert not torch.equal(a["optimizer.state.output.weight.exp_avg"],
                            b["optimizer.state.output.weight.exp_avg"])
+
+
+def test_fragments_are_contiguous_blocks_synced_in_turn(tmp_path):
+    from torchllm.ft.fragments import due, fragment_of
+
+    names = ["tok_embeddings.weight", *(f"layers.{i}.attention.wq.weight" for i in range(4)),
+             "norm.weight", "output.weight"]
+    assert fragment_of(names, 1) == [0] * 7
+    assert fragment_of(names, 2) == [0, 0, 0, 1, 1, 1, 1]
+    # H = 10, 2 fragments: the first after 5 steps of each interval, the second after 10
+    assert [s for s in range(1, 21) if due(s, 10, 2, full=False)] == [5, 10, 15, 20]
+    assert due(5, 10, 2, False) == [0] and due(10, 10, 2, False) == [1]
+    assert due(7, 10, 2, full=True) == [0, 1]
+    assert [s for s in range(1, 11) if due(s, 5, 1, False)] == [5, 10]  # one: every H steps
+    refused(run_train(*tiny_args(tmp_path, *DILOCO, "--fault_tolerance.sync_steps=5",
+                                 "--fault_tolerance.num_fragments=2")),
+            "fault_tolerance.num_fragments = 2", "fault_tolerance.sync_steps = 5")
+
+
+FRAGMENT_STEPS, FRAGMENT_SYNC = 12, 4  # fragment 0 after steps 2, 6, 10; 1 after 4, 8; both at 12
+
+
+@pytest.mark.slow
+def test_two_groups_with_two_fragments_through_ft_local_end_equal_sending_half(tmp_path):
+    """Streaming DiLoCo: two fragments, each synced at its own step; both groups end with the
+    same weights and outer momentum, and a sync sends a fragment, not the whole model."""
+    from builders.ft import free_port
+    from torchllm.checkpoint import open_checkpoint
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1"}
+    args = tiny_args(tmp_path, f"--training.steps={FRAGMENT_STEPS}", "--data.tokenizer=bytes",
+                     "--validation.enable=false", "--eval.sample_freq=0", "--checkpoint.enable",
+                     "--checkpoint.interval=1000", "--fault_tolerance.semi_sync_method=diloco",
+                     f"--fault_tolerance.sync_steps={FRAGMENT_SYNC}",
+                     "--fault_tolerance.num_fragments=2")
+    ran = subprocess.run([str(REPO / "scripts" / "ft_local.sh"), "2", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    texts = [(logs / f"replica_{r}.log").read_text(errors="replace") for r in (0, 1)]
+    assert ran.returncode == 0, ran.stdout[-3000:] + texts[0][-3000:] + texts[1][-3000:]
+    a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
+    b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
+    shared = [k for k in a if k.startswith(("model.", "outer_optimizer."))]
+    assert any(k.startswith("outer_optimizer.") for k in shared)
+    for key in shared:
+        assert torch.equal(a[key], b[key]), key
+    # The bytes: fragment 0 (embeddings, first half of the blocks) 4 times, fragment 1 3 times,
+    # against the whole model's bytes at each of one fragment's 3 syncs.
+    def fragment(name):  # debug: 4 blocks; the embeddings first, the norm and output last
+        block = re.search(r"layers\.(\d+)\.", name)
+        return int(block[1]) // 2 if block else 0 if name.startswith("tok_embeddings") else 1
+
+    weights = [k[len("model."):] for k in a if k.startswith("model.")]
+    frag = [sum(a["model." + n].numel() * 4 for n in weights if fragment(n) == i)
+            for i in (0, 1)]
+    whole = sum(frag)
+    assert 0.25 * whole < frag[0] < 0.75 * whole
+    for text in texts:
+        m = re.search(r"fault tolerance: (\d+) syncs \(diloco, every 4 steps, 2 fragments\), "
+                      r"(\d+) bytes sent", text)
+        assert m and int(m[1]) == 7, text[-2000:]
+        assert int(m[2]) == 4 * frag[0] + 3 * frag[1], (m[2], frag)
+        assert int(m[2]) / 7 < 0.75 * whole  # ~1/2 of one fragment's 3 syncs x whole
+
