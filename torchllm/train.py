@@ -238,14 +238,18 @@ class Trainer:
     def step(self) -> int:
         return self.train_state.step
 
-    def train_step(self) -> dict[str, float]:
-        """One optimizer step over the step's micro-batches; returns its metrics.
+    def train_step(self) -> dict[str, float] | None:
+        """One optimizer step over the step's micro-batches; returns its metrics (None: a
+        semi-synchronous replica group healed after the step's update, which it did not train:
+        it only joined the step's sync).
 
         The host waits for the device once per step (logging steps aside): after backward and
         clipping, for the loss, token count and grad norm together, which the guard needs
         before it lets the update through.
         """
-        self.replicas.begin_step()  # the live replica groups of this step (fault tolerance)
+        # the live replica groups of this step (fault tolerance)
+        if not self.replicas.begin_step():  # healed into the step's sync: nothing to train,
+            return self.replicas.end_step()  # the sync only joined (None)
         t0 = time.perf_counter()
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]
@@ -312,14 +316,15 @@ class Trainer:
                     gc.collect(1)
                 t0 = time.perf_counter()
                 m = self.train_step()
-                step_time = time.perf_counter() - t0
-                slowest_step = max(slowest_step, step_time)
-                losses.append(m["loss"])
-                self.metrics.log(self.step, m, step_time)
-                report = StepReport()
-                for cb in self.callbacks:
-                    report.update(cb.on_step_end(self.context, self.step, m))
-                self.metrics.log_eval(self.step, report.scalars, report.texts)
+                if m is not None:  # (None: a replica group that only joined the step's sync)
+                    step_time = time.perf_counter() - t0
+                    slowest_step = max(slowest_step, step_time)
+                    losses.append(m["loss"])
+                    self.metrics.log(self.step, m, step_time)
+                    report = StepReport()
+                    for cb in self.callbacks:
+                        report.update(cb.on_step_end(self.context, self.step, m))
+                    self.metrics.log_eval(self.step, report.scalars, report.texts)
 
                 self.checkpointer.poll()
                 # The validation target reached ends the run as its last step would.

@@ -44,6 +44,7 @@ from mutants import memory_ep
 from mutants import house_layout
 from mutants import ft_ddp
 from mutants import house_cfg2
+from mutants import ft_sync2
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -88,5 +89,6 @@ MUTANTS = [
     *house_layout.MUTANTS,
     *ft_ddp.MUTANTS,
     *house_cfg2.MUTANTS,
+    *ft_sync2.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -56,7 +56,7 @@ MUTANTS = [
         "the parameters at the last sync are not renewed after a sync: every later "
         "pseudo-gradient is measured from the first weights",
         SS + "OuterStep.sync",
-        "        self.reset_anchor()\n        return True",
+        "        self.reset_anchor(frags)\n        return True",
         "        return True",
         (DILOCO,),
     ),
@@ -72,8 +72,8 @@ MUTANTS = [
         "ft_semi_sync_last_step_not_synced",
         "a run whose steps are not a multiple of sync_steps ends without a last sync: the "
         "groups' final weights differ",
-        SS + "SemiSyncGroups.is_sync_point",
-        " or step == self.last_step",
+        SS + "SemiSyncGroups.due",
+        "step == self.last_step or ",
         "",
         (DILOCO, LOCAL_SGD),
     ),

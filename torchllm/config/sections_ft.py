@@ -65,6 +65,12 @@ class FaultTolerance:
         5, "semi_sync_method diloco / local_sgd: steps each group trains alone between syncs "
         "(DiLoCo's H); checkpoint.interval must be a multiple of it"
     )
+    num_fragments: int = opt(
+        1, "semi_sync_method diloco / local_sgd: streaming DiLoCo, the model's blocks in this "
+        "many contiguous fragments, fragment f synced after sync_steps x (f + 1) / "
+        "num_fragments steps of each interval (each sync sends ~1/num_fragments of the "
+        "parameters; all at the last step and at checkpoint steps); 1 = all at once"
+    )
     outer_lr: float = opt(0.7, "DiLoCo's outer optimizer (SGD): its learning rate", POSITIVE)
     outer_momentum: float = opt(0.9, "DiLoCo's outer optimizer: its momentum (0 = none)",
                                 BELOW_ONE)
@@ -126,6 +132,11 @@ def semi_sync_errors(ft: FaultTolerance, ckpt) -> list[tuple[str, str]]:
     if ft.sync_steps < 1:
         return [("fault_tolerance.sync_steps", f"fault_tolerance.sync_steps = {ft.sync_steps}: "
                  "must be >= 1 (the steps each group trains alone between syncs)")]
+    if ft.num_fragments < 1 or ft.sync_steps % ft.num_fragments:
+        return [("fault_tolerance.num_fragments", "fault_tolerance.num_fragments = "
+                 f"{ft.num_fragments} with fault_tolerance.sync_steps = {ft.sync_steps}: each "
+                 "fragment syncs at its own step of the interval, so num_fragments must be >= 1 "
+                 "and divide sync_steps (e.g. num_fragments = 2 with sync_steps = 10)")]
     if ckpt.enable and ckpt.interval % ft.sync_steps:
         return [("checkpoint.interval", f"checkpoint.interval = {ckpt.interval} is not a "
                  f"multiple of fault_tolerance.sync_steps = {ft.sync_steps}: between syncs the "

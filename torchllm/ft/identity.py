@@ -61,8 +61,8 @@ def group_record(ctx, run: str) -> dict:
               **_flat("optimizer", cfg.optimizer), **_flat("lr_scheduler", cfg.lr_scheduler),
               "fault_tolerance.group_size": str(cfg.fault_tolerance.group_size),
               **{f"fault_tolerance.{k}": str(getattr(cfg.fault_tolerance, k)) for k in (
-                  "overlap", "semi_sync_method", "sync_steps", "outer_lr", "outer_momentum",
-                  "outer_nesterov")},
+                  "overlap", "semi_sync_method", "sync_steps", "num_fragments", "outer_lr",
+                  "outer_momentum", "outer_nesterov")},
               "ranks per group (NGPU)": str(ctx.parallel_dims.world_size)}
     return {"protocol": PROTOCOL, "replica": cfg.fault_tolerance.replica_id, "run": run,
             "data": {k: v for k, v in info["data"].items() if k != "tokenizer_sha256"},

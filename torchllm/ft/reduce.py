@@ -54,10 +54,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def mean_over_groups(manager, tensors: list[torch.Tensor]) -> None:
+def mean_over_groups(manager, tensors: list[torch.Tensor], weight: float = 1.0) -> bool:
     """Replace each tensor by its mean over the live groups, in place (one reduce per dtype
-    and device; floating-point tensors only)."""
-    _over_groups(manager, tensors, total=False)
+    and device; floating-point tensors only). `weight` 0.0: this group is not counted (it
+    sends zeros and receives the others' mean: a group that healed into a sync, semi_sync.py);
+    False when no group was counted (the tensors are then left zero)."""
+    return _over_groups(manager, tensors, total=False, weight=weight)
 
 
 def sum_over_groups(manager, tensors: list[torch.Tensor]) -> None:
@@ -66,22 +68,26 @@ def sum_over_groups(manager, tensors: list[torch.Tensor]) -> None:
     _over_groups(manager, tensors, total=True)
 
 
-def _over_groups(manager, tensors: list[torch.Tensor], total: bool) -> None:
+def _over_groups(manager, tensors: list[torch.Tensor], total: bool, weight: float = 1.0) -> bool:
     tensors = [_local(t) for t in tensors]
     for key in dict.fromkeys((t.dtype, t.device) for t in tensors):
         same = [t for t in tensors if (t.dtype, t.device) == key]
-        one = torch.ones(1, dtype=key[0], device=key[1])
+        one = torch.full((1,), weight, dtype=key[0], device=key[1])
         flat = torch.cat([*(t.reshape(-1) for t in same), one])
         manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
-        # flat[-1]: the live groups where SUM summed, 1 where it averaged (module doc)
+        # flat[-1]: the live groups where SUM summed, 1 where it averaged (module doc); the
+        # counted ones only (weight 1.0), in either
         if total:
             flat = flat[:-1] * (manager.num_participants() / flat[-1])
+        elif weight == 0.0 and flat[-1].item() == 0:  # no group counted (only an uncounted
+            return False                              # one asks: no host sync otherwise)
         else:
             flat = flat[:-1] / flat[-1]
         offset = 0
         for t in same:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+    return True
 
 
 def max_over_groups(manager, tensor: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
     replicas.begin_step()          this step's quorum: which replica groups train it (a group
                                    that is behind heals from a live peer here, before its batch;
-                                   a peer of another run or config is refused first, identity.py)
+                                   a peer of another run or config is refused first, identity.py);
+                                   False: this group healed after the step's update (into a
+                                   semi-synchronous sync the live groups run again): the trainer
+                                   does not train the step, only ends it (end_step: its sync)
     replicas.average(stats, model) gradients (and the buffers an update rule writes: MoE
                                    routing loads and biases) averaged over the live groups, the
                                    loss statistics summed, then the groups agree to commit;
@@ -56,8 +59,8 @@ class SingleGroup:
     def attach(self, ctx, state) -> None:
         pass
 
-    def begin_step(self) -> None:
-        pass
+    def begin_step(self) -> bool:
+        return True  # (whether this group trains the step: module doc)
 
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         return True
@@ -151,7 +154,7 @@ class ReplicaGroups(SingleGroup):
                 logger.info("fault tolerance: gradients averaged across replica groups inside "
                             "%s's reduction (overlapped with backward)", kind)
 
-    def begin_step(self) -> None:
+    def begin_step(self) -> bool:
         deadline = time.monotonic() + STARTUP_WAIT_S
         while True:
             healed_before = self.heal.healed_at
@@ -165,7 +168,7 @@ class ReplicaGroups(SingleGroup):
             if live >= self.min_replica_size:
                 if self.overlap is not None:  # this step's backward crosses groups
                     self.overlap.active = True
-                return
+                return True
             if self.committed_here or time.monotonic() > deadline:
                 why = (f"{live} live replica group(s) ({', '.join(map(str, self.members))}), "
                        f"fewer than fault_tolerance.min_replica_size = {self.min_replica_size}")

@@ -15,21 +15,35 @@ step. The quorum is taken at the start of each interval, right after a sync, whe
 holds the same weights: a relaunched group waits there, heals from a live one (weights, inner
 and outer optimizer state, the parameters at the last sync, data position) and trains the
 interval with it. A sync that cannot commit (a group died during the interval) is run again
-after a new quorum without it, with the same parameter changes. Checkpoints are taken at sync
+after a new quorum without it, with the same parameter changes; a group relaunched meanwhile
+may join that quorum and heal there, after its source's update of the sync's step (the heal
+says so: `pending_sync`): it does not train that step, and joins the sync counting for nothing
+(zeros, weight 0: ft/reduce.py), so the mean stays the live groups'. Checkpoints are taken at sync
 points only (SyncPointCheckpointer below): there the parameters at the last sync are the weights,
 so a checkpoint holds the outer optimizer's momentum (key `outer_optimizer`) beside them.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import torch
 from torch.distributed.tensor import DTensor
 
 from torchllm.checkpoint.training_state import OPTIMIZER, Piece
 from torchllm.config.job_config import ConfigError
+from torchllm.ft.fragments import due, fragment_of
 from torchllm.ft.reduce import mean_over_groups
 from torchllm.ft.replicas import GroupCheckpointer, ReplicaGroups
 from torchllm.log import logger
+
+# Test-only (tests/integration/test_ft_semi_sync_heal.py): a file that a sync about to run again
+# removes and then waits for before its new quorum, and that a launch's first quorum creates: a
+# relaunch then joins the retried sync's quorum whatever the machine's load.
+RETRY_MARKER = "TORCHLLM_FT_TEST_RETRY_MARKER"
+MARKER_WAIT_S = 300.0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -48,28 +62,37 @@ class OuterStep:
     """The state of semi-synchronous training and its sync.
 
     `anchor`: the (local) parameters at the last sync; `outer`: DiLoCo's outer optimizer over
-    the trainable parameters (None for LocalSGD). `sync(mean)` runs one sync, where
-    `mean(tensors)` averages the tensors in place over the live groups and returns whether the
-    groups commit: nothing changes here unless they do."""
+    the trainable parameters (None for LocalSGD); `fragment`: each parameter's and buffer's
+    fragment (ft/fragments.py; all 0 with one). `sync(average, fragments)` syncs those
+    fragments, where `average({fragment: tensors})` averages each fragment's tensors in place
+    over the live groups and returns whether the groups commit: nothing changes here unless
+    they do."""
 
     def __init__(self, model: torch.nn.Module, method: str, lr: float = 0.7,
-                 momentum: float = 0.9, nesterov: bool = True):
-        self.method = method
-        self.params = [p for p in model.parameters() if p.requires_grad]
+                 momentum: float = 0.9, nesterov: bool = True, num_fragments: int = 1):
+        self.method, self.num_fragments = method, num_fragments
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
         # Buffers an update rule writes (MoE routing bias) are averaged at each sync too.
         persistent = set(model.state_dict())
-        self.buffers = [b for name, b in model.named_buffers()
-                        if name in persistent and b.is_floating_point()]
+        buffers = [(name, b) for name, b in model.named_buffers()
+                   if name in persistent and b.is_floating_point()]
+        self.buffers = [b for _, b in buffers]
+        self.fragment = fragment_of([n for n, _ in named], num_fragments)
+        self.buffer_fragment = fragment_of([n for n, _ in buffers], num_fragments) \
+            if buffers else []
         self.anchor = [_local(p).detach().clone() for p in self.params]
         self.outer = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
                                      nesterov=nesterov) if method == "diloco" else None
         self.settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov}
 
     @torch.no_grad()
-    def reset_anchor(self) -> None:
-        """The current parameters become the last sync's (after a sync, a load or a heal)."""
-        for a, p in zip(self.anchor, self.params):
-            a.copy_(_local(p))
+    def reset_anchor(self, fragments=None) -> None:
+        """The current parameters (of `fragments`, default all) become the last sync's (after a
+        sync, a load or a heal)."""
+        for a, p, f in zip(self.anchor, self.params, self.fragment):
+            if fragments is None or f in fragments:
+                a.copy_(_local(p))
 
     def apply_settings(self) -> None:
         """The outer optimizer's settings from the config (a checkpoint's are not kept)."""
@@ -78,29 +101,43 @@ class OuterStep:
                 group.update(self.settings)
 
     @torch.no_grad()
-    def sync(self, mean) -> bool:
-        buffers = [b.detach().clone() for b in self.buffers]
+    def sync(self, average, fragments=None) -> bool:
+        frags = list(range(self.num_fragments)) if fragments is None else list(fragments)
+        index = {f: [i for i, g in enumerate(self.fragment) if g == f] for f in frags}
+        params = {f: [self.params[i] for i in index[f]] for f in frags}
+        buffers = {f: [b for b, g in zip(self.buffers, self.buffer_fragment) if g == f]
+                   for f in frags}
+        averaged = {f: [b.detach().clone() for b in buffers[f]] for f in frags}
+        sent = {}
+        for f in frags:
+            if self.method == "local_sgd":
+                sent[f] = [_local(p).detach().clone() for p in params[f]]
+            else:
+                # The pseudo-gradient: how far this group's H steps moved each parameter (as a
+                # gradient: last sync - now), averaged over the groups, then applied from the
+                # last sync's parameters by the outer optimizer.
+                anchor = [self.anchor[i] for i in index[f]]
+                pseudo = [a - _local(p) for a, p in zip(anchor, params[f])]
+                sent[f] = pseudo
+        if not average({f: sent[f] + averaged[f] for f in frags}):
+            return False
         if self.method == "local_sgd":
-            averaged = [_local(p).detach().clone() for p in self.params]
-            if not mean(averaged + buffers):
-                return False
-            for p, avg in zip(self.params, averaged):
-                _local(p).copy_(avg)
+            for f in frags:
+                for p, avg in zip(params[f], sent[f]):
+                    _local(p).copy_(avg)
         else:
-            # The pseudo-gradient: how far this group's H steps moved each parameter (as a
-            # gradient: last sync - now), averaged over the groups, then applied from the last
-            # sync's parameters by the outer optimizer.
-            pseudo = [a - _local(p) for a, p in zip(self.anchor, self.params)]
-            if not mean(pseudo + buffers):
-                return False
-            for p, a, g in zip(self.params, self.anchor, pseudo):
-                _local(p).copy_(a)
-                p.grad = _like(p, g)
+            for p in self.params:  # (a fragment not synced now: no grad, no outer step)
+                p.grad = None
+            for f in frags:
+                for i, g in zip(index[f], sent[f]):
+                    _local(self.params[i]).copy_(self.anchor[i])
+                    self.params[i].grad = _like(self.params[i], g)
             self.outer.step()
             self.outer.zero_grad(set_to_none=True)
-        for b, avg in zip(self.buffers, buffers):
-            b.copy_(avg)
-        self.reset_anchor()
+        for f in frags:
+            for b, avg in zip(buffers[f], averaged[f]):
+                b.copy_(avg)
+        self.reset_anchor(frags)
         return True
 
     # -- what a heal copies (the outer_optimizer piece's form: local tensors, sent as data) --
@@ -109,7 +146,11 @@ class OuterStep:
         if self.outer is None:
             return []
         bufs = [self.outer.state.get(p, {}).get("momentum_buffer") for p in self.params]
-        return [] if any(b is None for b in bufs) else [_local(b) for b in bufs]
+        if all(b is None for b in bufs):
+            return []
+        # (a fragment not synced yet has none: zeros, which SGD's first step treats the same)
+        return [_local(b) if b is not None else torch.zeros_like(_local(p))
+                for b, p in zip(bufs, self.params)]
 
     def state_dict(self) -> dict:
         return {"anchor": list(self.anchor), "momentum": self.momentum()}
@@ -156,6 +197,12 @@ class SemiSyncGroups(ReplicaGroups):
         self.last_step = 0  # training.steps: the last step is a sync point too
         self.quorum_taken = False  # this launch's first step takes a quorum wherever it is
         self.bytes_sent, self.syncs = 0, 0
+        self.marker = os.environ.get(RETRY_MARKER) or None
+        self.pending = 0  # the step of the sync this group runs again (sent with a heal)
+        self.joining = 0  # the step of a sync this group healed into (it counts for nothing)
+        self.num_fragments = ftcfg.num_fragments  # (streaming DiLoCo: ft/fragments.py)
+        self.uncounted: set[int] = set()  # fragments healed unsynced: nothing in their next sync
+        self.save_every = 0  # checkpoint.interval (0: off): every fragment syncs at those steps
 
     def register_state(self, state, model: torch.nn.Module) -> None:
         """DiLoCo's outer optimizer, one piece of the training state: a checkpoint saves its
@@ -164,7 +211,7 @@ class SemiSyncGroups(ReplicaGroups):
         need not: they are its weights). LocalSGD has no state of its own."""
         ft = self.ftcfg
         self.state = OuterStep(model, ft.semi_sync_method, ft.outer_lr, ft.outer_momentum,
-                               ft.outer_nesterov)
+                               ft.outer_nesterov, ft.num_fragments)
         if self.state.outer is not None:
             state.add_piece(Piece("outer_optimizer", self.state.outer, OPTIMIZER, model=model,
                                   peer=self.state))
@@ -178,22 +225,60 @@ class SemiSyncGroups(ReplicaGroups):
 
     def attach(self, ctx, state) -> None:
         self.last_step = ctx.cfg.training.steps
+        ckpt = ctx.cfg.checkpoint
+        self.save_every = ckpt.interval if ckpt.enable else 0
         self.state.reset_anchor()  # the loaded weights were saved at a sync point
         self.state.apply_settings()
         super().attach(ctx, state)
         # torchft compares the groups' count of commits (one per sync) to decide who heals.
         syncs = ctx.step // self.sync_steps
         self.manager.load_state_dict({"step": syncs, "batches_committed": syncs})
+        # A heal also says whether its source waits to run a sync again (after the step's
+        # update): the receiver then joins that sync instead of training the step.
+        self.manager.register_state_dict_fn("torchllm_sync", self._load_pending,
+                                            lambda: {"pending_sync": self.pending})
+
+    def _load_pending(self, sd) -> None:
+        pending = sd.get("pending_sync") if isinstance(sd, dict) else None
+        if type(pending) is not int or pending < 0:
+            raise ConfigError("fault tolerance: a heal from a live peer refused: its "
+                              f"pending_sync is {pending!r}, not a step (replica groups must "
+                              "run the same torchllm)", "fault_tolerance.semi_sync_method")
+        self.joining = pending
+
+    def due(self, step: int) -> list[int]:
+        """The fragments that sync after `step` (every one at the last and at checkpoint steps)."""
+        full = step == self.last_step or bool(self.save_every and step % self.save_every == 0)
+        return due(step, self.sync_steps, self.num_fragments, full)
 
     def is_sync_point(self, step: int) -> bool:
-        return step % self.sync_steps == 0 or step == self.last_step
+        """Every fragment synced after `step`: the groups hold the same weights."""
+        return len(self.due(step)) == self.num_fragments
 
-    def begin_step(self) -> None:
-        """A quorum at the start of each interval (and of this launch) only."""
+    def begin_step(self) -> bool:
+        """A quorum at the start of each interval (and of this launch) only. False: this group
+        healed from one that runs the sync of the step again, after the step's update: the
+        step is not trained here, the group only joins its sync (end_step)."""
         step = self.heal.train_state.step
         if not self.quorum_taken or (step - 1) % self.sync_steps == 0:
+            if not self.quorum_taken and self.marker:  # (test-only: RETRY_MARKER)
+                Path(self.marker).touch()
+            healed_before = self.heal.healed_at
             super().begin_step()
             self.quorum_taken = True
+            if self.heal.healed_at != healed_before and step > 1:
+                # The fragments its source had not synced at that point: the source's change
+                # since their last sync came with the heal, and counts in the source's share.
+                synced = self.due(step if self.joining else step - 1)
+                self.uncounted = set(range(self.num_fragments)) - set(synced)
+            if self.joining:
+                logger.info("fault tolerance: replica group %d healed while the live groups run "
+                            "the sync of step %d again: it joins the sync of step %d without a "
+                            "change of its own (the mean is the live groups'), then trains on "
+                            "from step %d", self.replica_id, self.joining, self.joining,
+                            self.joining + 1)
+                return False
+        return True
 
     def average(self, stats: dict, model: torch.nn.Module) -> bool:
         return True  # between syncs each group trains on its own gradients (and prints its loss)
@@ -202,29 +287,62 @@ class SemiSyncGroups(ReplicaGroups):
         """After the step's update: at a sync point, the sync (again after a new quorum until
         the live groups commit it)."""
         step = self.heal.train_state.step
-        if not self.is_sync_point(step):
+        fragments = self.due(step)
+        if not fragments:
             return
-        while not self.state.sync(self._mean):
+        while not self.state.sync(lambda sent: self._average(sent, step), fragments):
+            self.pending = step  # (a group that heals at the new quorum joins the sync)
+            if self.marker:  # (test-only: RETRY_MARKER)
+                Path(self.marker).unlink(missing_ok=True)
             logger.warning("fault tolerance: the sync at step %d not committed (a replica group "
                            "failed during it): a new quorum, then the sync again", step)
+            if self.marker:
+                deadline = time.monotonic() + MARKER_WAIT_S
+                while not os.path.exists(self.marker) and time.monotonic() < deadline:
+                    time.sleep(0.2)
             super().begin_step()
-        self.syncs += 1
+        self.pending = self.joining = 0
+        self.uncounted -= set(fragments)
+        self.syncs += len(fragments)
         self.committed_here += 1
 
-    def _mean(self, tensors: list[torch.Tensor]) -> bool:
-        """`tensors` averaged in place over the live groups (torchft's public allreduce, its op
-        explicit: ft/reduce.py); whether the groups commit."""
-        self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
-        mean_over_groups(self.manager, tensors)
+    def _average(self, sent: dict, step: int) -> bool:
+        """Each fragment's tensors averaged in place over the live groups (counted unless this
+        group healed into the sync or since the fragment's last sync); whether they commit."""
+        for fragment, tensors in sent.items():
+            self._mean(tensors, step, not self.joining and fragment not in self.uncounted)
         return self.manager.should_commit()
+
+    def _mean(self, tensors: list[torch.Tensor], step: int, counted: bool) -> None:
+        """`tensors` averaged in place over the live groups (torchft's public allreduce, its op
+        explicit: ft/reduce.py); `counted` False: this group's share is not counted."""
+        self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+        if counted:
+            mean_over_groups(self.manager, tensors)
+            return
+        # Healed into this sync: its copy of a peer's change is not counted. Unless no group in
+        # the quorum is counted (every one healed into it, their sources gone since): then
+        # they all average their copies (each sees the same count, so all take this branch).
+        copies = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+        if not mean_over_groups(self.manager, tensors, weight=0.0):
+            logger.warning("fault tolerance: no live replica group trained the interval of the "
+                           "sync at step %d (the groups it healed from are gone): the sync "
+                           "averages the copies of their changes", step)
+            for t, mine in zip(tensors, copies):
+                t.copy_(mine)
+            self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+            mean_over_groups(self.manager, tensors)
 
     def gate(self, checkpointer):
         return SyncPointCheckpointer(checkpointer, self)
 
     def close(self) -> None:
-        logger.info("fault tolerance: %d syncs (%s, every %d steps), %d bytes sent to the other "
-                    "replica groups' all-reduce", self.syncs, self.ftcfg.semi_sync_method,
-                    self.sync_steps, self.bytes_sent)
+        fragments = f", {self.num_fragments} fragments" if self.num_fragments > 1 else ""
+        logger.info("fault tolerance: %d syncs (%s, every %d steps%s), %d bytes sent to the "
+                    "other replica groups' all-reduce", self.syncs, self.ftcfg.semi_sync_method,
+                    self.sync_steps, fragments, self.bytes_sent)
         super().close()
 
 

@@ -242,6 +242,7 @@ def test_too_few_groups_saves_the_last_completed_step_and_ends_cleanly(tmp_path)
         def begin_step(self):
             if trainer.step == 3:  # the quorum of step 3 has too few groups
                 raise ReplicasBelowMinimum("1 live replica group(s), fewer than 2")
+            return True
 
     trainer = Trainer(load_config(tiny_args(tmp_path, "--data.tokenizer=bytes",
                                             "--checkpoint.enable", "--checkpoint.interval=100",

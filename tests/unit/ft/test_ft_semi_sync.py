@@ -108,6 +108,7 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     from torchllm.ft.semi_sync import OuterStep, SemiSyncGroups
 
     g = object.__new__(SemiSyncGroups)
+    g.replica_id = rank
     g.manager, g.min_replica_size, g.committed_here = _Manager(exchange, rank), 1, 0
     g.heal = type("H", (), {"healed_at": None, "train_state": type("T", (), {"step": 0})()})()
     g.quorums, g.members, g.group_rank, g.group_world, g.group_size = 1, [0, 1], 0, 1, 2
@@ -115,7 +116,8 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g.transport = type("X", (), {"refusal": None, "sent_to": []})()
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
     g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
-    g.bytes_sent, g.syncs = 0, 0
+    g.bytes_sent, g.syncs, g.pending, g.joining, g.marker = 0, 0, 0, 0, None
+    g.num_fragments, g.uncounted, g.save_every = 1, set(), 0
     g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
     return g
 
@@ -213,6 +215,100 @@ def test_two_groups_equal_the_algorithm_in_plain_pytorch(method):
     assert exchange.quorums == 2 * 4  # a quorum at the start of each interval, per group
 
 
+def test_a_group_healed_into_a_retried_sync_joins_it_counting_for_nothing():
+    """Group 1 healed from group 0 while group 0 waited to run its sync (after step 2) again:
+    it holds group 0's weights and last sync, does not train step 2 (begin_step says so) and
+    joins the sync with no change of its own. Both end where group 0 alone would (the live
+    groups' mean: its own change), not at the mean of two copies of it."""
+    from torchllm.config import ConfigError
+
+    exchange, data = _Exchange(), _batches(2)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    live = _groups(model, "diloco", 0, exchange, sync_steps=2, steps=4)
+    for step in (1, 2):
+        _inner_step(model, opt, data[0][step - 1])
+    alone, healed_model = copy.deepcopy(model), copy.deepcopy(model)  # (what the heal copies)
+    alone_state = _groups(alone, "diloco", 0, _Exchange(), 2, 4).state
+    alone_state.anchor = [a.clone() for a in live.state.anchor]
+    assert alone_state.sync(lambda tensors: True)  # one live group: the mean is its change
+    healed = _groups(healed_model, "diloco", 1, exchange, sync_steps=2, steps=4)
+    healed.state.load_state_dict(live.state.state_dict())
+    healed.manager.start_quorum = lambda: healed._load_pending({"pending_sync": 2})
+    live.heal.train_state.step = healed.heal.train_state.step = 2
+    trains = []
+
+    def run(g, begin):
+        try:
+            if begin:
+                trains.append(g.begin_step())
+            g.end_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            trains.append(e)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(live, False)),
+               threading.Thread(target=run, args=(healed, True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert trains == [False]  # the healed group does not train step 2 again
+    for (name, want), a, b in zip(alone.named_parameters(), model.parameters(),
+                                  healed_model.parameters()):
+        assert torch.equal(a, want), (name, (a - want).abs().max())
+        assert torch.equal(b, want), name
+    assert healed.joining == 0 and healed.syncs == 1  # the next sync counts it again
+    with pytest.raises(ConfigError, match="pending_sync is 'soon'"):
+        healed._load_pending({"pending_sync": "soon"})
+
+
+def _end_steps(groups, exchange):
+    errors = []
+
+    def run(g):
+        try:
+            g.end_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_a_retried_sync_of_groups_that_all_healed_into_it_averages_their_copies():
+    """Both groups of the quorum healed into the sync (their sources died during it): no group
+    is counted, so they average their copies as live groups would, not 0/0 (NaN)."""
+    exchange, data = _Exchange(), _batches(2)
+    models = [_model() for _ in range(2)]
+    for r, model in enumerate(models):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step in (1, 2):
+            _inner_step(model, opt, data[r][step - 1])
+    plain = [copy.deepcopy(m) for m in models]  # the same two changes, synced as live groups
+    healed = [_groups(m, "diloco", r, exchange, sync_steps=2, steps=4)
+              for r, m in enumerate(models)]
+    for g in healed:
+        g.state.anchor = [p.detach().clone() for p in _model().parameters()]
+        g.heal.train_state.step, g.joining = 2, 2
+    live_exchange = _Exchange()
+    live = [_groups(m, "diloco", r, live_exchange, sync_steps=2, steps=4)
+            for r, m in enumerate(plain)]
+    for g in live:
+        g.state.anchor = [p.detach().clone() for p in _model().parameters()]
+        g.heal.train_state.step = 2
+    _end_steps(healed, exchange)
+    _end_steps(live, live_exchange)
+    for (name, a), b, want in zip(models[0].named_parameters(), models[1].parameters(),
+                                  plain[0].parameters()):
+        assert torch.equal(a, want) and torch.equal(b, want), name
+
+
 # -- what a heal copies, saves between syncs ------------------------------------------------------
 
 def test_a_heal_copies_the_last_sync_and_the_outer_momentum_as_data():
@@ -288,3 +384,68 @@ def test_two_diloco_groups_through_ft_local_end_with_equal_weights(tmp_path):
     # (each group's own inner optimizer: its moments are of its own data)
     assert not torch.equal(a["optimizer.state.output.weight.exp_avg"],
                            b["optimizer.state.output.weight.exp_avg"])
+
+
+def test_fragments_are_contiguous_blocks_synced_in_turn(tmp_path):
+    from torchllm.ft.fragments import due, fragment_of
+
+    names = ["tok_embeddings.weight", *(f"layers.{i}.attention.wq.weight" for i in range(4)),
+             "norm.weight", "output.weight"]
+    assert fragment_of(names, 1) == [0] * 7
+    assert fragment_of(names, 2) == [0, 0, 0, 1, 1, 1, 1]
+    # H = 10, 2 fragments: the first after 5 steps of each interval, the second after 10
+    assert [s for s in range(1, 21) if due(s, 10, 2, full=False)] == [5, 10, 15, 20]
+    assert due(5, 10, 2, False) == [0] and due(10, 10, 2, False) == [1]
+    assert due(7, 10, 2, full=True) == [0, 1]
+    assert [s for s in range(1, 11) if due(s, 5, 1, False)] == [5, 10]  # one: every H steps
+    refused(run_train(*tiny_args(tmp_path, *DILOCO, "--fault_tolerance.sync_steps=5",
+                                 "--fault_tolerance.num_fragments=2")),
+            "fault_tolerance.num_fragments = 2", "fault_tolerance.sync_steps = 5")
+
+
+FRAGMENT_STEPS, FRAGMENT_SYNC = 12, 4  # fragment 0 after steps 2, 6, 10; 1 after 4, 8; both at 12
+
+
+@pytest.mark.slow
+def test_two_groups_with_two_fragments_through_ft_local_end_equal_sending_half(tmp_path):
+    """Streaming DiLoCo: two fragments, each synced at its own step; both groups end with the
+    same weights and outer momentum, and a sync sends a fragment, not the whole model."""
+    from builders.ft import free_port
+    from torchllm.checkpoint import open_checkpoint
+
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{free_port()}",
+           "FT_LOG_DIR": str(logs), "TORCHLLM_FORK_WORKERS": "1"}
+    args = tiny_args(tmp_path, f"--training.steps={FRAGMENT_STEPS}", "--data.tokenizer=bytes",
+                     "--validation.enable=false", "--eval.sample_freq=0", "--checkpoint.enable",
+                     "--checkpoint.interval=1000", "--fault_tolerance.semi_sync_method=diloco",
+                     f"--fault_tolerance.sync_steps={FRAGMENT_SYNC}",
+                     "--fault_tolerance.num_fragments=2")
+    ran = subprocess.run([str(REPO / "scripts" / "ft_local.sh"), "2", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    texts = [(logs / f"replica_{r}.log").read_text(errors="replace") for r in (0, 1)]
+    assert ran.returncode == 0, ran.stdout[-3000:] + texts[0][-3000:] + texts[1][-3000:]
+    a = open_checkpoint(tmp_path / "debug_model-replica0").tensors("")
+    b = open_checkpoint(tmp_path / "debug_model-replica1").tensors("")
+    shared = [k for k in a if k.startswith(("model.", "outer_optimizer."))]
+    assert any(k.startswith("outer_optimizer.") for k in shared)
+    for key in shared:
+        assert torch.equal(a[key], b[key]), key
+    # The bytes: fragment 0 (embeddings, first half of the blocks) 4 times, fragment 1 3 times,
+    # against the whole model's bytes at each of one fragment's 3 syncs.
+    def fragment(name):  # debug: 4 blocks; the embeddings first, the norm and output last
+        block = re.search(r"layers\.(\d+)\.", name)
+        return int(block[1]) // 2 if block else 0 if name.startswith("tok_embeddings") else 1
+
+    weights = [k[len("model."):] for k in a if k.startswith("model.")]
+    frag = [sum(a["model." + n].numel() * 4 for n in weights if fragment(n) == i)
+            for i in (0, 1)]
+    whole = sum(frag)
+    assert 0.25 * whole < frag[0] < 0.75 * whole
+    for text in texts:
+        m = re.search(r"fault tolerance: (\d+) syncs \(diloco, every 4 steps, 2 fragments\), "
+                      r"(\d+) bytes sent", text)
+        assert m and int(m[1]) == 7, text[-2000:]
+        assert int(m[2]) == 4 * frag[0] + 3 * frag[1], (m[2], frag)
+        assert int(m[2]) / 7 < 0.75 * whole  # ~1/2 of one fragment's 3 syncs x whole
+
