@@ -22,8 +22,8 @@ MUTANTS = [
         "ft_ddp_buckets_not_fixed_under_ft", "the model's plan does not fix DDP's buckets when "
         "fault tolerance is on: a relaunched group's first step reduces other buckets than its "
         "peers' (gloo aborts the survivor)",
-        "torchllm.parallel.build:build_model", "static_ddp_buckets=cfg.fault_tolerance.enable",
-        "static_ddp_buckets=False", (HEAL,)),
+        "torchllm.parallel.plan:ParallelPlan.of", "and fault_tolerance.enable))",
+        "and False))", (HEAL,)),
     Mutant.at(
         "ft_ddp_comm_hook_not_installed", "DDP groups of two ranks get no overlapped comm hook: "
         "their gradients cross groups after backward, serialized",

@@ -22,8 +22,8 @@ MUTANTS = [
         "a named entry point outlives its function's refactor (it takes its sections now, or "
         "was renamed): the allow-list names code that no longer exists as named",
         "scripts.config_coupling:ENTRY_POINTS",
-        '    "torchllm/tools/model_info.py:model_info": ',
-        '    "torchllm/tools/model_info.py:model_report": ',
+        '    "torchllm/eval/loss.py:evaluate_loss": ',
+        '    "torchllm/eval/loss.py:evaluate_losses": ',
         (T + "test_every_named_entry_point_still_takes_the_whole_config",),
     ),
 ]
