@@ -104,7 +104,7 @@ SKIP = {  # substring of the command -> why it does not run here
     "bench_revisions.py": "checks out a git revision (a fresh copy here is no clone) and runs "
                           "two trees' configs: tests/unit/benchmarks/test_bench_revisions.py "
                           "runs it",
-    "bench_semi_sync.py": "3 runs of a lighthouse and 2 replica groups: minutes "
+    "bench_semi_sync.py": "4 runs of a lighthouse and 2 replica groups: minutes "
                           "(tests/unit/ft/test_ft_semi_sync.py runs two DiLoCo groups the same "
                           "way)",
 }
