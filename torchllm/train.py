@@ -247,9 +247,9 @@ class Trainer:
         clipping, for the loss, token count and grad norm together, which the guard needs
         before it lets the update through.
         """
-        # the live replica groups of this step (fault tolerance)
-        if not self.replicas.begin_step():  # healed into the step's sync: nothing to train,
-            return self.replicas.end_step()  # the sync only joined (None)
+        if not self.replicas.begin_step():  # the live replica groups of this step (ft)
+            self.replicas.end_step()  # healed into the step's sync: it only joins the sync
+            return None
         t0 = time.perf_counter()
         micro_batches = [self.seq_len_schedule.cut(next(self.batches), self.step)
                          for _ in range(self.batch_ramp.accum_steps(self.step))]

@@ -106,8 +106,8 @@ MUTANTS = [
         "ft_semi_sync_no_sync_hook",
         "the trainer never calls the sync after its update: the groups never meet",
         "torchllm.train:Trainer.train_step",
-        "        self.replicas.end_step()",
-        "        pass",
+        "        self.replicas.end_step()  # FT semi-synchronous",
+        "        pass  # FT semi-synchronous",
         (FT_LOCAL,),
     ),
     Mutant.at(
