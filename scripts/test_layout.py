@@ -193,6 +193,7 @@ LAYOUT = {
     "test_config_coupling_data.py": "suite",
     "test_suite_guard.py": "suite",
     "test_tests_layout.py": "suite",
+    "test_xdist_order.py": "suite",
 }
 
 

@@ -42,6 +42,7 @@ from mutants import house_state
 from mutants import house_config_a
 from mutants import memory_ep
 from mutants import house_layout
+from mutants import suite_trim2
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -84,5 +85,6 @@ MUTANTS = [
     *house_config_a.MUTANTS,
     *memory_ep.MUTANTS,
     *house_layout.MUTANTS,
+    *suite_trim2.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
