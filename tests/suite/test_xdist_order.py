@@ -38,9 +38,9 @@ def test_heavy_files_start_first_each_file_whole_and_in_its_order():
     files = [i.nodeid.split("::")[0] for i in ordered]
     # 2 slow (30 s), 1 slow (15 s), 20 quick (10 s), then test_b and test_c (1 s each) in the
     # order they were collected; xdist's default (by number of tests) put test_kill.py last.
-    assert list(dict.fromkeys(files)) == ["tests/e2e/test_docs.py", "tests/integration/test_kill.py",
-                                          "tests/unit/test_many.py", "tests/unit/test_b.py",
-                                          "tests/unit/test_c.py"]
+    assert list(dict.fromkeys(files)) == [
+        "tests/e2e/test_docs.py", "tests/integration/test_kill.py", "tests/unit/test_many.py",
+        "tests/unit/test_b.py", "tests/unit/test_c.py"]
     assert files == sorted(files, key=files.index)  # each file's tests together
     assert [i.nodeid for i in ordered if "test_many" in i.nodeid] == [i.nodeid for i in many_quick]
     assert [i.nodeid for i in ordered if "test_b.py" in i.nodeid] == [
