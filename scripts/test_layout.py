@@ -77,6 +77,7 @@ LAYOUT = {
     "test_data.py": "unit/data",
     "test_data_chat.py": "unit/data",
     "test_data_file_edges.py": "unit/data",
+    "test_encoded_kept.py": "unit/data",
     "test_data_howto.py": "unit/data",
     "test_data_kinds.py": "unit/data",
     "test_data_mixture.py": "unit/data",
@@ -195,6 +196,7 @@ LAYOUT = {
     "test_config_coupling_data.py": "suite",
     "test_suite_guard.py": "suite",
     "test_tests_layout.py": "suite",
+    "test_xdist_order.py": "suite",
 }
 
 

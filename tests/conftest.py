@@ -41,10 +41,42 @@ def pytest_configure(config):
         threads = max(1, (cores or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the subprocesses tests launch
         torch.set_num_threads(threads)
+    if hasattr(config.option, "loadscopereorder") and "PYTEST_XDIST_WORKER" not in os.environ:
+        # xdist's controller hands out files in the workers' collection order (heavy_files_first)
+        # instead of re-sorting them by their number of tests, which put the heaviest files of
+        # one or two tests (a kill-and-relaunch, the journey) last, two of them queued on one
+        # worker while the other ran out of files.
+        config.option.loadscopereorder = False
+
+
+# A file's weight in the order xdist's workers are handed files (heavy_files_first): its
+# tests' seconds, roughly (a slow test is one over ~10 s; most others take well under 1 s).
+SLOW_S, QUICK_S = 15.0, 0.5
+
+
+def heavy_files_first(items: list) -> list:
+    """The items file by file, the heaviest files first (SLOW_S a slow-marked test, QUICK_S
+    another), each file's tests in their order, equal weights in collection order: handed out
+    in this order (`--dist loadfile`), the last files to start are the light ones, so that the
+    workers finish together (the longest-first rule) instead of one of them running a heavy
+    file alone at the end."""
+    weight: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        first.setdefault(path, i)
+        weight[path] = weight.get(path, 0.0) + (
+            SLOW_S if item.get_closest_marker("slow") else QUICK_S)
+    return sorted(items, key=lambda item: (-weight[item.nodeid.split("::")[0]],
+                                           first[item.nodeid.split("::")[0]]))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip, with the reason, where no CUDA device is visible."""
+    """Under xdist, each worker's items heavy files first (every worker sorts the same
+    collection the same way, as xdist requires). Tests marked `gpu` skip, with the reason,
+    where no CUDA device is visible."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items[:] = heavy_files_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")

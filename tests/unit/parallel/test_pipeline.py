@@ -1,6 +1,6 @@
 """Pipeline parallelism: the split rule against a brute force, stages chained in one process
 against the whole model, the checks that run before any process group, and real gloo ranks
-(2 and 4) that match one process over STEPS (7) steps, and a PP checkpoint resumed without PP."""
+(2 and 4) that match one process over STEPS (5) steps, and a PP checkpoint resumed without PP."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from conftest import tb_scalars, tiny_config
 from builders.data import DOCS, fill, write_short_docs
-from builders.launch import COMMON, GLOBAL_BATCH, STEPS, assert_matches, launch
+from builders.launch import GLOBAL_BATCH, PARITY_STEPS, assert_matches, common_args, launch
 from torchllm import models
 from torchllm.checkpoint.layout import complete_steps
 from torchllm.config import ConfigError
@@ -33,6 +33,12 @@ PP = "--parallelism.pipeline_parallel_degree=2"
 CP2 = "--parallelism.context_parallel_degree=2"
 UNTIED = "--model.tie_embeddings=false"  # a tied head cannot be split from the embedding
 QWEN3 = "--model.name=qwen3"
+# The parity layouts' steps (builders.launch.PARITY_STEPS: warm-up 2 + 3 steps, where a wrong
+# scale shows in step 1's gradient norm and a wrong reduction in step 2's loss) on the debug
+# flavor's 4 blocks (two stages per rank for the interleaved and zero-bubble schedules).
+STEPS = PARITY_STEPS
+COMMON = common_args(STEPS)
+SAVED = 3  # the checkpoint test's run stops and saves here; one process resumes it to STEPS
 # Qwen3 at COMMON's lr 3e-3 is chaotic enough here that the pipeline's summation order moves
 # the step-8 grad norm by 1.5e-3 (seen once in a full run); at 1e-3 it stays within tolerance.
 QWEN3_ARGS = (QWEN3, "--optimizer.lr=1e-3")
@@ -227,15 +233,15 @@ def runs(layouts: dict, tmp) -> dict:
 
 
 # Trained whole (Trainer.train(), as `python -m torchllm.train` runs it) in the same 2-rank
-# launch, after TWO: the checkpoint test's run (saves step 5) and the validation test's runs
+# launch, after TWO: the checkpoint test's run (saves step SAVED) and the validation test's runs
 # (val/loss in TensorBoard). One launch instead of four: each costs seconds of start-up per rank.
 CKPT = ("--checkpoint.enable", "--checkpoint.interval=100", "--job.run_name=pp_ckpt", UNTIED,
         f"--training.local_batch_size={GLOBAL_BATCH}")
 VALIDATION = (UNTIED, f"--training.local_batch_size={GLOBAL_BATCH}", "--validation.enable",
-              "--validation.freq=3", "--validation.steps=2")
+              "--validation.freq=2", "--validation.steps=2")  # steps 2, 4 and the last
 VAL_SCHEDULES = ("1F1B", "Interleaved1F1B")
 TRAINED = {
-    "pp_ckpt": [*CKPT, PP, schedule("Interleaved1F1B"), "--training.stop_after_steps=5"],
+    "pp_ckpt": [*CKPT, PP, schedule("Interleaved1F1B"), f"--training.stop_after_steps={SAVED}"],
     **{f"val_{name}": [*VALIDATION, PP, schedule(name), f"--job.run_name=val_{name}"]
        for name in VAL_SCHEDULES},
 }
@@ -244,7 +250,8 @@ TRAINED = {
 @pytest.fixture(scope="module")
 def two_process(reference):
     tmp, _ = reference
-    return launch(tmp, 2, {**runs(TWO, tmp), **TRAINED}, train=list(TRAINED))
+    return launch(tmp, 2, {**runs(TWO, tmp), **TRAINED}, train=list(TRAINED), steps=STEPS,
+                  common=COMMON)
 
 
 @pytest.mark.slow
@@ -258,7 +265,7 @@ def test_two_rank_pipeline_matches_single_process(name, reference, two_process):
 @pytest.fixture(scope="module")
 def four_process(reference):
     tmp, _ = reference
-    return launch(tmp, 4, runs(FOUR, tmp))  # one launch for every 4-rank layout
+    return launch(tmp, 4, runs(FOUR, tmp), steps=STEPS, common=COMMON)  # every 4-rank layout
 
 
 @pytest.mark.slow
@@ -271,7 +278,7 @@ def test_four_rank_pipeline_layouts_match_single_process(name, reference, four_p
 @pytest.mark.slow
 def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, capsys):
     """Interleaved1F1B on 2 ranks (two stages each; TRAINED["pp_ckpt"] in the 2-rank launch)
-    saves step 5. The tools that load a checkpoint whole (HF export, generation, HellaSwag)
+    saves step SAVED. The tools that load a checkpoint whole (HF export, generation, HellaSwag)
     read it in one process, whatever its config's pipeline degree; one process without PP
     resumes it and continues exactly as the uninterrupted single-process run."""
     from builders.eval import write_tiny_jsonl
@@ -284,7 +291,7 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, cap
 
     tmp, refs = reference
     run_dir = tmp / "pp_ckpt"
-    assert complete_steps(run_dir / "checkpoint") == [5]
+    assert complete_steps(run_dir / "checkpoint") == [SAVED]
     assert hf_cli(["export", "--checkpoint", str(run_dir), "--out", str(tmp / "pp_hf")]) == 0
     capsys.readouterr()
     assert generate.main(["--checkpoint", str(run_dir), "--prompt", "the", "--temperature", "0",
@@ -296,7 +303,7 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, cap
     scored = json.loads((tmp / "hs.json").read_text())
 
     trainer = Trainer(tiny_config(tmp, *COMMON, *CKPT))
-    assert trainer.step == 5
+    assert trainer.step == SAVED
     # Oracles: the resumed trainer's weights (its own DCP load), a plain greedy loop and the
     # HellaSwag scorer run on that model.
     model, want = trainer.model, trainer.model.state_dict()
@@ -318,9 +325,9 @@ def test_pp_checkpoint_resumes_and_serves_without_pp(reference, two_process, cap
         p["pred_norm"] for p in direct.predictions]
     assert scored["acc"] == direct.acc and scored["n"] == direct.n > 0
     model.train()
-    losses = [trainer.train_step()["loss"] for _ in range(STEPS - 5)]
+    losses = [trainer.train_step()["loss"] for _ in range(STEPS - SAVED)]
     trainer.close()
-    assert losses == pytest.approx(refs["plain"]["loss"][5:], rel=1e-4), (losses, refs)
+    assert losses == pytest.approx(refs["plain"]["loss"][SAVED:], rel=1e-4), (losses, refs)
 
 
 def run_scalars(tmp, run: str, tag: str) -> list[tuple[int, float]]:
