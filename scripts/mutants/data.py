@@ -210,9 +210,9 @@ MUTANTS = [
     Mutant.at(
         "corpus_documents_without_eos",
         "an in-memory text source packs its documents without their EOS token",
-        "torchllm.data.token_stream:encoded_documents",  # (CorpusSource.token_split's encoding)
-        "tokenizer.encode(t, bos=True, eos=True) for t in texts",
-        "tokenizer.encode(t, bos=True, eos=False) for t in texts",
+        "torchllm.data.sources.base:CorpusSource.token_split",
+        "            tokenizer.encode(text, bos=True, eos=True) for text in self.texts()\n",
+        "            tokenizer.encode(text, bos=True, eos=False) for text in self.texts()\n",
         ("tests/test_data_howto.py::test_a_toy_source_packs_its_documents_into_the_windows",),
     ),
     Mutant.at(
