@@ -77,7 +77,6 @@ LAYOUT = {
     "test_data.py": "unit/data",
     "test_data_chat.py": "unit/data",
     "test_data_file_edges.py": "unit/data",
-    "test_encoded_kept.py": "unit/data",
     "test_data_howto.py": "unit/data",
     "test_data_kinds.py": "unit/data",
     "test_data_mixture.py": "unit/data",

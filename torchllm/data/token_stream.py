@@ -13,7 +13,6 @@ objects on a store read by byte range (RangeReads).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -153,40 +152,3 @@ def pack_documents(token_lists: Iterable[list[int]]) -> tuple[np.ndarray, np.nda
 def count(n: int, word: str) -> str:
     """"1 window", "2,048 windows": a count in words."""
     return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-# Documents encoded by a file's tokenizer, kept for the next run this process builds on the same
-# text (the tests, a sweep or a benchmark that builds several Trainers re-encoded the embedded
-# corpus every time: ~0.15 CPU-s a build): keyed by the tokenizer's class and its file's SHA-256
-# and the documents' content hash; corpora of up to ENCODED_KEPT_TOKENS tokens, the last
-# ENCODED_KEPT of them.
-ENCODED_KEPT, ENCODED_KEPT_TOKENS = 4, 1 << 21
-_encoded: OrderedDict = OrderedDict()
-
-
-def encoded_documents(texts: list[str], tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """pack_documents of `texts`, each encoded with BOS and EOS: the arrays are the caller's
-    own (copies of what is kept). Only a SentencePiece or tiktoken file (or one with the chat
-    tokens added, which encode text as their base does) is kept: its encoding is its file's."""
-    from torchllm.data.chat.tokens import ChatTokenizer
-    from torchllm.data.content import texts_identity
-    from torchllm.data.tokenizer import (
-        SentencePieceTokenizer,
-        TiktokenTokenizer,
-        tokenizer_sha256,
-    )
-
-    base = tokenizer.base if type(tokenizer) is ChatTokenizer else tokenizer
-    key = None
-    if type(base) in (SentencePieceTokenizer, TiktokenTokenizer):
-        digest = tokenizer_sha256(base)
-        key = digest and (type(base).__name__, digest, texts_identity(texts))
-    if key in _encoded:
-        _encoded.move_to_end(key)
-        return tuple(a.copy() for a in _encoded[key])
-    tokens, starts = pack_documents(tokenizer.encode(t, bos=True, eos=True) for t in texts)
-    if key and len(tokens) <= ENCODED_KEPT_TOKENS:
-        _encoded[key] = (tokens.copy(), starts.copy())
-        while len(_encoded) > ENCODED_KEPT:
-            _encoded.popitem(last=False)
-    return tokens, starts

@@ -32,7 +32,7 @@ import torch
 
 from torchllm.config.job_config import ConfigError
 from torchllm.data.content import texts_identity
-from torchllm.data.token_stream import TokenStream, encoded_documents, pack_documents
+from torchllm.data.token_stream import TokenStream, pack_documents
 from torchllm.log import logger
 
 
@@ -174,7 +174,9 @@ class CorpusSource(Source):
         return texts_identity(self.texts())
 
     def token_split(self, tokenizer) -> tuple[TokenStream, TokenStream]:
-        tokens, starts = encoded_documents(list(self.texts()), tokenizer)
+        tokens, starts = pack_documents(
+            tokenizer.encode(text, bos=True, eos=True) for text in self.texts()
+        )
         if len(tokens) == 0:
             raise ConfigError(f"data.dataset = {self.spec!r} has no text", "data.dataset")
         stream = TokenStream([tokens], starts)
