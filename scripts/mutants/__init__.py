@@ -45,6 +45,7 @@ from mutants import house_layout
 from mutants import ft_ddp
 from mutants import house_cfg2
 from mutants import ft_sync2
+from mutants import ft_fragments_heal
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -90,5 +91,6 @@ MUTANTS = [
     *ft_ddp.MUTANTS,
     *house_cfg2.MUTANTS,
     *ft_sync2.MUTANTS,
+    *ft_fragments_heal.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]
