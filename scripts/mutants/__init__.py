@@ -46,6 +46,7 @@ from mutants import ft_ddp
 from mutants import house_cfg2
 from mutants import ft_sync2
 from mutants import suite_trim2
+from mutants import ft_fragments_heal
 from mutants.base import Mutant
 
 MUTANTS = [
@@ -92,5 +93,6 @@ MUTANTS = [
     *house_cfg2.MUTANTS,
     *ft_sync2.MUTANTS,
     *suite_trim2.MUTANTS,
+    *ft_fragments_heal.MUTANTS,
 ]
 __all__ = ["MUTANTS", "Mutant"]

@@ -266,6 +266,7 @@ class SemiSyncGroups(ReplicaGroups):
             healed_before = self.heal.healed_at
             super().begin_step()
             self.quorum_taken = True
+            step = self.heal.train_state.step  # (a heal's: a relaunch's own was its launch's)
             if self.heal.healed_at != healed_before and step > 1:
                 # The fragments its source had not synced at that point: the source's change
                 # since their last sync came with the heal, and counts in the source's share.

@@ -104,7 +104,8 @@ class _Manager:
         return self.rank
 
 
-def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int, steps: int):
+def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int, steps: int,
+            fragments: int = 1):
     from torchllm.ft.semi_sync import OuterStep, SemiSyncGroups
 
     g = object.__new__(SemiSyncGroups)
@@ -117,8 +118,9 @@ def _groups(model, method: str, rank: int, exchange: _Exchange, sync_steps: int,
     g.ftcfg = type("F", (), {"semi_sync_method": method})()
     g.sync_steps, g.last_step, g.quorum_taken = sync_steps, steps, False
     g.bytes_sent, g.syncs, g.pending, g.joining, g.marker = 0, 0, 0, 0, None
-    g.num_fragments, g.uncounted, g.save_every = 1, set(), 0
-    g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True)
+    g.num_fragments, g.uncounted, g.save_every = fragments, set(), 0
+    g.state = OuterStep(model, method, lr=0.7, momentum=0.9, nesterov=True,
+                        num_fragments=fragments)
     return g
 
 
@@ -307,6 +309,134 @@ def test_a_retried_sync_of_groups_that_all_healed_into_it_averages_their_copies(
     for (name, a), b, want in zip(models[0].named_parameters(), models[1].parameters(),
                                   plain[0].parameters()):
         assert torch.equal(a, want) and torch.equal(b, want), name
+
+
+# -- streaming DiLoCo: a relaunch healed at an interval start -----------------------------------
+
+class _Blocks(torch.nn.Module):
+    """Two blocks (`layers.0.`, `layers.1.`): with two fragments, one each."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)])
+
+    def forward(self, x):
+        return self.layers[1](torch.tanh(self.layers[0](x)))
+
+
+# sync_steps 2, two fragments: fragment 0 syncs after the odd steps, 1 after the even ones,
+# both after the last (6). Group 1 dies after step 2; its relaunch heals from group 0 at the
+# quorum of step 3, when fragment 0 has changed at group 0 since its last sync (step 1).
+HEAL_STEPS, HEAL_AT = 6, 3
+HEAL_SYNCS = {1: (0,), 2: (1,), 3: (0,), 4: (1,), 5: (0,), 6: (0, 1)}
+
+
+def _streaming_reference(data):
+    """Streaming DiLoCo in plain PyTorch: `glob` holds each fragment's weights at its last
+    sync; a sync moves a fragment by the outer optimizer (Nesterov SGD) on the mean of the
+    counted groups' changes (glob - local) and every group takes it. The relaunch copies group
+    0's weights and inner optimizer at step 3; fragment 0's next sync (step 3) counts group 0's
+    change only, every later one both. Returns each step's weights, per group, after its sync."""
+    glob = _Blocks()
+    outer = torch.optim.SGD(glob.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    local = [copy.deepcopy(glob) for _ in range(2)]
+    inner = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in local]
+    after = {}
+    for step in range(1, HEAL_STEPS + 1):
+        if step == HEAL_AT:
+            local[1].load_state_dict(local[0].state_dict())
+            inner[1].load_state_dict(copy.deepcopy(inner[0].state_dict()))
+        for r in range(2):
+            _inner_step(local[r], inner[r], data[r][step - 1])
+        for f in HEAL_SYNCS[step]:
+            counted = [0] if (step, f) == (HEAL_AT, 0) else [0, 1]
+            frag = [n for n, _ in glob.named_parameters() if n.startswith(f"layers.{f}.")]
+            with torch.no_grad():
+                for name, q in glob.named_parameters():
+                    if name in frag:
+                        changes = [q - local[r].get_parameter(name) for r in counted]
+                        q.grad = sum(changes) / len(changes)
+            outer.step()
+            outer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for m in local:
+                    for name in frag:
+                        m.get_parameter(name).copy_(glob.get_parameter(name))
+        after[step] = [[p.detach().clone() for p in m.parameters()] for m in local]
+    return after
+
+
+def test_a_relaunch_healed_at_an_interval_start_counts_nothing_in_the_fragments_its_source_had_not_synced():
+    """Streaming DiLoCo (2 fragments): the relaunch heals at step 3's quorum (weights, inner and
+    outer state, the step; healed_at bumped as the heal does) from group 0, whose fragment 0
+    last synced at step 1. That fragment's next sync (step 3) counts for nothing from the
+    relaunch (group 0's step-2 change came with the heal and counts in group 0's share), fragment
+    1's does count; from the next interval on, every fragment counts again."""
+    from torchllm.ft.heal_codec import decode, encode
+
+    exchange, data = _Exchange(), _batches(HEAL_STEPS)
+    models = [_Blocks(), _Blocks()]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    groups = [_groups(m, "diloco", r, exchange, 2, HEAL_STEPS, fragments=2)
+              for r, m in enumerate(models)]
+    after, uncounted, errors = {0: {}, 1: {}}, [], []
+
+    def train(r, until):  # the trainer's calls (torchllm/train.py)
+        try:
+            g, model = groups[r], models[r]
+            while g.heal.train_state.step < until:
+                g.heal.train_state.step += 1
+                g.begin_step()
+                step = g.heal.train_state.step
+                if r == 1 and step == HEAL_AT:
+                    uncounted.append(set(g.uncounted))
+                assert g.average({}, model)
+                _inner_step(model, opts[r], data[r][step - 1])
+                g.end_step()
+                after[r][step] = [p.detach().clone() for p in model.parameters()]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            exchange.barrier.abort()
+
+    def both(until):
+        threads = [threading.Thread(target=train, args=(r, until)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    both(HEAL_AT - 1)
+    # Group 1 relaunched (fresh weights, step 0): its first quorum heals it from group 0.
+    sent = [copy.deepcopy(models[0].state_dict()), copy.deepcopy(opts[0].state_dict()),
+            decode(encode(groups[0].state.state_dict()))]
+    models[1] = _Blocks(seed=5)
+    opts[1] = torch.optim.AdamW(models[1].parameters(), lr=1e-2)
+    relaunch = groups[1] = _groups(models[1], "diloco", 1, exchange, 2, HEAL_STEPS, fragments=2)
+
+    def heal():  # (once: later quorums find it in step)
+        relaunch.manager.start_quorum = quorum
+        quorum()
+        models[1].load_state_dict(sent[0])
+        opts[1].load_state_dict(sent[1])
+        relaunch.state.load_state_dict(sent[2])
+        relaunch._load_pending({"pending_sync": 0})  # group 0 runs no sync again
+        relaunch.heal.train_state.step = HEAL_AT  # (the source's: in the quorum of step 3)
+        relaunch.heal.healed_at = relaunch.heal.train_state.step  # as HealState's load does
+
+    quorum, relaunch.manager.start_quorum = relaunch.manager.start_quorum, heal
+    both(HEAL_STEPS)
+    assert not errors, errors
+    want = _streaming_reference(data)
+    names = [n for n, _ in models[0].named_parameters()]
+    for step in range(HEAL_AT, HEAL_STEPS + 1):
+        for r in range(2):
+            for name, got, ref in zip(names, after[r][step], want[step][r]):
+                assert torch.equal(got, ref), (step, r, name, (got - ref).abs().max())
+    assert uncounted == [{0}]  # (after step 3's heal) and none once it synced:
+    assert relaunch.uncounted == set() and relaunch.syncs == groups[0].syncs - 2
+    for a, b in zip(models[0].parameters(), models[1].parameters()):  # step 6: a full sync
+        assert torch.equal(a, b)
 
 
 # -- what a heal copies, saves between syncs ------------------------------------------------------
