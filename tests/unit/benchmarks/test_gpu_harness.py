@@ -101,6 +101,7 @@ def test_only_tests_marked_gpu_skip_without_cuda(monkeypatch):
 
     class Item:
         def __init__(self, marked):
+            self.nodeid = f"gpu/tests/test_x.py::test_{marked}"  # (a checkout named gpu)
             self.keywords = {"gpu": 1, "tests": 1}  # the folder's name, as pytest adds it
             self.marked, self.markers = marked, []
 
