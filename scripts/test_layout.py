@@ -110,6 +110,7 @@ LAYOUT = {
     "test_ft_one_run.py": "unit/ft",
     "test_ft_public.py": "unit/ft",
     "test_ft_semi_sync.py": "unit/ft",
+    "test_ft_streaming.py": "unit/ft",
     # unit/hf
     "test_edge_hf.py": "unit/hf",
     "test_hf_export.py": "unit/hf",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mutants.base import Mutant
 
-UNIT = ("tests/test_ft_semi_sync.py::test_a_relaunch_healed_at_an_interval_start_counts_"
+UNIT = ("tests/test_ft_streaming.py::test_a_relaunch_healed_at_an_interval_start_counts_"
         "nothing_in_the_fragments_its_source_had_not_synced")
 SS = "torchllm.ft.semi_sync:"
 

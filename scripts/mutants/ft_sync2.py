@@ -13,8 +13,8 @@ ONLY_HEALED = ("tests/test_ft_semi_sync.py::"
 HEAL = ("tests/test_ft_semi_sync_heal.py::"
         "test_a_relaunch_that_heals_into_a_retried_sync_leaves_the_live_groups_mean")
 SS = "torchllm.ft.semi_sync:"
-FRAGMENTS = "tests/test_ft_semi_sync.py::test_fragments_are_contiguous_blocks_synced_in_turn"
-FRAGMENTS_FT_LOCAL = ("tests/test_ft_semi_sync.py::"
+FRAGMENTS = "tests/test_ft_streaming.py::test_fragments_are_contiguous_blocks_synced_in_turn"
+FRAGMENTS_FT_LOCAL = ("tests/test_ft_streaming.py::"
                       "test_two_groups_with_two_fragments_through_ft_local_end_equal_sending_half")
 
 MUTANTS = [
