@@ -206,3 +206,36 @@ def assert_same_state(run_root: Path, groups=("debug_model-replica0", "debug_mod
     assert compared
     for key in compared:
         assert torch.equal(a[key], b[key]), key
+
+
+def assert_group_of_two_heals(tmp_path: Path, layout: list[str], layout_line: str,
+                              reduction: str, steps: int = 20, kill_at: int = 2) -> None:
+    """Two replica groups of NGPU=2 CPU ranks (`layout`: the flags of the layout inside a group)
+    through ft_local.sh, group 1 SIGKILLed after step `kill_at` and relaunched: both exit 0 (a
+    relaunch whose collectives do not pair with its peer's aborts the survivor), each log names
+    the layout (`layout_line`) and the cross-group mean inside its reduction (`reduction`:
+    FSDP2's, DDP's), the relaunch heals and trains in step (the same grad norms), and both
+    groups end with the same weights and optimizer state. The survivor is held back from the
+    kill on (its steps take ~0.5 s, a relaunch's start-up ~30 s)."""
+    from conftest import tiny_args
+
+    args = tiny_args(tmp_path, f"--training.steps={steps}", "--data.tokenizer=bytes",
+                     "--validation.enable=false", "--eval.sample_freq=0",
+                     "--training.local_batch_size=2", "--checkpoint.interval=1000",
+                     "--lr_scheduler.warmup_steps=2", *layout)
+    run = kill_and_relaunch(tmp_path, args, kill_at, env={"NGPU": "2"}, wait_s=420,
+                            timeout_s=900)
+    log0, log1 = run.log0, run.log1
+    assert run.marker and kill_at in steps_of(run.killed_log), run.killed_log[-2000:]
+    assert run.codes() == ["0", "0"], run.outs[0] + log0[-3000:] + run.outs[1] + log1[-3000:]
+    for log in (log0, log1):
+        assert layout_line in log, log[-3000:]
+        assert f"inside {reduction}'s reduction" in log, log[-3000:]
+    assert sorted(steps_of(log0)) == list(range(1, steps + 1))
+    healed = int(re.search(r"healed from a live peer: continues at step (\d+)", log1)[1])
+    assert kill_at < healed <= steps
+    g0, g1 = steps_of(log0), steps_of(log1)
+    assert sorted(g1) == list(range(healed, steps + 1))
+    assert [g1[s] for s in g1] == [g0[s] for s in g1]  # in step: the same grad norms
+    # Both end with the same weights and optimizer state (every group saves the last step).
+    assert_same_state(tmp_path)

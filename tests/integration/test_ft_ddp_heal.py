@@ -21,45 +21,22 @@ the same in both groups and in the survivor's first step, and the weights stay e
 from __future__ import annotations
 
 import json
-import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from builders.ft import assert_same_state, kill_and_relaunch, steps_of
-from conftest import build_model, spawn_gloo, tiny_args
-
-STEPS, KILL_AT = 20, 2
+from builders.ft import assert_group_of_two_heals
+from conftest import build_model, spawn_gloo
 
 
 @pytest.mark.slow
 def test_a_killed_ddp_group_of_two_ranks_heals_to_its_peers_weights_and_optimizer(tmp_path):
     pytest.importorskip("torchft")  # (the buckets' test below runs without it)
-    args = tiny_args(tmp_path, f"--training.steps={STEPS}", "--data.tokenizer=bytes",
-                     "--validation.enable=false", "--eval.sample_freq=0",
-                     "--training.local_batch_size=2", "--checkpoint.interval=1000",
-                     "--lr_scheduler.warmup_steps=2", "--parallelism.dp_mode=ddp",
-                     "--parallelism.ddp_bucket_cap_mb=1")
-    run = kill_and_relaunch(tmp_path, args, KILL_AT, env={"NGPU": "2"}, wait_s=420,
-                            timeout_s=900)
-    log0, log1 = run.log0, run.log1
-    assert run.marker and KILL_AT in steps_of(run.killed_log), run.killed_log[-2000:]
-    # (both groups exit 0: a relaunch with buckets of its own aborts the survivor's all-reduce)
-    assert run.codes() == ["0", "0"], run.outs[0] + log0[-3000:] + run.outs[1] + log1[-3000:]
-    # Two ranks per group, DDP inside, the groups' mean inside DDP's comm hook.
-    for log in (log0, log1):
-        assert "DDP 2 (comm hook none)" in log, log[-3000:]
-        assert "inside DDP's reduction" in log, log[-3000:]
-    assert sorted(steps_of(log0)) == list(range(1, STEPS + 1))
-    healed = int(re.search(r"healed from a live peer: continues at step (\d+)", log1)[1])
-    assert KILL_AT < healed <= STEPS
-    g0, g1 = steps_of(log0), steps_of(log1)
-    assert sorted(g1) == list(range(healed, STEPS + 1))
-    assert [g1[s] for s in g1] == [g0[s] for s in g1]  # in step: the same grad norms
-    # Both end with the same weights and optimizer state (every group saves the last step).
-    assert_same_state(tmp_path)
+    assert_group_of_two_heals(tmp_path, ["--parallelism.dp_mode=ddp",
+                                         "--parallelism.ddp_bucket_cap_mb=1"],
+                              "DDP 2 (comm hook none)", "DDP")
 
 
 class PairedGroups:
