@@ -60,15 +60,12 @@ def heavy_files_first(items: list) -> list:
     in this order (`--dist loadfile`), the last files to start are the light ones, so that the
     workers finish together (the longest-first rule) instead of one of them running a heavy
     file alone at the end."""
-    weight: dict[str, float] = {}
-    first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        path = item.nodeid.split("::")[0]
-        first.setdefault(path, i)
-        weight[path] = weight.get(path, 0.0) + (
-            SLOW_S if item.get_closest_marker("slow") else QUICK_S)
-    return sorted(items, key=lambda item: (-weight[item.nodeid.split("::")[0]],
-                                           first[item.nodeid.split("::")[0]]))
+    files: dict[str, list] = {}  # in collection order
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files.values(), key=lambda tests: -sum(  # (stable: equal weights keep it)
+        SLOW_S if item.get_closest_marker("slow") else QUICK_S for item in tests))
+    return [item for tests in order for item in tests]
 
 
 def pytest_collection_modifyitems(config, items):

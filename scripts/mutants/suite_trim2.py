@@ -13,7 +13,7 @@ MUTANTS = [
         "heavy_files_last", "the workers' files are sorted lightest first (a heavy file of one "
         "slow test starts last and runs alone at the end)",
         "tests.conftest:heavy_files_first",
-        "key=lambda item: (-weight[", "key=lambda item: (weight[",
+        "key=lambda tests: -sum(", "key=lambda tests: sum(",
         (f"{ORDER}::test_heavy_files_start_first_each_file_whole_and_in_its_order",
          f"{ORDER}::test_only_xdist_workers_reorder_their_items"),
     ),
